@@ -1,0 +1,72 @@
+"""The op library: every high-level op composed only of HLIR primitives.
+
+``REGISTRY`` maps the names recipes may call to these functions.
+"""
+
+from __future__ import annotations
+
+from ..graph import cast
+from . import reduce as _reduce
+from .attention import apply_rope, attention_mask, rope_tables, rotate_half, rotate_pairs, scaled_dot_product_attention
+from .conv import conv2d, unfold, upsample_nearest2x
+from .elementwise import (
+    abs,
+    clamp,
+    cos,
+    equal,
+    erf,
+    exp,
+    exp2,
+    gelu,
+    greater,
+    greater_equal,
+    less,
+    less_equal,
+    log,
+    log2,
+    logical_and,
+    logical_not,
+    logical_or,
+    maximum,
+    minimum,
+    not_equal,
+    pow,
+    recip,
+    relu,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    sin,
+    sqrt,
+    square,
+    tanh,
+    where,
+)
+from .indexing import argmax, embedding, topk, write_rows
+from .linalg import bmm, linear, matmul
+from .norm import group_norm, layer_norm, log_softmax, rms_norm, softmax
+from .quant import dequant_fp8, dequant_nvfp4, unpack_fp4_codes, unswizzle_scales
+from .shape import chunk, concat, split, stack
+
+sum = _reduce.sum  # noqa: A001
+mean = _reduce.mean
+max = _reduce.max  # noqa: A001
+min = _reduce.min  # noqa: A001
+var = _reduce.var
+
+REGISTRY = {
+    f.__name__ if not isinstance(f, tuple) else f[0]: f
+    for f in (
+        abs, clamp, cos, equal, erf, exp, exp2, gelu, greater, greater_equal, less, less_equal, log, log2,
+        logical_and, logical_not, logical_or, maximum, minimum, not_equal, pow, recip, relu, rsqrt, sigmoid, sign,
+        silu, sin, sqrt, square, tanh, where, argmax, embedding, topk, write_rows, bmm, linear, matmul, group_norm,
+        layer_norm, log_softmax, rms_norm, softmax, dequant_fp8, dequant_nvfp4, chunk, concat, split, stack,
+        apply_rope, scaled_dot_product_attention, conv2d, upsample_nearest2x, cast,
+    )
+}
+REGISTRY.update({"sum": sum, "mean": mean, "max": max, "min": min, "var": var,
+                 "attention": scaled_dot_product_attention})
+
+__all__ = sorted(REGISTRY) + ["REGISTRY", "attention_mask", "rope_tables", "rotate_half", "rotate_pairs", "unfold",
+                              "unpack_fp4_codes", "unswizzle_scales"]

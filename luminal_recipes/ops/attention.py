@@ -1,0 +1,143 @@
+"""Rotary embeddings and scaled dot-product attention, composed from primitives.
+
+Masks are built from Iota comparisons and applied as an additive bias of the dtype's most negative finite value
+(as transformers does), so no inf ever meets a multiply.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..graph import DType, Tensor, cast
+from ..graph.symbolic import dims_equal, shape_str
+from .elementwise import logical_and, logical_not
+from .linalg import matmul
+from .norm import softmax
+from .shape import concat
+
+
+# ---- rotary embeddings -----------------------------------------------------------------------------------------
+def rotate_half(x: Tensor) -> Tensor:
+    """[x1, x2] -> [-x2, x1] over the last axis (Llama/Mistral convention)."""
+    d = x.shape[-1]
+    x1, x2 = x.slice(-1, 0, d // 2), x.slice(-1, d // 2, d)
+    return concat([-x2, x1], -1)
+
+
+def rotate_pairs(x: Tensor) -> Tensor:
+    """(x0, x1), (x2, x3)... -> (-x1, x0), (-x3, x2)... (FLUX.2's ``repeat_interleave_real=True`` convention)."""
+    d = x.shape[-1]
+    pairs = x.split_dim(-1, (d // 2, 2))
+    re, im = pairs.slice(-1, 0, 1), pairs.slice(-1, 1, 2)
+    return concat([-im, re], -1).reshape(x.shape)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, style: str = "half") -> Tensor:
+    """``x * cos + rotate(x) * sin``; ``cos``/``sin`` have x's trailing shape ``[S, D]`` (broadcast over the rest).
+
+    ``style="half"`` rotates halves (Llama, Mistral), ``style="pairs"`` rotates adjacent pairs (FLUX.2).
+    """
+    if style not in ("half", "pairs"):
+        raise ValueError(f"apply_rope: style must be 'half' or 'pairs', got {style!r}")
+    rot = rotate_half(x) if style == "half" else rotate_pairs(x)
+    cos = (cos if cos.dtype == x.dtype else cast(cos, x.dtype)).broadcast_to(x.shape)
+    sin = (sin if sin.dtype == x.dtype else cast(sin, x.dtype)).broadcast_to(x.shape)
+    return x * cos + rot * sin
+
+
+def rope_tables(positions: np.ndarray, dim: int, theta: float = 10000.0, style: str = "half"):
+    """cos/sin tables ``[S, dim]`` for integer positions, computed in f64 as the references do (host-side)."""
+    inv = 1.0 / (theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]
+    if style == "half":
+        ang = np.concatenate([ang, ang], axis=-1)
+    else:
+        ang = np.repeat(ang, 2, axis=-1)
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+# ---- attention ---------------------------------------------------------------------------------------------------
+def _neg(dtype: DType) -> float:
+    return float(np.finfo(np.float32 if dtype.bits < 16 else dtype.np).min)
+
+
+def attention_mask(g, s, t, causal: bool = False, window: int | None = None, key_mask: Tensor | None = None,
+                   batch=None):
+    """Boolean "may attend" mask ``[B or 1, 1, S, T]``; queries sit at the last S of T key positions."""
+    allowed = None
+    if causal or window is not None:
+        q_pos = g.iota(s).expand(1, t)
+        k_pos = g.iota(t).expand(0, s)
+        offset = t - s
+        q_abs = q_pos + offset if not (isinstance(offset, int) and offset == 0) else q_pos
+        if causal:
+            allowed = logical_not(q_abs < k_pos)                       # k <= q
+        if window is not None:
+            near = k_pos > (q_abs - window)                             # q - k < window
+            allowed = near if allowed is None else logical_and(allowed, near)
+        allowed = allowed.unsqueeze(0).unsqueeze(0)                    # [1, 1, S, T]
+    if key_mask is not None:
+        if key_mask.dtype != DType.BOOL:
+            key_mask = logical_not(cast(key_mask, DType.I32) < 1)
+        b = key_mask.shape[0]
+        km = key_mask.unsqueeze(1).unsqueeze(1).broadcast_to((b, 1, s, t))
+        allowed = km if allowed is None else logical_and(allowed.broadcast_to((b, 1, s, t)), km)
+    return allowed
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                                 causal: bool = False, window: int | None = None,
+                                 key_mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """softmax(q k^T * scale + bias) v for ``q [B, H, S, D]``, ``k, v [B, Hkv, T, D]`` (grouped-query when
+    Hkv < H: each kv head serves H/Hkv query heads, by broadcasting, never by copying).
+
+    ``mask``: bool ``[B|1, 1|H, S, T]`` (True = attend) or an additive float bias of that shape;
+    ``causal``/``window``: built-in masks (queries are the last S of T positions); ``key_mask`` ``[B, T]``:
+    padding (True/1 = real token).
+    """
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ShapeError(f"attention: expects q, k, v as [B, H, S, D]; got {shape_str(q.shape)}, "
+                         f"{shape_str(k.shape)}, {shape_str(v.shape)}")
+    b, h, s, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    if not (dims_equal(k.shape[3], d) and dims_equal(v.shape[2], t) and dims_equal(v.shape[1], hkv)):
+        raise ShapeError(f"attention: k {shape_str(k.shape)} / v {shape_str(v.shape)} do not match q {shape_str(q.shape)}")
+    if isinstance(h, int) and isinstance(hkv, int) and h % hkv:
+        raise ShapeError(f"attention: {h} query heads are not a multiple of {hkv} kv heads")
+    rep = h // hkv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    # [B, Hkv, rep, S, D] x [B, Hkv, 1->rep, D, T]
+    q5 = q.split_dim(1, (hkv, rep))
+    k5 = k.unsqueeze(2).broadcast_to((b, hkv, rep, t, d))
+    v5 = v.unsqueeze(2).broadcast_to((b, hkv, rep, t, v.shape[3]))
+    scores = matmul(q5, k5.transpose(-1, -2)) * scale                 # [B, Hkv, rep, S, T]
+    allowed = attention_mask(q.graph, s, t, causal, window, key_mask)
+    if mask is not None and mask.dtype == DType.BOOL:
+        if allowed is None:
+            allowed = mask
+        else:
+            shape = (b, mask.shape[1], s, t)
+            allowed = logical_and(allowed.broadcast_to(shape), mask.broadcast_to(shape))
+        mask = None
+    if allowed is not None:  # a boolean mask becomes a large negative additive bias
+        bias = cast(logical_not(allowed), scores.dtype) * _neg(scores.dtype)
+        scores = scores + _heads5(bias, b, h, hkv, rep, s, t)
+    if mask is not None:  # an additive float bias
+        bias = mask if mask.dtype == scores.dtype else cast(mask, scores.dtype)
+        scores = scores + _heads5(bias, b, h, hkv, rep, s, t)
+    probs = softmax(scores, -1)
+    out = matmul(probs, v5)                                            # [B, Hkv, rep, S, Dv]
+    return out.merge_dims(1, 2)
+
+
+def _heads5(bias: Tensor, b, h, hkv, rep, s, t) -> Tensor:
+    """Bring a [B|1, H|1, S, T] bias to the [B, Hkv, rep, S, T] layout of the grouped scores."""
+    if bias.ndim != 4:
+        raise ShapeError(f"attention: mask must be 4-D [B, H, S, T], got {shape_str(bias.shape)}")
+    bias = bias.broadcast_to((b, bias.shape[1], s, t))
+    if dims_equal(bias.shape[1], 1):
+        return bias.unsqueeze(1).broadcast_to((b, hkv, rep, s, t))
+    return bias.split_dim(1, (hkv, rep))
