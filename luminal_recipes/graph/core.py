@@ -12,6 +12,8 @@ Binary ops need equal shapes and dtypes: broadcasting and promotion are always e
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +61,16 @@ class Graph:
         self.outputs: dict[str, tuple[int, View]] = {}
         self._inputs_by_name: dict[str, int] = {}
         self._scalar_consts: dict[tuple, int] = {}
+        # name -> node ids created inside ``block(name)``: repeated layers the compiler searches once
+        self.blocks: dict[str, range] = {}
+
+    @contextmanager
+    def block(self, name: str) -> Iterator[None]:
+        """Mark the nodes created inside as one block (e.g. ``layers.3``). Blocks whose subgraphs hash equal
+        (``serialize.structural_hashes``) share one compiler search; nodes made earlier are the block's inputs."""
+        start = len(self.nodes)
+        yield
+        self.blocks[name] = range(start, len(self.nodes))
 
     # ---- node creation -----------------------------------------------------------------------------------------
     def add_node(self, op: str, inputs, shape, dtype: DType, attrs: dict | None = None,

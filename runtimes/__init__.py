@@ -1,0 +1,1 @@
+"""Runtimes (imported as ``luminal_recipes.runtimes``): execute compiled Programs within a memory budget."""
