@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from ..graph import cast
 from . import reduce as _reduce
-from .attention import apply_rope, attention_mask, rope_tables, rotate_half, rotate_pairs, scaled_dot_product_attention
+from .attention import (
+    apply_rope,
+    attention_mask,
+    rope_tables,
+    rotate_half,
+    rotate_pairs,
+    scaled_dot_product_attention,
+    timestep_embedding,
+)
 from .conv import conv2d, unfold, upsample_nearest2x
 from .elementwise import (
     abs,
@@ -62,7 +70,7 @@ REGISTRY = {
         logical_and, logical_not, logical_or, maximum, minimum, not_equal, pow, recip, relu, rsqrt, sigmoid, sign,
         silu, sin, sqrt, square, tanh, where, argmax, embedding, topk, write_rows, bmm, linear, matmul, group_norm,
         layer_norm, log_softmax, rms_norm, softmax, dequant_fp8, dequant_nvfp4, chunk, concat, split, stack,
-        apply_rope, scaled_dot_product_attention, conv2d, upsample_nearest2x, cast,
+        apply_rope, scaled_dot_product_attention, timestep_embedding, conv2d, upsample_nearest2x, cast,
     )
 }
 REGISTRY.update({"sum": sum, "mean": mean, "max": max, "min": min, "var": var,

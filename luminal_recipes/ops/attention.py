@@ -141,3 +141,27 @@ def _heads5(bias: Tensor, b, h, hkv, rep, s, t) -> Tensor:
     if dims_equal(bias.shape[1], 1):
         return bias.unsqueeze(1).broadcast_to((b, hkv, rep, s, t))
     return bias.split_dim(1, (hkv, rep))
+
+
+def timestep_embedding(t: Tensor, dim: int, flip_sin_to_cos: bool = True, downscale_freq_shift: float = 0.0,
+                       scale: float = 1.0, max_period: float = 10000.0) -> Tensor:
+    """Sinusoidal embedding ``[N, dim]`` of timesteps ``t [N]``, as diffusers' ``get_timestep_embedding``.
+
+    The frequencies are computed host-side in f32 exactly as diffusers does (``exp(-ln(max_period) * i / (half -
+    shift))``); the products and sines are graph ops.
+    """
+    from .elementwise import cos, sin
+
+    half = dim // 2
+    exponent = (-math.log(max_period) * np.arange(half, dtype=np.float32)) / np.float32(half - downscale_freq_shift)
+    freqs = np.exp(exponent.astype(np.float64)).astype(np.float32)  # correctly rounded, as torch's exp (nearly) is
+    n = t.shape[0]
+    f = t.graph.constant(freqs, t.dtype).expand(0, n)                  # [N, half]
+    ang = t.expand(1, half) * f
+    if scale != 1.0:
+        ang = ang * scale
+    parts = [cos(ang), sin(ang)] if flip_sin_to_cos else [sin(ang), cos(ang)]
+    emb = concat(parts, -1)
+    if dim % 2:
+        emb = emb.pad(1, 0, 1)
+    return emb
