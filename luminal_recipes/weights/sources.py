@@ -1,0 +1,166 @@
+"""Where a checkpoint comes from: a local folder, or ``hf://org/repo[@revision][/subfolder]`` on the Hub.
+
+Hub access goes through ``huggingface_hub.snapshot_download`` with ``allow_patterns`` narrowed to what the
+caller needs, so a recipe that uses one component of a 100 GB repository downloads that component only.
+``HF_HOME`` / ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE`` and ``HF_TOKEN`` (or a stored login) are honoured, read
+when the call is made."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import parse_hf_uri, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    HfUriError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from ..errors import CheckpointError
+
+HUB_SCHEME = "hf://"
+# A model folder: configs, weights (single or sharded), and hf_quant_config.json for quantized checkpoints.
+DEFAULT_PATTERNS = ("*.json", "*.safetensors")
+
+
+@dataclass(frozen=True)
+class HubSource:
+    repo_id: str
+    revision: str | None = None
+    subfolder: str = ""
+
+    def __str__(self) -> str:
+        rev = f"@{self.revision}" if self.revision else ""
+        sub = f"/{self.subfolder}" if self.subfolder else ""
+        return f"{HUB_SCHEME}{self.repo_id}{rev}{sub}"
+
+    def patterns(self, patterns: Sequence[str]) -> list[str]:
+        """``patterns`` as repository paths (prefixed with the subfolder)."""
+        return [f"{self.subfolder}/{p}" if self.subfolder else p for p in patterns]
+
+
+def parse_source(source: str | Path) -> HubSource | Path:
+    """``hf://org/repo[@revision][/subfolder]`` -> :class:`HubSource`; anything else is a local path."""
+    text = str(source)
+    if not text.startswith(HUB_SCHEME):
+        return Path(text).expanduser()
+    try:
+        uri = parse_hf_uri(text)
+    except HfUriError as e:
+        raise CheckpointError(
+            f"weights source '{text}' is not a valid hub address ({e}); write "
+            "hf://org/repo[@revision][/subfolder]"
+        ) from None
+    if uri.type != "model":
+        raise CheckpointError(
+            f"weights source '{text}' points at a {uri.type} repository; weights come from model "
+            "repositories: hf://org/repo[@revision][/subfolder]"
+        )
+    return HubSource(uri.id, uri.revision, uri.path_in_repo.strip("/"))
+
+
+def hub_cache_dir() -> Path:
+    """The hub cache the environment names now: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else the default."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path(hf_constants.HF_HUB_CACHE)
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def download_command(hub: HubSource, patterns: Sequence[str], cache_dir: Path) -> str:
+    """The shell command that fetches exactly what :func:`resolve_source` needs into ``cache_dir``."""
+    parts = ["hf", "download", hub.repo_id]
+    if hub.revision:
+        parts += ["--revision", hub.revision]
+    parts += ["--include", *hub.patterns(patterns), "--cache-dir", str(cache_dir)]
+    return shlex.join(parts)
+
+
+def resolve_source(
+    source: str | Path,
+    patterns: Sequence[str] = DEFAULT_PATTERNS,
+    token: str | bool | None = None,
+) -> Path:
+    """A local folder holding the checkpoint, downloading (only ``patterns``) from the hub when needed."""
+    parsed = parse_source(source)
+    if isinstance(parsed, Path):
+        if not parsed.exists():
+            raise CheckpointError(
+                f"weights folder {parsed} does not exist; pass --weights with a local folder or "
+                "hf://org/repo[@revision][/subfolder]"
+            )
+        return parsed
+    return _resolve_hub(parsed, list(patterns), token)
+
+
+def _resolve_hub(hub: HubSource, patterns: list[str], token: str | bool | None) -> Path:
+    cache_dir, offline = hub_cache_dir(), hub_offline()
+    command = download_command(hub, patterns, cache_dir)
+    try:
+        snapshot = Path(
+            snapshot_download(
+                hub.repo_id,
+                revision=hub.revision,
+                allow_patterns=hub.patterns(patterns),
+                cache_dir=cache_dir,
+                local_files_only=offline,
+                token=token,
+            )
+        )
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled) as e:
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
+        raise CheckpointError(
+            f"cannot get {hub} (files {', '.join(hub.patterns(patterns))}): {why} and they are not in the "
+            f"hub cache {cache_dir}. Where there is network access, run `{command}` (older huggingface_hub: "
+            "`huggingface-cli download` with the same arguments) and copy that cache here, or point "
+            "--weights at a local folder."
+        ) from e
+    except GatedRepoError as e:
+        raise CheckpointError(
+            f"{hub.repo_id} is gated: accept its licence on huggingface.co, then log in "
+            f"(`hf auth login`) or set HF_TOKEN, and run `{command}`"
+        ) from e
+    except RepositoryNotFoundError as e:
+        raise CheckpointError(
+            f"hub repository {hub.repo_id} does not exist or is private (set HF_TOKEN for private "
+            "repositories); check the weights source in the recipe or --weights"
+        ) from e
+    except RevisionNotFoundError as e:
+        raise CheckpointError(
+            f"revision '{hub.revision}' does not exist in {hub.repo_id}; check the '@revision' part of {hub}"
+        ) from e
+    except HfHubHTTPError as e:
+        raise CheckpointError(f"downloading {hub} failed ({e}); retry, or fetch it with `{command}`") from e
+    folder = snapshot / hub.subfolder if hub.subfolder else snapshot
+    present = (
+        [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        if folder.is_dir()
+        else []
+    )
+    missing = [p for p in patterns if p.endswith(".safetensors") and not fnmatch.filter(present, p)]
+    if missing:
+        raise CheckpointError(
+            f"{hub} resolved to {folder}, but it holds no files matching {', '.join(missing)}"
+            + (
+                " (HF_HUB_OFFLINE is set and only part of the repository is cached)"
+                if offline
+                else " (check the subfolder)"
+            )
+            + f". Fetch them with `{command}`, or point --weights at a local folder."
+        )
+    return folder
