@@ -13,7 +13,9 @@ from .attention import (
     rope_tables,
     rotate_half,
     rotate_pairs,
+    merge_heads,
     scaled_dot_product_attention,
+    split_heads,
     timestep_embedding,
 )
 from .conv import conv2d, unfold, upsample_nearest2x
@@ -37,6 +39,7 @@ from .elementwise import (
     logical_or,
     maximum,
     minimum,
+    modulate,
     not_equal,
     pow,
     recip,
@@ -48,6 +51,7 @@ from .elementwise import (
     sin,
     sqrt,
     square,
+    swiglu,
     tanh,
     where,
 )
@@ -70,7 +74,7 @@ REGISTRY = {
         logical_and, logical_not, logical_or, maximum, minimum, not_equal, pow, recip, relu, rsqrt, sigmoid, sign,
         silu, sin, sqrt, square, tanh, where, argmax, embedding, topk, write_rows, bmm, linear, matmul, group_norm,
         layer_norm, log_softmax, rms_norm, softmax, dequant_fp8, dequant_nvfp4, chunk, concat, split, stack,
-        apply_rope, scaled_dot_product_attention, timestep_embedding, conv2d, upsample_nearest2x, cast,
+        apply_rope, scaled_dot_product_attention, timestep_embedding, split_heads, merge_heads, swiglu, modulate, conv2d, upsample_nearest2x, cast,
     )
 }
 REGISTRY.update({"sum": sum, "mean": mean, "max": max, "min": min, "var": var,

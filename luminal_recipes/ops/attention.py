@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import ShapeError
@@ -61,7 +62,8 @@ def rope_tables(positions: np.ndarray, dim: int, theta: float = 10000.0, style: 
 
 # ---- attention ---------------------------------------------------------------------------------------------------
 def _neg(dtype: DType) -> float:
-    return float(np.finfo(np.float32 if dtype.bits < 16 else dtype.np).min)
+    # ml_dtypes.finfo, not np.finfo: numpy's finfo rejects bfloat16
+    return float(ml_dtypes.finfo(np.float32 if dtype.bits < 16 else dtype.np).min)
 
 
 def attention_mask(g, s, t, causal: bool = False, window: int | None = None, key_mask: Tensor | None = None,
@@ -69,10 +71,10 @@ def attention_mask(g, s, t, causal: bool = False, window: int | None = None, key
     """Boolean "may attend" mask ``[B or 1, 1, S, T]``; queries sit at the last S of T key positions."""
     allowed = None
     if causal or window is not None:
-        q_pos = g.iota(s).expand(1, t)
+        # absolute query positions t-s..t-1 as a slice of iota(t): exact also when t - s is symbolic (a KV cache
+        # of p + 1 keys), where adding the offset as a scalar constant is impossible
+        q_abs = g.iota(t).slice(0, t - s, t).expand(1, t)
         k_pos = g.iota(t).expand(0, s)
-        offset = t - s
-        q_abs = q_pos + offset if not (isinstance(offset, int) and offset == 0) else q_pos
         if causal:
             allowed = logical_not(q_abs < k_pos)                       # k <= q
         if window is not None:
@@ -165,3 +167,15 @@ def timestep_embedding(t: Tensor, dim: int, flip_sin_to_cos: bool = True, downsc
     if dim % 2:
         emb = emb.pad(1, 0, 1)
     return emb
+
+
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """``[B, S, heads * D] -> [B, heads, S, D]`` (a view)."""
+    b, s, hd = x.shape
+    return x.split_dim(2, (heads, hd // heads)).transpose(1, 2)
+
+
+def merge_heads(o: Tensor) -> Tensor:
+    """``[B, H, S, D] -> [B, S, H * D]``."""
+    b, h, s, d = o.shape
+    return o.transpose(1, 2).reshape(b, s, h * d)

@@ -198,3 +198,14 @@ def where(cond: Tensor, a, b) -> Tensor:
     pair = stack([b, a], axis=-1).reshape(-1)  # element 2i is b_i, 2i+1 is a_i
     index = a.graph.iota(a.numel) * 2 + cast(cond, DType.I32).reshape(-1)
     return gather(pair, index).reshape(a.shape)
+
+
+def swiglu(x: Tensor) -> Tensor:
+    """SwiGLU with the gate fused into the projection: ``silu(first half) * second half`` of the last axis."""
+    d = x.shape[-1]
+    return silu(x.slice(-1, 0, d // 2)) * x.slice(-1, d // 2, d)
+
+
+def modulate(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+    """adaLN modulation ``x * (1 + scale) + shift``, the vectors broadcast explicitly to x's shape (DiT, FLUX)."""
+    return x * (scale + 1.0).broadcast_to(x.shape) + shift.broadcast_to(x.shape)
