@@ -1,0 +1,195 @@
+"""The pipeline driver: runs a ``kind: pipeline`` recipe's stages in order.
+
+Values live in one environment (parameters, pipeline inputs, stage outputs). A stage either runs a built-in step
+(``run:``, see ``steps.py``), runs a model (``model:``: built from its recipe and the checkpoint subfolder, compiled
+once, released when the stage ends), or loops (``loop:``) over its ``steps``; a model inside a loop is compiled
+once and kept until the loop ends. Stage ``inputs`` are expressions over the environment; ``outputs`` name where
+results go. The driver owns nothing numerical beyond what a recipe names.
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PipelineError, RecipeError
+from ..recipe.builder import BuiltModel, build_model, read_config
+from ..recipe.loader import LoadedRecipe, load_recipe
+from ..recipe.params import ParamResolver
+from ..recipe.safe_eval import ExprError, evaluate, parse, unwrap, wrap_config
+from ..recipe.schema import PipelineRecipe, StageSpec
+from .engine import ModelEngine
+from .steps import STEPS, StepContext
+
+
+@dataclass
+class RunReport:
+    values: dict[str, Any]
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    step_seconds: list[float] = field(default_factory=list)
+    planned_peak: dict[str, int] = field(default_factory=dict)
+    weight_bytes: dict[str, int] = field(default_factory=dict)
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class Pipeline:
+    """A loaded pipeline recipe bound to a checkpoint folder."""
+
+    def __init__(self, path: str | Path, weights: str | Path | None = None, sets: Iterable[str] | Mapping = (),
+                 budget_bytes: int | None = None, compile: bool = True,
+                 progress: Callable[[str, int, int], None] | None = None):
+        self.recipe: LoadedRecipe = load_recipe(path)
+        if not isinstance(self.recipe.doc, PipelineRecipe):
+            raise RecipeError(f"{path}: this is a model recipe; `run` needs a pipeline recipe (kind: pipeline)")
+        self.doc: PipelineRecipe = self.recipe.doc
+        self.path = Path(path)
+        self.params = ParamResolver(self.recipe.params, None, sets).resolve_all().values
+        self.checkpoint = self._checkpoint_folder(weights)
+        self.budget_bytes = budget_bytes
+        self.compile = compile
+        self.progress = progress
+        self.configs = {name: self._model_config(name) for name in self.doc.models}
+        tok = self.doc.tokenizer
+        sched = self.doc.scheduler
+        self.context = StepContext(self.checkpoint, tok.path if tok else None, sched.config if sched else None)
+        self._models: dict[str, BuiltModel] = {}
+
+    # ---- set-up --------------------------------------------------------------------------------------------
+    def _checkpoint_folder(self, weights) -> Path:
+        source = str(weights) if weights is not None else self.doc.weights
+        if source is None:
+            raise PipelineError(f"{self.path}: no checkpoint; pass --weights FOLDER or set `weights:` in the recipe")
+        from ..weights.sources import resolve_source
+
+        if not source.startswith("hf://") and weights is None:
+            source = str((self.path.parent / source).resolve())
+        patterns = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.txt")
+        folder = Path(resolve_source(source, patterns=patterns))
+        missing = [m.weights for m in self.doc.models.values() if m.weights and not (folder / m.weights).is_dir()]
+        if missing:
+            raise PipelineError(
+                f"checkpoint {folder} has no {', '.join(missing)} folder(s); a {self.doc.name} checkpoint needs "
+                f"{', '.join(m.weights for m in self.doc.models.values() if m.weights)} (diffusers layout)"
+            )
+        return folder
+
+    def _model_folder(self, name: str) -> Path:
+        sub = self.doc.models[name].weights
+        return self.checkpoint / sub if sub else self.checkpoint
+
+    def _model_recipe(self, name: str) -> LoadedRecipe:
+        return load_recipe(self.path.parent / self.doc.models[name].recipe)
+
+    def _model_config(self, name: str) -> dict:
+        return read_config(self._model_recipe(name), self._model_folder(name)) or {}
+
+    def model(self, name: str) -> BuiltModel:
+        """Build (once) the graph of model ``name`` against its checkpoint subfolder."""
+        if name not in self._models:
+            from ..weights.safetensors_io import Checkpoint
+
+            spec = self.doc.models[name]
+            recipe = self._model_recipe(name)
+            folder = self._model_folder(name)
+            sets = {k: self._eval(v, {}, f"models.{name}.set.{k}") if isinstance(v, str) else v
+                    for k, v in spec.set.items()}
+            self._models[name] = build_model(recipe, checkpoint=Checkpoint.open(folder),
+                                             config=read_config(recipe, folder), sets=sets)
+        return self._models[name]
+
+    # ---- expressions ----------------------------------------------------------------------------------------
+    def _eval(self, text: Any, env: Mapping[str, Any], where: str) -> Any:
+        if not isinstance(text, str):
+            return text
+        try:
+            node = parse(unwrap(text))
+        except ExprError as exc:
+            raise PipelineError(f"{self.path}: {where}: {exc.message}") from None
+
+        def resolve(name: str, at: ast.Name) -> Any:
+            if name in env:
+                return env[name]
+            if name in self.params:
+                return self.params[name]
+            if name == "config":
+                return wrap_config(self.configs, "model configs", "config")
+            raise ExprError(f"unknown name '{name}' (known: {', '.join(sorted({*env, *self.params}))})",
+                            at.lineno, at.col_offset)
+
+        try:
+            return evaluate(node, resolve)
+        except ExprError as exc:
+            raise PipelineError(f"{self.path}: {where}: {exc.message}") from None
+
+    # ---- running ------------------------------------------------------------------------------------------
+    def run(self, inputs: Mapping[str, Any]) -> RunReport:
+        for name, spec in self.doc.inputs.items():
+            if name not in inputs and not spec.optional:
+                raise PipelineError(f"pipeline '{self.doc.name}' needs input '{name}' ({spec.type})")
+        env: dict[str, Any] = {name: None for name in self.doc.inputs}
+        env.update(inputs)
+        report = RunReport(env)
+        engines: dict[str, ModelEngine] = {}
+        for stage in self.doc.stages:
+            t0 = time.perf_counter()
+            self._stage(stage, env, engines, report)
+            self._release(engines, report)
+            if self.progress and stage.loop is None:
+                self.progress(stage.name, 1, 1)
+            report.stage_seconds[stage.name] = time.perf_counter() - t0
+        return report
+
+    def _release(self, engines: dict[str, ModelEngine], report: RunReport) -> None:
+        for name, engine in engines.items():
+            if engine.stats.planned_peak is not None:
+                report.planned_peak[name] = engine.stats.planned_peak
+                report.weight_bytes[name] = engine.stats.weight_bytes or 0
+            report.compile_seconds[name] = engine.stats.compile_s
+            engine.release()
+        engines.clear()
+        self._models.clear()  # drop graphs and checkpoint maps: one model resident at a time
+
+    def _stage(self, stage: StageSpec, env: dict, engines: dict[str, ModelEngine], report: RunReport) -> None:
+        where = f"stage '{stage.name}'"
+        if stage.loop is not None:
+            over = self._eval(stage.loop.over, env, f"{where} loop.over")
+            items = range(int(over)) if isinstance(over, (int, np.integer)) else list(over)
+            total = len(items)
+            for k, item in enumerate(items):
+                env[stage.loop.var] = item
+                t0 = time.perf_counter()
+                for sub in stage.steps:
+                    self._stage(sub, env, engines, report)
+                report.step_seconds.append(time.perf_counter() - t0)
+                if self.progress:
+                    self.progress(stage.name, k + 1, total)
+            return
+        args = {k: self._eval(v, env, f"{where} inputs.{k}") for k, v in stage.inputs.items()}
+        if stage.run is not None:
+            if stage.run not in STEPS:
+                raise PipelineError(f"{self.path}: {where}: unknown step '{stage.run}'; built-in steps are "
+                                    f"{', '.join(sorted(STEPS))}")
+            try:
+                result = STEPS[stage.run](self.context, **args)
+            except TypeError as exc:
+                raise PipelineError(f"{self.path}: {where}: step '{stage.run}' {exc}") from None
+        else:
+            if stage.model not in self.doc.models:
+                raise PipelineError(f"{self.path}: {where}: unknown model '{stage.model}'")
+            if stage.model not in engines:
+                engines[stage.model] = ModelEngine(self.model(stage.model), budget_bytes=self.budget_bytes,
+                                                   compile=self.compile)
+            arrays = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
+                      for k, v in args.items()}
+            result = engines[stage.model](arrays)
+        for key, target in stage.outputs.items():
+            if key not in result:
+                raise PipelineError(f"{self.path}: {where}: the step has no output '{key}' "
+                                    f"(it returns {', '.join(result)})")
+            env[target] = result[key]
