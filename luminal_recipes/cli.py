@@ -5,9 +5,11 @@ User errors (``LuminalError``) print one paragraph and exit with code 2, never a
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 
 import typer
 
@@ -51,6 +53,109 @@ def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     """luminal-recipes: a model is a YAML recipe."""
+
+
+WEIGHTS_HELP = "checkpoint folder or hf://org/repo[@rev][/subfolder] (overrides the recipe's source)"
+SET_HELP = "override a recipe parameter: --set name=value (repeatable)"
+
+
+@app.command()
+@user_errors
+def run(
+    recipe: Path = typer.Argument(..., help="a pipeline recipe, e.g. recipes/flux2.yaml"),
+    prompt: list[str] = typer.Option([], "--prompt", "-p", help="text prompt (repeatable: one image each)"),
+    prompts_file: Path | None = typer.Option(None, help="a file with one prompt per line"),
+    seed: int | None = typer.Option(None, help="seed of the initial noise"),
+    steps: int | None = typer.Option(None, help="denoising steps"),
+    guidance: float | None = typer.Option(None, help="guidance scale"),
+    width: int | None = typer.Option(None, help="image width (multiple of 16)"),
+    height: int | None = typer.Option(None, help="image height (multiple of 16)"),
+    init_latents: Path | None = typer.Option(None, help="start latents .npy, shape (1, 128, H/16, W/16)"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="PNG path (default outputs/<recipe>-<seed>-<slug>.png)"),
+    weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    max_memory: str | None = typer.Option(None, help="memory budget, e.g. 24GiB (default: what the machine has)"),
+    no_compile: bool = typer.Option(False, "--no-compile", help="run the naive primitive program (no search)"),
+    as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
+) -> None:
+    """Run a pipeline recipe and write one PNG per prompt."""
+    from .pipeline.generate import GenerateRequest, generate, parse_size
+    from .pipeline.progress import progress_printer
+
+    prompts = list(prompt)
+    if prompts_file is not None:
+        try:
+            prompts += [line.strip() for line in prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise_user(f"--prompts-file {prompts_file}: {exc.strerror or exc}")
+    req = GenerateRequest(recipe, prompts, seed, steps, guidance, width, height, init_latents, output, weights,
+                          list(set_), parse_size(max_memory), compile=not no_compile)
+    with progress_printer(enabled=not quiet and not as_json) as progress:
+        summary = generate(req, progress)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+    elif not quiet:
+        for item in summary["images"]:
+            typer.echo(f"wrote {item['path']} ({item['seconds']:.1f} s)")
+
+
+@app.command()
+@user_errors
+def validate(
+    recipe: Path = typer.Argument(..., help="a model or pipeline recipe"),
+    weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Check a recipe (schema, expressions) and, with --weights, the checkpoint against it."""
+    from .recipe import validate as validate_recipe
+
+    typer.echo(str(validate_recipe(recipe, weights, set_)))
+
+
+@app.command()
+@user_errors
+def inspect(
+    recipe: Path = typer.Argument(..., help="a model or pipeline recipe"),
+    weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
+    config: Path | None = typer.Option(None, help="a config.json giving sizes without weights"),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
+    from .recipe import inspect as inspect_recipe
+
+    typer.echo(inspect_recipe(recipe, weights, set_, config))
+
+
+@app.command()
+@user_errors
+def schema() -> None:
+    """Print the recipe JSON Schema (for editors): luminal-recipe schema > recipe.schema.json"""
+    from .recipe import json_schema
+
+    typer.echo(json.dumps(json_schema(), indent=2))
+
+
+@app.command()
+@user_errors
+def quantize(
+    src: Path = typer.Argument(..., help="checkpoint folder (bf16/f32 safetensors)"),
+    dst: Path = typer.Argument(..., help="output folder (must not exist)"),
+    format: str = typer.Option(..., "--format", help="nvfp4 or fp8"),
+    layout: str = typer.Option("modelopt", help="nvfp4 layout: modelopt or comfy"),
+    exclude: list[str] = typer.Option([], help="glob of module names kept in full precision (repeatable)"),
+    fp8_scale: str = typer.Option("per_tensor", help="fp8 scale granularity: per_tensor or per_channel"),
+) -> None:
+    """Convert a checkpoint to NVFP4 (ModelOpt or ComfyUI layout) or FP8, writing hf_quant_config.json."""
+    from .weights.quantize import quantize_checkpoint
+
+    typer.echo(str(quantize_checkpoint(src, dst, format, layout, exclude, fp8_scale)))
+
+
+def raise_user(message: str) -> None:
+    from .errors import PipelineError
+
+    raise PipelineError(message)
 
 
 def entry() -> None:  # pragma: no cover - console script shim for `python -m luminal_recipes`

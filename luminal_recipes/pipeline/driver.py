@@ -138,6 +138,8 @@ class Pipeline:
         engines: dict[str, ModelEngine] = {}
         for stage in self.doc.stages:
             t0 = time.perf_counter()
+            if self.progress and stage.loop is None:
+                self.progress(stage.name, 0, 1)
             self._stage(stage, env, engines, report)
             self._release(engines, report)
             if self.progress and stage.loop is None:
