@@ -1,0 +1,145 @@
+"""Decoded image -> PNG file: diffusers' post-processing, atomic writes, generation metadata, file names.
+
+The VAE decodes to float pixels in about [-1, 1]. diffusers' ``VaeImageProcessor.postprocess`` maps them with
+``(x * 0.5 + 0.5).clamp(0, 1)`` and, for PIL output, ``(x * 255).round()`` to uint8; both are reproduced here
+in float32. The PNG is written to a temporary file next to the target and renamed over it, so a reader never
+sees a partial image and a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import unicodedata
+from collections.abc import Mapping
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, PngImagePlugin
+
+from luminal_recipes import __version__
+from luminal_recipes.errors import PipelineError
+
+DEFAULT_OUTPUT_DIR = Path("outputs")
+_SLUG_MAX_CHARS = 48
+
+
+def to_unit_range(image: np.ndarray) -> np.ndarray:
+    """VAE output ``(1, 3, H, W)`` or ``(3, H, W)`` -> ``(H, W, 3)`` float32 in [0, 1] (diffusers' "np")."""
+    image = np.asarray(image)
+    if image.ndim == 4:
+        if image.shape[0] != 1:
+            raise ValueError(f"to_unit_range: expected one image, got a batch of {image.shape[0]}")
+        image = image[0]
+    if image.ndim != 3 or image.shape[0] != 3:
+        raise ValueError(f"to_unit_range: expected (1, 3, H, W) or (3, H, W), got {image.shape}")
+    image = image.astype(np.float32, copy=False)
+    unit = np.clip(image * np.float32(0.5) + np.float32(0.5), 0, 1)
+    return np.ascontiguousarray(unit.transpose(1, 2, 0))
+
+
+def to_uint8(image: np.ndarray) -> np.ndarray:
+    """VAE output -> ``(H, W, 3)`` uint8, exactly as diffusers' ``numpy_to_pil`` (round half to even)."""
+    return (to_unit_range(image) * np.float32(255)).round().astype(np.uint8)
+
+
+def slugify(text: str, max_chars: int = _SLUG_MAX_CHARS) -> str:
+    """A file-name-safe, lowercase ASCII rendering of ``text`` ("A Cat, in a Hat!" -> "a-cat-in-a-hat")."""
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    slug = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
+    if len(slug) > max_chars:
+        cut = slug[: max_chars + 1]
+        slug = cut.rsplit("-", 1)[0] if "-" in cut else cut[:max_chars]
+    return slug.strip("-")
+
+
+def default_output_path(
+    recipe: str, seed: int, prompt: str, folder: str | PathLike = DEFAULT_OUTPUT_DIR
+) -> Path:
+    """``outputs/<recipe>-<seed>-<slug>.png``; ``recipe`` is the recipe's name (e.g. the YAML file's stem)."""
+    recipe_slug = slugify(recipe) or "recipe"
+    prompt_slug = slugify(prompt) or "image"
+    return Path(folder) / f"{recipe_slug}-{seed}-{prompt_slug}.png"
+
+
+def generation_text(
+    *,
+    prompt: str,
+    seed: int | None,
+    steps: int,
+    guidance: float,
+    width: int,
+    height: int,
+    recipe: str,
+    recipe_hash: str,
+    init_latents: str | None = None,
+) -> dict[str, str]:
+    """The PNG text chunks that record how an image was made."""
+    text = {
+        "prompt": prompt,
+        "seed": "none" if seed is None else str(seed),
+        "steps": str(steps),
+        "guidance": repr(float(guidance)),
+        "size": f"{width}x{height}",
+        "recipe": recipe,
+        "recipe_hash": recipe_hash,
+        "version": __version__,
+        "Software": f"luminal-recipes {__version__}",
+    }
+    if init_latents is not None:
+        text["init_latents"] = init_latents
+    return text
+
+
+def write_png(path: str | PathLike, pixels: np.ndarray, text: Mapping[str, str] | None = None) -> Path:
+    """Write ``(H, W, 3)`` uint8 ``pixels`` to ``path`` atomically, with ``text`` as PNG text chunks.
+
+    The parent folder is created if needed. Any failure raises ``PipelineError`` naming the path and leaves
+    neither a partial PNG nor a temporary file behind; an existing file is replaced only once the new one is
+    complete.
+    """
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise PipelineError(f"--output {path}: the file name must end with .png (images are written as PNG).")
+    pixels = np.asarray(pixels)
+    if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
+        raise ValueError(f"write_png: expected (H, W, 3) uint8 pixels, got {pixels.shape} {pixels.dtype}")
+    info = PngImagePlugin.PngInfo()
+    for key, value in (text or {}).items():
+        info.add_text(key, value)  # Pillow switches to an iTXt (UTF-8) chunk for text outside Latin-1
+
+    if path.is_dir():
+        raise PipelineError(f"--output {path}: is a folder; give a file name ending in .png.")
+    temp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: never reuse someone else's file; mode 0o666 lets the umask decide, as for any new file.
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as handle:
+            Image.fromarray(pixels, mode="RGB").save(handle, format="PNG", pnginfo=info)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise PipelineError(
+            f"--output {path}: cannot write the image ({reason}); choose a writable location with --output."
+        ) from None
+    finally:
+        if temp.exists():
+            temp.unlink()
+    return path
+
+
+def save_image(path: str | PathLike, image: np.ndarray, text: Mapping[str, str] | None = None) -> Path:
+    """Post-process a VAE output like diffusers and write it as a PNG (see ``to_uint8`` and ``write_png``)."""
+    return write_png(path, to_uint8(image), text)
+
+
+def read_png(path: str | PathLike) -> tuple[np.ndarray, dict[str, str]]:
+    """``(pixels (H, W, 3) uint8, text chunks)`` of a PNG, e.g. one this module wrote."""
+    with Image.open(path) as image:
+        image.load()
+        return np.asarray(image.convert("RGB")), dict(image.text)

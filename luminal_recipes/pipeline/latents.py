@@ -1,0 +1,171 @@
+"""FLUX.2 latents on the host: initial noise, ``--init-latents`` files, token packing and the VAE-side glue.
+
+Shapes follow diffusers' ``Flux2Pipeline``. For an image of ``H x W`` pixels the VAE works on ``(1, 32, H/8,
+W/8)`` latents; the pipeline folds each 2x2 patch into channels, so the transformer's latents are ``(1, 128,
+h, w)`` with ``h, w = H/16, W/16`` and are packed into ``h * w`` tokens of 128 features, row-major over ``(h,
+w)``. Positions for the 4-axis RoPE are ``(t, h, w, l)``: image token ``(i, j)`` is ``(0, i, j, 0)``, text
+token ``k`` is ``(0, 0, 0, k)``. After denoising, the tokens are unpacked, de-normalised with the running
+statistics of the VAE's ``bn`` layer (``x * sqrt(running_var + eps) + running_mean``) and unpatchified back to
+``(1, 32, H/8, W/8)`` for the decoder. All arithmetic is float32 in the same order as diffusers, so results
+are bit-identical, except that numpy's float32 sqrt is correctly rounded where torch's is sometimes one ulp
+off (de-normalisation agrees to ~1e-6).
+"""
+
+from __future__ import annotations
+
+import json
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+
+from luminal_recipes.errors import CheckpointError, PipelineError
+from luminal_recipes.weights.safetensors_io import Checkpoint
+
+PIXELS_PER_TOKEN = 16  # VAE downsampling (8) x the 2x2 patch folded into channels
+LATENT_CHANNELS = 128  # transformer in_channels: 32 VAE channels x 2 x 2
+
+
+def latent_grid(height: int, width: int) -> tuple[int, int]:
+    """``(H / 16, W / 16)``, the transformer's latent grid; the size must be a positive multiple of 16."""
+    for flag, value in (("--height", height), ("--width", width)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise PipelineError(f"{flag} must be an integer number of pixels, got {value!r}.")
+        if value < PIXELS_PER_TOKEN or value % PIXELS_PER_TOKEN:
+            lower = max(PIXELS_PER_TOKEN, value - value % PIXELS_PER_TOKEN)
+            raise PipelineError(
+                f"{flag} {value} is not a positive multiple of {PIXELS_PER_TOKEN}: FLUX.2 latents cover "
+                f"{PIXELS_PER_TOKEN}x{PIXELS_PER_TOKEN} pixels each. Use e.g. {flag} {lower} or "
+                f"{lower + PIXELS_PER_TOKEN}."
+            )
+    return int(height) // PIXELS_PER_TOKEN, int(width) // PIXELS_PER_TOKEN
+
+
+def initial_noise(seed: int, height: int, width: int, channels: int = LATENT_CHANNELS) -> np.ndarray:
+    """Gaussian starting latents ``(1, channels, H/16, W/16)`` float32 for ``--seed``.
+
+    Drawn with ``numpy.random.default_rng(seed).standard_normal(shape, dtype=float32)`` (PCG64, ziggurat), so
+    a seed gives the same latents on every machine and numpy version that keeps this generator stable. It is
+    *not* the noise diffusers draws from ``torch.Generator().manual_seed(seed)``: to reproduce a diffusers
+    image exactly, save its latents to a ``.npy`` file and pass them with ``--init-latents``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise PipelineError(f"--seed must be a non-negative integer, got {seed!r}.")
+    h, w = latent_grid(height, width)
+    return np.random.default_rng(int(seed)).standard_normal((1, channels, h, w), dtype=np.float32)
+
+
+def load_init_latents(
+    path: str | PathLike, height: int, width: int, channels: int = LATENT_CHANNELS
+) -> np.ndarray:
+    """Read ``--init-latents FILE.npy``: diffusers' ``latents`` argument, shape ``(1, channels, H/16, W/16)``.
+
+    Any floating dtype is accepted and converted to float32 (diffusers casts to the text embeddings' dtype).
+    """
+    h, w = latent_grid(height, width)
+    expected = (1, channels, h, w)
+    path = Path(path)
+    try:
+        array = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise PipelineError(f"--init-latents {path}: file not found.") from None
+    except (OSError, ValueError, EOFError) as exc:
+        raise PipelineError(
+            f"--init-latents {path}: not a readable .npy array ({exc}); save the latents with numpy.save, "
+            "e.g. numpy.save(path, latents.float().numpy())."
+        ) from None
+    if not isinstance(array, np.ndarray):  # .npz archives load as a mapping
+        raise PipelineError(f"--init-latents {path}: expected a single .npy array, found an .npz archive.")
+    if array.shape != expected:
+        raise PipelineError(
+            f"--init-latents {path}: shape {array.shape}, but a {height}x{width} image needs {expected} "
+            f"(batch 1, {channels} channels, H/16, W/16), the layout of diffusers' Flux2Pipeline `latents`."
+        )
+    if not np.issubdtype(array.dtype, np.floating):
+        raise PipelineError(
+            f"--init-latents {path}: dtype {array.dtype}; the latents must be floating point."
+        )
+    array = array.astype(np.float32)
+    if not np.isfinite(array).all():
+        raise PipelineError(f"--init-latents {path}: contains NaN or infinite values.")
+    return array
+
+
+def pack_latents(latents: np.ndarray) -> np.ndarray:
+    """``(B, C, h, w) -> (B, h*w, C)`` (diffusers ``Flux2Pipeline._pack_latents``)."""
+    b, c, h, w = latents.shape
+    return np.ascontiguousarray(latents.reshape(b, c, h * w).transpose(0, 2, 1))
+
+
+def unpack_latents(tokens: np.ndarray, h: int, w: int) -> np.ndarray:
+    """``(B, h*w, C) -> (B, C, h, w)`` (diffusers ``_unpack_latents_with_ids`` with ``latent_ids(h, w)``)."""
+    b, n, c = tokens.shape
+    if n != h * w:
+        raise ValueError(f"unpack_latents: {n} tokens cannot fill a {h}x{w} grid")
+    return np.ascontiguousarray(tokens.reshape(b, h, w, c).transpose(0, 3, 1, 2))
+
+
+def latent_ids(h: int, w: int) -> np.ndarray:
+    """Image token positions ``(h*w, 4)`` int32; row ``i*w + j`` is ``(0, i, j, 0)`` (_prepare_latent_ids)."""
+    ids = np.zeros((h, w, 4), dtype=np.int32)
+    ids[..., 1] = np.arange(h, dtype=np.int32)[:, None]
+    ids[..., 2] = np.arange(w, dtype=np.int32)[None, :]
+    return ids.reshape(h * w, 4)
+
+
+def text_ids(seq_len: int) -> np.ndarray:
+    """Text token positions ``(seq_len, 4)`` int32: row ``k`` is ``(0, 0, 0, k)`` (``_prepare_text_ids``)."""
+    ids = np.zeros((seq_len, 4), dtype=np.int32)
+    ids[:, 3] = np.arange(seq_len, dtype=np.int32)
+    return ids
+
+
+def denormalize_latents(
+    latents: np.ndarray, running_mean: np.ndarray, running_var: np.ndarray, eps: float
+) -> np.ndarray:
+    """Undo the VAE's batch norm on ``(B, 128, h, w)`` latents: ``x * sqrt(var + eps) + mean`` per channel."""
+    mean = np.asarray(running_mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    std = np.sqrt(np.asarray(running_var, dtype=np.float32).reshape(1, -1, 1, 1) + np.float32(eps))
+    return latents.astype(np.float32, copy=False) * std + mean
+
+
+def unpatchify_latents(latents: np.ndarray) -> np.ndarray:
+    """``(B, C*4, h, w) -> (B, C, 2h, 2w)``: channel ``4c + 2p + q`` goes to pixel ``(2i + p, 2j + q)``."""
+    b, c4, h, w = latents.shape
+    c = c4 // 4
+    return np.ascontiguousarray(
+        latents.reshape(b, c, 2, 2, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(b, c, 2 * h, 2 * w)
+    )
+
+
+def tokens_to_vae_latents(
+    tokens: np.ndarray, h: int, w: int, running_mean: np.ndarray, running_var: np.ndarray, eps: float
+) -> np.ndarray:
+    """Denoised tokens ``(1, h*w, 128)`` -> VAE decoder input ``(1, 32, 2h, 2w)``, as Flux2Pipeline does."""
+    return unpatchify_latents(
+        denormalize_latents(unpack_latents(tokens, h, w), running_mean, running_var, eps)
+    )
+
+
+def load_vae_batch_norm(vae_folder: str | PathLike) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(running_mean, running_var, batch_norm_eps)`` of a diffusers ``AutoencoderKLFlux2`` folder."""
+    folder = Path(vae_folder)
+    config_path = folder / "config.json"
+    try:
+        eps = float(json.loads(config_path.read_text(encoding="utf-8")).get("batch_norm_eps", 1e-4))
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{config_path}: file not found; the VAE folder needs its config.json."
+        ) from None
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{config_path}: cannot read batch_norm_eps ({exc}).") from None
+    with Checkpoint.open(folder) as checkpoint:
+        missing = [name for name in ("bn.running_mean", "bn.running_var") if name not in checkpoint]
+        if missing:
+            raise CheckpointError(
+                f"{folder}: no tensor {', '.join(missing)} in its safetensors files; a FLUX.2 VAE "
+                "(AutoencoderKLFlux2) stores the latent statistics there."
+            )
+        mean = checkpoint.load("bn.running_mean").astype(np.float32)
+        var = checkpoint.load("bn.running_var").astype(np.float32)
+    return mean, var, eps
