@@ -152,6 +152,41 @@ def quantize(
     typer.echo(str(quantize_checkpoint(src, dst, format, layout, exclude, fp8_scale)))
 
 
+golden_app = typer.Typer(help="Golden-image checks: regenerate and compare with committed PNGs.", no_args_is_help=True)
+app.add_typer(golden_app, name="golden")
+GOLDEN_MANIFEST = Path("tests/golden/goldens.yaml")
+
+
+@golden_app.command("check")
+@user_errors
+def golden_check(
+    manifest: Path = typer.Argument(GOLDEN_MANIFEST, help="golden manifest (goldens.yaml)"),
+    min_psnr: float = typer.Option(45.0, help="minimum PSNR in dB against each golden"),
+    weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
+) -> None:
+    """Regenerate every golden image and compare; a failing one gets a .diff.png beside it (exit 1)."""
+    from .pipeline.golden import check
+
+    results = check(manifest, min_psnr, weights)
+    for r in results:
+        typer.echo(f"{'ok  ' if r.ok else 'FAIL'} {r.case.file}: {r.message}")
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@golden_app.command("update")
+@user_errors
+def golden_update(
+    manifest: Path = typer.Argument(GOLDEN_MANIFEST, help="golden manifest (goldens.yaml)"),
+    weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
+) -> None:
+    """Rewrite the golden images from the current code (review the change before committing it)."""
+    from .pipeline.golden import update
+
+    for path in update(manifest, weights):
+        typer.echo(f"wrote {path}")
+
+
 def raise_user(message: str) -> None:
     from .errors import PipelineError
 

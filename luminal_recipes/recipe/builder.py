@@ -1,0 +1,476 @@
+"""Recipe + parameters + checkpoint metadata -> one Graph per model, every weight a named, lazily loaded
+tensor.
+
+Nothing is read from the checkpoint but its headers and config.json: each graph weight is bound to a
+``load()`` that memory-maps its tensor(s) when a runtime asks. Before the graph is built, the checkpoint is
+checked against every weight the recipe declares, and all disagreements are reported at once, each at the YAML
+position of the declaration (shape mismatches at the dimension's expression).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError
+from ..graph import DType, Graph, Tensor, to_dtype
+from ..graph.dtypes import SAFETENSORS_NAMES
+from ..graph.symbolic import Expr
+from .check import check_recipe, default_ops
+from .instances import Instance, Instantiator, WeightDecl, eval_field, list_item_origin
+from .interpreter import CallRecord, Interpreter
+from .loader import LoadedRecipe, load_recipe
+from .mapping import MappedTensor, StoredTensor, map_checkpoint
+from .params import ParamResolver, ResolvedParams
+from .schema import ModelRecipe, QuantizationSpec
+from .suggest import did_you_mean
+
+_LIST_LIMIT = 8
+
+
+@dataclass
+class WeightBinding:
+    """A graph weight and how to read it; ``load`` is None when the model was built from shapes only."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    load: Callable[[], np.ndarray] | None
+    sources: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.nbytes(int(np.prod(self.shape, dtype=np.int64)))
+
+
+@dataclass
+class BuiltModel:
+    name: str
+    recipe: LoadedRecipe
+    graph: Graph
+    params: ResolvedParams
+    root: Instance
+    inputs: dict[str, Tensor]
+    outputs: list[str]
+    weights: dict[str, WeightBinding]
+    calls: list[CallRecord] = field(default_factory=list)
+    checkpoint_root: Path | None = None
+
+    def load_weight(self, name: str) -> np.ndarray:
+        """The array for graph weight ``name`` (read from the memory-mapped checkpoint now)."""
+        binding = self.weights[name]
+        if binding.load is None:
+            raise CheckpointError(
+                f"weight '{name}' has no checkpoint (the model was built from shapes only); pass --weights."
+            )
+        array = np.asarray(binding.load())
+        if array.dtype != binding.dtype.np:
+            array = array.astype(binding.dtype.np)
+        return array
+
+    def weight_bytes_by_dtype(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for binding in self.weights.values():
+            out[str(binding.dtype)] = out.get(str(binding.dtype), 0) + binding.nbytes
+        return out
+
+
+# ---- entry points ------------------------------------------------------------------------------------------
+def build(
+    path: str | Path,
+    weights: str | Path | None = None,
+    sets: Iterable[str] | Mapping[str, Any] = (),
+    ops: Mapping[str, Callable] | None = None,
+) -> BuiltModel:
+    """Load a model recipe, open its checkpoint and build the graph; ``weights`` overrides the source."""
+    recipe = load_recipe(path)
+    if not isinstance(recipe.doc, ModelRecipe):
+        raise recipe.origin("kind").error(
+            "this is a pipeline recipe; build its models one by one (the pipeline driver does that)."
+        )
+    folder = checkpoint_folder(recipe, weights)
+    if folder is None:
+        raise recipe.origin("weights").error(
+            "no checkpoint: pass --weights FOLDER|hf://org/repo, or set weights.source in the recipe."
+        )
+    from ..weights.safetensors_io import Checkpoint
+
+    checkpoint = Checkpoint.open(folder)
+    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder), sets=sets, ops=ops)
+
+
+def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None) -> Path | None:
+    """The local folder of the checkpoint: ``weights`` if given, else the recipe's ``weights.source``."""
+    from ..weights.sources import parse_source, resolve_source
+
+    source: str | Path | None = weights
+    if source is None:
+        declared = recipe.doc.weights.source if isinstance(recipe.doc, ModelRecipe) else None
+        if declared is None:
+            return None
+        parsed = parse_source(declared)
+        source = parsed if not isinstance(parsed, Path) or parsed.is_absolute() else recipe.folder / parsed
+        source = declared if not isinstance(parsed, Path) else source
+    return resolve_source(source)
+
+
+def read_config(recipe: LoadedRecipe, folder: Path) -> dict | None:
+    assert isinstance(recipe.doc, ModelRecipe)
+    name = recipe.doc.weights.config
+    if name is None:
+        return None
+    path = Path(folder) / name
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); download or write it again.") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object (the model's configuration).")
+    return data
+
+
+def resolve_params(
+    recipe: LoadedRecipe, config: Mapping[str, Any] | None, sets: Iterable[str] | Mapping[str, Any] = ()
+) -> ResolvedParams:
+    config_file = recipe.doc.weights.config if isinstance(recipe.doc, ModelRecipe) else "config.json"
+    return ParamResolver(recipe.params, config, sets, config_file or "config.json").resolve_all()
+
+
+def build_model(
+    recipe: LoadedRecipe,
+    *,
+    checkpoint: Any = None,
+    config: Mapping[str, Any] | None = None,
+    sets: Iterable[str] | Mapping[str, Any] = (),
+    ops: Mapping[str, Callable] | None = None,
+) -> BuiltModel:
+    """Build the graph of a loaded model recipe. Without ``checkpoint`` weights are shapes only (inspect)."""
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    ops = default_ops() if ops is None else ops
+    check_recipe(recipe, ops)
+    params = resolve_params(recipe, config, sets)
+    root = Instantiator(recipe, params.values).root()
+    decls = [w for inst in root.walk() for w in inst.weights.values()]
+    quant = doc.weights.quantization
+    quantized = {d.name for d in decls if _is_quantized(d, quant)} if quant else set()
+    mapped: dict[str, MappedTensor] | None = None
+    if checkpoint is not None:
+        mapped = _map(recipe, checkpoint, params)
+        _check_against_checkpoint(recipe, decls, quantized, mapped, checkpoint)
+    graph = Graph()
+    factory = _WeightFactory(graph, doc, mapped, quantized)
+    policy = doc.weights.dtype
+    interpreter = Interpreter(graph, ops, factory.tensor, policy.compute, policy.per_op)
+    inputs = _graph_inputs(recipe, root, params, graph)
+    result = interpreter.call(root, list(inputs.values()), {})
+    outputs = _mark_outputs(recipe, graph, result)
+    return BuiltModel(
+        doc.name,
+        recipe,
+        graph,
+        params,
+        root,
+        inputs,
+        outputs,
+        factory.bindings,
+        interpreter.calls,
+        getattr(checkpoint, "root", None),
+    )
+
+
+# ---- inputs and outputs ------------------------------------------------------------------------------------
+def _graph_inputs(
+    recipe: LoadedRecipe, root: Instance, params: ResolvedParams, graph: Graph
+) -> dict[str, Tensor]:
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    names = {**params.values, **{d: Expr.symbol(d) for d in doc.dims}}
+    out = {}
+    for name in root.spec.inputs:
+        spec = doc.inputs[name]
+        origin = recipe.origin("inputs", name)
+        shape = []
+        for index, expr in enumerate(spec.shape):
+            value = eval_field(
+                expr, list_item_origin(origin, "shape", index), names, f"shape of input '{name}'"
+            )
+            if isinstance(value, bool) or not isinstance(value, (int, Expr)):
+                raise list_item_origin(origin, "shape", index).error(
+                    f"input '{name}': dimension {index} is {value!r}; use integers, parameters or `dims`"
+                )
+            shape.append(value)
+        out[name] = graph.input(name, tuple(shape), spec.dtype)
+    return out
+
+
+def _mark_outputs(recipe: LoadedRecipe, graph: Graph, result: Any) -> list[str]:
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    values = list(result) if isinstance(result, (tuple, list)) else [result]
+    names = doc.outputs or (["output"] if len(values) == 1 else [f"output{i}" for i in range(len(values))])
+    root_forward = recipe.modules[doc.root].origin.at("forward")
+    if len(names) != len(values):
+        raise root_forward.error(
+            f"the root module returns {len(values)} value(s) but `outputs:` names "
+            f"{len(names)} ({', '.join(names)}); make them agree."
+        )
+    for name, value in zip(names, values):
+        if not isinstance(value, Tensor):
+            raise root_forward.error(
+                f"output '{name}' is a {type(value).__name__}, not a tensor; return tensors "
+                f"from the root module."
+            )
+        graph.mark_output(name, value)
+    return names
+
+
+# ---- weights -----------------------------------------------------------------------------------------------
+def _owner(name: str) -> str:
+    return name[: -len(".weight")] if name.endswith(".weight") else name
+
+
+def _is_quantized(decl: WeightDecl, quant: QuantizationSpec) -> bool:
+    if not decl.name.endswith(".weight") or len(decl.shape) != 2:
+        return False
+    owner = _owner(decl.name)
+    hit = any(fnmatch.fnmatchcase(owner, p) for p in quant.modules)
+    return hit and not any(fnmatch.fnmatchcase(owner, p) for p in quant.exclude)
+
+
+def _graph_dtype(name: str) -> DType | None:
+    return SAFETENSORS_NAMES.get(name)
+
+
+class _WeightFactory:
+    """Creates each graph weight on first use; a quantized weight becomes its packed tensors + dequantize."""
+
+    def __init__(
+        self, graph: Graph, doc: ModelRecipe, mapped: dict[str, MappedTensor] | None, quantized: set[str]
+    ):
+        self.graph = graph
+        self.policy = doc.weights.dtype
+        self.quant = doc.weights.quantization
+        self.mapped = mapped
+        self.quantized = quantized
+        self.cache: dict[str, Tensor] = {}
+        self.bindings: dict[str, WeightBinding] = {}
+
+    def tensor(self, instance: Instance, local: str) -> Tensor:
+        decl = instance.weights[local]
+        if decl.name not in self.cache:
+            if decl.name in self.quantized:
+                self.cache[decl.name] = self._dequantized(decl)
+            else:
+                self.cache[decl.name] = self._dense(decl)
+        return self.cache[decl.name]
+
+    def _source(self, name: str, shape: tuple[int, ...], dtype: DType) -> Tensor:
+        stored = self.mapped.get(name) if self.mapped is not None else None
+        load = None
+        if stored is not None:
+            shape = stored.shape
+            load = stored.load
+        self.bindings[name] = WeightBinding(name, tuple(shape), dtype, load, stored.sources if stored else ())
+        return self.graph.weight(name, shape, dtype)
+
+    def _dense(self, decl: WeightDecl) -> Tensor:
+        compute = to_dtype(self.policy.compute)
+        if decl.dtype != "checkpoint":
+            dtype = to_dtype(decl.dtype)
+        elif self.mapped is not None and decl.name in self.mapped:
+            dtype = _graph_dtype(self.mapped[decl.name].dtype) or compute
+        else:
+            dtype = to_dtype(self.policy.assume) if self.policy.assume else compute
+        if self.policy.storage == "compute" and dtype.is_float:
+            dtype = compute
+        return self._source(decl.name, decl.shape, dtype)
+
+    def _dequantized(self, decl: WeightDecl) -> Tensor:
+        from ..ops import dequant_fp8, dequant_nvfp4
+        from ..weights.formats import nvfp4_layout
+
+        assert self.quant is not None
+        owner = _owner(decl.name)
+        n, k = decl.shape
+        compute = self.policy.compute
+        if self.quant.format == "fp8":
+            weight = self._source(decl.name, (n, k), DType.F8E4M3)
+            scale_shape = () if self.quant.scale == "per_tensor" else (n,)
+            scale = self._source(f"{owner}.weight_scale", scale_shape, DType.F32)
+            return dequant_fp8(weight, scale, compute)
+        layout = nvfp4_layout(self.quant.layout or "modelopt")
+        weight = self._source(decl.name, layout.weight_shape(n, k), DType.U8)
+        scale = self._source(f"{owner}.weight_scale", layout.scale_shape(n, k), DType.F8E4M3)
+        scale_2 = self._source(f"{owner}.weight_scale_2", (), DType.F32)
+        return dequant_nvfp4(weight, scale, scale_2, n, k, layout.name, compute)
+
+
+# ---- checkpoint checks -------------------------------------------------------------------------------------
+def _map(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams) -> dict[str, MappedTensor]:
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    stored = {name: StoredTensor(tuple(info.shape), info.dtype) for name, info in checkpoint.tensors.items()}
+
+    def split_sizes(index: int, rule: Any) -> list[int]:
+        origin = recipe.origin("weights", "split", index, "sizes")
+        return [eval_field(s, origin.at(i), params.values, "split size") for i, s in enumerate(rule.sizes)]
+
+    return map_checkpoint(stored, doc.weights, checkpoint.load, split_sizes)
+
+
+def _check_against_checkpoint(
+    recipe: LoadedRecipe,
+    decls: list[WeightDecl],
+    quantized: set[str],
+    mapped: dict[str, MappedTensor],
+    checkpoint: Any,
+) -> None:
+    """Every declared weight present with the declared shape and dtype; nothing left over. All at once."""
+    from ..weights.check import ExpectedTensor, QuantSpec, check_checkpoint, safetensors_dtype
+
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    grouped: dict[tuple, list[str]] = {}  # (problem text, location) -> instance names
+    used: set[str] = set()
+    for decl in decls:
+        if decl.name in quantized:
+            continue
+        tensor = mapped.get(decl.name)
+        if tensor is None:
+            hint = did_you_mean(decl.name, mapped)
+            grouped.setdefault(
+                (
+                    str(decl.origin.loc(key=True)),
+                    f"weight '{decl.local}' is missing from the checkpoint{{names}}{hint}",
+                ),
+                [],
+            ).append(decl.name)
+            continue
+        used.add(decl.name)
+        problem = _shape_problem(decl, tensor)
+        if problem:
+            grouped.setdefault(problem, []).append(decl.name)
+        stored_dtype = tensor.dtype
+        companion = mapped.get(f"{_owner(decl.name)}.weight_scale")
+        if companion is not None and stored_dtype in ("U8", "F8_E4M3"):
+            grouped.setdefault(
+                (
+                    str(decl.origin.loc(key=True)),
+                    f"weight '{decl.local}' is quantized in the "
+                    f"checkpoint ({stored_dtype} with a weight_scale){{names}} but the recipe has no "
+                    f"quantization block covering it; add `weights.quantization`",
+                ),
+                [],
+            ).append(decl.name)
+            used.add(companion.name)
+        elif decl.dtype != "checkpoint" and safetensors_dtype(decl.dtype) != stored_dtype:
+            grouped.setdefault(
+                (
+                    str(decl.origin.loc(key=True)),
+                    f"weight '{decl.local}' is {stored_dtype} in the "
+                    f"checkpoint{{names}}, the recipe expects {decl.dtype}",
+                ),
+                [],
+            ).append(decl.name)
+        elif _graph_dtype(stored_dtype) is None:
+            grouped.setdefault(
+                (
+                    str(decl.origin.loc(key=True)),
+                    f"weight '{decl.local}' is {stored_dtype}"
+                    f"{{names}}, which the graph cannot hold; set `weights.dtype.storage: compute`",
+                ),
+                [],
+            ).append(decl.name)
+    lines = [f"{loc}: {text.format(names=_names(names))}" for (loc, text), names in grouped.items()]
+    quant = doc.weights.quantization
+    expected = {}
+    if quant is not None:
+        spec = QuantSpec(quant.format, quant.layout if quant.format == "nvfp4" else quant.scale)
+        expected = {d.name: ExpectedTensor(d.shape, None, spec) for d in decls if d.name in quantized}
+        for name in expected:
+            used.update(
+                n
+                for n in (
+                    name,
+                    *(f"{_owner(name)}.{s}" for s in ("weight_scale", "weight_scale_2", "input_scale")),
+                )
+                if n in mapped
+            )
+    try:
+        check_checkpoint(expected, _MappedView(checkpoint, mapped), ignore_unexpected=["*"])
+    except CheckpointError as exc:
+        lines += [line.strip()[2:] for line in str(exc).splitlines() if line.strip().startswith("- ")]
+    unexpected = sorted(n for n in mapped if n not in used)
+    if unexpected and doc.weights.unused == "error":
+        shown = ", ".join(f"'{n}'" for n in unexpected[:_LIST_LIMIT])
+        more = f" and {len(unexpected) - _LIST_LIMIT} more" if len(unexpected) > _LIST_LIMIT else ""
+        lines.append(
+            f"{len(unexpected)} checkpoint tensor(s) no weight of the recipe uses: {shown}{more} (map "
+            f"them with weights.rename rules, or list them under weights.ignore)"
+        )
+    if lines:
+        where = getattr(checkpoint, "root", "the checkpoint")
+        raise CheckpointError(
+            f"checkpoint {where} does not match recipe {recipe.source.display} "
+            f"({len(lines)} problem{'s' * (len(lines) != 1)}):\n"
+            + "\n".join(f"  - {line}" for line in lines)
+            + "\nFix the recipe's shapes or weights section, or point --weights at the "
+            "checkpoint this recipe describes."
+        )
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f" ({shown})"
+
+
+def _shape_problem(decl: WeightDecl, tensor: MappedTensor) -> tuple[str, str] | None:
+    if tuple(tensor.shape) == tuple(decl.shape):
+        return None
+    origin = decl.origin
+    if len(tensor.shape) == len(decl.shape):
+        axis = next(i for i, (a, b) in enumerate(zip(decl.shape, tensor.shape)) if a != b)
+        origin = decl.shape_origins[axis]
+        spec_value = origin.source.data
+        for key in origin.path:
+            spec_value = spec_value[key]
+        detail = f"dimension {axis} ('{spec_value}') evaluates to {decl.shape[axis]}"
+    else:
+        detail = f"the recipe declares {len(decl.shape)} dimensions"
+    return (
+        str(origin.loc()),
+        f"shape of weight '{decl.local}' does not agree with the checkpoint{{names}}: "
+        f"recipe {list(decl.shape)}, checkpoint {list(tensor.shape)}; {detail}",
+    )
+
+
+class _MappedView:
+    """The checkpoint seen through the recipe's name mapping, for the weights package's quant checks."""
+
+    def __init__(self, checkpoint: Any, mapped: dict[str, MappedTensor]):
+        from ..weights.safetensors_io import TensorInfo
+
+        self.root = checkpoint.root
+        self.tensors = {}
+        for name, tensor in mapped.items():
+            first = checkpoint.tensors[tensor.sources[0]]
+            self.tensors[name] = TensorInfo(
+                name, tuple(tensor.shape), tensor.dtype, first.file, first.start, first.end
+            )
+        self.names = sorted(self.tensors)
+        self.quantization_metadata = checkpoint.quantization_metadata
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensors[name]

@@ -1,0 +1,186 @@
+"""Static checks of a loaded recipe: everything that can be verified without config.json or weights.
+
+Names in every expression field, every forward (syntax whitelist, names, ops, self.member chains, submodule
+arity), the wiring between the model's inputs and its root module, and a pipeline's stages and value flow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from .expr import ForwardScope, check_forward, parse_forward
+from .instances import check_field_names, list_item_origin
+from .loader import LoadedRecipe
+from .located import Origin
+from .safe_eval import CONFIG, FUNCTIONS, YAML_CONSTANTS, ExprError, names_in, parse, unwrap
+from .schema import ModelRecipe, PipelineRecipe, StageSpec
+from .suggest import did_you_mean, one_of
+
+
+def default_ops() -> Mapping[str, Callable]:
+    """The op library's registry (``luminal_recipes.ops.REGISTRY``)."""
+    from ..ops import REGISTRY
+
+    return REGISTRY
+
+
+def check_recipe(recipe: LoadedRecipe, ops: Mapping[str, Callable] | None = None) -> None:
+    """Raise RecipeError at the first problem a static reading of the recipe finds."""
+    if isinstance(recipe.doc, PipelineRecipe):
+        check_pipeline(recipe)
+        return
+    ops = default_ops() if ops is None else ops
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    global_params = set(recipe.params)
+    root = recipe.modules[doc.root].value
+    for name in root.inputs:
+        if name not in doc.inputs:
+            origin = recipe.modules[doc.root].origin.at("inputs")
+            raise origin.error(
+                f"root module '{doc.root}' takes input '{name}' but the recipe's `inputs:` does "
+                f"not declare it{did_you_mean(name, doc.inputs)}; declare its shape and dtype "
+                f"under `inputs:`."
+            )
+    for name in doc.inputs:
+        if name not in root.inputs:
+            raise recipe.origin("inputs", name).error(
+                f"input '{name}' is not an input of the root module '{doc.root}' (its inputs: "
+                f"{one_of(root.inputs)}); remove it or add it to the root module's `inputs:`.",
+                key=True,
+            )
+        origin = recipe.origin("inputs", name)
+        for index, expr in enumerate(doc.inputs[name].shape):
+            check_field_names(
+                expr,
+                list_item_origin(origin, "shape", index),
+                global_params | set(doc.dims),
+                f"shape of input '{name}'",
+            )
+    for index, rule in enumerate(doc.weights.split):
+        for i, size in enumerate(rule.sizes or []):
+            check_field_names(
+                size, recipe.origin("weights", "split", index, "sizes", i), global_params, "split size"
+            )
+    for module_name, located in recipe.modules.items():
+        _check_module(recipe, module_name, located.value, located.origin, ops, global_params)
+
+
+def _check_module(
+    recipe: LoadedRecipe,
+    module_name: str,
+    spec,
+    origin: Origin,
+    ops: Mapping[str, Callable],
+    global_params: set[str],
+) -> None:
+    scope = set(global_params)
+    for name, default in spec.params.items():
+        if default is not None:
+            check_field_names(
+                default, origin.at("params", name), scope, f"parameter '{name}' of module '{module_name}'"
+            )
+        scope.add(name)
+    for local, wspec in spec.weights.items():
+        w_origin = origin.at("weights", local)
+        for index, expr in enumerate(wspec.shape):
+            check_field_names(
+                expr, list_item_origin(w_origin, "shape", index), scope, f"shape of weight '{local}'"
+            )
+        if wspec.when is not None:
+            check_field_names(wspec.when, w_origin.at("when"), scope, "when")
+    for sub_name, sub in spec.submodules.items():
+        s_origin = origin.at("submodules", sub_name)
+        child = recipe.modules[sub.module].value
+        if sub.when is not None:
+            check_field_names(sub.when, s_origin.at("when"), scope, "when")
+        if sub.repeat is not None:
+            check_field_names(sub.repeat, s_origin.at("repeat"), scope, f"repeat of '{sub_name}'")
+        with_scope = scope | ({"index"} if sub.repeat is not None else set())
+        for key, expr in sub.with_.items():
+            if key not in child.params:
+                raise s_origin.at("with", key).error(
+                    f"module '{sub.module}' has no parameter '{key}'{did_you_mean(key, child.params)}; its "
+                    f"parameters are: {one_of(child.params)}.",
+                    key=True,
+                )
+            check_field_names(expr, s_origin.at("with", key), with_scope, f"with: {key}")
+        for key, default in child.params.items():
+            if default is None and key not in sub.with_:
+                raise s_origin.error(
+                    f"module '{sub.module}' needs parameter '{key}' (no default); add "
+                    f"`with: {{{key}: ...}}` here.",
+                    key=True,
+                )
+    overlap = set(spec.submodules) & {w.split(".")[0] for w in spec.weights}
+    if overlap:
+        name = sorted(overlap)[0]
+        raise origin.at("submodules", name).error(
+            f"'{name}' is both a submodule and a weight prefix of module '{module_name}'; rename one.",
+            key=True,
+        )
+    forward = parse_forward(spec.forward, origin.at("forward"))
+    check_forward(
+        forward,
+        ForwardScope(
+            ops=frozenset(ops),
+            params=frozenset(scope),
+            inputs=tuple(spec.inputs),
+            options=frozenset(spec.options),
+            module=spec,
+            modules={name: m.value for name, m in recipe.modules.items()},
+        ),
+    )
+
+
+# ---- pipelines ---------------------------------------------------------------------------------------------
+def check_pipeline(recipe: LoadedRecipe) -> None:
+    """Stages name known models, and every value a stage reads exists when the stage runs."""
+    doc = recipe.doc
+    assert isinstance(doc, PipelineRecipe)
+    known = set(doc.params) | set(doc.inputs)
+    _check_stages(recipe, doc, doc.stages, ("stages",), known)
+    for out_name, value in doc.outputs.items():
+        _check_reference(recipe.origin("outputs", out_name), value, known, f"output '{out_name}'")
+
+
+def _check_stages(
+    recipe: LoadedRecipe, doc: PipelineRecipe, stages: list[StageSpec], path: tuple, known: set[str]
+) -> None:
+    for index, stage in enumerate(stages):
+        origin = recipe.origin(*path, index)
+        if stage.model is not None and stage.model not in doc.models:
+            raise origin.at("model").error(
+                f"stage '{stage.name}' runs unknown model '{stage.model}'"
+                f"{did_you_mean(stage.model, doc.models)}; models: "
+                f"{one_of(doc.models)}."
+            )
+        for arg, value in stage.inputs.items():
+            _check_reference(origin.at("inputs", arg), value, known, f"stage '{stage.name}' input '{arg}'")
+        if stage.loop is not None:
+            _check_reference(origin.at("loop", "over"), stage.loop.over, known, "loop")
+            inner = known | {stage.loop.var} | set(stage.loop.carry)
+            _check_stages(recipe, doc, stage.steps, path + (index, "steps"), inner)
+            known |= {v for s in stage.steps for v in s.outputs.values()} | set(stage.loop.carry)
+        known |= set(stage.outputs.values())
+
+
+def _check_reference(origin: Origin, value: object, known: set[str], what: str) -> None:
+    """A stage's value expression (evaluated by the driver with the safe evaluator): names must exist."""
+    if not isinstance(value, str):
+        return
+    try:
+        tree = parse(unwrap(value))
+    except ExprError as exc:
+        raise origin.expr_error(exc, what) from None
+    for node in names_in(tree):
+        if node.id not in known and node.id not in FUNCTIONS and node.id not in (CONFIG, *YAML_CONSTANTS):
+            raise origin.expr_error(
+                ExprError(
+                    f"'{node.id}' is not defined before this point{did_you_mean(node.id, known)}; values "
+                    f"available: {one_of(known, 30)} (and config.COMPONENT.KEY)",
+                    node.lineno,
+                    node.col_offset,
+                ),
+                what,
+            )

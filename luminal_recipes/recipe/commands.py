@@ -1,0 +1,214 @@
+"""What ``luminal-recipe validate`` and ``luminal-recipe inspect`` do, as plain functions for the CLI.
+
+Both raise a LuminalError subclass (RecipeError, CheckpointError...) on the first located problem; the CLI
+prints it and exits 2. Without ``weights`` only what needs no checkpoint is checked (schema, names,
+expressions, forwards, --set values); with ``weights`` the model is built and its checkpoint checked tensor by
+tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .builder import BuiltModel, build_model, checkpoint_folder, read_config
+from .check import check_recipe
+from .loader import LoadedRecipe, inside_tree, load_recipe
+from .params import ParamResolver
+from .safe_eval import is_wrapped
+from .schema import ModelRecipe, PipelineRecipe
+
+
+@dataclass
+class ValidationReport:
+    path: Path
+    kind: str
+    name: str
+    checks: list[str] = field(default_factory=list)
+    models: dict[str, BuiltModel] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"{self.path}: valid {self.kind} recipe '{self.name}'"]
+        lines += [f"  - {c}" for c in self.checks]
+        return "\n".join(lines)
+
+
+def validate(
+    path: str | Path, weights: str | Path | None = None, sets: Iterable[str] | Mapping[str, Any] = ()
+) -> ValidationReport:
+    """Check a recipe; with ``weights`` also build it and check the checkpoint against it."""
+    recipe = load_recipe(path)
+    report = ValidationReport(recipe.path, recipe.kind, recipe.doc.name)
+    _validate_loaded(recipe, weights, sets, report, label="")
+    return report
+
+
+def _validate_loaded(
+    recipe: LoadedRecipe, weights: str | Path | None, sets: Any, report: ValidationReport, label: str
+) -> None:
+    check_recipe(recipe)
+    ParamResolver(recipe.params, None, sets).check_static()
+    prefix = f"{label}: " if label else ""
+    report.checks.append(
+        f"{prefix}schema, parameters, expressions and forwards are valid"
+        + (f" (includes: {', '.join(p.name for p in recipe.files[1:])})" if len(recipe.files) > 1 else "")
+    )
+    if isinstance(recipe.doc, PipelineRecipe):
+        _validate_pipeline(recipe, weights, sets, report)
+        return
+    if weights is None:
+        report.checks.append(
+            f"{prefix}checkpoint not checked (pass --weights to check it and build the graph)"
+        )
+        return
+    built = _build_with_weights(recipe, weights, sets)
+    report.models[label or recipe.doc.name] = built
+    report.checks.append(
+        f"{prefix}checkpoint {built.checkpoint_root} matches: {len(built.weights)} weights, "
+        f"graph of {len(built.graph)} nodes"
+    )
+
+
+def _validate_pipeline(
+    recipe: LoadedRecipe, weights: str | Path | None, sets: Any, report: ValidationReport
+) -> None:
+    doc = recipe.doc
+    assert isinstance(doc, PipelineRecipe)
+    root = recipe.folder.resolve()
+    folder = None
+    if weights is not None:
+        from ..weights.sources import resolve_source
+
+        folder = resolve_source(weights)
+    for name, model in doc.models.items():
+        target = inside_tree(recipe.origin("models", name, "recipe"), recipe.folder, model.recipe, root)
+        sub = load_recipe(target, tree_root=root)
+        if not isinstance(sub.doc, ModelRecipe):
+            raise recipe.origin("models", name, "recipe").error(
+                f"'{model.recipe}' is a {sub.kind} recipe; pipeline models must be `kind: model`."
+            )
+        sub_weights = None if folder is None else Path(folder) / (model.weights or "")
+        # values written ${...} refer to the pipeline's parameters: the driver evaluates them at run time
+        literal = {k: v for k, v in model.set.items() if not is_wrapped(v)}
+        _validate_loaded(sub, sub_weights, literal, report, label=name)
+
+
+def _build_with_weights(recipe: LoadedRecipe, weights: str | Path | None, sets: Any) -> BuiltModel:
+    from ..weights.safetensors_io import Checkpoint
+
+    folder = checkpoint_folder(recipe, weights)
+    if folder is None:
+        raise recipe.origin("weights").error("no checkpoint: pass --weights or set weights.source.")
+    checkpoint = Checkpoint.open(folder)
+    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder), sets=sets)
+
+
+def inspect(
+    path: str | Path,
+    weights: str | Path | None = None,
+    sets: Iterable[str] | Mapping[str, Any] = (),
+    config: str | Path | Mapping[str, Any] | None = None,
+) -> str:
+    """A printable summary: resolved parameters, modules, weights by dtype, graph size.
+
+    Without ``weights``, a ``config`` (config.json path or mapping) gives the sizes; the graph is built from
+    shapes alone; with neither, only what the recipe says without sizes is shown.
+    """
+    recipe = load_recipe(path)
+    if isinstance(recipe.doc, PipelineRecipe):
+        return _inspect_pipeline(recipe, weights, sets)
+    check_recipe(recipe)
+    if weights is not None or (config is None and _local_source(recipe)):
+        return summary(_build_with_weights(recipe, weights, sets))
+    if config is None:
+        ParamResolver(recipe.params, None, sets).check_static()
+        return _static_summary(recipe) + "\n(pass --weights, or a config, for sizes, weights and graph)"
+    data = json.loads(Path(config).read_text(encoding="utf-8")) if isinstance(config, (str, Path)) else config
+    return summary(build_model(recipe, config=data, sets=sets))
+
+
+def _local_source(recipe: LoadedRecipe) -> bool:
+    source = recipe.doc.weights.source if isinstance(recipe.doc, ModelRecipe) else None
+    return bool(source) and not source.startswith("hf://") and (recipe.folder / source).exists()
+
+
+def summary(model: BuiltModel) -> str:
+    recipe = model.recipe
+    lines = [f"model '{model.name}' ({recipe.source.display})"]
+    if model.checkpoint_root:
+        lines.append(f"checkpoint: {model.checkpoint_root}")
+    lines.append("parameters:")
+    for name, value in model.params.values.items():
+        origin = model.params.origins[name]
+        lines.append(f"  {name:<22} = {value!r:<14} {str(model.params.types[name]):<10} ({origin})")
+    lines.append("modules (instances, graph nodes each instance adds, constants aside):")
+    per_module: dict[str, list[int]] = {}
+    for call in model.calls:  # scalar constants are shared between instances: count the other nodes
+        nodes = model.graph.nodes[call.start : call.end]
+        per_module.setdefault(call.module, []).append(sum(1 for n in nodes if n.op != "Constant"))
+    counts = Counter(inst.module_name for inst in model.root.walk())
+    for name in recipe.modules:
+        nodes = per_module.get(name, [])
+        size = (
+            f"{min(nodes)}"
+            if nodes and min(nodes) == max(nodes)
+            else (f"{min(nodes)}-{max(nodes)}" if nodes else "-")
+        )
+        lines.append(f"  {name:<22} x{counts.get(name, 0):<4} {size} nodes")
+    by_dtype = model.weight_bytes_by_dtype()
+    count_by_dtype = Counter(str(b.dtype) for b in model.weights.values())
+    total = sum(by_dtype.values())
+    lines.append(f"weights: {len(model.weights)} tensors, {_bytes(total)}")
+    for dtype, nbytes in sorted(by_dtype.items()):
+        lines.append(f"  {dtype:<8} {count_by_dtype[dtype]:>6} tensors  {_bytes(nbytes)}")
+    graph = model.graph
+    ops = Counter(node.op for node in graph.nodes)
+    lines.append(f"graph: {len(graph)} nodes ({', '.join(f'{op} {n}' for op, n in ops.most_common())})")
+    inputs = ", ".join(f"{n} {list(map(str, t.shape))} {t.dtype}" for n, t in model.inputs.items())
+    lines.append(f"inputs: {inputs}; outputs: {', '.join(model.outputs)}")
+    return "\n".join(lines)
+
+
+def _static_summary(recipe: LoadedRecipe) -> str:
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    lines = [f"model '{doc.name}' ({recipe.source.display})", "parameters (unresolved):"]
+    for name, located in recipe.params.items():
+        lines.append(f"  {name:<22} = {located.value.default!r}")
+    lines.append(f"modules: {', '.join(recipe.modules)} (root: {doc.root})")
+    return "\n".join(lines)
+
+
+def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: Any) -> str:
+    report = validate(recipe.path, weights, sets)
+    doc = recipe.doc
+    assert isinstance(doc, PipelineRecipe)
+    lines = [f"pipeline '{doc.name}' ({recipe.source.display})", "stages:"]
+    lines += [
+        f"  {s.name}: "
+        + (
+            f"model {s.model}"
+            if s.model
+            else f"run {s.run}"
+            if s.run
+            else f"loop over {s.loop.over} ({len(s.steps)} steps)"
+        )
+        for s in doc.stages
+    ]
+    for name, model in report.models.items():
+        lines += ["", f"[{name}]", summary(model)]
+    if not report.models:
+        lines.append("(pass --weights for per-model weights and graph sizes)")
+    return "\n".join(lines)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,305 @@
+"""Recipe parameters: defaults, ``${...}`` expressions over config.json and other parameters, typed overrides.
+
+A parameter is resolved lazily on first use, so parameters may reference each other in any order; a reference
+cycle is reported with its path. Types are declared (``type: list[int]``) or inferred from the resolved
+default, and every value, including each ``--set name=value`` override, is checked against its type.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from ..errors import RecipeError
+from .located import Located, Origin
+from .safe_eval import CONFIG, FUNCTIONS, ConfigView, ExprError, evaluate, is_wrapped, names_in, parse, unwrap
+from .schema import PARAM_TYPE, ParamSpec
+from .suggest import did_you_mean, one_of
+
+_SET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)$", re.DOTALL)
+_NONE_WORDS = {"none", "null", "~", ""}
+
+
+@dataclass(frozen=True)
+class ParamType:
+    """int, float, bool, str or list[...] thereof, possibly optional (``| None``); ``any`` when unknown."""
+
+    base: str  # int | float | bool | str | list | any
+    item: str | None = None
+    optional: bool = False
+
+    @staticmethod
+    def parse(text: str) -> ParamType:
+        match = PARAM_TYPE.match(text.strip())
+        if not match:
+            raise ValueError(text)
+        base = match.group(1)
+        optional = match.group(3) is not None
+        if base.startswith("list["):
+            return ParamType("list", match.group(2), optional)
+        return ParamType(base, None, optional)
+
+    @staticmethod
+    def infer(value: Any) -> ParamType:
+        if value is None:
+            return ParamType("any")
+        for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+            if isinstance(value, kind):
+                return ParamType(name)
+        if isinstance(value, (list, tuple)):
+            items = {ParamType.infer(v).base for v in value}
+            if items == {"int", "float"}:
+                items = {"float"}
+            return ParamType("list", items.pop() if len(items) == 1 else None)
+        return ParamType("any")
+
+    def __str__(self) -> str:
+        text = f"list[{self.item}]" if self.base == "list" and self.item else self.base
+        return text + (" | None" if self.optional else "")
+
+    def check(self, value: Any) -> Any:
+        """``value`` converted to this type (int -> float), or ValueError saying what was expected."""
+        if value is None:
+            if self.optional or self.base == "any":
+                return None
+            raise ValueError(f"expected {self}, got None")
+        if self.base == "any":
+            return value
+        if self.base == "list":
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(f"expected {self}, got {value!r} ({type(value).__name__})")
+            item = ParamType(self.item or "any")
+            return [item.check(v) for v in value]
+        return _check_scalar(self.base, value)
+
+
+def _check_scalar(base: str, value: Any) -> Any:
+    if base == "bool":
+        if isinstance(value, bool):
+            return value
+    elif base == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif base == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif base == "str" and isinstance(value, str):
+        return value
+    raise ValueError(f"expected {base}, got {value!r} ({type(value).__name__})")
+
+
+@dataclass
+class ResolvedParams:
+    """Parameter values after defaults, config references and overrides."""
+
+    values: dict[str, Any]
+    types: dict[str, ParamType]
+    origins: dict[str, str]  # "default" | "config" | "--set"
+    docs: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+
+def parse_sets(sets: Iterable[str] | Mapping[str, Any] | None) -> dict[str, tuple[Any, bool]]:
+    """``--set name=value`` strings (or a mapping of typed values) -> {name: (value, value_is_raw_text)}."""
+    if not sets:
+        return {}
+    if isinstance(sets, Mapping):
+        return {str(k): (v, False) for k, v in sets.items()}
+    out: dict[str, tuple[Any, bool]] = {}
+    for item in sets:
+        match = _SET.match(item)
+        if not match:
+            raise RecipeError(
+                f"--set {item!r}: expected name=value, e.g. --set layers=2 or --set out_layers=[10,20,30]."
+            )
+        out[match.group(1)] = (match.group(2).strip(), True)
+    return out
+
+
+def _from_text(text: str, kind: ParamType) -> Any:
+    """Interpret the text of a --set value in the light of the parameter's type."""
+    if kind.optional and text.lower() in _NONE_WORDS:
+        return None
+    if kind.base == "str":
+        loaded = _yaml_scalar(text)
+        return loaded if isinstance(loaded, str) else text
+    loaded = _yaml_scalar(text)
+    if kind.base == "list" and isinstance(loaded, str) and "," in loaded:
+        loaded = [_yaml_scalar(part.strip()) for part in loaded.split(",")]
+    elif kind.base == "list" and not isinstance(loaded, list) and loaded is not None:
+        loaded = [loaded]
+    return loaded
+
+
+def _yaml_scalar(text: str) -> Any:
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as text
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+class ParamResolver:
+    """Resolves the parameters of one recipe against a config (or none, for static checks)."""
+
+    def __init__(
+        self,
+        params: Mapping[str, Located[ParamSpec]],
+        config: Mapping[str, Any] | None,
+        overrides: Iterable[str] | Mapping[str, Any] | None = None,
+        config_file: str = "config.json",
+    ):
+        self.params = dict(params)
+        self.config = ConfigView(config, config_file) if config is not None else None
+        self.config_file = config_file
+        self.values: dict[str, Any] = {}
+        self.types: dict[str, ParamType] = {}
+        self.origins: dict[str, str] = {}
+        self._active: list[str] = []
+        self.overrides = parse_sets(overrides)
+        for name in self.overrides:
+            if name not in self.params:
+                raise RecipeError(
+                    f"--set {name}=...: unknown parameter '{name}'{did_you_mean(name, self.params)};"
+                    f" this recipe's parameters are: {one_of(self.params, 40)}."
+                )
+
+    # ---- static checks (no config needed) ------------------------------------------------------------------
+    def check_static(self) -> None:
+        """Parse every default expression and check the names it uses; type-check literals and overrides."""
+        for name, located in self.params.items():
+            spec, origin = located.value, located.origin
+            declared = self._declared_type(name)
+            if is_wrapped(spec.default):
+                tree = self._parse(name)
+                for ref in names_in(tree):
+                    if ref.id != CONFIG and ref.id not in self.params and ref.id not in FUNCTIONS:
+                        raise self._default_origin(name).expr_error(
+                            ExprError(self._unknown_name(ref.id), ref.lineno, ref.col_offset),
+                            f"parameter '{name}'",
+                        )
+            elif declared is not None and name not in self.overrides:
+                self._typed(name, spec.default, declared, origin)
+            if name in self.overrides:
+                self._override(
+                    name, declared or ParamType.infer(None if is_wrapped(spec.default) else spec.default)
+                )
+
+    # ---- resolution ----------------------------------------------------------------------------------------
+    def resolve_all(self) -> ResolvedParams:
+        for name in self.params:
+            self.get(name)
+        docs = {n: p.value.doc for n, p in self.params.items() if p.value.doc}
+        return ResolvedParams(dict(self.values), dict(self.types), dict(self.origins), docs)
+
+    def get(self, name: str) -> Any:
+        if name in self.values:
+            return self.values[name]
+        if name in self._active:
+            cycle = " -> ".join(self._active[self._active.index(name) :] + [name])
+            raise self._default_origin(name).error(
+                f"parameters reference each other in a cycle: {cycle}; give one of them a literal value."
+            )
+        self._active.append(name)
+        try:
+            spec = self.params[name].value
+            declared = self._declared_type(name)
+            if name in self.overrides:
+                kind = declared or ParamType.infer(self._default_value(name, spec))
+                value = self._override(name, kind)
+                origin = "--set"
+            else:
+                value = self._default_value(name, spec)
+                kind = declared or ParamType.infer(value)
+                value = self._typed(name, value, kind, self._default_origin(name))
+                origin = "config" if is_wrapped(spec.default) and CONFIG in spec.default else "default"
+            self.values[name], self.types[name], self.origins[name] = value, kind, origin
+            return value
+        finally:
+            self._active.pop()
+
+    def _default_value(self, name: str, spec: ParamSpec) -> Any:
+        if not is_wrapped(spec.default):
+            return spec.default
+        tree = self._parse(name)
+        try:
+            value = evaluate(tree, self._resolve_name)
+        except ExprError as exc:
+            raise self._default_origin(name).expr_error(exc, f"parameter '{name}'") from None
+        return value.data if isinstance(value, ConfigView) else value
+
+    def _resolve_name(self, ref: str, node: ast.Name) -> Any:
+        if ref == CONFIG:
+            if self.config is None:
+                raise ExprError(
+                    f"this recipe reads {self.config_file} but no checkpoint was given; pass "
+                    f"--weights or set weights.source",
+                    node.lineno,
+                    node.col_offset,
+                )
+            return self.config
+        if ref in self.params:
+            return self.get(ref)
+        raise ExprError(self._unknown_name(ref), node.lineno, node.col_offset)
+
+    def _unknown_name(self, ref: str) -> str:
+        known = list(self.params) + [CONFIG]
+        return (
+            f"undefined name '{ref}'{did_you_mean(ref, known)}; a parameter expression can use other "
+            f"parameters ({one_of(self.params)}), config.KEY and the functions {one_of(FUNCTIONS)}"
+        )
+
+    # ---- helpers -------------------------------------------------------------------------------------------
+    def _parse(self, name: str) -> ast.expr:
+        spec = self.params[name].value
+        try:
+            return parse(unwrap(spec.default))
+        except ExprError as exc:
+            raise self._default_origin(name).expr_error(exc, f"parameter '{name}'") from None
+
+    def _default_origin(self, name: str) -> Origin:
+        return self.params[name].origin.value_origin("default")
+
+    def _declared_type(self, name: str) -> ParamType | None:
+        spec = self.params[name].value
+        return ParamType.parse(spec.type) if spec.type else None
+
+    def _typed(self, name: str, value: Any, kind: ParamType, origin: Origin) -> Any:
+        spec = self.params[name].value
+        try:
+            value = kind.check(value)
+        except ValueError as exc:
+            raise origin.error(
+                f"parameter '{name}' has the wrong type: {exc}. Change the value or its `type:`."
+            ) from None
+        if spec.choices is not None and value not in spec.choices:
+            raise origin.error(f"parameter '{name}' is {value!r}, not one of its choices {spec.choices}")
+        return value
+
+    def _override(self, name: str, kind: ParamType) -> Any:
+        raw, is_text = self.overrides[name]
+        value = _from_text(raw, kind) if is_text else raw
+        spec = self.params[name].value
+        shown = raw if is_text else repr(raw)
+        try:
+            value = kind.check(value)
+        except ValueError as exc:
+            raise RecipeError(
+                f"--set {name}={shown}: parameter '{name}' is {kind} ({exc}); declared at "
+                f"{self._default_origin(name).loc()}."
+            ) from None
+        if spec.choices is not None and value not in spec.choices:
+            raise RecipeError(f"--set {name}={shown}: must be one of {spec.choices}.")
+        return value

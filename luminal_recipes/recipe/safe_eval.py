@@ -1,0 +1,284 @@
+"""A safe evaluator for value expressions (parameter defaults, shapes, ``repeat``, ``when``, ``with``).
+
+Expressions are parsed with ``ast`` and walked node by node; only literals, names, arithmetic, comparisons,
+boolean logic, ``a if c else b``, lists/tuples, constant subscripts, ``config.key.sub[0]`` lookups and a
+handful of pure functions are accepted. Nothing reaches ``eval``. Names resolve through a callback so
+parameters can be resolved lazily (and cycles detected) by the caller.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .suggest import did_you_mean, one_of
+
+_WRAPPED = re.compile(r"^\s*\$\{(.*)\}\s*$", re.DOTALL)
+
+BIN_OPS: dict[type, Callable] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+UNARY_OPS: dict[type, Callable] = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
+COMPARE_OPS: dict[type, Callable] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+FUNCTIONS: dict[str, Callable] = {
+    "min": min,
+    "max": max,
+    "abs": abs,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "len": len,
+    "round": round,
+    "sum": sum,
+    "list": list,
+    "tuple": tuple,
+}
+CONFIG = "config"
+YAML_CONSTANTS = {"true": True, "false": False, "null": None}  # YAML spellings inside ${...}
+
+
+class ExprError(Exception):
+    """An error at ``lineno``/``col`` (ast conventions) inside an expression string; callers add the file."""
+
+    def __init__(self, message: str, lineno: int = 1, col: int = 0):
+        super().__init__(message)
+        self.message = message
+        self.lineno = lineno
+        self.col = col
+
+
+@dataclass(frozen=True)
+class ExprText:
+    """An expression string with the column where it starts inside the YAML scalar (after ``${``)."""
+
+    code: str
+    offset: int
+
+
+def unwrap(text: str) -> ExprText:
+    """Strip an optional ``${...}`` wrapper, remembering how far the expression is shifted."""
+    match = _WRAPPED.match(text)
+    if match:
+        return ExprText(match.group(1), match.start(1))
+    return ExprText(text, 0)
+
+
+def is_wrapped(value: Any) -> bool:
+    return isinstance(value, str) and _WRAPPED.match(value) is not None
+
+
+def parse(text: ExprText) -> ast.expr:
+    code = text.code.lstrip(" \t")
+    offset = text.offset + len(text.code) - len(code)
+    try:
+        tree = ast.parse(code.rstrip(), mode="eval")
+    except SyntaxError as exc:
+        raise ExprError(
+            f"invalid expression '{text.code.strip()}': {exc.msg}",
+            exc.lineno or 1,
+            (exc.offset or 1) - 1 + (offset if (exc.lineno or 1) == 1 else 0),
+        ) from None
+    _shift(tree, offset)
+    return tree.body
+
+
+def _shift(tree: ast.AST, offset: int) -> None:
+    if offset:
+        for node in ast.walk(tree):
+            if hasattr(node, "col_offset") and getattr(node, "lineno", 1) == 1:
+                node.col_offset += offset
+
+
+class ConfigView:
+    """The checkpoint's config.json as seen by expressions: ``config.text_config.hidden_size``."""
+
+    def __init__(self, data: Mapping[str, Any], file: str = "config.json", prefix: str = CONFIG):
+        self.data = data
+        self.file = file
+        self.prefix = prefix
+
+    def lookup(self, key: str, node: ast.AST) -> Any:
+        if key not in self.data:
+            raise ExprError(
+                f"{self.file} has no key '{self.prefix}.{key}'{did_you_mean(key, self.data)}; "
+                f"its keys are: {one_of(self.data)}. Use config.get('{key}', default) for optional "
+                f"keys.",
+                node.lineno,
+                node.col_offset,
+            )
+        return wrap_config(self.data[key], self.file, f"{self.prefix}.{key}")
+
+
+def wrap_config(value: Any, file: str, prefix: str) -> Any:
+    return ConfigView(value, file, prefix) if isinstance(value, Mapping) else value
+
+
+NameResolver = Callable[[str, ast.Name], Any]
+
+
+def evaluate(node: ast.expr, resolve: NameResolver) -> Any:
+    """Evaluate a parsed expression; ``resolve(name, node)`` supplies names (raising ExprError if unknown)."""
+    return _Evaluator(resolve).eval(node)
+
+
+def names_in(node: ast.expr) -> list[ast.Name]:
+    """Free names an expression reads (``config`` included)."""
+    return [n for n in ast.walk(node) if isinstance(n, ast.Name)]
+
+
+class _Evaluator:
+    def __init__(self, resolve: NameResolver):
+        self.resolve = resolve
+
+    def fail(self, node: ast.AST, message: str) -> ExprError:
+        return ExprError(message, getattr(node, "lineno", 1), getattr(node, "col_offset", 0))
+
+    def eval(self, node: ast.AST) -> Any:
+        method = getattr(self, "_" + type(node).__name__, None)
+        if method is None:
+            raise self.fail(
+                node,
+                f"'{_describe(node)}' is not allowed in a value expression; use literals, "
+                f"parameter names, config.key, arithmetic (+ - * / // % **), comparisons, "
+                f"and/or/not, 'a if cond else b', lists and min/max/int/float/len",
+            )
+        try:
+            return method(node)
+        except ExprError:
+            raise
+        except (TypeError, ValueError, ZeroDivisionError, IndexError, KeyError, OverflowError) as exc:
+            raise self.fail(node, f"cannot evaluate '{ast.unparse(node)}': {exc}") from None
+
+    def _Constant(self, node: ast.Constant) -> Any:
+        if not isinstance(node.value, (int, float, bool, str, type(None))):
+            raise self.fail(node, f"literal {node.value!r} is not allowed; use numbers, strings, true/false")
+        return node.value
+
+    def _Name(self, node: ast.Name) -> Any:
+        if node.id.startswith("__"):
+            raise self.fail(node, f"name '{node.id}' is not allowed (dunder names are reserved)")
+        if node.id in YAML_CONSTANTS:
+            return YAML_CONSTANTS[node.id]
+        return self.resolve(node.id, node)
+
+    def _Attribute(self, node: ast.Attribute) -> Any:
+        base = self.eval(node.value)
+        if not isinstance(base, ConfigView) or node.attr.startswith("_"):
+            raise self.fail(
+                node,
+                f"attribute access '.{node.attr}' is only allowed on config "
+                f"(config.hidden_size, config.text_config.num_layers)",
+            )
+        return base.lookup(node.attr, node)
+
+    def _Subscript(self, node: ast.Subscript) -> Any:
+        base = self.eval(node.value)
+        index = self.eval(node.slice)
+        if isinstance(base, ConfigView):
+            if not isinstance(index, str):
+                raise self.fail(node, "config mappings are indexed by key strings: config['key']")
+            return base.lookup(index, node)
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise self.fail(node, "lists are indexed by integers, e.g. layers[0]")
+        return base[index]
+
+    def _Slice(self, node: ast.Slice) -> Any:
+        parts = [None if p is None else self.eval(p) for p in (node.lower, node.upper, node.step)]
+        return slice(*parts)
+
+    def _BinOp(self, node: ast.BinOp) -> Any:
+        op = BIN_OPS.get(type(node.op))
+        if op is None:
+            raise self.fail(node, "only + - * / // % ** are allowed")
+        return op(self.eval(node.left), self.eval(node.right))
+
+    def _UnaryOp(self, node: ast.UnaryOp) -> Any:
+        op = UNARY_OPS.get(type(node.op))
+        if op is None:
+            raise self.fail(node, "only unary - + and not are allowed")
+        return op(self.eval(node.operand))
+
+    def _BoolOp(self, node: ast.BoolOp) -> Any:
+        value = self.eval(node.values[0])
+        for item in node.values[1:]:
+            if isinstance(node.op, ast.And) and not value:
+                return value
+            if isinstance(node.op, ast.Or) and value:
+                return value
+            value = self.eval(item)
+        return value
+
+    def _Compare(self, node: ast.Compare) -> Any:
+        left = self.eval(node.left)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = self.eval(right_node)
+            if not COMPARE_OPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+
+    def _IfExp(self, node: ast.IfExp) -> Any:
+        return self.eval(node.body) if self.eval(node.test) else self.eval(node.orelse)
+
+    def _List(self, node: ast.List) -> Any:
+        return [self.eval(e) for e in node.elts]
+
+    def _Tuple(self, node: ast.Tuple) -> Any:
+        return tuple(self.eval(e) for e in node.elts)
+
+    def _Call(self, node: ast.Call) -> Any:
+        if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            raise self.fail(node, "functions take positional arguments only here")
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "get":
+            base = self.eval(func.value)
+            if isinstance(base, ConfigView):
+                if len(node.args) not in (1, 2):
+                    raise self.fail(node, "use config.get('key') or config.get('key', default)")
+                key = self.eval(node.args[0])
+                if not isinstance(key, str):
+                    raise self.fail(
+                        node, "config.get takes a key string: config.get('rope_parameters.rope_theta')"
+                    )
+                data: Any = base.data
+                for part in key.split("."):  # dotted keys reach into nested objects
+                    if not isinstance(data, Mapping) or part not in data:
+                        return self.eval(node.args[1]) if len(node.args) == 2 else None
+                    data = data[part]
+                return wrap_config(data, base.file, f"{base.prefix}.{key}")
+        if isinstance(func, ast.Name) and func.id in FUNCTIONS:
+            return FUNCTIONS[func.id](*[self.eval(a) for a in node.args])
+        raise self.fail(
+            node,
+            f"'{ast.unparse(func)}' cannot be called in a value expression; the functions "
+            f"are {one_of(FUNCTIONS)} and config.get(key, default)",
+        )
+
+
+def _describe(node: ast.AST) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:  # noqa: BLE001 - only used to phrase an error
+        return type(node).__name__

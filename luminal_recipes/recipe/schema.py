@@ -1,0 +1,508 @@
+"""The recipe schema: pydantic models for the two document kinds, ``kind: model`` and ``kind: pipeline``.
+
+Two sorts of fields hold computed values, and the difference is deliberate:
+
+* value fields (``params`` defaults, a pipeline's ``set``) are YAML values; a string of the form ``${...}`` is
+  an expression, any other string is text;
+* expression fields (weight and input shapes, ``repeat``, ``when``, ``with``, module ``params``, split
+  ``sizes``) are always expressions (``hidden // heads``); ``${...}`` around them is accepted and ignored.
+
+Unknown keys are rejected everywhere, with the closest allowed key suggested.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from .suggest import did_you_mean, one_of
+
+Scalar = int | float | bool | str | None
+ExprField = int | float | bool | str  # an expression, or a literal number
+ValueField = int | float | bool | str | list | None  # a YAML value; "${...}" strings are expressions
+
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DOTTED = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
+PARAM_TYPE = re.compile(r"^(int|float|bool|str|list\[(int|float|bool|str)\])(\s*\|\s*None)?$")
+DTYPES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f4e2m1", "i32", "u8", "bool")
+
+
+class Strict(BaseModel):
+    """Base of every schema object: unknown keys are errors, with a suggestion."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=False, validate_default=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            allowed = [f.alias or name for name, f in cls.model_fields.items()]
+            for key in data:
+                if key not in allowed:
+                    raise PydanticCustomError(
+                        "unknown_key",
+                        "unknown key '{key}'{hint}; allowed keys here: {allowed}",
+                        {
+                            "key": str(key),
+                            "hint": did_you_mean(str(key), allowed),
+                            "allowed": one_of(allowed),
+                        },
+                    )
+        return data
+
+
+def _check_ident(name: str, what: str) -> str:
+    if not IDENT.match(name):
+        raise ValueError(
+            f"{what} '{name}' is not an identifier; use letters, digits and '_' (not first a digit)"
+        )
+    return name
+
+
+def _check_dtype(value: str, allow_checkpoint: bool) -> str:
+    allowed = list(DTYPES) + (["checkpoint"] if allow_checkpoint else [])
+    if value not in allowed:
+        raise ValueError(
+            f"unknown dtype '{value}'{did_you_mean(value, allowed)}; use one of {', '.join(allowed)}"
+        )
+    return value
+
+
+# ---- parameters --------------------------------------------------------------------------------------------
+class ParamSpec(Strict):
+    """A recipe parameter. Short form ``name: value``; long form ``name: {type, default, doc, choices}``."""
+
+    type: str | None = Field(
+        None,
+        description="int, float, bool, str, list[int]..., optionally '| None'; "
+        "inferred from the default when absent",
+    )
+    default: ValueField = Field(None, description="a YAML value, or '${expression}' over config and params")
+    doc: str | None = None
+    choices: list[Scalar] | None = Field(None, description="allowed values")
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str | None) -> str | None:
+        if value is not None and not PARAM_TYPE.match(value.strip()):
+            raise ValueError(
+                f"unknown parameter type '{value}'; use int, float, bool, str, list[int], "
+                f"list[float], list[bool] or list[str], optionally followed by '| None'"
+            )
+        return value
+
+
+def _params_short_form(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: (v if isinstance(v, dict) else {"default": v}) for k, v in value.items()}
+    return value
+
+
+# ---- model documents ---------------------------------------------------------------------------------------
+class WeightSpec(Strict):
+    """A weight of a module. Short form ``name: [dims...]``."""
+
+    shape: list[ExprField] = Field(
+        description="one expression per dimension, e.g. [heads * head_dim, hidden]"
+    )
+    dtype: str = Field("checkpoint", description="expected dtype, or 'checkpoint' to take it from the file")
+    when: ExprField | None = Field(
+        None, description="the weight exists only when this expression is true (e.g. an optional bias)"
+    )
+    doc: str | None = None
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        return _check_dtype(value, allow_checkpoint=True)
+
+
+class SubmoduleSpec(Strict):
+    """A child module instance. Short form ``name: module_name``."""
+
+    module: str = Field(description="name of a module defined under `modules` (here or in an included file)")
+    repeat: ExprField | None = Field(
+        None,
+        description="instantiate N times (checkpoint names get .0, .1, ...); "
+        "index in forward with self.name[i]",
+    )
+    with_: dict[str, ExprField | None] = Field(
+        default_factory=dict, alias="with", description="values for the child module's params (expressions)"
+    )
+    when: ExprField | None = Field(None, description="instantiate only when this expression is true")
+    path: str | None = Field(None, description="checkpoint name of the child (default: its key)")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None and value != "" and not DOTTED.match(value):
+            raise ValueError(f"path '{value}' must be dotted names such as 'model.layers' (or '' for none)")
+        return value
+
+
+class ModuleSpec(Strict):
+    """A module: weights, child modules and a forward written in the expression language."""
+
+    doc: str | None = None
+    params: dict[str, ExprField | None] = Field(
+        default_factory=dict,
+        description="module parameters with default expressions (null: must be given "
+        "with `with`); visible by name in shapes and forward",
+    )
+    inputs: list[str] = Field(default_factory=list, description="positional arguments of forward")
+    options: dict[str, Scalar] = Field(
+        default_factory=dict, description="keyword arguments of forward with their default values"
+    )
+    weights: dict[str, WeightSpec] = Field(default_factory=dict)
+    submodules: dict[str, SubmoduleSpec] = Field(default_factory=dict)
+    forward: str = Field(description="statements of the expression language; must end with `return`")
+
+    @field_validator("weights", mode="before")
+    @classmethod
+    def _weights_short_form(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: ({"shape": v} if isinstance(v, list) else v) for k, v in value.items()}
+        return value
+
+    @field_validator("submodules", mode="before")
+    @classmethod
+    def _submodules_short_form(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: ({"module": v} if isinstance(v, str) else v) for k, v in value.items()}
+        return value
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, value: list[str]) -> list[str]:
+        for name in value:
+            _check_ident(name, "input")
+        return value
+
+    @field_validator("weights")
+    @classmethod
+    def _weight_names(cls, value: dict[str, WeightSpec]) -> dict[str, WeightSpec]:
+        for name in value:
+            if not DOTTED.match(name) or not IDENT.match(name.split(".")[0]):
+                raise ValueError(f"weight name '{name}' must be dotted identifiers such as 'q_proj.weight'")
+        return value
+
+
+class InputSpec(Strict):
+    """A graph input of the model (its root module's `inputs`)."""
+
+    shape: list[ExprField] = Field(description="expressions over params and symbolic `dims`")
+    dtype: str = "f32"
+    doc: str | None = None
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        return _check_dtype(value, allow_checkpoint=False)
+
+
+class RenameRule(Strict):
+    """Rewrite checkpoint names into recipe names: a prefix swap or a regex substitution."""
+
+    prefix: str | None = Field(None, description="checkpoint names starting with this prefix...")
+    regex: str | None = Field(None, description="...or matching this regex (re.sub with `to`)...")
+    to: str = Field(description="...get this replacement")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> RenameRule:
+        if (self.prefix is None) == (self.regex is None):
+            raise ValueError("a rename rule needs exactly one of `prefix` or `regex`, plus `to`")
+        if self.regex is not None:
+            _check_regex(self.regex)
+        return self
+
+
+class SplitRule(Strict):
+    """A fused checkpoint tensor (e.g. packed QKV) split on load into several recipe weights."""
+
+    regex: str = Field(description="matches the fused tensor's (renamed) name; groups usable in `into`")
+    into: list[str] = Field(description="recipe names of the parts, with \\1-style group references")
+    axis: int = 0
+    sizes: list[ExprField] | None = Field(None, description="part sizes along `axis` (default: equal parts)")
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        return _check_regex(value)
+
+
+class StackRule(Strict):
+    """Per-expert (or per-layer) checkpoint tensors stacked into one recipe weight along a new axis."""
+
+    regex: str = Field(
+        description="matches each part; must have a named group (?P<index>...) giving its position"
+    )
+    into: str = Field(description="recipe name of the stacked weight, with \\1-style group references")
+    axis: int = 0
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        _check_regex(value)
+        if "(?P<index>" not in value:
+            raise ValueError(
+                "a stack regex needs a named group (?P<index>\\d+) for the position of each part"
+            )
+        return value
+
+
+class TransposeRule(Strict):
+    """Recipe weights stored transposed on disk."""
+
+    regex: str = Field(description="matches recipe weight names")
+    axes: list[int] | None = Field(None, description="permutation (default: reverse the axes)")
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        return _check_regex(value)
+
+
+def _check_regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression '{value}': {exc}") from None
+    return value
+
+
+class DtypePolicy(Strict):
+    storage: Literal["keep", "compute"] = Field(
+        "keep",
+        description="keep: weights stay in their checkpoint dtype (bf16/fp8/fp4 packed) until used; "
+        "compute: cast on load",
+    )
+    compute: str = Field("f32", description="dtype the ops compute in")
+    assume: str | None = Field(
+        None,
+        description="dtype of weights declared `checkpoint` when the model is built from shapes only "
+        "(inspect without weights); default: the compute dtype",
+    )
+    per_op: dict[str, str] = Field(
+        default_factory=dict,
+        description="compute dtype per op (e.g. {attention: f32, linear: bf16}): float tensor arguments are "
+        "cast to it and float results back to `compute`",
+    )
+
+    @field_validator("compute", "assume")
+    @classmethod
+    def _compute(cls, value: str | None) -> str | None:
+        return value if value is None else _check_dtype(value, allow_checkpoint=False)
+
+    @field_validator("per_op")
+    @classmethod
+    def _per_op(cls, value: dict[str, str]) -> dict[str, str]:
+        for dtype in value.values():
+            _check_dtype(dtype, allow_checkpoint=False)
+        return value
+
+
+class QuantizationSpec(Strict):
+    format: Literal["fp8", "nvfp4"]
+    layout: Literal["modelopt", "comfy"] | None = Field(
+        None,
+        description="nvfp4 only: modelopt (element 0 in the low nibble, row-major scales) or comfy "
+        "(high nibble first, 128x4 swizzled scales)",
+    )
+    scale: Literal["per_tensor", "per_channel"] = Field(
+        "per_tensor", description="fp8 weight scale granularity"
+    )
+    modules: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="glob patterns over recipe weight owners (e.g. 'layers.*.mlp.*')",
+    )
+    exclude: list[str] = Field(default_factory=list, description="glob patterns kept in full precision")
+
+    @model_validator(mode="after")
+    def _layout(self) -> QuantizationSpec:
+        if self.format == "nvfp4" and self.layout is None:
+            raise ValueError(
+                "nvfp4 quantization must state `layout: modelopt` or `layout: comfy` (nibble order "
+                "and scale swizzle differ; guessing wrong produces garbage images)"
+            )
+        if self.format == "fp8" and self.layout is not None:
+            raise ValueError("`layout` applies to nvfp4 only; remove it for fp8")
+        return self
+
+
+class WeightsSection(Strict):
+    source: str | None = Field(
+        None,
+        description="hf://org/repo[@revision][/subfolder] or a local folder "
+        "(relative to the recipe); --weights overrides it",
+    )
+    config: str | None = Field("config.json", description="the checkpoint's config file, read as `config`")
+    rename: list[RenameRule] = Field(default_factory=list)
+    split: list[SplitRule] = Field(default_factory=list)
+    stack: list[StackRule] = Field(default_factory=list)
+    transpose: list[TransposeRule] = Field(default_factory=list)
+    ignore: list[str] = Field(
+        default_factory=list, description="regexes of checkpoint tensors the recipe does not use"
+    )
+    unused: Literal["error", "ignore"] = Field(
+        "error",
+        description="checkpoint tensors no recipe weight uses: an error, or allowed (e.g. a text encoder "
+        "that runs only its first layers)",
+    )
+    dtype: DtypePolicy = Field(default_factory=DtypePolicy)
+    quantization: QuantizationSpec | None = None
+
+
+class ModelRecipe(Strict):
+    kind: Literal["model"]
+    name: str
+    doc: str | None = None
+    include: list[str] = Field(
+        default_factory=list,
+        description="YAML files (inside this recipe's folder) whose modules are merged in",
+    )
+    params: dict[str, ParamSpec] = Field(default_factory=dict)
+    dims: list[str] = Field(default_factory=list, description="symbolic dimensions bound at run time")
+    inputs: dict[str, InputSpec] = Field(default_factory=dict)
+    outputs: list[str] = Field(default_factory=list, description="names of the root forward's return values")
+    root: str | None = Field(None, description="module whose forward is the model's")
+    modules: dict[str, ModuleSpec] = Field(default_factory=dict)
+    weights: WeightsSection = Field(default_factory=WeightsSection)
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params_short(cls, value: Any) -> Any:
+        return _params_short_form(value)
+
+    @field_validator("dims")
+    @classmethod
+    def _dims(cls, value: list[str]) -> list[str]:
+        for name in value:
+            _check_ident(name, "dim")
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, value: list[str]) -> list[str]:
+        for name in value:
+            _check_ident(name, "output")
+        return value
+
+    @field_validator("params", "modules", "inputs")
+    @classmethod
+    def _names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            _check_ident(name, "name")
+        return value
+
+
+class ModuleLibrary(Strict):
+    """An included file: shared modules (and parameters) only."""
+
+    kind: Literal["modules"]
+    doc: str | None = None
+    include: list[str] = Field(default_factory=list)
+    params: dict[str, ParamSpec] = Field(default_factory=dict)
+    modules: dict[str, ModuleSpec] = Field(default_factory=dict)
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params_short(cls, value: Any) -> Any:
+        return _params_short_form(value)
+
+
+# ---- pipeline documents ------------------------------------------------------------------------------------
+class PipelineModel(Strict):
+    recipe: str = Field(description="path of a `kind: model` recipe, relative to this file")
+    weights: str | None = Field(None, description="subfolder of the pipeline's checkpoint holding this model")
+    set: dict[str, ValueField] = Field(default_factory=dict, description="parameter values for that recipe")
+
+
+class TokenizerSpec(Strict):
+    path: str = Field("tokenizer", description="tokenizer folder inside the checkpoint (tokenizer.json)")
+    chat_template: str | None = Field(None, description="template with {prompt} (and {system})")
+    system: str | None = None
+    max_length: ExprField | None = None
+    pad_token: str | None = None
+    padding: Literal["max_length", "longest", "none"] = "max_length"
+
+
+class SchedulerSpec(Strict):
+    name: str = Field(description="scheduler implementation, e.g. flow_match_euler")
+    config: str | None = Field(None, description="its config file inside the checkpoint")
+    options: dict[str, ValueField] = Field(default_factory=dict)
+
+
+class PipelineInput(Strict):
+    type: str = Field(description="str, int, float, list[str], array, ... as the driver defines")
+    doc: str | None = None
+    optional: bool = False
+
+
+class LoopSpec(Strict):
+    over: ExprField = Field(description="a value name (e.g. timesteps) or a count expression (e.g. steps)")
+    var: str = Field("i", description="loop variable visible to the loop's steps")
+    carry: list[str] = Field(default_factory=list, description="values updated by each iteration")
+
+    @field_validator("var")
+    @classmethod
+    def _var(cls, value: str) -> str:
+        return _check_ident(value, "loop variable")
+
+
+class StageSpec(Strict):
+    name: str
+    model: str | None = Field(None, description="a key of `models` to run")
+    run: str | None = Field(None, description="a built-in step of the driver (tokenize, scheduler_step, ...)")
+    loop: LoopSpec | None = None
+    steps: list[StageSpec] = Field(default_factory=list, description="the loop body")
+    inputs: dict[str, str] = Field(default_factory=dict, description="argument -> value name or expression")
+    outputs: dict[str, str] = Field(default_factory=dict, description="result -> value name")
+
+    @model_validator(mode="after")
+    def _one_action(self) -> StageSpec:
+        actions = [a for a in (self.model, self.run) if a is not None] + (["loop"] if self.loop else [])
+        if len(actions) != 1:
+            raise ValueError(
+                "a stage does exactly one thing: `model: NAME`, `run: STEP`, or `loop:` with `steps`"
+            )
+        if self.loop is not None and not self.steps:
+            raise ValueError("a loop stage needs `steps:` (the stages run on each iteration)")
+        if self.steps and self.loop is None:
+            raise ValueError("`steps:` belongs to a loop stage; add `loop: {over: ..., var: ...}`")
+        return self
+
+
+class PipelineRecipe(Strict):
+    kind: Literal["pipeline"]
+    name: str
+    doc: str | None = None
+    params: dict[str, ParamSpec] = Field(default_factory=dict)
+    weights: str | None = Field(
+        None, description="hf://org/repo[@rev] or local folder holding all components"
+    )
+    models: dict[str, PipelineModel]
+    tokenizer: TokenizerSpec | None = None
+    scheduler: SchedulerSpec | None = None
+    inputs: dict[str, PipelineInput] = Field(default_factory=dict)
+    stages: list[StageSpec]
+    outputs: dict[str, str] = Field(default_factory=dict, description="pipeline output -> value name")
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _params_short(cls, value: Any) -> Any:
+        return _params_short_form(value)
+
+
+RecipeDocument = Annotated[ModelRecipe | PipelineRecipe, Field(discriminator="kind")]
+DOCUMENT_KINDS = {"model": ModelRecipe, "pipeline": PipelineRecipe, "modules": ModuleLibrary}
+
+
+def json_schema() -> dict:
+    """JSON Schema of recipe files for editors: ``luminal-recipe schema > recipe.schema.json``."""
+    schema = TypeAdapter(RecipeDocument).json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "luminal-recipes recipe"
+    return schema
