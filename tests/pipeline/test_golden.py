@@ -1,0 +1,76 @@
+"""Golden images of the tiny FLUX.2 recipe: regenerated images match the committed PNGs, the goldens are not
+constant, and each golden is itself close to what diffusers' Flux2Pipeline makes from the same latents."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from diffusers import Flux2Pipeline
+
+from luminal_recipes.pipeline.golden import MIN_PSNR_DB, check, is_near_constant, load_manifest, psnr
+from luminal_recipes.pipeline.image_io import read_png, write_png
+from luminal_recipes.pipeline.latents import initial_noise
+
+MANIFEST = Path(__file__).resolve().parents[1] / "golden" / "goldens.yaml"
+
+
+def test_goldens_regenerate_within_threshold():
+    results = check(MANIFEST)
+    assert len(results) >= 3
+    for r in results:
+        assert r.ok, f"{r.case.file}: {r.message}"
+        assert r.psnr >= MIN_PSNR_DB
+
+
+def test_goldens_are_not_constant():
+    _, cases = load_manifest(MANIFEST)
+    for case in cases:
+        pixels, _ = read_png(case.file)
+        assert not is_near_constant(pixels), case.file
+
+
+def test_goldens_match_diffusers():
+    recipe, cases = load_manifest(MANIFEST)
+    checkpoint = recipe.parent / "flux2-tiny" / "checkpoint"
+    pipe = Flux2Pipeline.from_pretrained(checkpoint)
+    for case in cases:
+        latents = torch.tensor(initial_noise(case.seed, case.height, case.width))
+        ref = pipe(prompt=case.prompt, height=case.height, width=case.width, num_inference_steps=case.steps,
+                   guidance_scale=case.guidance, latents=latents, output_type="np").images[0]
+        golden, _ = read_png(case.file)
+        assert psnr(golden, (ref * 255).round().astype(np.uint8)) >= 40.0, case.file
+
+
+@pytest.fixture
+def tampered(tmp_path):
+    """A copy of the manifest whose first golden was altered (and a constant-image check target)."""
+    data = yaml.safe_load(MANIFEST.read_text())
+    data["recipe"] = str((MANIFEST.parent / data["recipe"]).resolve())
+    data["images"] = data["images"][:1]
+    src = MANIFEST.parent / data["images"][0]["file"]
+    shutil.copy(src, tmp_path / src.name)
+    pixels, _ = read_png(src)
+    noisy = np.clip(pixels.astype(np.int16) + np.random.default_rng(0).integers(-60, 60, pixels.shape), 0, 255)
+    write_png(tmp_path / src.name, noisy.astype(np.uint8))
+    manifest = tmp_path / "goldens.yaml"
+    manifest.write_text(yaml.safe_dump(data))
+    return manifest, tmp_path / src.name
+
+
+def test_failing_golden_gets_a_diff_image(tampered):
+    manifest, golden = tampered
+    (result,) = check(manifest)
+    assert not result.ok and result.psnr < MIN_PSNR_DB
+    assert golden.with_suffix(".diff.png").exists()
+
+
+def test_near_constant_images_are_rejected():
+    flat = np.full((48, 80, 3), 128, np.uint8)
+    flat[0, 0] = 130
+    assert is_near_constant(flat)
+    assert not is_near_constant(np.random.default_rng(0).integers(0, 255, (48, 80, 3)).astype(np.uint8))
