@@ -88,7 +88,8 @@ class Graph:
         shape = tuple(to_dim(d) for d in shape)
         for d in shape:
             if isinstance(d, int) and d < 0:
-                raise ShapeError(f"{op} '{name}': shape {shape_str(shape)} has a negative dimension")
+                raise ShapeError(f"{op} '{name}': shape {shape_str(shape)} has a negative dimension; sizes "
+                                 f"are >= 0 (name a symbol such as 's' for a size known only at run time)")
         node = self.add_node("Input", (), shape, to_dtype(dtype), {"name": name, "kind": kind})
         self._inputs_by_name[name] = node.id
         return Tensor(self, node.id, View.contiguous(shape), node.dtype)

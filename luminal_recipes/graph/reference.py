@@ -15,7 +15,7 @@ from ..errors import InputError, UnboundDimError
 from .core import Graph, Node
 from .dtypes import DType
 from .serialize import reachable
-from .symbolic import evaluate, shape_str
+from .symbolic import evaluate, free_symbols, shape_str
 
 WeightSource = Mapping[str, np.ndarray] | Callable[[str], np.ndarray]
 
@@ -44,8 +44,11 @@ def run_reference(
     dims = dict(dims or {})
     missing = sorted(graph.symbols() - set(dims))
     if missing:
+        users = [f"{n.attr('kind')} '{n.name}' {shape_str(n.shape)}" for n in graph.inputs()
+                 if free_symbols(n.shape) & set(missing)]
         raise UnboundDimError(
-            f"symbolic dimension(s) {', '.join(missing)} have no value; pass dims={{"
+            f"run: symbolic dimension(s) {', '.join(missing)} have no value"
+            + (f" (used by {', '.join(users[:3])})" if users else "") + "; pass dims={"
             + ", ".join(f"'{m}': ..." for m in missing) + "}"
         )
     names = list(graph.outputs) if outputs is None else outputs
@@ -151,5 +154,6 @@ def _cast(x: np.ndarray, src: DType, dst: DType, compute: np.dtype) -> np.ndarra
             with np.errstate(all="ignore"):
                 x = np.trunc(x)
         return x.astype(dst.np)
-    rounded = x.astype(dst.np) if x.dtype != dst.np else x
+    with np.errstate(over="ignore"):  # overflow becomes inf (or NaN for formats without inf), as on a device
+        rounded = x.astype(dst.np) if x.dtype != dst.np else x
     return rounded.astype(compute)

@@ -129,7 +129,9 @@ class Expr:
             return "0"
         parts = []
         for mono, coeff in self._terms:
-            factors = [_atom_str(a) for a in mono]
+            # a // or % atom multiplied by anything needs its own parentheses: "2*(s // 2)", not "2*s // 2"
+            alone = len(mono) == 1 and coeff == 1
+            factors = [_atom_str(a) if alone or isinstance(a, str) else f"({_atom_str(a)})" for a in mono]
             if not factors:
                 parts.append(str(coeff))
             elif coeff == 1:
@@ -149,7 +151,9 @@ def _atom_str(atom: Atom) -> str:
     if isinstance(atom, str):
         return atom
     inner = str(Expr(dict(atom[1])))
-    return f"({inner}) {atom[0]} {atom[2]}"
+    if not inner.isidentifier():
+        inner = f"({inner})"
+    return f"{inner} {atom[0]} {atom[2]}"
 
 
 def _eval_atom(atom: Atom, bindings: Mapping[str, int]) -> int:

@@ -101,7 +101,8 @@ class View:
         axis = self._axis(axis, "slice")
         start, stop, size = to_dim(start), to_dim(stop), self.shape[axis]
         if step < 1:
-            raise SliceError(f"slice: step must be >= 1, got {step}")
+            raise SliceError(f"slice: step must be >= 1, got {step} (axis {axis} of shape "
+                             f"{shape_str(self.shape)}); reverse order is not a view, use a gather instead")
         concrete = all(isinstance(x, int) for x in (start, stop, size))
         if concrete and not (0 <= start <= stop <= size):
             raise SliceError(
@@ -122,7 +123,13 @@ class View:
         if self.mask is not None:
             lo, hi = self.mask[axis]
             m = list(self.mask)
-            m[axis] = (add(lo, mul(start, -1)), add(hi, mul(start, -1)))
+            lo, hi = add(lo, mul(start, -1)), add(hi, mul(start, -1))
+            # clip the valid range to the new extent: a later pad would otherwise re-validate the cut-off part
+            if isinstance(lo, int) and lo < 0:
+                lo = 0
+            if isinstance(hi, int) and isinstance(length, int):
+                hi = min(hi, length)
+            m[axis] = (lo, max(hi, lo) if isinstance(hi, int) and isinstance(lo, int) else hi)
             mask = self._with_mask(m, shape)
         return View(shape, strides, offset, mask)
 
@@ -169,6 +176,9 @@ class View:
     def reshape(self, new_shape) -> View | None:
         """Reshape without copying, or ``None`` when the strides cannot express it (caller copies first)."""
         new_shape = tuple(to_dim(d) for d in new_shape)
+        if any(dims_equal(d, 0) for d in new_shape):
+            # no element is ever read, so any strides do; the grouping below cannot pair up zero-size axes
+            return View.contiguous(new_shape)
         old = [(d, s, i) for i, (d, s) in enumerate(zip(self.shape, self.strides)) if not dims_equal(d, 1)]
         new_idx = [i for i, d in enumerate(new_shape) if not dims_equal(d, 1)]
         # masked size-1 axes would be dropped, losing their padding

@@ -11,7 +11,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import GraphError, ShapeError
 from ..graph import DType, Tensor, cast
 from ..graph.symbolic import dims_equal, shape_str
 from .elementwise import logical_and, logical_not
@@ -42,7 +42,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, style: str = "half") -> Tens
     ``style="half"`` rotates halves (Llama, Mistral), ``style="pairs"`` rotates adjacent pairs (FLUX.2).
     """
     if style not in ("half", "pairs"):
-        raise ValueError(f"apply_rope: style must be 'half' or 'pairs', got {style!r}")
+        raise GraphError(f"apply_rope: style must be 'half' (Llama, Mistral) or 'pairs' (FLUX.2), "
+                         f"got {style!r}")
     rot = rotate_half(x) if style == "half" else rotate_pairs(x)
     cos = (cos if cos.dtype == x.dtype else cast(cos, x.dtype)).broadcast_to(x.shape)
     sin = (sin if sin.dtype == x.dtype else cast(sin, x.dtype)).broadcast_to(x.shape)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import math
 
+from ..errors import DTypeError, GraphError
 from ..graph import DType, Tensor, cast, unary
+from ..graph.symbolic import shape_str
 from .shape import stack
 
 LOG2_E = 1.0 / math.log(2.0)
@@ -105,7 +107,7 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
         inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
         return x * 0.5 * (tanh(inner) + 1.0)
     if approximate != "none":
-        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        raise GraphError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return x * 0.5 * (erf(x * (1.0 / math.sqrt(2.0))) + 1.0)
 
 
@@ -189,10 +191,11 @@ def where(cond: Tensor, a, b) -> Tensor:
 
     ref = a if isinstance(a, Tensor) else b
     if not isinstance(ref, Tensor):
-        raise TypeError("where: at least one branch must be a Tensor")
+        raise GraphError("where: at least one branch must be a Tensor (the other may be a Python number)")
     a, b = _lift(ref, a), _lift(ref, b)
     if cond.dtype != DType.BOOL:
-        raise TypeError(f"where: condition must be bool, got {cond.dtype}")
+        raise DTypeError(f"where: condition {shape_str(cond.shape)} must be bool, got {cond.dtype}; compare "
+                         f"first, e.g. greater(x, 0), or cast with .cast('bool')")
     if len(cond.shape) != len(a.shape) or any(str(x) != str(y) for x, y in zip(cond.shape, a.shape)):
         cond = cond.broadcast_to(a.shape)
     pair = stack([b, a], axis=-1).reshape(-1)  # element 2i is b_i, 2i+1 is a_i

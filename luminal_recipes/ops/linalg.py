@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..graph import Tensor, cast, reduce
 from ..graph.symbolic import dims_equal, shape_str
 
@@ -26,7 +26,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
             f"({a.shape[-1]} != {b.shape[-2]}); transpose an operand (x.T) if it is stored [N, K]"
         )
     if a.dtype != b.dtype:
-        raise ShapeError(f"matmul: dtypes {a.dtype} and {b.dtype} differ; cast one operand first")
+        raise DTypeError(f"matmul: operand dtypes differ ({shape_str(a.shape)} {a.dtype} @ "
+                         f"{shape_str(b.shape)} {b.dtype}); HLIR never promotes implicitly: cast one operand, "
+                         f"e.g. b.cast('{a.dtype}')")
     batch = _broadcast_batch(a.shape[:-2], b.shape[:-2], a, b)
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     a = a.broadcast_to(batch + (m, k)).expand(len(batch) + 2, n)      # [..., M, K, N]
@@ -50,7 +52,8 @@ def _broadcast_batch(sa, sb, a, b):
         elif dims_equal(x, 1):
             out.append(y)
         else:
-            raise ShapeError(f"matmul: batch shapes of {shape_str(a.shape)} and {shape_str(b.shape)} do not broadcast")
+            raise ShapeError(f"matmul: batch shapes of {shape_str(a.shape)} and {shape_str(b.shape)} do not "
+                             f"broadcast; batch axes must be equal or 1")
     return tuple(out)
 
 

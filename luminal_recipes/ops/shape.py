@@ -3,7 +3,7 @@ reads are 0), so it stays inside the primitive set."""
 
 from __future__ import annotations
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..graph import Tensor
 from ..graph.symbolic import add, dims_equal, mul, shape_str
 
@@ -20,7 +20,9 @@ def concat(tensors: list[Tensor], axis: int = 0) -> Tensor:
                 f"concat: shapes {shape_str(first.shape)} and {shape_str(t.shape)} must agree except on axis {axis}"
             )
         if t.dtype != first.dtype:
-            raise ShapeError(f"concat: dtypes {first.dtype} and {t.dtype} differ; cast them to one dtype first")
+            raise DTypeError(f"concat: dtypes {first.dtype} and {t.dtype} differ (shapes "
+                             f"{shape_str(first.shape)}, {shape_str(t.shape)}); cast them to one dtype first, "
+                             f"e.g. t.cast('{first.dtype}')")
     if len(tensors) == 1:
         return first
     total = 0
