@@ -69,8 +69,10 @@ class Graph:
         """Mark the nodes created inside as one block (e.g. ``layers.3``). Blocks whose subgraphs hash equal
         (``serialize.structural_hashes``) share one compiler search; nodes made earlier are the block's inputs."""
         start = len(self.nodes)
-        yield
-        self.blocks[name] = range(start, len(self.nodes))
+        try:
+            yield
+        finally:  # also when the body leaves by an exception (the recipe interpreter returns that way)
+            self.blocks[name] = range(start, len(self.nodes))
 
     # ---- node creation -----------------------------------------------------------------------------------------
     def add_node(self, op: str, inputs, shape, dtype: DType, attrs: dict | None = None,

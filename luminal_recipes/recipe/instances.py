@@ -87,6 +87,7 @@ class Instance:
     forward: Forward
     weights: dict[str, WeightDecl] = field(default_factory=dict)
     children: dict[str, Instance | list[Instance] | None] = field(default_factory=dict)
+    repeated: bool = False  # one of a `repeat:` list: its calls are marked as graph blocks (searched once)
 
     @property
     def label(self) -> str:
@@ -182,9 +183,9 @@ class Instantiator:
             layers = []
             for index in range(count):
                 given_child = self._with(sub.with_, s_origin, {**scope, "index": index})
-                layers.append(
-                    self.instantiate(sub.module, join(child_path, str(index)), given_child, s_origin)
-                )
+                layer = self.instantiate(sub.module, join(child_path, str(index)), given_child, s_origin)
+                layer.repeated = True
+                layers.append(layer)
             instance.children[sub_name] = layers
         return instance
 

@@ -9,6 +9,7 @@ at the call's position in the YAML file, naming the module instance.
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -120,8 +121,11 @@ class Interpreter:
         env.update(zip(spec.inputs, args))
         start = len(self.graph.nodes)
         self._stack.append(instance)
+        # a repeated layer's nodes form one Graph block: identical blocks share one compiler search
+        scope = self.graph.block(instance.path) if instance.repeated else contextlib.nullcontext()
         try:
-            self._block(instance.forward.body, env, instance)
+            with scope:
+                self._block(instance.forward.body, env, instance)
         except _Return as ret:
             return ret.value
         finally:

@@ -418,6 +418,11 @@ class PipelineModel(Strict):
     recipe: str = Field(description="path of a `kind: model` recipe, relative to this file")
     weights: str | None = Field(None, description="subfolder of the pipeline's checkpoint holding this model")
     set: dict[str, ValueField] = Field(default_factory=dict, description="parameter values for that recipe")
+    quantization: QuantizationSpec | None = Field(
+        None,
+        description="replaces the model recipe's `weights.quantization` (e.g. the same transformer recipe "
+        "over an FP8 or NVFP4 checkpoint)",
+    )
 
 
 class TokenizerSpec(Strict):
@@ -482,6 +487,10 @@ class PipelineRecipe(Strict):
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     weights: str | None = Field(
         None, description="hf://org/repo[@rev] or local folder holding all components"
+    )
+    configs: str | None = Field(
+        None, description="folder (relative to this file) with each component's config.json, for planning "
+        "memory without the weights (luminal-recipe inspect)"
     )
     models: dict[str, PipelineModel]
     tokenizer: TokenizerSpec | None = None
