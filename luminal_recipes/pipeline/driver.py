@@ -50,15 +50,42 @@ class Pipeline:
         self.doc: PipelineRecipe = self.recipe.doc
         self.path = Path(path)
         self.params = ParamResolver(self.recipe.params, None, sets).resolve_all().values
-        self.checkpoint = self._checkpoint_folder(weights)
+        self._weights_arg = weights
+        self._checkpoint: Path | None = None
         self.budget_bytes = budget_bytes
         self.compile = compile
         self.progress = progress
-        self.configs = {name: self._model_config(name) for name in self.doc.models}
-        tok = self.doc.tokenizer
-        sched = self.doc.scheduler
-        self.context = StepContext(self.checkpoint, tok.path if tok else None, sched.config if sched else None)
+        self._configs: dict[str, dict] | None = None
+        self._context: StepContext | None = None
         self._models: dict[str, BuiltModel] = {}
+
+    @property
+    def checkpoint(self) -> Path:
+        """The checkpoint folder (resolved, and downloaded for hf:// sources, on first use)."""
+        if self._checkpoint is None:
+            self._checkpoint = self._checkpoint_folder(self._weights_arg)
+        return self._checkpoint
+
+    @property
+    def context(self) -> StepContext:
+        if self._context is None:
+            tok, sched = self.doc.tokenizer, self.doc.scheduler
+            self._context = StepContext(self.checkpoint, tok.path if tok else None, sched.config if sched else None)
+        return self._context
+
+    @property
+    def configs(self) -> dict[str, dict]:
+        """Each model's config.json: from the checkpoint when it is at hand, else from the `configs:` folder."""
+        if self._configs is None:
+            source = self._weights_arg if self._weights_arg is not None else self.doc.weights
+            local = source is not None and not str(source).startswith("hf://")
+            if local or self.doc.configs is None:
+                self._configs = {name: self._model_config(name) for name in self.doc.models}
+            else:
+                folder = self.path.parent / self.doc.configs
+                self._configs = {name: _read_json(folder / (m.weights or "") / "config.json")
+                                 for name, m in self.doc.models.items()}
+        return self._configs
 
     # ---- set-up --------------------------------------------------------------------------------------------
     def _checkpoint_folder(self, weights) -> Path:
@@ -99,8 +126,10 @@ class Pipeline:
             folder = self._model_folder(name)
             sets = {k: self._eval(v, {}, f"models.{name}.set.{k}") if isinstance(v, str) else v
                     for k, v in spec.set.items()}
+            # `quantization:` on the pipeline's model entry replaces the model recipe's own block
             self._models[name] = build_model(recipe, checkpoint=Checkpoint.open(folder),
-                                             config=read_config(recipe, folder), sets=sets)
+                                             config=read_config(recipe, folder), sets=sets,
+                                             quantization=spec.quantization)
         return self._models[name]
 
     # ---- expressions ----------------------------------------------------------------------------------------
@@ -195,3 +224,13 @@ class Pipeline:
                 raise PipelineError(f"{self.path}: {where}: the step has no output '{key}' "
                                     f"(it returns {', '.join(result)})")
             env[target] = result[key]
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: no config.json for planning; add it to the pipeline's `configs:` folder") \
+            from None

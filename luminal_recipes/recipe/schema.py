@@ -465,6 +465,9 @@ class StageSpec(Strict):
     steps: list[StageSpec] = Field(default_factory=list, description="the loop body")
     inputs: dict[str, str] = Field(default_factory=dict, description="argument -> value name or expression")
     outputs: dict[str, str] = Field(default_factory=dict, description="result -> value name")
+    dims: dict[str, ExprField] = Field(
+        default_factory=dict, description="model stages: the model's symbolic dims as expressions over the "
+        "pipeline's params (e.g. img: (height // 16) * (width // 16)), so memory is planned before anything runs")
 
     @model_validator(mode="after")
     def _one_action(self) -> StageSpec:
