@@ -1,0 +1,203 @@
+"""Matmul-heavy kernels of the numpy runtime: achieved GFLOP/s over numpy's own large-matmul GFLOP/s, one run.
+
+Each case is a one-kernel Program (``MatMul`` or ``DequantMatMul``) loaded on ``NumpyRuntime`` and timed
+with the runtime's own timing hook (median of repeats after a warm-up). The baseline is ``np.matmul`` of two
+contiguous square f32 matrices into a preallocated output, measured in the same process (before and after the
+kernels), so both see the same BLAS, threads and clock. Target: every ratio >= 0.8. For context, the last
+column is numpy on the kernel's own operands (dense f32 for the dequant cases; numpy's stacked matmul for the
+per-head case).
+
+    python bench/matmul.py            # the default sizes (a minute or two on 2 cores)
+    python bench/matmul.py --quick    # small sizes, a few seconds
+
+The BLAS in use and its CPU kernel are printed first; the environment (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE,
+thread counts) is reported as found and never changed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import statistics
+import time
+
+import ml_dtypes
+import numpy as np
+from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+from luminal_recipes.runtimes.program import Program
+from luminal_recipes.runtimes.protocol import time_executable
+
+from luminal_recipes.graph import Graph, Node, View, to_dtype
+
+ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS")
+
+
+def blas_report() -> list[str]:
+    """Which BLAS numpy calls and which CPU kernel it picked: threadpoolctl if installed, else numpy's build
+    configuration plus OpenBLAS' own ``get_corename`` when its library exports it."""
+    lines = []
+    try:
+        from threadpoolctl import threadpool_info
+
+        for info in threadpool_info():
+            lines.append(f"{info.get('internal_api')} {info.get('version')} "
+                         f"kernel={info.get('architecture')} threads={info.get('num_threads')} "
+                         f"({info.get('filepath')})")
+    except ImportError:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        lines.append(f"{blas.get('name')} {blas.get('version')}: {blas.get('openblas configuration', '')}")
+        libs = glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*"))
+        for path in libs:
+            lib = ctypes.CDLL(path)
+            for prefix, suffix in (("scipy_openblas", "64_"), ("scipy_openblas", ""), ("openblas", "64_"),
+                                   ("openblas", "")):
+                fn = getattr(lib, f"{prefix}_get_corename{suffix}", None)
+                threads = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                if fn is not None:
+                    fn.restype = ctypes.c_char_p
+                    lines.append(f"OpenBLAS kernel in use: {fn().decode()}, threads: "
+                                 f"{threads() if threads else '?'} ({os.path.basename(path)})")
+                    break
+    env = ", ".join(f"{k}={os.environ[k]}" for k in ENV_KEYS if k in os.environ) or "none set"
+    lines.append(f"environment: {env}; CPUs visible: {os.cpu_count()}")
+    return lines
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def numpy_gflops(n: int, repeats: int) -> float:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), np.float32), rng.standard_normal((n, n), np.float32)
+    out = np.empty((n, n), np.float32)
+    return 2 * n**3 / median_seconds(lambda: np.matmul(a, b, out=out), repeats) / 1e9
+
+
+def one_kernel(inputs: list[tuple], op: str, shape: tuple, edges, attrs: dict) -> Program:
+    """A Program of graph inputs/weights and one kernel node; ``edges(tensors)`` gives the kernel's inputs."""
+    g = Graph()
+    tensors = {}
+    for name, kind, shp, dtype in inputs:
+        tensors[name] = (g.input if kind == "input" else g.weight)(name, shp, dtype)
+    nodes = list(g.nodes)
+    node = Node(len(nodes), op, tuple(edges(tensors)), shape, to_dtype("f32"), tuple(sorted(attrs.items())))
+    return Program(nodes + [node], {"y": (node.id, View.contiguous(shape))})
+
+
+def case_matmul(m: int, k: int, n: int, layout: str):
+    """``x [m, k] @ W.T`` with W stored [n, k] (a linear layer), or row-major ``a @ b``."""
+    if layout == "linear":
+        prog = one_kernel([("x", "input", (m, k), "f32"), ("w", "weight", (n, k), "f32")], "MatMul", (m, n),
+                          lambda t: [(t["x"].node, t["x"].view), (t["w"].node, t["w"].T.view)], {})
+        return prog, {"w": (n, k)}
+    prog = one_kernel([("x", "input", (m, k), "f32"), ("w", "weight", (k, n), "f32")], "MatMul", (m, n),
+                      lambda t: [(t["x"].node, t["x"].view), (t["w"].node, t["w"].view)], {})
+    return prog, {"w": (k, n)}
+
+
+def case_heads(b: int, s: int, d: int):
+    """Per-head scores ``q [b, s, d] @ k^T [b, d, s]`` (a batched matmul with a transposed operand)."""
+    spec = [("q", "input", (b, s, d), "f32"), ("k", "input", (b, s, d), "f32")]
+    def edges(t):
+        return [(t["q"].node, t["q"].view), (t["k"].node, t["k"].transpose(-1, -2).view)]
+
+    return one_kernel(spec, "MatMul", (b, s, s), edges, {})
+
+
+def case_dequant(m: int, k: int, n: int, fmt: str, layout: str = ""):
+    x = ("x", "input", (m, k), "f32")
+    if fmt == "fp8":
+        spec = [x, ("w", "weight", (n, k), "f8e4m3"), ("s", "weight", (n,), "f32")]
+    else:
+        w_shape = (n, k // 2) if layout == "modelopt" else (-(-n // 16) * 16, k // 2)
+        s_shape = (n, k // 16) if layout == "modelopt" else (-(-n // 128) * 128, -(-(k // 16) // 4) * 4)
+        spec = [x, ("w", "weight", w_shape, "u8"), ("s", "weight", s_shape, "f8e4m3"),
+                ("s2", "weight", (), "f32")]
+    names = [name for name, *_ in spec]
+    attrs = {"format": fmt, "layout": layout, "out_features": n, "in_features": k}
+    prog = one_kernel(spec, "DequantMatMul", (m, n), lambda t: [(t[nm].node, t[nm].view) for nm in names],
+                      attrs)
+    return prog, {name: (shp, dtype) for name, kind, shp, dtype in spec if kind == "weight"}
+
+
+def random_weights(spec: dict, rng) -> dict:
+    out = {}
+    for name, (shape, dtype) in spec.items():
+        if dtype == "u8":
+            out[name] = rng.integers(0, 256, shape).astype(np.uint8)
+        elif dtype == "f8e4m3":
+            out[name] = (rng.random(shape) + 0.5).astype(ml_dtypes.float8_e4m3fn)
+        else:
+            out[name] = (rng.random(shape) + 0.5).astype(np.float32)
+    return out
+
+
+def measure(program: Program, inputs: dict, weights: dict, flops: float, repeats: int) -> float:
+    exe = NumpyRuntime().load(program, weights)
+    return flops / time_executable(exe, inputs, repeats) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    big, m, k, n = (512, 256, 512, 512) if args.quick else (2048, 1024, 2048, 2048)
+    hb, hs, hd = (4, 256, 128) if args.quick else (16, 1024, 128)  # FLUX.2's head size
+    rng = np.random.default_rng(0)
+    reps = args.repeats
+
+    for line in blas_report():
+        print(line)
+    base_before = numpy_gflops(big, reps)
+
+    def randn(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    # (label, ours, numpy on the same operands) in GFLOP/s
+    rows = []
+    x = randn(m, k)
+    for layout in ("row-major", "linear"):
+        prog, shapes = case_matmul(m, k, n, layout)
+        weights = {name: randn(*shp) for name, shp in shapes.items()}
+        right = weights["w"].T if layout == "linear" else weights["w"]
+        out = np.empty((m, n), np.float32)
+        same = 2 * m * k * n / median_seconds(lambda r=right, o=out: np.matmul(x, r, out=o), reps) / 1e9
+        ours = measure(prog, {"x": x}, weights, 2 * m * k * n, reps)
+        rows.append((f"MatMul {layout} [{m},{k}] x [{k},{n}]", ours, same))
+    q, kk = randn(hb, hs, hd), randn(hb, hs, hd)
+    flops = 2 * hb * hs * hs * hd
+    out = np.empty((hb, hs, hs), np.float32)
+    same = flops / median_seconds(lambda: np.matmul(q, kk.transpose(0, 2, 1), out=out), reps) / 1e9
+    ours = measure(case_heads(hb, hs, hd), {"q": q, "k": kk}, {}, flops, reps)
+    rows.append((f"MatMul per-head q k^T [{hb},{hs},{hd}]", ours, same))
+    dense = randn(n, k)
+    out = np.empty((m, n), np.float32)
+    same = 2 * m * k * n / median_seconds(lambda: np.matmul(x, dense.T, out=out), reps) / 1e9
+    for fmt, layout in (("fp8", ""), ("nvfp4", "modelopt"), ("nvfp4", "comfy")):
+        prog, spec = case_dequant(m, k, n, fmt, layout)
+        ours = measure(prog, {"x": x}, random_weights(spec, rng), 2 * m * k * n, reps)
+        rows.append((f"DequantMatMul {fmt} {layout} [{m},{k}] x [{n},{k}]^T".replace("  ", " "), ours, same))
+
+    base = (base_before + numpy_gflops(big, reps)) / 2  # measured before and after: load drifts
+    print(f"numpy large matmul: np.matmul {big}x{big} @ {big}x{big} f32 = {base:.1f} GFLOP/s "
+          f"(mean of a run before and after the kernels)")
+    print(f"{'kernel':<52}{'GFLOP/s':>9}{'ratio':>7}{'np same operands':>18}")
+    for label, ours, same in rows:
+        print(f"{label:<52}{ours:>9.1f}{ours / base:>7.2f}{same:>12.1f} GFLOP/s")
+    worst = min(ours / base for _, ours, _ in rows)
+    print(f"lowest ratio {worst:.2f} (target >= 0.8): {'met' if worst >= 0.8 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""The memory planner: liveness analysis over a Program, in-place kernels, and one activation arena.
+
+Every activation (a kernel's output, an activation input, a kernel's scratch) is a buffer with a lifetime
+``[first step, last step]`` in program order. Buffers whose lifetimes overlap never share bytes; the others
+may. Offsets come from greedy best-fit by decreasing size (the "greedy by size" strategy of TFLite's arena
+planner), which lands close to the lower bound ``live_peak`` (the most bytes ever live at one step); very
+large programs use a linear sweep in program order instead, which is O(n log n).
+
+In place: an elementwise kernel writes into an input's buffer when that input dies at this kernel, is read
+through the identity view, has the output's dtype and size, and is neither an output, an input activation nor
+read by another edge of the kernel through a different view. ``ScatterInPlace`` writes into its destination's
+buffer under the same conditions (otherwise it falls back to a copy, noted in ``MemoryPlan.notes``).
+
+Weights and array constants live outside the arena (memory-mapped or owned by the program): they count in
+``weight_bytes`` (packed size: f4e2m1 is half a byte an element) and ``constant_bytes``.
+``peak = weight_bytes + constant_bytes + arena_bytes`` is the number a memory budget is checked against.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from luminal_recipes.errors import UnboundDimError
+from luminal_recipes.graph.core import BINARY_OPS, UNARY_OPS, Node
+from luminal_recipes.graph.serialize import reachable
+from luminal_recipes.graph.symbolic import evaluate, free_symbols
+
+from .program import Program
+from .views import aligned, is_identity
+
+INPLACE_OPS = frozenset(UNARY_OPS + BINARY_OPS + ("Elementwise",))
+ALIASING_OPS = {"ScatterInPlace": 0}  # kernel -> input whose buffer it writes into
+GREEDY_BY_SIZE_LIMIT = 20_000  # buffers; above this the O(n log n) sweep is used
+END = 1 << 62  # lifetime end of program outputs
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One arena allocation: ``key`` is a node id (its output) or ``("scratch", node id)``."""
+
+    key: object
+    nbytes: int
+    start: int
+    end: int
+    offset: int = -1
+
+
+@dataclass
+class MemoryPlan:
+    order: list[int]  # node ids executed, in program order (dead nodes dropped)
+    offsets: dict[int, int]  # node id -> byte offset of its output in the arena (activations only)
+    scratch_offsets: dict[int, int]  # node id -> byte offset of its scratch region
+    scratch_bytes: dict[int, int]  # node id -> scratch bytes it asked for
+    nbytes: dict[int, int]  # node id -> bytes of its output (every executed node, resident ones included)
+    aliases: dict[int, int]  # node id -> producer whose buffer it writes (in-place kernels)
+    resident: dict[int, str]  # node id -> "weight" | "constant" (outside the arena)
+    buffers: list[Buffer]
+    arena_bytes: int
+    weight_bytes: int
+    constant_bytes: int
+    live_peak: int  # lower bound: the most (aligned) bytes live at any one step
+    total_buffer_bytes: int  # every buffer and scratch added up, as if nothing were reused
+    strategy: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def activation_peak(self) -> int:
+        return self.arena_bytes
+
+    @property
+    def peak(self) -> int:
+        return self.weight_bytes + self.constant_bytes + self.arena_bytes
+
+    def check(self) -> None:
+        """Raise AssertionError if two buffers live at the same step share bytes, or one leaves the arena."""
+        placed = sorted(self.buffers, key=lambda b: b.offset)
+        for i, a in enumerate(placed):
+            assert a.offset >= 0 and a.offset + a.nbytes <= self.arena_bytes, f"{a} leaves the arena"
+            for b in placed[i + 1 :]:
+                if b.offset >= a.offset + a.nbytes:
+                    break
+                if a.nbytes and b.nbytes and a.start <= b.end and b.start <= a.end:
+                    raise AssertionError(f"buffers {a} and {b} overlap in time and in memory")
+
+    def summary(self) -> str:
+        b = format_bytes
+        return (
+            f"weights {b(self.weight_bytes)} + constants {b(self.constant_bytes)} "
+            f"+ arena {b(self.arena_bytes)} = peak {b(self.peak)} "
+            f"(buffers without reuse {b(self.total_buffer_bytes)}, live lower bound {b(self.live_peak)}, "
+            f"{len(self.aliases)} in place, {self.strategy})"
+        )
+
+
+def format_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+ScratchSource = Mapping[int, int] | Callable[[Node], int] | None
+
+
+def check_dims(program: Program, dims: Mapping[str, int]) -> None:
+    """All symbolic dimensions of the program must be bound; names every missing one at once."""
+    symbols: set[str] = set()
+    for n in program.nodes:
+        symbols |= free_symbols(n.shape)
+    missing = sorted(symbols - set(dims))
+    if missing:
+        raise UnboundDimError(
+            f"symbolic dimension(s) {', '.join(missing)} have no value; pass dims={{"
+            + ", ".join(f"'{m}': ..." for m in missing) + "}"
+        )
+
+
+def node_numel(node: Node, dims: Mapping[str, int]) -> int:
+    return math.prod(evaluate(d, dims) for d in node.shape)
+
+
+def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_bytes: int | None = None,
+                scratch: ScratchSource = None) -> MemoryPlan:
+    """Plan the activation arena of ``program`` with ``dims`` bound.
+
+    ``weight_bytes`` overrides the packed size computed from the weight inputs (e.g. a checkpoint's real
+    size); ``scratch`` gives each kernel's scratch bytes by node id (``Runtime.plan`` passes its kernels'
+    needs; none when omitted).
+    """
+    dims = dict(dims or {})
+    check_dims(program, dims)
+    by_id = {n.id: n for n in program.nodes}
+    live = reachable(_as_graph(by_id), [src for src, _ in program.outputs.values()])
+    order = [n.id for n in program.nodes if n.id in live]
+    step = {nid: i for i, nid in enumerate(order)}
+
+    resident: dict[int, str] = {}
+    nbytes: dict[int, int] = {}
+    for nid in order:
+        n = by_id[nid]
+        numel = node_numel(n, dims)
+        if n.op in ("Constant", "Iota"):  # Iota depends on dims only: computed once at load
+            resident[nid] = "constant"
+        elif n.op == "Input" and n.attr("kind") == "weight":
+            resident[nid] = "weight"
+        nbytes[nid] = n.dtype.nbytes(numel) if resident.get(nid) == "weight" else numel * n.dtype.np.itemsize
+    w_bytes = sum(b for nid, b in nbytes.items() if resident.get(nid) == "weight")
+    c_bytes = sum(b for nid, b in nbytes.items() if resident.get(nid) == "constant")
+
+    # liveness: last step that reads each value (outputs live to the end)
+    last: dict[int, int] = {}
+    for nid in order:
+        for src, _ in by_id[nid].inputs:
+            last[src] = max(last.get(src, -1), step[nid])
+    for src, _ in program.outputs.values():
+        last[src] = END
+    is_output = {src for src, _ in program.outputs.values()}
+
+    # in-place: union each eligible kernel with the producer whose buffer it overwrites
+    root: dict[int, int] = {}
+    aliases: dict[int, int] = {}
+    notes: list[str] = []
+
+    def find(x: int) -> int:
+        while x in root:
+            x = root[x]
+        return x
+
+    for nid in order:
+        n = by_id[nid]
+        if n.id in resident or n.op == "Input":
+            continue
+        target = _inplace_target(n, by_id, dims, last, step, resident, is_output, find)
+        if target is not None:
+            aliases[nid] = target
+            root[nid] = find(target)
+        elif n.op in ALIASING_OPS:
+            notes.append(f"{n.op} #{nid} cannot write into its destination (still read later, not the "
+                         f"identity view, or a weight): it copies the destination first")
+
+    # buffers: one per root (its lifetime spans every node aliased onto it), one per kernel scratch
+    spans: dict[int, list[int]] = {}
+    for nid in order:
+        if nid in resident:
+            continue
+        r = find(nid)
+        start = -1 if by_id[nid].op == "Input" else step[nid]
+        end = last.get(nid, step[nid])
+        lo, hi = spans.get(r, [start, end])
+        spans[r] = [min(lo, start), max(hi, end)]
+    buffers = [Buffer(r, aligned(nbytes[r]), lo, hi) for r, (lo, hi) in spans.items()]
+    scratch_bytes: dict[int, int] = {}
+    for nid in order:
+        if nid in resident or by_id[nid].op == "Input":
+            continue
+        s = _scratch_of(scratch, by_id[nid])
+        if s:
+            scratch_bytes[nid] = s
+            buffers.append(Buffer(("scratch", nid), aligned(s), step[nid], step[nid]))
+
+    if len(buffers) <= GREEDY_BY_SIZE_LIMIT:
+        placed, strategy = _greedy_by_size(buffers), "greedy-by-size"
+    else:
+        placed, strategy = _sweep(buffers), "sweep"
+    arena = max((b.offset + b.nbytes for b in placed), default=0)
+    offsets_by_key = {b.key: b.offset for b in placed}
+    offsets = {nid: offsets_by_key[find(nid)] for nid in order if nid not in resident}
+    scratch_offsets = {nid: offsets_by_key[("scratch", nid)] for nid in scratch_bytes}
+    return MemoryPlan(
+        order=order, offsets=offsets, scratch_offsets=scratch_offsets, scratch_bytes=scratch_bytes,
+        nbytes=nbytes, aliases=aliases, resident=resident, buffers=placed, arena_bytes=arena,
+        weight_bytes=w_bytes if weight_bytes is None else int(weight_bytes), constant_bytes=c_bytes,
+        live_peak=_live_peak(placed, len(order)), total_buffer_bytes=sum(b.nbytes for b in placed),
+        strategy=strategy, notes=notes,
+    )
+
+
+class _as_graph:  # noqa: N801 - the minimal Graph interface ``reachable`` needs
+    def __init__(self, by_id: dict[int, Node]):
+        self.nodes = by_id
+
+
+def _scratch_of(scratch: ScratchSource, node: Node) -> int:
+    if scratch is None:
+        return 0
+    if callable(scratch):
+        return int(scratch(node))
+    return int(scratch.get(node.id, 0))
+
+
+def _inplace_target(n: Node, by_id, dims, last, step, resident, is_output, find) -> int | None:
+    if n.op in ALIASING_OPS:
+        candidates = [ALIASING_OPS[n.op]]
+    elif n.op in INPLACE_OPS:
+        candidates = list(range(len(n.inputs)))
+    else:
+        return None
+    out_shape = tuple(evaluate(d, dims) for d in n.shape)
+    out_numel = math.prod(out_shape)
+    for i in candidates:
+        src, view = n.inputs[i]
+        p = by_id[src]
+        if (src in resident or src in is_output or last.get(src) != step[n.id]
+                or p.dtype != n.dtype or node_numel(p, dims) != out_numel):
+            continue
+        bv = view.bind(dims)
+        if not is_identity(bv, out_shape, out_numel):
+            continue
+        # every other edge reading the same buffer must read it identically (element i -> element i)
+        others = [(s, v) for j, (s, v) in enumerate(n.inputs) if j != i and find(s) == find(src)]
+        if n.op in ALIASING_OPS and others:
+            continue  # a scatter must not read rows of the buffer it is writing
+        if all(is_identity(v.bind(dims), out_shape, out_numel) for _, v in others):
+            return src
+    return None
+
+
+def _greedy_by_size(buffers: list[Buffer]) -> list[Buffer]:
+    """Largest first; each takes the smallest gap between buffers alive at the same time that fits it."""
+    n = len(buffers)
+    starts, ends = np.empty(n, np.int64), np.empty(n, np.int64)
+    offs, sizes = np.empty(n, np.int64), np.empty(n, np.int64)
+    count = 0
+    placed: list[Buffer] = []
+    for b in sorted(buffers, key=lambda b: (-b.nbytes, b.start, str(b.key))):
+        offset = 0
+        if b.nbytes and count:
+            mask = (starts[:count] <= b.end) & (ends[:count] >= b.start)
+            idx = np.flatnonzero(mask)
+            if idx.size:
+                order = idx[np.argsort(offs[idx], kind="stable")]
+                best, best_gap, top = None, None, 0
+                for o, s in zip(offs[order].tolist(), sizes[order].tolist()):
+                    gap = o - top
+                    if gap >= b.nbytes and (best_gap is None or gap < best_gap):
+                        best, best_gap = top, gap
+                    top = max(top, o + s)
+                offset = top if best is None else best
+        placed.append(Buffer(b.key, b.nbytes, b.start, b.end, offset))
+        if b.nbytes:
+            starts[count], ends[count], offs[count], sizes[count] = b.start, b.end, offset, b.nbytes
+            count += 1
+    return placed
+
+
+def _sweep(buffers: list[Buffer]) -> list[Buffer]:
+    """Program order: free what died, then place what starts in the best-fitting free gap (or on top)."""
+    gaps: list[tuple[int, int]] = []  # sorted (offset, size) of free gaps below ``top``
+    top = 0
+    live: list[tuple[int, int, int]] = []  # heap of (end, offset, size)
+
+    placed = []
+    for b in sorted(buffers, key=lambda b: (b.start, -b.nbytes, str(b.key))):
+        while live and live[0][0] < b.start:
+            _, o, s = heapq.heappop(live)
+            bisect.insort(gaps, (o, s))
+            gaps = _coalesce(gaps)
+        offset = 0
+        if b.nbytes:
+            fits = [(s, o) for o, s in gaps if s >= b.nbytes]
+            if fits:
+                s, offset = min(fits)
+                gaps.remove((offset, s))
+                if s > b.nbytes:
+                    bisect.insort(gaps, (offset + b.nbytes, s - b.nbytes))
+            else:
+                # a free gap that ends at the top is extended upwards
+                offset = gaps.pop()[0] if gaps and gaps[-1][0] + gaps[-1][1] == top else top
+                top = max(top, offset + b.nbytes)
+            heapq.heappush(live, (b.end, offset, b.nbytes))
+        placed.append(Buffer(b.key, b.nbytes, b.start, b.end, offset))
+    return placed
+
+
+def _coalesce(gaps: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for o, s in gaps:
+        if out and out[-1][0] + out[-1][1] == o:
+            out[-1] = (out[-1][0], out[-1][1] + s)
+        else:
+            out.append((o, s))
+    return out
+
+
+def _live_peak(buffers: list[Buffer], steps: int) -> int:
+    """The most bytes live at one step: no offset assignment can use less."""
+    delta = np.zeros(steps + 3, np.int64)
+    for b in buffers:
+        lo = b.start + 1  # start -1 (activation inputs) -> index 0
+        hi = min(b.end, steps) + 2
+        delta[lo] += b.nbytes
+        delta[hi] -= b.nbytes
+    return int(np.cumsum(delta).max(initial=0))

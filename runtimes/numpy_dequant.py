@@ -1,0 +1,194 @@
+"""numpy ``DequantMatMul``: ``x @ dequant(W).T`` with W kept packed (FP8, or NVFP4 in the ModelOpt or ComfyUI
+layout).
+
+The weight is decoded a band of output rows at a time into a small f32 scratch (``DEQUANT_TILE`` elements) and
+each band is one BLAS product into its columns of the output, so the dense weight never exists whole. Decoding
+follows ``ops.quant`` exactly (same products in the same order, in f32):
+
+- fp8: ``w = f32(weight) * scale`` with ``scale`` per tensor (``[]``/``[1]``) or per output channel
+  (``[N]``/``[N, 1]``). Two fp8 bytes at a time are decoded through a 65536-entry table of f32 pairs (numpy
+  indexing is several times faster than a per-element dtype conversion).
+- nvfp4: each byte holds two E2M1 codes (ModelOpt: element 0 in the low nibble; comfy: in the high nibble);
+  one 256-entry table maps a byte straight to its two f32 values. ``w = (e2m1 * f32(weight_scale)) *
+  weight_scale_2``, with one f8e4m3 scale per 16 inputs; comfy scales are stored in cuBLAS 128x4 tiles and are
+  untiled band by band.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from .numpy_kernels import F32, Bind, KernelContext, bind_all, with_refresh
+
+DEQUANT_TILE = 1 << 20  # decoded weight elements per band (4 MiB in f32)
+NVFP4_BLOCK = 16
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                dtype=np.float32)
+
+
+def byte_table(layout: str) -> np.ndarray:
+    """uint64[256]: the two f32 values of a packed byte, in element order, as one 8-byte word."""
+    codes = np.arange(256)
+    lo, hi = E2M1[codes & 15], E2M1[codes >> 4]
+    pairs = np.stack([lo, hi] if layout == "modelopt" else [hi, lo], axis=1).astype(np.float32)
+    return np.ascontiguousarray(pairs).view(np.uint64).reshape(256)
+
+
+@lru_cache(maxsize=4)
+def fp8_pair_table(dtype: np.dtype) -> np.ndarray:
+    """uint64[65536]: the two f32 values of two consecutive fp8 bytes (element 0 in the low byte)."""
+    values = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float32)
+    words = np.arange(65536)
+    pairs = np.stack([values[words & 255], values[words >> 8]], axis=1)
+    return np.ascontiguousarray(pairs).view(np.uint64).reshape(65536)
+
+
+def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
+    fmt = ctx.node.attr("format")
+    n_out, k_in = int(ctx.node.attr("out_features")), int(ctx.node.attr("in_features"))
+    x_shape = ctx.inputs[0].view.shape
+    if x_shape[-1] != k_in or ctx.shape != x_shape[:-1] + (n_out,):
+        ctx.fail(f"x {x_shape} and out {ctx.shape} do not match in_features={k_in}, out_features={n_out}")
+    rows = math.prod(x_shape[:-1])
+    x_op = ctx.operand(0, dtype=F32, shape=(rows, k_in), blas=True)
+    if fmt == "fp8":
+        n_scales = 3
+        band, decode, ops = _prepare_fp8(ctx, n_out, k_in)
+    elif fmt == "nvfp4":
+        n_scales = 4
+        band, decode, ops = _prepare_nvfp4(ctx, n_out, k_in)
+    else:
+        ctx.fail(f"format must be 'fp8' or 'nvfp4', got {fmt!r}")
+    if len(ctx.inputs) not in (n_scales, n_scales + 1):
+        ctx.fail(f"{fmt} expects {n_scales} inputs (x, packed weight, scales) and an optional bias")
+    bias_op = ctx.operand(n_scales) if len(ctx.inputs) > n_scales else None
+    dense = ctx.scratch.add((band, k_in), F32)
+    acc = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
+    all_ops = [x_op, *ops, bias_op]
+
+    def bind(out, flats, scratch):
+        arrays = bind_all(all_ops, flats, scratch)
+        x, bias = arrays[0], arrays[-1]
+        target = out if acc is None else scratch[acc]
+        out2 = target.reshape(rows, n_out)
+        bands = []
+        for n0 in range(0, n_out, band):
+            n1 = min(n0 + band, n_out)
+            w = scratch[dense][: n1 - n0]
+            bands.append((decode(arrays[1:-1], scratch, n0, n1, w), w.T, out2[:, n0:n1]))
+
+        def body():
+            for dec, wt, dst in bands:
+                dec()
+                np.matmul(x, wt, out=dst)
+            if bias is not None:
+                np.add(target, bias, out=target, dtype=F32)
+            if acc is not None:
+                np.copyto(out, target, casting="unsafe")
+
+        return with_refresh(all_ops, body)
+
+    return bind
+
+
+def _band_rows(k_in: int, multiple: int, n_out: int) -> int:
+    rows = max(multiple, (DEQUANT_TILE // max(k_in, 1)) // multiple * multiple)
+    return min(rows, -(-n_out // multiple) * multiple)
+
+
+def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int):
+    w_shape, s_shape = ctx.inputs[1].view.shape, ctx.inputs[2].view.shape
+    if w_shape != (n_out, k_in):
+        ctx.fail(f"fp8 weight is {w_shape}, expected {(n_out, k_in)}")
+    per_channel = math.prod(s_shape) == n_out and n_out != 1 and s_shape in ((n_out,), (n_out, 1))
+    if not per_channel and math.prod(s_shape) != 1:
+        ctx.fail(f"fp8 scale {s_shape} is neither per tensor ([] / [1]) nor per channel ([{n_out}] / "
+                 f"[{n_out}, 1])")
+    w_op = ctx.operand(1)
+    s_op = ctx.operand(2, dtype=F32, shape=(n_out, 1) if per_channel else (1, 1))
+    band = _band_rows(k_in, 16, n_out)
+    # byte pairs need rows contiguous along K (a direct view with unit stride, or the scratch copy)
+    paired = k_in % 2 == 0 and (not w_op.direct or w_op.view.strides[-1] == 1)
+    codes = ctx.scratch.add((band, k_in // 2 if paired else k_in), np.intp)
+    table = fp8_pair_table(ctx.inputs[1].dtype) if paired else None
+
+    def decode(arrays, scratch, n0, n1, w):
+        wq, s = arrays
+        s_band = s[n0:n1] if per_channel else s
+        idx = scratch[codes][: n1 - n0]
+        if paired:
+            raw = wq[n0:n1].view(np.uint8).view(np.uint16)
+            words = w.view(np.uint64)
+
+            def run():
+                np.copyto(idx, raw, casting="unsafe")
+                np.take(table, idx, out=words, mode="clip")
+                np.multiply(w, s_band, out=w)
+        else:
+            def run():
+                np.copyto(w, wq[n0:n1], casting="unsafe")
+                np.multiply(w, s_band, out=w)
+
+        return run
+
+    return band, decode, [w_op, s_op]
+
+
+def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
+    layout = ctx.node.attr("layout", "modelopt")
+    if layout not in ("modelopt", "comfy"):
+        ctx.fail(f"nvfp4 layout must be 'modelopt' or 'comfy', got {layout!r}")
+    if k_in % NVFP4_BLOCK:
+        ctx.fail(f"nvfp4 needs in_features divisible by {NVFP4_BLOCK}, got {k_in}")
+    blocks = k_in // NVFP4_BLOCK
+    w_shape, s_shape, s2_shape = (ctx.inputs[i].view.shape for i in (1, 2, 3))
+    if layout == "modelopt":
+        want_w, want_s = (n_out, k_in // 2), (n_out, blocks)
+    else:
+        want_w = (-(-n_out // 16) * 16, -(-k_in // 16) * 16 // 2)
+        want_s = (-(-n_out // 128) * 128, -(-blocks // 4) * 4)
+    if w_shape != want_w or s_shape != want_s or math.prod(s2_shape) != 1:
+        ctx.fail(f"nvfp4 ({layout}) weight {w_shape}, weight_scale {s_shape}, weight_scale_2 {s2_shape}; "
+                 f"expected {want_w}, {want_s} and one value for a [{n_out}, {k_in}] weight")
+    w_op = ctx.operand(1)
+    s2_op = ctx.operand(3, dtype=F32, shape=(1, 1))
+    multiple = 128 if layout == "comfy" else 16
+    band = _band_rows(k_in, multiple, n_out)
+    codes = ctx.scratch.add((band, k_in // 2), np.intp)  # np.take wants intp indices: convert in the plan
+    table = byte_table(layout)
+    if layout == "modelopt":
+        s_op = ctx.operand(2)
+        scales = ctx.scratch.add((band, blocks), F32)
+    else:
+        rp, cp = want_s
+        s_op = ctx.operand(2, shape=(rp // 128, cp // 4, 32, 4, 4))
+        scales = ctx.scratch.add((band, cp), F32)
+
+    def decode(arrays, scratch, n0, n1, w):
+        packed, s, s2 = arrays
+        r = n1 - n0
+        idx = scratch[codes][:r]
+        pairs = w.view(np.uint64)  # (r, K/2) words, each the two f32 values of one byte
+        w3 = w.reshape(r, blocks, NVFP4_BLOCK)
+        sb = scratch[scales]
+        if layout == "modelopt":
+            src, dst = s[n0:n1], sb[:r]
+        else:
+            # logical rows 128*rb + 32*a + b sit at tile (rb, cb, b, a, c): untile whole 128-row tiles
+            tiles = s.transpose(0, 3, 2, 1, 4)[n0 // 128 : -(-n1 // 128)]
+            src, dst = tiles, sb[: tiles.shape[0] * 128].reshape(tiles.shape)
+        s_band = sb[:r, :blocks, None]
+
+        def run():
+            np.copyto(idx, packed[n0:n1, : k_in // 2], casting="unsafe")
+            np.take(table, idx, out=pairs, mode="clip")
+            np.copyto(dst, src, casting="unsafe")
+            np.multiply(w3, s_band, out=w3)
+            np.multiply(w, s2, out=w)
+
+        return run
+
+    return band, decode, [w_op, s_op, s2_op]

@@ -1,0 +1,494 @@
+"""numpy kernels: the HLIR primitives, fused elementwise, MatMul (BLAS), Softmax and norms, Gather/Scatter,
+Conv2d.
+
+A kernel is prepared once per program node (``prepare(ctx) -> bind``): it decides how to read each operand
+(``views.Operand``) and which scratch arrays it needs (``ctx.scratch``, placed in the arena by the memory
+planner). ``bind(out, flats, scratch)`` then receives the node's output array, every input's flat buffer and
+the scratch arrays, precomputes every view it will touch, and returns the step the hot loop calls: ufuncs with
+``out=`` into preallocated memory, nothing allocated beyond numpy's small internal buffers.
+
+Semantics are graph.reference's (the oracle); float kernels other than the primitives compute in f32.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn
+
+import numpy as np
+
+from luminal_recipes.errors import InputError
+from luminal_recipes.graph.core import Node
+from luminal_recipes.graph.dtypes import DType
+from luminal_recipes.graph.view import BoundView
+
+from .expr import ElementwisePlan
+from .views import Operand, Scratch, row_tiles
+
+F32 = np.dtype(np.float32)
+FLOAT_STORAGE = {d.np for d in DType if d.is_float}  # ml_dtypes' floats have numpy kind "V"
+F32_MIN = np.float32(np.finfo(np.float32).min)
+ROW_TILE = 1 << 16  # elements per row tile of the norm/softmax kernels (cache-sized)
+CONV_TILE = 1 << 20  # elements of the im2col scratch per tile
+
+Step = Callable[[], None]
+Bind = Callable[[np.ndarray, list, list], Step]
+
+
+@dataclass
+class KernelInput:
+    view: BoundView  # how the edge reads the producer's buffer
+    dtype: np.dtype  # the producer's storage dtype
+    size: int  # elements in the producer's buffer
+
+
+@dataclass
+class KernelContext:
+    node: Node
+    shape: tuple[int, ...]  # the output's shape
+    dtype: np.dtype  # the output's storage dtype
+    inputs: list[KernelInput]
+    scratch: Scratch
+
+    def operand(self, i: int, **kw) -> Operand:
+        k = self.inputs[i]
+        return Operand(k.view, k.dtype, k.size, self.scratch, **kw)
+
+    def fail(self, why: str) -> NoReturn:
+        raise ValueError(f"{self.node.op} #{self.node.id}: {why} (malformed program)")
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype in FLOAT_STORAGE
+
+
+def with_refresh(operands: list[Operand], body: Step) -> Step:
+    """Run the operands' scratch copies (if any) before the body."""
+    refreshes = [op.refresh for op in operands if op is not None and op.refresh is not None]
+    if not refreshes:
+        return body
+
+    def step() -> None:
+        for r in refreshes:
+            r()
+        body()
+
+    return step
+
+
+def view_reshape(arr: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``arr`` at ``shape`` as a view, or ``None`` where numpy would have to copy (a copy made at bind time
+    would go stale: the hot loop must read the live buffer)."""
+    try:
+        return np.reshape(arr, shape, copy=False)
+    except ValueError:
+        return None
+
+
+def bind_all(operands: list[Operand | None], flats: list, scratch: list) -> list:
+    return [None if op is None else op.bind(flats[i], scratch) for i, op in enumerate(operands)]
+
+
+# ---- primitives --------------------------------------------------------------------------------------------
+_UNARY = {"Log2": np.log2, "Exp2": np.exp2, "Sin": np.sin, "Sqrt": np.sqrt}
+_BINARY = {"Add": np.add, "Mul": np.multiply, "Mod": np.fmod, "LessThan": np.less}
+
+
+def prepare_unary(ctx: KernelContext) -> Bind:
+    op = ctx.operand(0)
+    name = ctx.node.op
+
+    def bind(out, flats, scratch):
+        (x,) = bind_all([op], flats, scratch)
+        if name == "Recip":
+            one = out.dtype.type(1)
+            return with_refresh([op], lambda: np.divide(one, x, out=out))
+        fn = _UNARY[name]
+        return with_refresh([op], lambda: fn(x, out=out))
+
+    return bind
+
+
+def prepare_binary(ctx: KernelContext) -> Bind:
+    ops = [ctx.operand(0), ctx.operand(1)]
+    fn = _BINARY[ctx.node.op]
+
+    def bind(out, flats, scratch):
+        a, b = bind_all(ops, flats, scratch)
+        return with_refresh(ops, lambda: fn(a, b, out=out))
+
+    return bind
+
+
+def prepare_reduce(ctx: KernelContext) -> Bind:
+    op = ctx.operand(0)
+    axis = ctx.node.attr("axis")
+    is_sum = ctx.node.op == "SumReduce"
+    # sub-16-bit floats accumulate in f32 (the reference's compute dtype), then round once
+    acc = ctx.scratch.add(ctx.shape, F32) if is_float(ctx.dtype) and ctx.dtype.itemsize < 2 else None
+    empty = ctx.inputs[0].view.shape[axis] == 0
+
+    def bind(out, flats, scratch):
+        (x,) = bind_all([op], flats, scratch)
+        target = out if acc is None else scratch[acc]
+        if is_sum:
+            def body():
+                np.sum(x, axis=axis, out=target, dtype=target.dtype)
+        elif empty:
+            low = -np.inf if is_float(target.dtype) else np.iinfo(target.dtype).min
+
+            def body():
+                target.fill(low)
+        else:
+            def body():
+                np.max(x, axis=axis, out=target)
+        if acc is None:
+            return with_refresh([op], body)
+
+        def rounded():
+            body()
+            np.copyto(out, target, casting="unsafe")
+
+        return with_refresh([op], rounded)
+
+    return bind
+
+
+def prepare_cast(ctx: KernelContext) -> Bind:
+    op = ctx.operand(0)
+    to_bool = ctx.dtype == np.bool_
+
+    def bind(out, flats, scratch):
+        (x,) = bind_all([op], flats, scratch)
+        if to_bool:
+            zero = x.dtype.type(0)
+            return with_refresh([op], lambda: np.not_equal(x, zero, out=out))
+        # float -> int truncates toward zero (C semantics, as the reference's trunc + astype)
+        return with_refresh([op], lambda: np.copyto(out, x, casting="unsafe"))
+
+    return bind
+
+
+def prepare_gather(ctx: KernelContext) -> Bind:
+    table_op, idx_op = ctx.operand(0), ctx.operand(1)
+    rows = ctx.inputs[0].view.shape[0]
+    idx_shape = ctx.inputs[1].view.shape
+    index = ctx.scratch.add(idx_shape, np.intp)  # np.take wants intp indices: convert in planned memory
+    node_id = ctx.node.id
+
+    def bind(out, flats, scratch):
+        table, idx = bind_all([table_op, idx_op], flats, scratch)
+        pos = scratch[index]
+
+        def body():
+            if idx.size == 0:
+                return
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= rows:
+                raise InputError(f"Gather #{node_id}: index out of range [0, {rows}) in {lo}..{hi}; check "
+                                 f"token ids against the vocabulary size")
+            np.copyto(pos, idx, casting="unsafe")
+            np.take(table, pos, axis=0, out=out, mode="clip")
+
+        return with_refresh([table_op, idx_op], body)
+
+    return bind
+
+
+def prepare_scatter(ctx: KernelContext) -> Bind:
+    ops = [ctx.operand(0), ctx.operand(1), ctx.operand(2)]
+    rows = ctx.inputs[0].view.shape[0] if ctx.inputs[0].view.shape else 0
+    index = ctx.scratch.add(ctx.inputs[1].view.shape, np.intp)
+    node = ctx.node
+
+    def bind(out, flats, scratch):
+        dest, idx, src = bind_all(ops, flats, scratch)
+        pos = scratch[index]
+        # ScatterInPlace whose destination the planner aliased onto the output: rows are written in place
+        in_place = node.op == "ScatterInPlace" and np.may_share_memory(out, dest)
+
+        def body():
+            if not in_place:
+                np.copyto(out, dest, casting="unsafe")
+            if idx.size == 0:
+                return
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= rows:
+                raise InputError(f"{node.op} #{node.id}: row index out of range [0, {rows}) in {lo}..{hi}")
+            np.copyto(pos, idx, casting="unsafe")
+            out[pos] = src
+
+        return with_refresh(ops, body)
+
+    return bind
+
+
+# ---- fused elementwise -------------------------------------------------------------------------------------
+def prepare_elementwise(ctx: KernelContext) -> Bind:
+    expr = ctx.node.attr("expr")
+    if not isinstance(expr, str):
+        ctx.fail("needs a string attribute 'expr'")
+    for i, k in enumerate(ctx.inputs):
+        if tuple(k.view.shape) != ctx.shape:
+            ctx.fail(f"input {i} is viewed at {k.view.shape}, not at the output shape {ctx.shape}")
+    ops = [ctx.operand(i) for i in range(len(ctx.inputs))]
+    plan = ElementwisePlan(expr, [op.dtype for op in ops], ctx.dtype)
+    n = plan.tile_elems(ctx.shape)
+    regs = [ctx.scratch.add((n,), d) for d in plan.registers]
+
+    def bind(out, flats, scratch):
+        arrays = bind_all(ops, flats, scratch)
+        return with_refresh(ops, plan.bind(out, arrays, [scratch[r] for r in regs]))
+
+    return bind
+
+
+# ---- MatMul ------------------------------------------------------------------------------------------------
+def _batch_free(bv: BoundView) -> bool:
+    """The view repeats one matrix over all its batch axes (stride 0 or size 1, no padding there)."""
+    batch = len(bv.shape) - 2
+    ok = all(d == 1 or s == 0 for d, s in zip(bv.shape[:batch], bv.strides[:batch]))
+    if bv.mask is not None:
+        ok = ok and all(lo <= 0 and hi >= d for (lo, hi), d in zip(bv.mask[:batch], bv.shape[:batch]))
+    return ok
+
+
+def _matrix(bv: BoundView) -> BoundView:
+    mask = None if bv.mask is None else bv.mask[-2:]
+    return BoundView(bv.shape[-2:], bv.strides[-2:], bv.offset, mask)
+
+
+def prepare_matmul(ctx: KernelContext) -> Bind:
+    if len(ctx.inputs) not in (2, 3) or len(ctx.shape) < 2:
+        ctx.fail("expects inputs (a [..., M, K], b [..., K, N][, bias [..., M, N]])")
+    a_in, b_in = ctx.inputs[0], ctx.inputs[1]
+    m, n = ctx.shape[-2:]
+    k = a_in.view.shape[-1]
+    if b_in.view.shape[-2] != k or a_in.view.shape[-2] != m or b_in.view.shape[-1] != n:
+        ctx.fail(f"shapes {a_in.view.shape} @ {b_in.view.shape} do not give {ctx.shape}")
+    compute = F32 if is_float(ctx.dtype) else ctx.dtype
+    batch = ctx.shape[:-2]
+    rows = math.prod(batch) * m
+    # one large GEMM when b is the same matrix for every batch entry (a linear layer): (B*M, K) @ (K, N)
+    merged = bool(batch) and len(a_in.view.shape) == len(ctx.shape) and (
+        len(b_in.view.shape) == 2 or _batch_free(b_in.view))
+    if merged:
+        a_op = Operand(a_in.view, a_in.dtype, a_in.size, ctx.scratch, dtype=compute, shape=(rows, k),
+                       blas=True)
+        b_op = Operand(_matrix(b_in.view), b_in.dtype, b_in.size, ctx.scratch, dtype=compute, blas=True)
+    else:
+        a_op = ctx.operand(0, dtype=compute, blas=True)
+        b_op = ctx.operand(1, dtype=compute, blas=True)
+    bias_op = ctx.operand(2) if len(ctx.inputs) == 3 else None
+    acc = None if compute == ctx.dtype else ctx.scratch.add(ctx.shape, compute)
+    ops = [a_op, b_op, bias_op]
+
+    def bind(out, flats, scratch):
+        a, b, bias = bind_all(ops, flats, scratch)
+        target = out if acc is None else scratch[acc]
+        if merged or not batch:
+            products = [(a, b, target.reshape(rows, n))]
+        else:  # numpy's stacked matmul is far slower than one BLAS call per matrix: loop over the batch
+            a_full, b_full = np.broadcast_to(a, batch + (m, k)), np.broadcast_to(b, batch + (k, n))
+            products = [(a_full[i], b_full[i], target[i]) for i in np.ndindex(*batch)]
+        kw = {"dtype": F32} if compute == F32 else {}
+
+        def body():
+            for left, right, dst in products:
+                np.matmul(left, right, out=dst)
+            if bias is not None:
+                np.add(target, bias, out=target, **kw)
+            if acc is not None:
+                np.copyto(out, target, casting="unsafe")
+
+        return with_refresh(ops, body)
+
+    return bind
+
+
+# ---- softmax and norms -------------------------------------------------------------------------------------
+def _rows_prepare(ctx: KernelContext, temps: int) -> tuple:
+    """Row-tiled view of a [..., N] kernel: operand as (R, N), work arrays per tile, row vectors."""
+    if len(ctx.inputs) != 1 or tuple(ctx.inputs[0].view.shape) != ctx.shape or not ctx.shape:
+        ctx.fail("expects one input viewed at the output shape [..., N]")
+    n = ctx.shape[-1]
+    rows = math.prod(ctx.shape[:-1])
+    op = ctx.operand(0, shape=(rows, n))
+    tiles = row_tiles(rows, n, ROW_TILE)
+    tile_rows = max((t.stop - t.start for t in tiles), default=0)
+    work = None if ctx.dtype == F32 else ctx.scratch.add((tile_rows, n), F32)
+    extra = [ctx.scratch.add((tile_rows, n), F32) for _ in range(temps)]
+    vec = ctx.scratch.add((tile_rows,), F32)
+    return op, n, rows, tiles, work, extra, vec
+
+
+def _tile_views(out, x, scratch, n, rows, tiles, work, extra, vec):
+    out2 = out.reshape(rows, n)
+    views = []
+    for t in tiles:
+        r = t.stop - t.start
+        o = out2[t]
+        w = o if work is None else scratch[work][:r]
+        views.append((x[t], w, o, [scratch[e][:r] for e in extra], scratch[vec][:r], scratch[vec][:r, None]))
+    return views
+
+
+def prepare_softmax(ctx: KernelContext) -> Bind:
+    op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 0)
+
+    def bind(out, flats, scratch):
+        (x,) = bind_all([op], flats, scratch)
+        views = _tile_views(out, x, scratch, n, rows, tiles, work, extra, vec)
+
+        def body():
+            if n == 0:
+                return
+            for xt, w, o, _, v, col in views:
+                np.max(xt, axis=1, out=v)
+                np.subtract(xt, col, out=w, dtype=F32)
+                np.exp(w, out=w)
+                np.sum(w, axis=1, out=v)
+                np.divide(w, col, out=w)
+                if w is not o:
+                    np.copyto(o, w, casting="unsafe")
+
+        return with_refresh([op], body)
+
+    return bind
+
+
+def prepare_layernorm(ctx: KernelContext) -> Bind:
+    op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 1)
+    eps = np.float32(ctx.node.attr("eps", 1e-5))
+    inv_n = np.float32(1.0 / n) if n else np.float32(0)
+
+    def bind(out, flats, scratch):
+        (x,) = bind_all([op], flats, scratch)
+        views = _tile_views(out, x, scratch, n, rows, tiles, work, extra, vec)
+
+        def body():
+            for xt, w, o, (sq,), v, col in views:
+                np.sum(xt, axis=1, out=v, dtype=F32)
+                np.multiply(v, inv_n, out=v)
+                np.subtract(xt, col, out=w, dtype=F32)  # d = x - mean
+                np.multiply(w, w, out=sq)
+                np.sum(sq, axis=1, out=v)
+                np.multiply(v, inv_n, out=v)
+                np.add(v, eps, out=v)
+                np.sqrt(v, out=v)
+                np.divide(np.float32(1), v, out=v)
+                np.multiply(w, col, out=w)
+                if w is not o:
+                    np.copyto(o, w, casting="unsafe")
+
+        return with_refresh([op], body)
+
+    return bind
+
+
+def prepare_rmsnorm(ctx: KernelContext) -> Bind:
+    op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 0)
+    eps = np.float32(ctx.node.attr("eps", 1e-6))
+    inv_n = np.float32(1.0 / n) if n else np.float32(0)
+
+    def bind(out, flats, scratch):
+        (x,) = bind_all([op], flats, scratch)
+        views = _tile_views(out, x, scratch, n, rows, tiles, work, extra, vec)
+
+        def body():
+            for xt, w, o, _, v, col in views:
+                np.multiply(xt, xt, out=w, dtype=F32)
+                np.sum(w, axis=1, out=v)
+                np.multiply(v, inv_n, out=v)
+                np.add(v, eps, out=v)
+                np.sqrt(v, out=v)
+                np.divide(np.float32(1), v, out=v)
+                np.multiply(xt, col, out=w, dtype=F32)
+                if w is not o:
+                    np.copyto(o, w, casting="unsafe")
+
+        return with_refresh([op], body)
+
+    return bind
+
+
+# ---- Conv2d ------------------------------------------------------------------------------------------------
+def _pair(v) -> tuple[int, int]:
+    if v is None:
+        return 1, 1
+    return (int(v), int(v)) if np.ndim(v) == 0 else (int(v[0]), int(v[1]))
+
+
+def prepare_conv2d(ctx: KernelContext) -> Bind:
+    if len(ctx.inputs) not in (2, 3):
+        ctx.fail("expects inputs (x [N, C, H, W], w [O, C, kh, kw][, bias viewed at [N, O, Ho, Wo]])")
+    (nb, c, h, w_), (o, c2, kh, kw) = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
+    sh, sw = _pair(ctx.node.attr("stride", 1))
+    ho, wo = (h - kh) // sh + 1, (w_ - kw) // sw + 1
+    if c2 != c or ctx.shape != (nb, o, ho, wo):
+        ctx.fail(f"x {ctx.inputs[0].view.shape}, w {ctx.inputs[1].view.shape}, stride {(sh, sw)} do not give "
+                 f"{ctx.shape}")
+    x_op = ctx.operand(0, dtype=F32)
+    w_op = ctx.operand(1, dtype=F32, shape=(o, c * kh * kw), blas=True)
+    bias_op = ctx.operand(2) if len(ctx.inputs) == 3 else None
+    ckk = c * kh * kw
+    pointwise = kh == kw == 1 and sh == sw == 1
+    tile_rows = max(1, min(ho, CONV_TILE // max(ckk * wo, 1)))
+    cols = None if pointwise else ctx.scratch.add((ckk, tile_rows * wo), F32)
+    acc = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
+    ops = [x_op, w_op, bias_op]
+
+    def bind(out, flats, scratch):
+        x, w2, bias = bind_all(ops, flats, scratch)
+        target = out if acc is None else scratch[acc]
+        calls = []
+        for i in range(nb):
+            o2 = target[i].reshape(o, ho * wo)
+            xi = x[i]
+            flat_x = view_reshape(xi, (c, h * w_)) if pointwise else None
+            if flat_x is not None:
+                calls.append((None, w2, flat_x, o2))
+                continue
+            sc, sy, sx = xi.strides
+            for r0 in range(0, ho, tile_rows):
+                r = min(tile_rows, ho - r0)
+                window = np.lib.stride_tricks.as_strided(
+                    xi[:, r0 * sh :, :], (c, kh, kw, r, wo), (sc, sy, sx, sy * sh, sx * sw), writeable=False)
+                buf = scratch[cols][:, : r * wo]
+                calls.append((window, w2, buf, o2[:, r0 * wo : (r0 + r) * wo]))
+
+        def body():
+            for window, wm, buf, dst in calls:
+                if window is None:
+                    np.matmul(wm, buf, out=dst)
+                else:
+                    np.copyto(buf.reshape(window.shape), window)
+                    np.matmul(wm, buf, out=dst)
+            if bias is not None:
+                np.add(target, bias, out=target, dtype=F32)
+            if acc is not None:
+                np.copyto(out, target, casting="unsafe")
+
+        return with_refresh(ops, body)
+
+    return bind
+
+
+PREPARE = {
+    **{op: prepare_unary for op in ("Log2", "Exp2", "Sin", "Sqrt", "Recip")},
+    **{op: prepare_binary for op in _BINARY},
+    "SumReduce": prepare_reduce,
+    "MaxReduce": prepare_reduce,
+    "Cast": prepare_cast,
+    "Gather": prepare_gather,
+    "Scatter": prepare_scatter,
+    "ScatterInPlace": prepare_scatter,
+    "Elementwise": prepare_elementwise,
+    "MatMul": prepare_matmul,
+    "Softmax": prepare_softmax,
+    "LayerNorm": prepare_layernorm,
+    "RMSNorm": prepare_rmsnorm,
+    "Conv2d": prepare_conv2d,
+}

@@ -1,0 +1,203 @@
+"""The numpy runtime (CPU): executes a Program inside one preallocated activation arena.
+
+``load`` prepares every kernel (operand layouts, scratch needs), plans memory with those needs, allocates the
+arena (a single ``np.uint8`` buffer; every activation and scratch array is a typed view into it at its planned
+offset), binds the weights without copying them (memory-mapped checkpoint arrays stay memory-mapped), and
+binds every kernel to its arrays. ``run`` then copies the inputs into their slots and calls the prepared steps
+in program order; the hot loop creates no arrays beyond numpy's small internal buffers. Execution is
+single-stream and every reduction has a fixed order, so the same inputs give the same bits.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Mapping
+
+import numpy as np
+
+from luminal_recipes.graph.core import Node
+
+from .binding import check_array, check_input_names, declared_shape, fetch_weight
+from .memory import MemoryPlan, check_dims, plan_memory
+from .numpy_attention import prepare_attention, prepare_attention_blocked
+from .numpy_dequant import prepare_dequant_matmul
+from .numpy_kernels import PREPARE, KernelContext, KernelInput
+from .program import KERNELS, Program
+from .protocol import MemoryReport, RuntimeBase
+from .views import Scratch, gather_into, strided
+
+NUMPY_PREPARE = {
+    **PREPARE,
+    "Attention": prepare_attention,
+    "AttentionBlocked": prepare_attention_blocked,
+    "DequantMatMul": prepare_dequant_matmul,
+}
+SOURCES = ("Input", "Constant", "Iota")  # nodes with no kernel step: bound or computed at load
+
+
+class NumpyRuntime(RuntimeBase):
+    name = "numpy"
+    device = "cpu"
+
+    def capabilities(self) -> set[str]:
+        return {op for op in KERNELS if op in NUMPY_PREPARE or op in SOURCES}
+
+    def prepare(self, program: Program, dims: Mapping[str, int] | None = None) -> dict[int, tuple]:
+        """Per node id: ``(bind function, Scratch)``, for every node that runs a kernel."""
+        self.check_capabilities(program)
+        dims = dict(dims or {})
+        check_dims(program, dims)
+        by_id = {n.id: n for n in program.nodes}
+        prepared = {}
+        for node in program.nodes:
+            if node.op in SOURCES:
+                continue
+            scratch = Scratch()
+            inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, _numel(by_id[src], dims))
+                      for src, view in node.inputs]
+            ctx = KernelContext(node, declared_shape(node, dims), node.dtype.np, inputs, scratch)
+            prepared[node.id] = (NUMPY_PREPARE[node.op](ctx), scratch)
+        return prepared
+
+    def plan(self, program: Program, dims=None, weight_bytes: int | None = None) -> MemoryPlan:
+        """The memory plan ``load`` would use (kernel scratch included), without allocating anything."""
+        prepared = self.prepare(program, dims)
+        return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+
+    def load(self, program: Program, weights=None, dims=None) -> NumpyExecutable:
+        return NumpyExecutable(self, program, weights, dict(dims or {}))
+
+
+def _numel(node: Node, dims) -> int:
+    n = 1
+    for d in declared_shape(node, dims):
+        n *= d
+    return n
+
+
+class NumpyExecutable:
+    """A Program bound to its weights, dims and arena; ``run`` executes it."""
+
+    def __init__(self, runtime: NumpyRuntime, program: Program, weights, dims: dict[str, int]):
+        self.program, self.dims = program, dims
+        prepared = runtime.prepare(program, dims)
+        self.plan = plan = plan_memory(program, dims, None,
+                                       {nid: s.nbytes for nid, (_, s) in prepared.items()})
+        by_id = {n.id: n for n in program.nodes}
+        self.arena = np.zeros(plan.arena_bytes, dtype=np.uint8)
+        flats: dict[int, np.ndarray] = {}
+        weight_array_bytes = 0
+        self._inputs: dict[str, tuple[Node, np.ndarray]] = {}
+        self.weights: dict[str, np.ndarray] = {}  # name -> bound array: the caller's unless non-contiguous
+        for nid in plan.order:
+            node = by_id[nid]
+            if plan.resident.get(nid) == "weight":
+                arr = fetch_weight(weights, node.name)
+                check_array("weight", node, arr, dims)
+                arr = np.ascontiguousarray(arr)  # a no-op for the arrays checkpoints hand out
+                self.weights[node.name] = arr
+                weight_array_bytes += arr.nbytes
+                flats[nid] = arr.reshape(-1)
+            elif node.op == "Constant":
+                data = node.data if node.data is not None else np.asarray(node.attr("value"), node.dtype.np)
+                flats[nid] = np.ascontiguousarray(data, dtype=node.dtype.np).reshape(-1)
+            elif node.op == "Iota":
+                flats[nid] = np.arange(declared_shape(node, dims)[0], dtype=np.int32)
+            else:
+                flats[nid] = self._slot(plan.offsets[nid], plan.nbytes[nid], node.dtype.np)
+                if node.op == "Input":
+                    self._inputs[node.name] = (node, flats[nid].reshape(declared_shape(node, dims)))
+        self._steps = []
+        for nid in plan.order:
+            if nid not in prepared:
+                continue
+            node = by_id[nid]
+            bind, scratch = prepared[nid]
+            region = self._slot(plan.scratch_offsets.get(nid, 0), scratch.nbytes, np.uint8)
+            out = flats[nid].reshape(declared_shape(node, dims))
+            self._steps.append(bind(out, [flats[src] for src, _ in node.inputs], scratch.carve(region)))
+        self._outputs = {name: (flats[src], view.bind(dims)) for name, (src, view) in program.outputs.items()}
+        self._known_inputs = {n.name for n in program.nodes if n.op == "Input" and n.attr("kind") != "weight"}
+        self._memory = MemoryReport(
+            weight_bytes=plan.weight_bytes, weight_array_bytes=weight_array_bytes,
+            constant_bytes=plan.constant_bytes, arena_bytes=int(self.arena.nbytes), planned_peak=plan.peak,
+            live_peak=_live_schedule(plan, program.outputs, by_id, flats, prepared),
+        )
+
+    def _slot(self, offset: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
+        return self.arena[offset : offset + nbytes].view(dtype)
+
+    @property
+    def memory(self) -> MemoryReport:
+        return self._memory
+
+    def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True,
+            trace: bool = False) -> dict[str, np.ndarray]:
+        """Execute once. Outputs are fresh arrays; with ``copy_outputs=False`` they are read-only views of
+        the arena, valid until the next run (no copy in a loop that consumes them at once). ``trace=True``
+        measures allocations made outside the arena (``memory.transient_peak``; slower)."""
+        inputs = dict(inputs or {})
+        check_input_names(inputs, sorted(self._inputs), self._known_inputs)
+        for name, (node, slot) in self._inputs.items():
+            arr = np.asarray(inputs[name])
+            check_array("input", node, arr, self.dims)
+            np.copyto(slot, arr)
+        if trace:
+            tracemalloc.start()
+        try:
+            with np.errstate(all="ignore"):
+                for step in self._steps:
+                    step()
+            if trace:
+                self._memory.transient_peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            if trace:
+                tracemalloc.stop()
+        return {name: _read(flat, bv, copy_outputs) for name, (flat, bv) in self._outputs.items()}
+
+
+def _read(flat: np.ndarray, bv, copy: bool) -> np.ndarray:
+    view = strided(flat, bv)
+    if view is not None:
+        return np.array(view, copy=True) if copy else view
+    out = np.empty(bv.shape, flat.dtype)
+    gather_into(out, flat, bv)
+    return out
+
+
+def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], flats: dict,
+                   prepared: dict) -> int:
+    """The most bytes held at one step by live activation arrays and kernel scratch, summed over the arrays
+    actually bound (unaligned): a check on the plan, which must be at least this large."""
+    step_of = {nid: i for i, nid in enumerate(plan.order)}
+    end = len(plan.order)
+    last: dict[int, int] = {}
+    for nid in plan.order:
+        for src, _ in by_id[nid].inputs:
+            last[src] = max(last.get(src, -1), step_of[nid])
+    for src, _ in outputs.values():
+        last[src] = end
+    spans: dict[int, list[int]] = {}  # in-place chains share one buffer: keyed by the chain's root
+    for nid in plan.order:
+        if nid in plan.resident:
+            continue
+        root = nid
+        while root in plan.aliases:
+            root = plan.aliases[root]
+        start = 0 if by_id[nid].op == "Input" else step_of[nid] + 1
+        stop = last.get(nid, step_of[nid]) + 1
+        lo, hi = spans.get(root, [start, stop])
+        spans[root] = [min(lo, start), max(hi, stop)]
+    delta = [0] * (end + 3)
+    for root, (lo, hi) in spans.items():
+        delta[lo] += flats[root].nbytes
+        delta[hi + 1] -= flats[root].nbytes
+    for nid, (_, scratch) in prepared.items():
+        if nid in step_of and scratch.nbytes:
+            delta[step_of[nid] + 1] += scratch.nbytes
+            delta[step_of[nid] + 2] -= scratch.nbytes
+    live = peak = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak

@@ -1,0 +1,63 @@
+"""The Elementwise expression language: parsing, typing, casts inside an expression, degenerate cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fused_programs import Fused
+from luminal_recipes.runtimes.expr import ElementwisePlan, parse
+
+from luminal_recipes.graph import Graph, cast, run_reference
+
+
+def test_casts_inside_an_expression_round_like_the_cast_primitive(runtime, rng):
+    g = Graph()
+    x = g.input("x", (64,))
+    narrow = cast(cast(x * 3.0, "f16"), "f32") + 1.0
+    as_int = cast(cast(x * 100.0, "i32"), "f32")
+    g.mark_output("narrow", narrow)
+    g.mark_output("as_int", as_int)
+    f = Fused(g)
+    a = f.add("Elementwise", [x], (64,), expr="(Add (Cast f32 (Cast f16 (Mul in0 (Const 3.0)))) (Const 1.0))")
+    b = f.add("Elementwise", [x], (64,), expr="(Cast f32 (Cast i32 (Mul in0 (Const 100.0))))")
+    inputs = {"x": rng.standard_normal(64).astype(np.float32)}
+    want = run_reference(g, inputs)
+    got = runtime.run(f.program(narrow=a, as_int=b), inputs)
+    assert np.array_equal(got["narrow"], want["narrow"]) and np.array_equal(got["as_int"], want["as_int"])
+
+
+def test_degenerate_expressions(runtime, rng):
+    g = Graph()
+    x = g.input("x", (2, 3))
+    f = Fused(g)
+    const = f.add("Elementwise", [], (2, 3), expr="(Const 2.5)")
+    folded = f.add("Elementwise", [x], (2, 3), expr="(Mul in0 (Sqrt (Add (Const 2.0) 2)))")
+    copy = f.add("Elementwise", [x], (2, 3), "f16", expr="in0")
+    xv = rng.standard_normal((2, 3)).astype(np.float32)
+    got = runtime.run(f.program(const=const, folded=folded, copy=copy), {"x": xv})
+    assert np.array_equal(got["const"], np.full((2, 3), 2.5, np.float32))
+    assert np.array_equal(got["folded"], xv * np.float32(2.0))
+    assert got["copy"].dtype == np.float16 and np.array_equal(got["copy"], xv.astype(np.float16))
+
+
+def test_constant_subtrees_fold_and_registers_are_reused():
+    plan = ElementwisePlan("(Add (Mul in0 (Recip (Const 4.0))) (Exp2 (Mul in1 (Const 2.0))))",
+                           [np.float32, np.float32], np.float32)
+    assert len(plan.instrs) == 4  # Recip(4) folded to 0.25
+    assert len(plan.registers) == 2  # in0 * 0.25 and the exp2 chain; the final Add writes the output
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("(Add in0)", "unexpected"), ("(Foo in0)", "unknown operator"), ("(Mul in0 in1", "expected '\\)'"),
+    ("(Mul in0", "ends early"), ("in0 in1", "trailing"), ("(Const x)", "neither an input"),
+])
+def test_malformed_expressions_are_rejected(text, why):
+    with pytest.raises(ValueError, match=why):
+        parse(text)
+
+
+def test_mixed_operand_types_are_rejected():
+    with pytest.raises(ValueError, match="mixes operand types"):
+        ElementwisePlan("(Add in0 in1)", [np.float32, np.int32], np.float32)
+    with pytest.raises(ValueError, match="reads in2"):
+        ElementwisePlan("(Add in0 in2)", [np.float32, np.float32], np.float32)
