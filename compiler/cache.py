@@ -1,0 +1,124 @@
+"""Plan cache on disk: a second compile of the same graph loads its program instead of searching.
+
+Entries live in ``$LUMINAL_RECIPES_CACHE`` or else ``$XDG_CACHE_HOME/luminal-recipes`` (default
+``~/.cache/luminal-recipes``), one JSON file per key. The key covers everything that changes the result: the
+graph's structural hash and its input/weight names, the runtime, the device, the dims, the memory budget, the
+search options and the versions of egglog, numpy and this package. Files are written to a temporary name and
+renamed, so an interrupted compile never leaves half an entry; an entry that cannot be read is ignored (with a
+warning) and rebuilt.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from ..graph.core import Graph, Node
+from ..graph.dtypes import to_dtype
+from ..graph.serialize import structural_hash
+from ..graph.symbolic import to_dim
+from ..graph.view import View
+from ..runtimes.program import Program
+
+FORMAT = "luminal-recipes/plan"
+VERSION = 1
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("LUMINAL_RECIPES_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "luminal-recipes"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def plan_key(graph: Graph, runtime_name: str, device: str, dims: dict, extra: dict) -> str:
+    names = [f"{n.attr('kind')}:{n.name}" for n in graph.inputs()]
+    parts = {
+        "graph": structural_hash(graph),
+        "names": hashlib.sha256("\n".join(names + sorted(graph.outputs)).encode()).hexdigest(),
+        "runtime": runtime_name,
+        "device": device,
+        "dims": sorted(dims.items()),
+        "versions": [_version("egglog"), np.__version__, _version("luminal-recipes")],
+        "extra": extra,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ---- program <-> JSON --------------------------------------------------------------------------------------
+def program_to_json(program: Program) -> dict:
+    nodes = []
+    for n in program.nodes:
+        item = {"op": n.op, "dtype": str(n.dtype), "shape": [str(d) for d in n.shape],
+                "inputs": [[src, view.to_json()] for src, view in n.inputs], "attrs": dict(n.attrs)}
+        if n.data is not None:
+            item["data"] = base64.b64encode(np.ascontiguousarray(n.data).tobytes()).decode()
+        nodes.append(item)
+    outputs = {k: [src, v.to_json()] for k, (src, v) in program.outputs.items()}
+    return {"nodes": nodes, "outputs": outputs}
+
+
+def program_from_json(data: dict) -> Program:
+    nodes = []
+    for i, item in enumerate(data["nodes"]):
+        dtype = to_dtype(item["dtype"])
+        shape = tuple(to_dim(d) for d in item["shape"])
+        arr = None
+        if "data" in item:
+            arr = np.frombuffer(base64.b64decode(item["data"]), dtype=dtype.np).reshape(
+                tuple(int(d) for d in shape)).copy()
+        inputs = tuple((src, View.from_json(v)) for src, v in item["inputs"])
+        nodes.append(Node(i, item["op"], inputs, shape, dtype, tuple(sorted(item["attrs"].items())), arr))
+    outputs = {k: (src, View.from_json(v)) for k, (src, v) in data["outputs"].items()}
+    return Program(nodes, outputs)
+
+
+# ---- the store ---------------------------------------------------------------------------------------------
+def load(key: str) -> tuple[Program, dict] | None:
+    path = cache_dir() / f"{key}.json"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT or data.get("version") != VERSION:
+            raise ValueError(f"format {data.get('format')!r} version {data.get('version')!r}")
+        return program_from_json(data["program"]), data.get("report", {})
+    except Exception as exc:  # any unreadable entry is rebuilt, never trusted
+        warnings.warn(f"plan cache entry {path} is unreadable ({type(exc).__name__}: {exc}); ignoring it and "
+                      f"compiling again", stacklevel=2)
+        return None
+
+
+def store(key: str, program: Program, report: dict) -> Path:
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{key}.json"
+    text = json.dumps({"format": FORMAT, "version": VERSION, "program": program_to_json(program),
+                       "report": report}, default=str)
+    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # including KeyboardInterrupt: no half-written entry stays behind
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

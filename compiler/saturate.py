@@ -1,0 +1,87 @@
+"""Equality saturation under bounds (iterations, e-graph size, wall time), with the reason search stopped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import egglog.bindings as eb
+
+from .rules import FAMILIES, program_text
+
+SPAN = eb.RustSpan(__file__, 0, 0)
+# one iteration: layout facts to a fixpoint, then one round of rewrites
+_ITERATION = "(run-schedule (seq (saturate (run layout)) (run rewrite)))"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_iterations: int = 32      # rewrite rounds per segment
+    max_enodes: int = 400_000     # e-graph size per segment
+    time_budget_s: float = 60.0   # saturation time of the whole compile (compile_graph shares it out)
+
+
+@dataclass
+class SaturationReport:
+    iterations: int = 0
+    stop_reason: str = "not run"  # saturated | iteration_limit | node_limit | time_limit
+    enodes: int = 0
+    seconds: float = 0.0
+    matches: dict[str, int] = field(default_factory=dict)
+
+
+def new_egraph(families=FAMILIES) -> eb.EGraph:
+    egraph = eb.EGraph()
+    egraph.run_program(*egraph.parse_program(program_text(families)))
+    return egraph
+
+
+_BASES: dict[tuple, eb.EGraph] = {}
+
+
+@contextmanager
+def scratch_egraph(families=FAMILIES) -> Iterator[eb.EGraph]:
+    """An e-graph with the rules loaded. What is added inside the ``with`` is dropped afterwards (push/pop),
+    so the rules are parsed once per process, not once per segment."""
+    key = tuple(families)
+    egraph = _BASES.get(key)
+    if egraph is None:
+        egraph = _BASES[key] = new_egraph(families)
+    egraph.run_program(eb.Push(1))
+    try:
+        yield egraph
+    finally:
+        egraph.run_program(eb.Pop(SPAN, 1))
+
+
+def enode_count(egraph: eb.EGraph) -> int:
+    (sizes,) = egraph.run_program(eb.PrintSize(SPAN, None))
+    return sum(n for _, n in sizes.sizes)
+
+
+def saturate(egraph: eb.EGraph, limits: Limits = Limits()) -> SaturationReport:
+    report = SaturationReport()
+    start = time.perf_counter()
+    iteration = egraph.parse_program(_ITERATION)
+    while True:
+        if report.iterations >= limits.max_iterations:
+            report.stop_reason = "iteration_limit"
+            break
+        (out,) = egraph.run_program(*iteration)
+        report.iterations += 1
+        for rule, n in out.report.num_matches_per_rule.items():
+            report.matches[rule] = report.matches.get(rule, 0) + n
+        report.enodes = enode_count(egraph)
+        if not out.report.updated:
+            report.stop_reason = "saturated"
+            break
+        if report.enodes > limits.max_enodes:
+            report.stop_reason = "node_limit"
+            break
+        if time.perf_counter() - start > limits.time_budget_s:
+            report.stop_reason = "time_limit"
+            break
+    report.seconds = time.perf_counter() - start
+    return report

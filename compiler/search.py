@@ -1,0 +1,237 @@
+"""The search: graph -> segments -> e-graphs -> candidate programs -> memory check -> cost -> measurement.
+
+``compile_graph`` is the compiler's entry point. For every distinct segment (repeated blocks once) it lowers
+the segment into an e-graph, saturates it under bounds, and extracts several candidate programs: the cheapest
+by the analytic cost model, the naive primitive program, and cost-aware random variants (seeded). Candidate
+``i`` of the whole graph takes candidate ``i`` of every segment. Candidates whose planned peak memory exceeds
+the budget are dropped before anything runs; the rest are ranked by estimated cost, and the best few are timed
+on the runtime when a run is small enough to measure. The fastest wins. The result is cached on disk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+
+from ..errors import BudgetError, UnboundDimError
+from ..graph.core import Graph
+from ..graph.dtypes import DType
+from ..runtimes.program import KERNELS, Program
+from . import cache
+from .cost import CPU, Machine, bind, numel, program_cost
+from .extract import PRIMITIVE_KERNELS, Snapshot, choose, local_costs, noisy, signature, to_program
+from .lower import lower
+from .rules import FAMILIES
+from .saturate import Limits, saturate, scratch_egraph
+from .segments import Segment, assemble, split
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    seed: int = 0
+    candidates: int = 6               # programs extracted per segment: cheapest, naive, then random variants
+    noise: float = 1.5                # spread of the random variants' cost noise (log scale)
+    time_top: int = 3                 # how many of the cheapest fitting candidates are timed
+    timing_repeats: int = 3
+    max_timing_bytes: int = 512 << 20  # time candidates only when a run touches less than this
+    timing_budget_s: float = 20.0      # stop timing further candidates once this much time went into it
+    limits: Limits = field(default_factory=Limits)
+    families: tuple[str, ...] = FAMILIES
+    machine: Machine = CPU
+    use_cache: bool = True
+
+
+@dataclass
+class CompiledPlan:
+    program: Program
+    report: dict
+
+
+def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = None,
+                  budget_bytes: int | None = None, inputs: Mapping[str, np.ndarray] | None = None,
+                  weights=None, options: SearchOptions | None = None) -> CompiledPlan:
+    """Compile ``graph`` for ``runtime`` (its kernels, its memory planner, its timer) within ``budget_bytes``.
+
+    ``inputs``/``weights`` are used to time candidates; without them, seeded random values of the declared
+    shapes stand in (values do not change the speed of these kernels).
+    """
+    options = options or SearchOptions()
+    dims = dict(dims or {})
+    missing = sorted(graph.symbols() - set(dims))
+    if missing:
+        wanted = ", ".join(f"{m!r}: ..." for m in missing)
+        raise UnboundDimError(
+            f"compile_graph: symbolic dimension(s) {', '.join(missing)} need representative values to plan "
+            f"memory and rank candidates; pass dims={{{wanted}}} (e.g. the largest size of the bucket being "
+            f"compiled)"
+        )
+    started = time.perf_counter()
+    runtime_name = getattr(runtime, "name", "none")
+    device = getattr(runtime, "device", "none")
+    kernels = set(runtime.capabilities()) if runtime is not None else set(KERNELS)
+    key = cache.plan_key(graph, runtime_name, device, dims, {
+        "budget": budget_bytes, "kernels": sorted(kernels),
+        "options": {k: v for k, v in asdict(options).items() if k != "use_cache"},
+    })
+    if options.use_cache:
+        hit = cache.load(key)
+        if hit is not None:
+            program, report = hit
+            report = dict(report, cache="hit", seconds=time.perf_counter() - started)
+            program.meta.update(report.get("chosen", {}))
+            return CompiledPlan(program, report)
+
+    segments = split(graph)
+    searched: dict[str, tuple[list[Program], dict]] = {}
+    deadline = started + options.limits.time_budget_s  # one time budget for the whole search
+    for seg in segments:
+        if seg.key not in searched:
+            left = replace(options.limits, time_budget_s=max(0.0, deadline - time.perf_counter()))
+            searched[seg.key] = search_segment(seg, kernels.__contains__, dims, replace(options, limits=left))
+    count = max(len(progs) for progs, _ in searched.values()) if searched else 1
+    candidates: list[Program] = []
+    seen = set()
+    for i in range(count):
+        templates = [searched[s.key][0][min(i, len(searched[s.key][0]) - 1)] for s in segments]
+        program = assemble(graph, segments, templates)
+        sig = signature(program)
+        if sig in seen:
+            continue
+        seen.add(sig)
+        program.meta["candidate"] = i
+        candidates.append(program)
+
+    rows = [_assess(runtime, p, dims, options.machine) for p in candidates]
+    fitting = [(p, r) for p, r in zip(candidates, rows) if budget_bytes is None or r["peak"] is None
+               or r["peak"] <= budget_bytes]
+    if not fitting:
+        smallest = min(r["peak"] for r in rows)
+        raise BudgetError(
+            f"no compiled program fits the memory budget of {_gib(budget_bytes)}: the smallest of the "
+            f"{len(rows)} candidates needs {_gib(smallest)} (weights "
+            f"{_gib(min(rows, key=lambda r: r['peak'])['weight_bytes'])}); raise the budget "
+            f"(e.g. --max-memory) "
+            f"to at least {_gib(smallest)}, or use a smaller model or input size"
+        )
+    fitting.sort(key=lambda pr: pr[1]["cost_s"])
+    chosen, how = fitting[0], "cost model"
+    timed = _time_candidates(runtime, graph, fitting, dims, inputs, weights, options)
+    if timed:
+        chosen, how = min(timed, key=lambda pr: pr[1]["measured_s"]), "measured"
+    program, row = chosen
+    report = {
+        "cache": "miss",
+        "seconds": time.perf_counter() - started,
+        "segments": len(segments),
+        "distinct_segments": len(searched),
+        "search": {k[:12]: r for k, (_, r) in searched.items()},
+        "stop_reasons": sorted({r["saturation"]["stop_reason"] for _, r in searched.values()}),
+        "candidates": rows,
+        "chosen": dict(row, selected_by=how),
+        "budget_bytes": budget_bytes,
+    }
+    program.meta.update(report["chosen"])
+    if options.use_cache:
+        cache.store(key, program, report)
+    return CompiledPlan(program, report)
+
+
+def search_segment(seg: Segment, allowed, dims: Mapping[str, int],
+                   options: SearchOptions) -> tuple[list[Program], dict]:
+    """Candidate programs for one standalone segment graph, and what the search did."""
+    started = time.perf_counter()
+    with scratch_egraph(options.families) as egraph:
+        lower(seg.graph, egraph, uses=seg.uses)
+        sat = saturate(egraph, options.limits)
+        snap = Snapshot.of(egraph)
+    base = local_costs(snap, dims, options.machine, allowed)
+    naive = local_costs(snap, dims, options.machine, lambda k: allowed(k) and k in PRIMITIVE_KERNELS)
+    rng = np.random.default_rng([options.seed, int(seg.key[:8], 16)])
+    strategies = [("cheapest", base), ("naive", naive)]
+    strategies += [(f"random{i}", noisy(base, rng, options.noise)) for i in range(options.candidates - 2)]
+    programs, names, seen = [], [], set()
+    for name, costs in strategies:
+        choice, _ = choose(snap, costs)
+        program = to_program(snap, choice, seg.graph, seg.graph.outputs)
+        sig = signature(program)
+        if sig in seen:
+            continue
+        seen.add(sig)
+        program.meta["strategy"] = name
+        programs.append(program)
+        names.append(name)
+    report = {
+        "segment": seg.name,
+        "nodes": len(seg.graph.nodes),
+        "saturation": asdict(sat),
+        "eclasses": len(snap.sort),
+        "enodes": len(snap.nodes),
+        "candidates": names,
+        "seconds": time.perf_counter() - started,
+    }
+    report["saturation"].pop("matches")
+    report["rules_fired"] = {r: n for r, n in sorted(sat.matches.items()) if n}
+    return programs, report
+
+
+def _assess(runtime, program: Program, dims, machine: Machine) -> dict:
+    row = {"candidate": program.meta.get("candidate"), "kernels": program.kernel_counts(),
+           "cost_s": program_cost(program, dims, machine), "peak": None, "weight_bytes": None,
+           "activation_peak": None}
+    plan = _plan_memory(runtime, program, dims)
+    if plan is not None:
+        row.update(peak=plan.peak, weight_bytes=plan.weight_bytes, activation_peak=plan.activation_peak)
+    return row
+
+
+def _plan_memory(runtime, program: Program, dims):
+    if runtime is not None and hasattr(runtime, "plan"):
+        return runtime.plan(program, dims)
+    from ..runtimes.memory import plan_memory
+
+    return plan_memory(program, dims)
+
+
+def _run_bytes(program: Program, dims) -> int:
+    return sum(numel(n.shape, dims) * n.dtype.bits // 8 for n in program.nodes)
+
+
+def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, options: SearchOptions):
+    if runtime is None or not hasattr(runtime, "time") or options.time_top <= 0:
+        return []
+    top = [(p, r) for p, r in fitting[: options.time_top] if _run_bytes(p, dims) <= options.max_timing_bytes]
+    if len(top) < 2:
+        return []
+    rng = np.random.default_rng(options.seed)
+    inputs = dict(inputs) if inputs is not None else _random_values(graph, "input", dims, rng)
+    if weights is None:
+        weights = _random_values(graph, "weight", dims, rng)
+    timed = []
+    started = time.perf_counter()
+    for program, row in top:
+        if timed and time.perf_counter() - started > options.timing_budget_s:
+            break
+        row["measured_s"] = runtime.time(program, inputs, weights, dims, repeats=options.timing_repeats)
+        timed.append((program, row))
+    return timed if len(timed) > 1 else []
+
+
+def _random_values(graph: Graph, kind: str, dims, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Stand-in values for timing: small normals for floats, zeros for indices (always in range)."""
+    out = {}
+    for node in graph.inputs(kind):
+        shape = tuple(bind(d, dims) for d in node.shape)
+        if node.dtype.is_float:
+            out[node.name] = (rng.standard_normal(shape, dtype=np.float32) * 0.1).astype(node.dtype.np)
+        elif node.dtype == DType.BOOL:
+            out[node.name] = np.ones(shape, dtype=bool)
+        else:
+            out[node.name] = np.zeros(shape, dtype=node.dtype.np)
+    return out
+
+
+def _gib(n: int | None) -> str:
+    return "unlimited" if n is None else f"{n / 2**30:.2f} GiB"

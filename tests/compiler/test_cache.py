@@ -1,0 +1,99 @@
+"""The plan cache: hits skip the search, keys separate what differs, corrupt entries are rebuilt with a
+warning, and an interrupted write leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import check_program
+from luminal_recipes.compiler import SearchOptions, cache, compile_graph, search
+
+from luminal_recipes import ops
+from luminal_recipes.graph import Graph
+
+
+def small_graph(width: int = 8, name: str = "w") -> Graph:
+    g = Graph()
+    x = g.input("x", (4, width))
+    g.mark_output("y", ops.softmax(ops.linear(x, g.weight(name, (6, width))), -1))
+    return g
+
+
+OPTS = SearchOptions(time_top=0)
+
+
+def test_second_compile_loads_the_plan_without_searching(runtime, assert_close, private_cache, monkeypatch):
+    first = compile_graph(small_graph(), runtime, options=OPTS)
+    assert first.report["cache"] == "miss"
+    assert len(list(private_cache.glob("*.json"))) == 1
+
+    def no_search(*args):
+        raise AssertionError("searched although the plan is cached")
+
+    monkeypatch.setattr(search, "search_segment", no_search)
+    second = compile_graph(small_graph(), runtime, options=OPTS)
+    assert second.report["cache"] == "hit"
+    assert [(n.op, n.inputs, n.attrs) for n in second.program.nodes] == [
+        (n.op, n.inputs, n.attrs) for n in first.program.nodes]
+    check_program(small_graph(), second.program, runtime, assert_close)
+
+
+def test_key_separates_graphs_names_dims_runtimes_and_budgets(runtime):
+    keys = {
+        cache.plan_key(small_graph(), "numpy", "cpu", {}, {}),
+        cache.plan_key(small_graph(width=10), "numpy", "cpu", {}, {}),
+        cache.plan_key(small_graph(name="other"), "numpy", "cpu", {}, {}),
+        cache.plan_key(small_graph(), "cupy", "cuda:0", {}, {}),
+        cache.plan_key(small_graph(), "numpy", "cpu", {"s": 4}, {}),
+        cache.plan_key(small_graph(), "numpy", "cpu", {}, {"budget": 10}),
+    }
+    assert len(keys) == 6
+    assert cache.plan_key(small_graph(), "numpy", "cpu", {}, {}) in keys  # and it is stable
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("LUMINAL_RECIPES_CACHE", str(tmp_path / "explicit"))
+    assert cache.cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("LUMINAL_RECIPES_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "xdg" / "luminal-recipes"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache.cache_dir() == cache.Path.home() / ".cache" / "luminal-recipes"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "wrong_format"])
+def test_corrupt_entry_is_ignored_and_rebuilt(damage, runtime, assert_close, private_cache):
+    compile_graph(small_graph(), runtime, options=OPTS)
+    (entry,) = private_cache.glob("*.json")
+    text = entry.read_text()
+    if damage == "truncate":
+        entry.write_text(text[: len(text) // 2])
+    elif damage == "garbage":
+        entry.write_bytes(b"\x00\xffnot json")
+    else:
+        entry.write_text(json.dumps(dict(json.loads(text), format="something-else")))
+    with pytest.warns(UserWarning, match="unreadable.*compiling again"):
+        plan = compile_graph(small_graph(), runtime, options=OPTS)
+    assert plan.report["cache"] == "miss"
+    check_program(small_graph(), plan.program, runtime, assert_close)
+    assert json.loads(entry.read_text())["format"] == cache.FORMAT  # rebuilt in place
+
+
+def test_interrupted_write_leaves_no_entry(runtime, private_cache, monkeypatch):
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        compile_graph(small_graph(), runtime, options=OPTS)
+    assert list(private_cache.iterdir()) == []  # neither an entry nor a temporary file
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert compile_graph(small_graph(), runtime, options=OPTS).report["cache"] == "miss"
+
+
+def test_cache_can_be_bypassed(runtime, private_cache):
+    compile_graph(small_graph(), runtime, options=SearchOptions(use_cache=False, time_top=0))
+    assert not private_cache.exists() or not list(private_cache.iterdir())

@@ -1,0 +1,290 @@
+"""Each rule family on its own: the kernel it discovers appears in the cheapest program, the program matches
+the reference interpreter, and the rule leaves look-alike patterns that are not its op alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import cheapest, check_program, kernels, search
+
+from luminal_recipes import ops
+from luminal_recipes.graph import Graph
+
+SOURCES = {"Input", "Constant", "Iota"}
+
+
+def compute(program) -> list:
+    return [n for n in program.nodes if n.op not in SOURCES]
+
+
+# ---- clean-up ----------------------------------------------------------------------------------------------
+def test_identities_and_copies_disappear(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (4, 6))
+    t = (x * 1.0 + 0.0).T.contiguous()          # identity ops, then a materialised transpose
+    g.mark_output("y", ops.exp2(t))
+    program = cheapest(g, runtime)
+    (kernel,) = compute(program)
+    assert kernel.op == "Exp2" or (kernel.op == "Elementwise" and kernel.attr("expr") == "(Exp2 in0)")
+    assert str(kernel.inputs[0][1].strides) == "(1, 6)"  # reads x through the transposed view, no copy
+    check_program(g, program, runtime, assert_close)
+
+
+def test_scalar_constants_fold(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (3, 5))
+    six = g.constant(2.0).broadcast_to(x.shape) * 3.0   # a full tensor of 2 * 3
+    g.mark_output("y", x * six)
+    program = cheapest(g, runtime)
+    (kernel,) = compute(program)
+    assert "(Const 6.0)" in kernel.attr("expr", "") or any(
+        n.op == "Constant" and n.attr("value") == 6.0 for n in program.nodes)
+    check_program(g, program, runtime, assert_close)
+
+
+def test_cast_chains(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (4, 4), "bf16")
+    f = g.input("f", (4, 4))
+    round_trip = x.cast("f32").cast("bf16")             # exact: bf16 -> f32 -> bf16
+    g.mark_output("y", round_trip + x)
+    g.mark_output("z", f.cast("f32") * 2.0)             # a cast to its own dtype
+    program = cheapest(g, runtime)
+    assert not any(n.op == "Cast" or "Cast" in str(n.attr("expr", "")) for n in program.nodes)
+    check_program(g, program, runtime, assert_close)
+
+
+def test_lossy_cast_chain_is_kept(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (4, 4))
+    g.mark_output("y", x.cast("bf16").cast("f32"))      # f32 -> bf16 rounds: not an identity
+    program = cheapest(g, runtime)
+    assert "bf16" in str([(n.op, n.dtype, n.attr("expr")) for n in program.nodes])
+    check_program(g, program, runtime, assert_close)
+
+
+# ---- matmul ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_all_transpose_layouts(ta, tb, runtime, assert_close):
+    g = Graph()
+    a = g.input("a", (5, 3) if ta else (3, 5))
+    b = g.input("b", (4, 5) if tb else (5, 4))
+    g.mark_output("y", ops.matmul(a.T if ta else a, b.T if tb else b))
+    program = cheapest(g, runtime)
+    assert [n.op for n in compute(program)] == ["MatMul"]
+    check_program(g, program, runtime, assert_close)
+
+
+def test_batched_matmul_with_broadcast_batch_and_symbolic_rows(runtime, assert_close):
+    g = Graph()
+    a = g.input("a", (2, 3, "m", 8))
+    b = g.input("b", (8, 6))
+    g.mark_output("y", ops.matmul(a, b))
+    program = cheapest(g, runtime, {"m": 5})
+    (mm,) = compute(program)
+    assert mm.op == "MatMul" and str(mm.inputs[1][1].strides) == "(0, 0, 6, 1)"
+    check_program(g, program, runtime, assert_close, {"m": 5})
+
+
+def test_matmul_with_bias(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (2, 7, 8))
+    g.mark_output("y", ops.linear(x, g.weight("w", (6, 8)), g.weight("b", (6,))))
+    program = cheapest(g, runtime)
+    (mm,) = compute(program)
+    assert mm.op == "MatMul" and len(mm.inputs) == 3
+    check_program(g, program, runtime, assert_close)
+
+
+def test_sum_of_a_plain_product_is_not_a_matmul(runtime, assert_close):
+    g = Graph()
+    x, y = g.input("x", (4, 6)), g.input("y", (4, 6))
+    g.mark_output("d", ops.sum(x * y, -1))              # a row-wise dot: nothing is broadcast
+    searched = search(g, runtime, candidates=4)
+    assert all("MatMul" not in kernels(p) for progs in searched.programs.values() for p in progs)
+    check_program(g, searched.assemble(g, lambda p: p[0]), runtime, assert_close)
+
+
+# ---- elementwise -------------------------------------------------------------------------------------------
+def test_chain_of_elementwise_ops_is_one_kernel(runtime, assert_close):
+    g = Graph()
+    x, y = g.input("x", (3, 17)), g.input("y", (3, 17))
+    g.mark_output("z", ops.gelu(ops.tanh(x) * y + ops.sigmoid(y)))
+    program = cheapest(g, runtime)
+    assert [n.op for n in compute(program)] == ["Elementwise"]
+    check_program(g, program, runtime, assert_close, family="elementwise")
+
+
+def test_fusion_stops_at_a_non_identity_view(runtime, assert_close):
+    g = Graph()
+    x, y = g.input("x", (4, 6)), g.input("y", (6, 4))
+    g.mark_output("z", ops.exp(x).T + y)                # exp(x) is read transposed: it is materialised
+    program = cheapest(g, runtime)
+    assert len(compute(program)) == 2
+    check_program(g, program, runtime, assert_close, family="elementwise")
+
+
+# ---- softmax and norms -------------------------------------------------------------------------------------
+def test_softmax(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (2, 3, 9))
+    g.mark_output("y", ops.softmax(x.transpose(0, 1), -1))  # through a view
+    program = cheapest(g, runtime)
+    assert [n.op for n in compute(program)] == ["Softmax"]
+    check_program(g, program, runtime, assert_close)
+
+
+def test_softmax_over_a_leading_axis_stays_primitive(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (5, 4))
+    g.mark_output("y", ops.softmax(x, 0))
+    program = cheapest(g, runtime)
+    assert "Softmax" not in kernels(program)
+    check_program(g, program, runtime, assert_close)
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer", "group"])
+def test_norms(norm, runtime, assert_close):
+    g = Graph()
+    if norm == "group":
+        x = g.input("x", (2, 6, 3, 3))
+        y = ops.group_norm(x, 3, g.weight("w", (6,)), g.weight("b", (6,)), 1e-5)
+        want = "LayerNorm"
+    else:
+        x = g.input("x", (3, 4, 16))
+        y = ops.rms_norm(x, g.weight("w", (16,)), 1e-6) if norm == "rms" else ops.layer_norm(
+            x, g.weight("w", (16,)), g.weight("b", (16,)), 1e-5)
+        want = "RMSNorm" if norm == "rms" else "LayerNorm"
+    g.mark_output("y", y)
+    program = cheapest(g, runtime)
+    node = next(n for n in program.nodes if n.op == want)
+    assert node.attr("eps") == (1e-6 if norm == "rms" else 1e-5)
+    assert len(compute(program)) == 2  # the norm, and the affine transform as one Elementwise
+    check_program(g, program, runtime, assert_close)
+
+
+# ---- attention ---------------------------------------------------------------------------------------------
+def _attention_graph(causal: bool) -> Graph:
+    g = Graph()
+    q = g.input("q", (1, 4, 5, 8))                      # S = 5 queries
+    k = g.input("k", (1, 2, 7, 8))                      # T = 7 keys, grouped (2 kv heads)
+    v = g.input("v", (1, 2, 7, 3))                      # Dv = 3
+    g.mark_output("o", ops.scaled_dot_product_attention(q, k, v, causal=causal))
+    return g
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_never_materialises_scores(causal, runtime, assert_close):
+    g = _attention_graph(causal)
+    searched = search(g, runtime, candidates=8, noise=3.0)
+    progs = searched.programs[searched.segments[0].key]
+    found = set()
+    for program in progs:
+        for kind in ("Attention", "AttentionBlocked"):
+            if kind in kernels(program):
+                found.add(kind)
+                node = next(n for n in program.nodes if n.op == kind)
+                assert len(node.inputs) == (4 if causal else 3)
+                assert node.attr("scale") == pytest.approx(8**-0.5)
+                # no (S, T, D) product, no score matrix, no softmax: only the mask bias is (S, T)
+                assert not any({5, 7, 8} <= set(n.shape) or {5, 7, 3} <= set(n.shape) for n in program.nodes)
+                assert not kernels(program) & {"MatMul", "Softmax", "SumReduce", "MaxReduce"}
+        check_program(g, searched.assemble(g, lambda p, program=program: program), runtime, assert_close)
+    assert found == {"Attention", "AttentionBlocked"}
+
+
+# ---- conv --------------------------------------------------------------------------------------------------
+def test_conv2d_with_padding_stride_and_bias(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (2, 3, 9, 8))
+    g.mark_output("y", ops.conv2d(x, g.weight("w", (4, 3, 3, 3)), g.weight("b", (4,)), stride=2, padding=1))
+    program = cheapest(g, runtime)
+    (conv,) = compute(program)
+    assert conv.op == "Conv2d" and conv.attr("stride") == 2 and len(conv.inputs) == 3
+    assert tuple(conv.shape) == (2, 4, 5, 4)
+    check_program(g, program, runtime, assert_close)
+
+
+def test_pointwise_conv_is_a_matmul(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (1, 6, 4, 4))
+    g.mark_output("y", ops.conv2d(x, g.weight("w", (5, 6, 1, 1))))
+    program = cheapest(g, runtime)
+    assert [n.op for n in compute(program)] == ["MatMul"]
+    check_program(g, program, runtime, assert_close)
+
+
+# ---- dequantise -> matmul ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("scale_shape", [(), (1,), (12,), (12, 1)])
+def test_fp8_dequant_matmul(scale_shape, runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (2, 5, 32))
+    w = g.weight("w", (12, 32), "f8e4m3")
+    s = g.weight("s", scale_shape)
+    g.mark_output("y", ops.linear(x, ops.dequant_fp8(w, s)))
+    program = cheapest(g, runtime)
+    (node,) = compute(program)
+    assert node.op == "DequantMatMul" and node.attr("format") == "fp8"
+    assert (node.attr("out_features"), node.attr("in_features")) == (12, 32)
+    assert [program.nodes[src].attr("name") for src, _ in node.inputs[1:]] == ["w", "s"]
+    check_program(g, program, runtime, assert_close)
+
+
+@pytest.mark.parametrize("layout,n,k", [("modelopt", 8, 64), ("comfy", 8, 32), ("comfy", 200, 160)])
+def test_nvfp4_dequant_matmul_keeps_weights_packed(layout, n, k, runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (3, k))
+    if layout == "modelopt":
+        w, s = g.weight("w", (n, k // 2), "u8"), g.weight("s", (n, k // 16), "f8e4m3")
+    else:  # padded to 16 x 16, scales in 128 x 4 tiles
+        w = g.weight("w", (-(-n // 16) * 16, -(-k // 16) * 8), "u8")
+        s = g.weight("s", (-(-n // 128) * 128, -(-(k // 16) // 4) * 4), "f8e4m3")
+    g.mark_output("y", ops.linear(x, ops.dequant_nvfp4(w, s, g.weight("s2", ()), n, k, layout)))
+    program = cheapest(g, runtime)
+    (node,) = compute(program)
+    assert node.op == "DequantMatMul" and node.attr("format") == "nvfp4" and node.attr("layout") == layout
+    assert [program.nodes[src].attr("name") for src, _ in node.inputs[1:]] == ["w", "s", "s2"]
+    check_program(g, program, runtime, assert_close)
+
+
+# ---- gather and scatter ------------------------------------------------------------------------------------
+def test_embedding_gathers_rows_before_casting(runtime, assert_close):
+    g = Graph()
+    ids = g.input("ids", (2, 3), "i32")
+    table = g.weight("table", (50, 8), "bf16")
+    g.mark_output("y", ops.embedding(ids, table.cast("f32")))
+    program = cheapest(g, runtime)
+    gather = next(n for n in program.nodes if n.op == "Gather")
+    assert str(program.nodes[gather.inputs[0][0]].attr("name")) == "table" and str(gather.dtype) == "bf16"
+    assert tuple(gather.shape) == (2, 3, 8)  # only the picked rows exist in f32, never the whole table
+    check_program(g, program, runtime, assert_close, family="index")
+
+
+def test_scatter_in_place_only_when_nothing_else_reads_the_destination(runtime, assert_close):
+    g = Graph()
+    cache = g.input("cache", (10, 4))
+    pos = g.input("pos", (2,), "i32")
+    rows = g.input("rows", (2, 4))
+    g.mark_output("y", ops.write_rows(cache * 1.5, pos, rows))
+    program = cheapest(g, runtime)
+    assert "ScatterInPlace" in kernels(program)
+    check_program(g, program, runtime, assert_close)
+
+    g2 = Graph()
+    cache = g2.input("cache", (10, 4))
+    scaled = cache * 1.5
+    g2.mark_output("y", ops.write_rows(scaled, g2.input("pos", (2,), "i32"), g2.input("rows", (2, 4))))
+    g2.mark_output("old", scaled)                       # the destination is read again
+    searched = search(g2, runtime, candidates=6)
+    assert all("ScatterInPlace" not in kernels(p) for progs in searched.programs.values() for p in progs)
+    check_program(g2, searched.assemble(g2, lambda p: p[0]), runtime, assert_close)
+
+
+def test_positions_are_unique_rows(runtime):
+    """Guard for the scatter tests: the seeded positions are distinct (duplicates are order-dependent)."""
+    from conftest import graph_values
+
+    g = Graph()
+    g.input("pos", (2,), "i32")
+    inputs, _ = graph_values(g)
+    assert len(np.unique(inputs["pos"])) == 2

@@ -1,0 +1,145 @@
+"""The search: bounds and the reason it stopped, reproducibility, the memory budget, the runtime's kernel set,
+timing, and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import check_program, graph_values, kernels
+from luminal_recipes.compiler import SearchOptions, compile_graph
+from luminal_recipes.compiler.saturate import Limits
+from luminal_recipes.compiler.search import search_segment
+from luminal_recipes.compiler.segments import split
+from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+
+from luminal_recipes import ops
+from luminal_recipes.errors import BudgetError
+from luminal_recipes.graph import PRIMITIVE_OPS, Graph
+
+
+def attention_block() -> Graph:
+    g = Graph()
+    x = g.input("x", (1, 6, 16))
+    q = ops.split_heads(ops.linear(x, g.weight("q", (16, 16))), 2)
+    k = ops.split_heads(ops.linear(x, g.weight("k", (16, 16))), 2)
+    v = ops.split_heads(ops.linear(x, g.weight("v", (16, 16))), 2)
+    o = ops.merge_heads(ops.scaled_dot_product_attention(q, k, v, causal=True))
+    g.mark_output("y", ops.rms_norm(x + o, g.weight("n", (16,))))
+    return g
+
+
+def big_matmul() -> Graph:
+    g = Graph()
+    g.mark_output("y", ops.matmul(g.input("a", (64, 256)), g.weight("b", (256, 256))))
+    return g
+
+
+@pytest.mark.parametrize("limits,reason", [
+    (Limits(), "saturated"),
+    (Limits(max_iterations=1), "iteration_limit"),
+    (Limits(max_enodes=50), "node_limit"),
+    (Limits(time_budget_s=0.0), "time_limit"),
+])
+def test_bounds_stop_the_search_and_say_which(limits, reason, runtime, assert_close):
+    g = attention_block()
+    (seg,) = split(g)
+    programs, report = search_segment(seg, runtime.capabilities().__contains__, {},
+                                      SearchOptions(limits=limits, use_cache=False))
+    assert report["saturation"]["stop_reason"] == reason
+    # whatever the bound, every extracted program is valid
+    plan = compile_graph(g, runtime, options=SearchOptions(limits=limits, use_cache=False))
+    assert plan.report["stop_reasons"] == [reason]
+    check_program(g, plan.program, runtime, assert_close)
+
+
+_REPRO = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from test_search import attention_block
+from luminal_recipes.compiler import SearchOptions, compile_graph
+from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+opts = SearchOptions(seed=3, use_cache=False, time_top=0)
+plan = compile_graph(attention_block(), NumpyRuntime(), options=opts)
+print(json.dumps([[n.op, [[s, str(v)] for s, v in n.inputs], repr(n.attrs)] for n in plan.program.nodes]))
+"""
+
+
+def test_search_is_reproducible_across_processes():
+    code = _REPRO.format(tests=os.path.dirname(__file__))
+    outs = []
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                              check=True)
+        outs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert outs[0] == outs[1]
+
+
+def test_budget_prunes_candidates_before_running(runtime, assert_close):
+    g = big_matmul()
+    free = compile_graph(g, runtime, options=SearchOptions(use_cache=False))
+    peaks = sorted(r["peak"] for r in free.report["candidates"])
+    assert peaks[-1] > 16 * peaks[0]  # the naive (M, K, N) broadcast product is far bigger than the matmul
+    plan = compile_graph(g, runtime, budget_bytes=peaks[0], options=SearchOptions(use_cache=False))
+    assert plan.report["chosen"]["peak"] <= peaks[0]
+    assert "MatMul" in kernels(plan.program)
+    check_program(g, plan.program, runtime, assert_close)
+
+
+def test_budget_too_small_for_any_candidate_says_what_is_needed(runtime):
+    g = big_matmul()
+    with pytest.raises(BudgetError, match=r"smallest of the \d+ candidates needs [0-9.]+ GiB"):
+        compile_graph(g, runtime, budget_bytes=1000, options=SearchOptions(use_cache=False))
+
+
+class PrimitiveRuntime(NumpyRuntime):
+    """A runtime with no fused kernels at all."""
+
+    name = "numpy-primitives"
+
+    def capabilities(self) -> set[str]:
+        return set(PRIMITIVE_OPS)
+
+
+def test_only_the_runtimes_kernels_are_used(assert_close):
+    runtime = PrimitiveRuntime()
+    g = attention_block()
+    plan = compile_graph(g, runtime, options=SearchOptions(use_cache=False))
+    assert kernels(plan.program) <= set(PRIMITIVE_OPS)
+    check_program(g, plan.program, runtime, assert_close)
+
+
+def test_candidates_are_timed_and_the_fastest_chosen(runtime, assert_close):
+    g = attention_block()
+    inputs, weights = graph_values(g)
+    plan = compile_graph(g, runtime, inputs=inputs, weights=weights, options=SearchOptions(use_cache=False))
+    chosen = plan.report["chosen"]
+    assert chosen["selected_by"] == "measured"
+    timed = [r for r in plan.report["candidates"] if "measured_s" in r]
+    assert len(timed) >= 2 and chosen["measured_s"] == min(r["measured_s"] for r in timed)
+    assert plan.program.meta["selected_by"] == "measured"
+    check_program(g, plan.program, runtime, assert_close)
+
+
+def test_report_describes_the_search(runtime):
+    plan = compile_graph(attention_block(), runtime, options=SearchOptions(use_cache=False, time_top=0))
+    report = plan.report
+    assert report["cache"] == "miss" and report["chosen"]["selected_by"] == "cost model"
+    (seg,) = report["search"].values()
+    assert seg["saturation"]["stop_reason"] == "saturated" and seg["enodes"] > seg["nodes"]
+    assert {"matmul [..., M, K, N] summed over K", "softmax", "rms norm"} <= set(seg["rules_fired"])
+    assert all(r["cost_s"] > 0 and r["peak"] > 0 for r in report["candidates"])
+
+
+def test_symbolic_dims_need_values(runtime):
+    from luminal_recipes.errors import UnboundDimError
+
+    g = Graph()
+    g.mark_output("y", ops.softmax(g.input("x", ("s", 4)), -1))
+    with pytest.raises(UnboundDimError, match=r"dims=\{'s': \.\.\.\}"):
+        compile_graph(g, runtime)
+    assert compile_graph(g, runtime, {"s": 3}).program.kernel_counts()["Softmax"] == 1
