@@ -86,3 +86,17 @@ def pytest_terminal_summary(terminalreporter):
     for (family, dtype), rel in sorted(MAX_REL_ERR.items()):
         rtol, atol = tolerance(family, dtype)
         terminalreporter.write_line(f"{family:<14}{dtype:<8}{rel:>13.2e}{rtol:>10.2g}{atol:>10.2g}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_plan_cache(tmp_path_factory):
+    """Every test session compiles into its own plan cache: no stale entries from other runs or versions."""
+    import os
+
+    old = os.environ.get("LUMINAL_RECIPES_CACHE")
+    os.environ["LUMINAL_RECIPES_CACHE"] = str(tmp_path_factory.mktemp("plan-cache"))
+    yield
+    if old is None:
+        os.environ.pop("LUMINAL_RECIPES_CACHE", None)
+    else:
+        os.environ["LUMINAL_RECIPES_CACHE"] = old
