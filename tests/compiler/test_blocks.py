@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import check_program
+from compiler_helpers import check_program
 from luminal_recipes.compiler import SearchOptions, compile_graph, search
 from luminal_recipes.compiler.segments import split
 

@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from conftest import check_program
+from compiler_helpers import check_program
 from luminal_recipes.compiler import SearchOptions, cache, compile_graph, search
 
 from luminal_recipes import ops

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check_program, search
+from compiler_helpers import check_program, search
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import check_program
+from compiler_helpers import check_program
 from luminal_recipes.compiler import SearchOptions, compile_graph
 
 from luminal_recipes import ops

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import cheapest, check_program, kernels, search
+from compiler_helpers import cheapest, check_program, kernels, search
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph
@@ -282,7 +282,7 @@ def test_scatter_in_place_only_when_nothing_else_reads_the_destination(runtime, 
 
 def test_positions_are_unique_rows(runtime):
     """Guard for the scatter tests: the seeded positions are distinct (duplicates are order-dependent)."""
-    from conftest import graph_values
+    from compiler_helpers import graph_values
 
     g = Graph()
     g.input("pos", (2,), "i32")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import check_program, graph_values, kernels
+from compiler_helpers import check_program, graph_values, kernels
 from luminal_recipes.compiler import SearchOptions, compile_graph
 from luminal_recipes.compiler.saturate import Limits
 from luminal_recipes.compiler.search import search_segment
@@ -142,4 +142,6 @@ def test_symbolic_dims_need_values(runtime):
     g.mark_output("y", ops.softmax(g.input("x", ("s", 4)), -1))
     with pytest.raises(UnboundDimError, match=r"dims=\{'s': \.\.\.\}"):
         compile_graph(g, runtime)
-    assert compile_graph(g, runtime, {"s": 3}).program.kernel_counts()["Softmax"] == 1
+    # chosen by the cost model: which candidate a timed run picks depends on machine load
+    plan = compile_graph(g, runtime, {"s": 3}, options=SearchOptions(time_top=0))
+    assert plan.program.kernel_counts()["Softmax"] == 1
