@@ -35,9 +35,10 @@ class SearchOptions:
     candidates: int = 6               # programs extracted per segment: cheapest, naive, then random variants
     noise: float = 1.5                # spread of the random variants' cost noise (log scale)
     time_top: int = 3                 # how many of the cheapest fitting candidates are timed
-    timing_repeats: int = 3
+    time_within: float = 1.5          # ...among those the cost model puts within this factor of the cheapest
+    timing_repeats: int = 2
     max_timing_bytes: int = 512 << 20  # time candidates only when a run touches less than this
-    timing_budget_s: float = 20.0      # stop timing further candidates once this much time went into it
+    timing_budget_s: float = 10.0      # stop timing further candidates once this much time went into it
     limits: Limits = field(default_factory=Limits)
     families: tuple[str, ...] = FAMILIES
     machine: Machine = CPU
@@ -202,7 +203,10 @@ def _run_bytes(program: Program, dims) -> int:
 def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, options: SearchOptions):
     if runtime is None or not hasattr(runtime, "time") or options.time_top <= 0:
         return []
-    top = [(p, r) for p, r in fitting[: options.time_top] if _run_bytes(p, dims) <= options.max_timing_bytes]
+    best = fitting[0][1].get("cost_s") if fitting else None
+    # a candidate the cost model rates far worse is not worth whole-program runs (they dominate cold compiles)
+    top = [(p, r) for p, r in fitting[: options.time_top] if _run_bytes(p, dims) <= options.max_timing_bytes
+           and (best is None or r.get("cost_s") is None or r["cost_s"] <= best * options.time_within)]
     if len(top) < 2:
         return []
     rng = np.random.default_rng(options.seed)
