@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,15 @@ def build_model(
     config: Mapping[str, Any] | None = None,
     sets: Iterable[str] | Mapping[str, Any] = (),
     ops: Mapping[str, Callable] | None = None,
+    quantization: QuantizationSpec | None = None,
 ) -> BuiltModel:
-    """Build the graph of a loaded model recipe. Without ``checkpoint`` weights are shapes only (inspect)."""
+    """Build the graph of a loaded model recipe. Without ``checkpoint`` weights are shapes only (inspect).
+
+    ``quantization`` replaces the recipe's ``weights.quantization``: a pipeline runs one model recipe over
+    checkpoints stored in different formats (``models.NAME.quantization`` in a pipeline recipe).
+    """
+    if quantization is not None:
+        recipe = with_quantization(recipe, quantization)
     doc = recipe.doc
     assert isinstance(doc, ModelRecipe)
     ops = default_ops() if ops is None else ops
@@ -185,6 +192,14 @@ def build_model(
         interpreter.calls,
         getattr(checkpoint, "root", None),
     )
+
+
+def with_quantization(recipe: LoadedRecipe, quantization: QuantizationSpec) -> LoadedRecipe:
+    """The same loaded recipe with its ``weights.quantization`` block replaced."""
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    weights = doc.weights.model_copy(update={"quantization": quantization})
+    return replace(recipe, doc=doc.model_copy(update={"weights": weights}))
 
 
 # ---- inputs and outputs ------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ The rules of a recipe's ``weights`` section apply in this order, each to the nam
 ``rename`` (in the order written), ``split``, ``stack``, then ``transpose`` (matched against final recipe
 names). The result maps every recipe name to a :class:`MappedTensor`: its shape and dtype as it will be seen,
 the checkpoint tensors it comes from, and a ``load()`` that reads them (memory-mapped) only when called.
+A split rule that matches a quantized weight (one stored with a ``weight_scale``) splits its scales with it
+(``split_quantized.py``), in the format and layout of the section's ``quantization`` block.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ..errors import CheckpointError, RecipeError
 from .schema import WeightsSection
+from .split_quantized import quantized_companions, split_quantized
 
 
 @dataclass(frozen=True)
@@ -110,41 +114,66 @@ def _apply_splits(
 ) -> dict[str, MappedTensor]:
     if not section.split:
         return tensors
-    out: dict[str, MappedTensor] = {}
-    for name, tensor in tensors.items():
+    matches: dict[str, tuple[int, Any, re.Match]] = {}
+    for name in tensors:
         for index, rule in enumerate(section.split):
             match = re.fullmatch(rule.regex, name)
-            if match is None:
-                continue
-            axis = rule.axis % len(tensor.shape) if tensor.shape else 0
-            total = tensor.shape[axis] if tensor.shape else 0
-            if rule.sizes is None:
-                if total % len(rule.into):
-                    raise CheckpointError(
-                        f"'{name}' ({list(tensor.shape)}) cannot be split into "
-                        f"{len(rule.into)} equal parts along axis {rule.axis}; give "
-                        f"`sizes:` in the split rule."
-                    )
-                sizes = [total // len(rule.into)] * len(rule.into)
-            else:
-                sizes = split_sizes(index, rule) if split_sizes else [int(s) for s in rule.sizes]
-                if sum(sizes) != total or len(sizes) != len(rule.into):
-                    raise CheckpointError(
-                        f"split rule for '{name}': sizes {sizes} do not add up to its "
-                        f"{total} rows along axis {rule.axis} (shape {list(tensor.shape)})."
-                    )
-            start = 0
-            for template, size in zip(rule.into, sizes):
-                part = _expand(match, template, "split")
-                shape = tensor.shape[:axis] + (size,) + tensor.shape[axis + 1 :]
-                out[part] = MappedTensor(
-                    part, shape, tensor.dtype, tensor.sources, _slicer(tensor.load, axis, start, start + size)
-                )
-                start += size
-            break
-        else:
-            out[name] = tensor
+            if match is not None:
+                matches[name] = (index, rule, match)
+                break
+    # a fused quantized weight carries its scales along: they are split with it, never on their own
+    scales = {name: quantized_companions(name, tensors) for name in matches}
+    taken = {c.name for companions in scales.values() for c in companions.values()}
+    out = {name: t for name, t in tensors.items() if name not in matches and name not in taken}
+    for name, (index, rule, match) in matches.items():
+        if name in taken:
+            continue
+        tensor = tensors[name]
+        axis = rule.axis % len(tensor.shape) if tensor.shape else 0
+        parts = [_expand(match, template, "split") for template in rule.into]
+        sizes_for = partial(_part_sizes, name, tensor, rule, index, split_sizes)  # (total[, padded_to])
+        if scales[name]:
+            out.update(split_quantized(tensor, scales[name], parts, axis, sizes_for, section.quantization))
+            continue
+        sizes = sizes_for(tensor.shape[axis] if tensor.shape else 0)
+        start = 0
+        for part, size in zip(parts, sizes):
+            shape = tensor.shape[:axis] + (size,) + tensor.shape[axis + 1 :]
+            out[part] = MappedTensor(
+                part, shape, tensor.dtype, tensor.sources, _slicer(tensor.load, axis, start, start + size)
+            )
+            start += size
     return out
+
+
+def _part_sizes(
+    name: str,
+    tensor: MappedTensor,
+    rule: Any,
+    index: int,
+    split_sizes: Callable[[int, Any], list[int]] | None,
+    total: int,
+    padded_to: int = 1,
+) -> list[int]:
+    """Sizes of the parts along the split axis: the rule's ``sizes``, or ``total`` in equal parts.
+
+    ``padded_to``: the stored axis may hold the parts' sum rounded up to this multiple (zero padding).
+    """
+    if rule.sizes is None:
+        if total % len(rule.into):
+            raise CheckpointError(
+                f"'{name}' ({list(tensor.shape)}) cannot be split into "
+                f"{len(rule.into)} equal parts along axis {rule.axis}; give "
+                f"`sizes:` in the split rule."
+            )
+        return [total // len(rule.into)] * len(rule.into)
+    sizes = split_sizes(index, rule) if split_sizes else [int(s) for s in rule.sizes]
+    if -(-sum(sizes) // padded_to) * padded_to != total or len(sizes) != len(rule.into):
+        raise CheckpointError(
+            f"split rule for '{name}': sizes {sizes} do not add up to its "
+            f"{total} rows along axis {rule.axis} (shape {list(tensor.shape)})."
+        )
+    return sizes
 
 
 def _slicer(load: Callable[[], np.ndarray], axis: int, start: int, stop: int) -> Callable[[], np.ndarray]:
