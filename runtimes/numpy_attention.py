@@ -1,10 +1,16 @@
 """numpy attention kernels: softmax(q k^T * scale + bias) v one (batch, head) at a time.
 
 ``Attention`` computes the scores of a block of query rows against all keys (a ``(rows, T)`` scratch; never
-``(S, T, D)``). ``AttentionBlocked`` walks the keys in blocks with an online softmax (running max and sum,
-rescaled accumulator), so neither ``(S, T)`` nor ``(S, T, D)`` ever exists. Both use BLAS for the two products
-and compute in f32. Running maxima start at the most negative finite f32 rather than -inf, so a block of fully
+``(S, T, D)``). ``AttentionBlocked`` walks the keys in blocks with an online softmax (running max, rescaled
+accumulator), so neither ``(S, T)`` nor ``(S, T, D)`` ever exists. Both use BLAS for the two products and
+compute in f32. Running maxima start at the most negative finite f32 rather than -inf, so a block of fully
 masked keys never produces ``-inf - -inf``.
+
+Besides the two products, passes over the scores are what costs (numpy's ``exp`` alone is ~2 ns per element
+here), so each head's ``q`` is scaled once (``(q * scale) k^T`` instead of scaling every score block) and
+``v`` gets a column of ones: ``p @ [v | 1]`` yields the softmax denominators with the numerators in the same
+BLAS call, and one rescale of the ``[acc | sum]`` accumulator updates both. Per score block that leaves max,
+subtract and exp besides the products.
 """
 
 from __future__ import annotations
@@ -44,46 +50,74 @@ def _per_batch(arrays: list, batch: tuple[int, ...]) -> list:
     return [tuple(None if a is None else a[idx] for a in full) for idx in np.ndindex(*batch)]
 
 
+def _padded(n: int) -> int:
+    """A row length of at least ``n`` f32 that keeps rows on 64-byte lines (BLAS reads them faster)."""
+    return -(-n // 16) * 16
+
+
+class _HeadScratch:
+    """Per-head work arrays shared by both kernels: ``q * scale`` and ``[v | 1]`` (its last column is the ones
+    that make the second product return the softmax denominators), planned as kernel scratch."""
+
+    def __init__(self, ctx: KernelContext, s: int, t: int, d: int, dv: int):
+        self.dv = dv
+        self.q = ctx.scratch.add((s, d), F32)
+        self.v = ctx.scratch.add((t, _padded(dv + 1)), F32)
+
+    def arrays(self, scratch: list) -> tuple[np.ndarray, np.ndarray]:
+        return scratch[self.q], scratch[self.v][:, : self.dv + 1]
+
+
+def _finish(acc: np.ndarray, dst: np.ndarray, dv: int) -> None:
+    """``dst = acc[:, :dv] / acc[:, dv]`` (numerators over denominators), in f32, then stored."""
+    if dst.dtype == F32:
+        np.divide(acc[:, :dv], acc[:, dv:], out=dst)
+    else:
+        np.divide(acc[:, :dv], acc[:, dv:], out=acc[:, :dv])
+        np.copyto(dst, acc[:, :dv], casting="unsafe")
+
+
 def prepare_attention(ctx: KernelContext) -> Bind:
-    batch, s, t, _, dv = _check(ctx)
+    batch, s, t, d, dv = _check(ctx)
     scale = np.float32(ctx.node.attr("scale", 1.0))
     ops = _operands(ctx)
     rows = max(1, min(s, ATTENTION_TILE // max(t, 1)))
+    head = _HeadScratch(ctx, s, t, d, dv)
     scores = ctx.scratch.add((rows, t), F32)
     vec = ctx.scratch.add((rows,), F32)
-    acc = None if ctx.dtype == F32 else ctx.scratch.add((rows, dv), F32)
+    acc = ctx.scratch.add((rows, _padded(dv + 1)), F32)
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
-        per_batch = _per_batch([q, k, v, bias], batch)
+        qs, vx = head.arrays(scratch)
         outs = out.reshape((math.prod(batch), s, dv))
-        blocks = []
-        for b, (qb, kb, vb, biasb) in enumerate(per_batch):
+        heads = []
+        for b, (qb, kb, vb, biasb) in enumerate(_per_batch([q, k, v, bias], batch)):
+            blocks = []
             for r0 in range(0, s, rows):
                 r = min(rows, s - r0)
                 sl = slice(r0, r0 + r)
-                dst = outs[b, sl]
-                o = dst if acc is None else scratch[acc][:r]
-                blocks.append((qb[sl], kb.T, vb, None if biasb is None else biasb[sl], scratch[scores][:r],
-                               scratch[vec][:r], scratch[vec][:r, None], o, dst))
+                blocks.append((qs[sl], None if biasb is None else biasb[sl], scratch[scores][:r],
+                               scratch[vec][:r, None], scratch[acc][:r, : dv + 1], outs[b, sl]))
+            heads.append((qb, kb.T, vb, blocks))
 
         def body():
             if t == 0:
                 out.fill(0)
                 return
-            for qs, kt, vb, bs, sc, m, col, o, dst in blocks:
-                np.matmul(qs, kt, out=sc)
-                np.multiply(sc, scale, out=sc)
-                if bs is not None:
-                    np.add(sc, bs, out=sc, dtype=F32)
-                np.max(sc, axis=1, out=m)
-                np.subtract(sc, col, out=sc)
-                np.exp(sc, out=sc)
-                np.sum(sc, axis=1, out=m)
-                np.matmul(sc, vb, out=o)
-                np.divide(o, col, out=o)
-                if o is not dst:
-                    np.copyto(dst, o, casting="unsafe")
+            vx[:, dv] = 1
+            for qb, kt, vb, blocks in heads:
+                np.multiply(qb, scale, out=qs)
+                np.copyto(vx[:, :dv], vb)
+                for qr, br, sc, col, a, dst in blocks:
+                    np.matmul(qr, kt, out=sc)
+                    if br is not None:
+                        np.add(sc, br, out=sc, dtype=F32)
+                    np.max(sc, axis=1, out=col[:, 0])
+                    np.subtract(sc, col, out=sc)
+                    np.exp(sc, out=sc)
+                    np.matmul(sc, vx, out=a)
+                    _finish(a, dst, dv)
 
         return with_refresh(ops, body)
 
@@ -91,62 +125,65 @@ def prepare_attention(ctx: KernelContext) -> Bind:
 
 
 def prepare_attention_blocked(ctx: KernelContext) -> Bind:
-    batch, s, t, _, dv = _check(ctx)
+    batch, s, t, d, dv = _check(ctx)
     scale = np.float32(ctx.node.attr("scale", 1.0))
     block = int(ctx.node.attr("block", 128))
     if block < 1:
         ctx.fail(f"block must be >= 1, got {block}")
     block = min(block, max(t, 1))
     ops = _operands(ctx)
+    head = _HeadScratch(ctx, s, t, d, dv)
     scores = ctx.scratch.add((s, block), F32)
-    vecs = [ctx.scratch.add((s,), F32) for _ in range(4)]  # running max, new max, running sum, block sum
-    pv = ctx.scratch.add((s, dv), F32)
-    acc = None if ctx.dtype == F32 else ctx.scratch.add((s, dv), F32)
+    vecs = [ctx.scratch.add((s,), F32) for _ in range(3)]  # running max (two, alternating), rescale factor
+    pv = ctx.scratch.add((s, _padded(dv + 1)), F32)
+    acc = ctx.scratch.add((s, _padded(dv + 1)), F32)
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
-        per_batch = _per_batch([q, k, v, bias], batch)
+        qs, vx = head.arrays(scratch)
+        maxima = [scratch[vecs[0]], scratch[vecs[1]]]
+        rescale = scratch[vecs[2]][:, None]
+        a, pvb = scratch[acc][:, : dv + 1], scratch[pv][:, : dv + 1]
         outs = out.reshape((math.prod(batch), s, dv))
-        m, m_new, total, part = (scratch[i] for i in vecs)
-        m_new_col, total_col, part_col = m_new[:, None], total[:, None], part[:, None]
         heads = []
-        for b, (qb, kb, vb, biasb) in enumerate(per_batch):
+        for b, (qb, kb, vb, biasb) in enumerate(_per_batch([q, k, v, bias], batch)):
             keys = []
-            for t0 in range(0, t, block):
-                bt = min(block, t - t0)
-                ks = slice(t0, t0 + bt)
-                bias_block = None if biasb is None else biasb[:, ks]
-                keys.append((kb[ks].T, vb[ks], bias_block, scratch[scores][:, :bt]))
-            dst = outs[b]
-            heads.append((qb, keys, dst if acc is None else scratch[acc], dst))
-        pvb = scratch[pv]
+            for j, t0 in enumerate(range(0, t, block)):
+                ks = slice(t0, min(t0 + block, t))
+                # the running max alternates between two vectors: this block's is the other one's update
+                keys.append((kb[ks].T, vx[ks], None if biasb is None else biasb[:, ks],
+                             scratch[scores][:, : ks.stop - ks.start], maxima[j % 2][:, None],
+                             maxima[(j + 1) % 2][:, None]))
+            heads.append((qb, vb, keys, outs[b]))
 
         def body():
-            for qb, keys, a, dst in heads:
-                m.fill(F32_MIN)
-                total.fill(0)
-                a.fill(0)
-                for kt, vs, bs, sc in keys:
-                    np.matmul(qb, kt, out=sc)
-                    np.multiply(sc, scale, out=sc)
+            if t == 0:
+                out.fill(0)
+                return
+            vx[:, dv] = 1
+            for qb, vb, keys, dst in heads:
+                np.multiply(qb, scale, out=qs)
+                np.copyto(vx[:, :dv], vb)
+                for j, (kt, vs, bs, sc, m_old, m_new) in enumerate(keys):
+                    np.matmul(qs, kt, out=sc)
                     if bs is not None:
                         np.add(sc, bs, out=sc, dtype=F32)
-                    np.max(sc, axis=1, out=m_new)
-                    np.maximum(m_new, m, out=m_new)
-                    np.subtract(m, m_new, out=part)  # rescale factor for what was accumulated so far
-                    np.exp(part, out=part)
-                    np.multiply(total, part, out=total)
-                    np.multiply(a, part_col, out=a)
-                    np.subtract(sc, m_new_col, out=sc)
+                    np.max(sc, axis=1, out=m_new[:, 0])
+                    if j == 0:
+                        np.maximum(m_new, F32_MIN, out=m_new)
+                        np.subtract(sc, m_new, out=sc)
+                        np.exp(sc, out=sc)
+                        np.matmul(sc, vs, out=a)
+                        continue
+                    np.maximum(m_new, m_old, out=m_new)
+                    np.subtract(m_old, m_new, out=rescale)  # rescales what was accumulated so far
+                    np.exp(rescale, out=rescale)
+                    np.subtract(sc, m_new, out=sc)
                     np.exp(sc, out=sc)
-                    np.sum(sc, axis=1, out=part)
-                    np.add(total, part, out=total)
                     np.matmul(sc, vs, out=pvb)
+                    np.multiply(a, rescale, out=a)
                     np.add(a, pvb, out=a)
-                    np.copyto(m, m_new)
-                np.divide(a, total_col, out=a)
-                if a is not dst:
-                    np.copyto(dst, a, casting="unsafe")
+                _finish(a, dst, dv)
 
         return with_refresh(ops, body)
 

@@ -25,7 +25,8 @@ from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
 from .expr import ElementwisePlan
-from .views import Operand, Scratch, row_tiles
+from .expr import parse as parse_expr
+from .views import Operand, Scratch, in_bounds, row_tiles, strided
 
 F32 = np.dtype(np.float32)
 FLOAT_STORAGE = {d.np for d in DType if d.is_float}  # ml_dtypes' floats have numpy kind "V"
@@ -112,12 +113,76 @@ def prepare_unary(ctx: KernelContext) -> Bind:
 
 
 def prepare_binary(ctx: KernelContext) -> Bind:
+    if ctx.node.op == "Add":
+        padded = prepare_padded_add(ctx)
+        if padded is not None:
+            return padded
     ops = [ctx.operand(0), ctx.operand(1)]
     fn = _BINARY[ctx.node.op]
 
     def bind(out, flats, scratch):
         a, b = bind_all(ops, flats, scratch)
         return with_refresh(ops, lambda: fn(a, b, out=out))
+
+    return bind
+
+
+def _box(bv: BoundView) -> tuple[tuple[slice, ...], BoundView] | None:
+    """Where a (possibly padded) view holds data, one slice per axis, and the unmasked view of just that box;
+    None when it holds none."""
+    box = [(0, d) if bv.mask is None else (max(lo, 0), min(hi, d)) for (lo, hi), d in
+           zip(bv.mask or [(0, d) for d in bv.shape], bv.shape)]
+    if any(lo >= hi for lo, hi in box):
+        return None
+    offset = bv.offset + sum(lo * st for (lo, _), st in zip(box, bv.strides))
+    return tuple(slice(lo, hi) for lo, hi in box), BoundView(tuple(hi - lo for lo, hi in box), bv.strides,
+                                                            offset, None)
+
+
+def _disjoint(a: tuple[slice, ...], b: tuple[slice, ...]) -> bool:
+    return any(x.stop <= y.start or y.stop <= x.start for x, y in zip(a, b))
+
+
+def prepare_padded_add(ctx: KernelContext) -> Bind | None:
+    """``Add`` of zero-padded views (how concat and stack are written: ``pad(a) + pad(b)``), computed box by
+    box into the output: each operand's data is added where it has data, and zeros are written only where
+    neither has any. The generic path would first gather each operand, padding included, into scratch.
+    None when this does not apply (no padded operand, or a layout or dtype it does not handle)."""
+    edges = [k.view for k in ctx.inputs]
+    parts = [_box(bv) for bv in edges]
+    native = all(k.dtype == ctx.dtype and k.dtype.kind == "f" for k in ctx.inputs)
+    if len(edges) != 2 or all(bv.mask is None for bv in edges) or not native or None in parts:
+        return None
+    if not all(in_bounds(inner, k.size) for (_, inner), k in zip(parts, ctx.inputs)):
+        return None
+    (box_a, _), (box_b, _) = parts
+    count = [math.prod(sl.stop - sl.start for sl in box) for box, _ in parts]
+    # the two boxes tile the output (a concatenation): no zeros to write, and no element sums two values
+    tiled = _disjoint(box_a, box_b) and sum(count) == math.prod(ctx.shape)
+    zero = ctx.dtype.type(0)
+
+    # an operand with data everywhere goes first and initialises the output (the planner may have put the
+    # output in that operand's buffer, never in a padded one's: so both full is left to the generic path)
+    order = sorted(range(2), key=lambda i: -count[i])
+    first_full = count[order[0]] == math.prod(ctx.shape)
+    if count[order[1]] == math.prod(ctx.shape):
+        return None
+
+    def bind(out, flats, scratch):
+        (dst0, src0), (dst1, src1) = [(out[parts[i][0]], strided(flats[i], parts[i][1])) for i in order]
+
+        def body():
+            if tiled or first_full:
+                np.add(src0, zero, out=dst0)  # 0 + x, as the padded sum has it (-0.0 comes out +0.0)
+            else:
+                out.fill(0)
+                np.add(dst0, src0, out=dst0)
+            if tiled:
+                np.add(src1, zero, out=dst1)
+            else:
+                np.add(dst1, src1, out=dst1)
+
+        return body
 
     return bind
 
@@ -233,6 +298,13 @@ def prepare_elementwise(ctx: KernelContext) -> Bind:
     for i, k in enumerate(ctx.inputs):
         if tuple(k.view.shape) != ctx.shape:
             ctx.fail(f"input {i} is viewed at {k.view.shape}, not at the output shape {ctx.shape}")
+    fast = None
+    if _is_sum_of_inputs(expr):  # a concatenation fused into a kernel of its own
+        fast = prepare_padded_add(ctx)
+    elif expr.strip() == "in0" and len(ctx.inputs) == 1:  # a copy: padding, im2col, a layout change
+        fast = prepare_copy(ctx)
+    if fast is not None:
+        return fast
     ops = [ctx.operand(i) for i in range(len(ctx.inputs))]
     plan = ElementwisePlan(expr, [op.dtype for op in ops], ctx.dtype)
     n = plan.tile_elems(ctx.shape)
@@ -243,6 +315,50 @@ def prepare_elementwise(ctx: KernelContext) -> Bind:
         return with_refresh(ops, plan.bind(out, arrays, [scratch[r] for r in regs]))
 
     return bind
+
+
+def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[slice, ...]]:
+    """Disjoint boxes covering ``shape`` outside ``box``: per axis, the parts before and after the box's range
+    (within the box on earlier axes, whole on later ones)."""
+    out = []
+    for axis, (sl, d) in enumerate(zip(box, shape)):
+        for part in (slice(0, sl.start), slice(sl.stop, d)):
+            if part.start < part.stop:
+                out.append(box[:axis] + (part,) + tuple(slice(0, e) for e in shape[axis + 1 :]))
+    return out
+
+
+def prepare_copy(ctx: KernelContext) -> Bind | None:
+    """``Elementwise in0`` of the same dtype: one strided copy of the data into the output (no tiling: there
+    are no temporaries to keep in cache) and zeros written where the view is padding, instead of gathering
+    the padded operand into scratch and copying that. None when this does not apply."""
+    k = ctx.inputs[0]
+    if k.dtype != ctx.dtype or tuple(k.view.shape) != ctx.shape:
+        return None
+    part = _box(k.view)
+    if part is not None and not in_bounds(part[1], k.size):
+        return None
+
+    def bind(out, flats, scratch):
+        if part is None:  # all padding
+            return lambda: out.fill(0)
+        box, inner = part
+        src, dst = strided(flats[0], inner), out[box]
+        zeros = [out[b] for b in _complement(box, ctx.shape)]
+
+        def body():
+            for z in zeros:
+                z.fill(0)
+            np.copyto(dst, src)
+
+        return body
+
+    return bind
+
+
+def _is_sum_of_inputs(expr: str) -> bool:
+    tree = parse_expr(expr)
+    return tree.op == "Add" and sorted(a.index for a in tree.args if a.op == "in") == [0, 1]
 
 
 # ---- MatMul ------------------------------------------------------------------------------------------------

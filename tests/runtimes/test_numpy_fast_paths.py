@@ -1,0 +1,100 @@
+"""The numpy runtime's fast paths give the reference interpreter's results: box-wise ``Add`` of zero-padded
+views (concat/stack), ``Exp2`` evaluated through numpy's ``exp``, and the attention kernels' folded scale and
+ones column (here with a non-f32 output, which the kernel tests elsewhere do not cover)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from fused_programs import Fused
+from luminal_recipes.runtimes import numpy_kernels
+from luminal_recipes.runtimes.expr import ElementwisePlan
+from luminal_recipes.runtimes.program import Program
+
+from luminal_recipes import ops
+from luminal_recipes.graph import Graph, run_reference
+
+
+def _padded_graph() -> tuple[Graph, dict[str, np.ndarray]]:
+    g = Graph()
+    a, b, c = g.input("a", (2, 3, 5)), g.input("b", (2, 4, 5)), g.input("c", (2, 7, 5))
+    g.mark_output("concat", ops.concat([a, b], 1))
+    g.mark_output("stack", ops.stack([a, a * 2.0], -1))
+    g.mark_output("pad_plus_full", a.pad(1, 1, 3) + c)
+    g.mark_output("overlapping_pads", a.pad(1, 0, 4) + b.pad(1, 2, 1))
+    g.mark_output("empty_box", a.pad(1, 0, 4).slice(1, 4, 7) + b.slice(1, 0, 3))
+    rng = np.random.default_rng(0)
+    inputs = {"a": rng.standard_normal((2, 3, 5)).astype(np.float32),
+              "b": rng.standard_normal((2, 4, 5)).astype(np.float32),
+              "c": rng.standard_normal((2, 7, 5)).astype(np.float32)}
+    inputs["a"][0, 0, :2] = -0.0  # the padded sum turns -0.0 into +0.0; so must the fast path
+    return g, inputs
+
+
+def test_padded_adds_match_the_reference_bit_for_bit(runtime, monkeypatch):
+    used = []
+    fast = numpy_kernels.prepare_padded_add
+    monkeypatch.setattr(numpy_kernels, "prepare_padded_add", lambda ctx: used.append(fast(ctx)) or used[-1])
+    g, inputs = _padded_graph()
+    want = run_reference(g, inputs)
+    got = runtime.run(Program.from_graph(g), inputs)
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
+        assert np.array_equal(np.signbit(got[name]), np.signbit(want[name])), name
+    assert sum(bind is not None for bind in used) >= 4  # concat, stack, pad + full, overlapping pads
+
+
+def test_a_concat_fused_as_an_elementwise_sum_takes_the_padded_path(runtime, monkeypatch):
+    g = Graph()
+    a, b = g.input("a", (3, 4)), g.input("b", (3, 6))
+    g.mark_output("y", ops.concat([a, b], 1))
+    f = Fused(g)
+    y = f.add("Elementwise", [a.pad(1, 0, 6), b.pad(1, 4, 0)], (3, 10), expr="(Add in1 in0)")
+    used = []
+    fast = numpy_kernels.prepare_padded_add
+    monkeypatch.setattr(numpy_kernels, "prepare_padded_add", lambda ctx: used.append(fast(ctx)) or used[-1])
+    inputs = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": -np.ones((3, 6), np.float32)}
+    got = runtime.run(f.program(y=y), inputs)
+    assert np.array_equal(got["y"], run_reference(g, inputs)["y"])
+    assert used and used[-1] is not None
+
+
+@pytest.mark.parametrize("text", ["(Exp2 (Mul in0 (Const 1.4426950408889634)))",
+                                  "(Exp2 (Mul (Mul in0 (Const -1.0)) (Const 1.4426950408889634)))",
+                                  "(Exp2 (Mul (Mul in0 (Const 3.0)) (Const 0.5)))", "(Exp2 in0)"])
+def test_exp2_through_exp_stays_within_a_few_ulps(text):
+    scale = {"(Exp2 in0)": 1.0}.get(text, -np.log2(np.e) if "-1.0" in text else 1.5 if "3.0" in text
+                                   else np.log2(np.e))
+    # arguments spanning all of f32's normal range of 2^z, then the special values
+    z = np.linspace(-125.9, 127.9, 20001)
+    x = np.concatenate([z / scale, [np.inf, -np.inf, np.nan]]).astype(np.float32)
+    plan = ElementwisePlan(text, [np.float32], np.float32)
+    assert any(i.fn is np.exp for i in plan.instrs) and not any(i.fn is np.exp2 for i in plan.instrs)
+    out = np.empty_like(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        plan.bind(out, [x], [np.empty(x.size, d) for d in plan.registers])()
+        want = np.exp2(x.astype(np.float64) * scale)
+    n = z.size
+    assert (np.abs(out[:n] - want[:n]) / want[:n]).max() <= 1e-5
+    assert np.array_equal(out[n:], want[n:].astype(np.float32), equal_nan=True)
+
+
+def test_exp2_of_log2e_times_x_is_exactly_numpy_exp():
+    plan = ElementwisePlan("(Exp2 (Mul in0 (Const 1.4426950408889634)))", [np.float32], np.float32)
+    assert [i.fn for i in plan.instrs] == [np.exp]
+
+
+@pytest.mark.parametrize("op", ["Attention", "AttentionBlocked"])
+def test_attention_with_a_bf16_output(op, compare):
+    g = Graph()
+    q, k, v = g.input("q", (1, 2, 9, 8)), g.input("k", (1, 2, 13, 8)), g.input("v", (1, 2, 13, 5))
+    g.mark_output("y", ops.cast(ops.scaled_dot_product_attention(q, k, v, scale=0.3), "bf16"))
+    f = Fused(g)
+    block = {"block": 4} if op == "AttentionBlocked" else {}
+    y = f.add(op, [q, k, v], (1, 2, 9, 5), "bf16", scale=0.3, **block)
+    rng = np.random.default_rng(5)
+    inputs = {name: rng.standard_normal(t.shape).astype(np.float32) for name, t in
+              (("q", q), ("k", k), ("v", v))}
+    got, _ = compare(g, f.program(y=y), inputs, dtype="bf16")
+    assert got["y"].dtype == ml_dtypes.bfloat16
