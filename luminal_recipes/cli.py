@@ -74,7 +74,8 @@ def run(
     output: Path | None = typer.Option(None, "--output", "-o", help="PNG path (default outputs/<recipe>-<seed>-<slug>.png)"),
     weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-    max_memory: str | None = typer.Option(None, help="memory budget, e.g. 24GiB (default: what the machine has)"),
+    max_memory: str | None = typer.Option(None, help="memory budget, e.g. 24GiB (default: the machine's "
+                                                     "physical memory, or the container's limit if lower)"),
     no_compile: bool = typer.Option(False, "--no-compile", help="run the naive primitive program (no search)"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
@@ -120,11 +121,14 @@ def inspect(
     weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
     config: Path | None = typer.Option(None, help="a config.json giving sizes without weights"),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    max_memory: str | None = typer.Option(None, help="plan pipeline stages under this budget, e.g. 24GiB "
+                                                     "(default: unbounded, every weight resident)"),
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
+    from .pipeline.generate import parse_size
     from .recipe import inspect as inspect_recipe
 
-    typer.echo(inspect_recipe(recipe, weights, set_, config))
+    typer.echo(inspect_recipe(recipe, weights, set_, config, parse_size(max_memory)))
 
 
 @app.command()

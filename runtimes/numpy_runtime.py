@@ -6,6 +6,10 @@ offset), binds the weights without copying them (memory-mapped checkpoint arrays
 binds every kernel to its arrays. ``run`` then copies the inputs into their slots and calls the prepared steps
 in program order; the hot loop creates no arrays beyond numpy's small internal buffers. Execution is
 single-stream and every reduction has a fixed order, so the same inputs give the same bits.
+
+With ``stream=`` (weight name -> block name), the repeated blocks' weights are not bound to the checkpoint
+but streamed through two slot buffers by a ``streaming.WeightStreamer`` (see there); ``close()`` stops its
+loader thread.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from .numpy_dequant import prepare_dequant_matmul
 from .numpy_kernels import PREPARE, KernelContext, KernelInput
 from .program import KERNELS, Program
 from .protocol import MemoryReport, RuntimeBase
+from .streaming import WeightStreamer, stream_layout
 from .views import Scratch, gather_into, strided
 
 NUMPY_PREPARE = {
@@ -64,8 +69,11 @@ class NumpyRuntime(RuntimeBase):
         prepared = self.prepare(program, dims)
         return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
 
-    def load(self, program: Program, weights=None, dims=None) -> NumpyExecutable:
-        return NumpyExecutable(self, program, weights, dict(dims or {}))
+    def load(self, program: Program, weights=None, dims=None,
+             stream: Mapping[str, str] | None = None) -> NumpyExecutable:
+        """Bind ``program`` to its weights at ``dims``; ``stream`` (weight name -> block name) streams the
+        blocks' weights instead of binding them (``streaming``)."""
+        return NumpyExecutable(self, program, weights, dict(dims or {}), stream)
 
 
 def _numel(node: Node, dims) -> int:
@@ -78,11 +86,15 @@ def _numel(node: Node, dims) -> int:
 class NumpyExecutable:
     """A Program bound to its weights, dims and arena; ``run`` executes it."""
 
-    def __init__(self, runtime: NumpyRuntime, program: Program, weights, dims: dict[str, int]):
+    def __init__(self, runtime: NumpyRuntime, program: Program, weights, dims: dict[str, int],
+                 stream: Mapping[str, str] | None = None):
         self.program, self.dims = program, dims
         prepared = runtime.prepare(program, dims)
         self.plan = plan = plan_memory(program, dims, None,
                                        {nid: s.nbytes for nid, (_, s) in prepared.items()})
+        self.streamer = None
+        if stream is not None:
+            self.streamer = WeightStreamer(stream_layout(program, plan, dims, stream), program, weights, dims)
         by_id = {n.id: n for n in program.nodes}
         self.arena = np.zeros(plan.arena_bytes, dtype=np.uint8)
         flats: dict[int, np.ndarray] = {}
@@ -91,7 +103,10 @@ class NumpyExecutable:
         self.weights: dict[str, np.ndarray] = {}  # name -> bound array: the caller's unless non-contiguous
         for nid in plan.order:
             node = by_id[nid]
-            if plan.resident.get(nid) == "weight":
+            slot = self.streamer.view(nid) if self.streamer and plan.resident.get(nid) == "weight" else None
+            if slot is not None:
+                flats[nid] = slot  # filled block by block while the program runs
+            elif plan.resident.get(nid) == "weight":
                 arr = fetch_weight(weights, node.name)
                 check_array("weight", node, arr, dims)
                 arr = np.ascontiguousarray(arr)  # a no-op for the arrays checkpoints hand out
@@ -107,22 +122,34 @@ class NumpyExecutable:
                 flats[nid] = self._slot(plan.offsets[nid], plan.nbytes[nid], node.dtype.np)
                 if node.op == "Input":
                     self._inputs[node.name] = (node, flats[nid].reshape(declared_shape(node, dims)))
-        self._steps = []
-        for nid in plan.order:
+        steps = []
+        for position, nid in enumerate(plan.order):
             if nid not in prepared:
                 continue
             node = by_id[nid]
             bind, scratch = prepared[nid]
             region = self._slot(plan.scratch_offsets.get(nid, 0), scratch.nbytes, np.uint8)
             out = flats[nid].reshape(declared_shape(node, dims))
-            self._steps.append(bind(out, [flats[src] for src, _ in node.inputs], scratch.carve(region)))
+            steps.append((position, bind(out, [flats[src] for src, _ in node.inputs], scratch.carve(region))))
+        self._steps = self.streamer.interleave(steps) if self.streamer else [step for _, step in steps]
         self._outputs = {name: (flats[src], view.bind(dims)) for name, (src, view) in program.outputs.items()}
         self._known_inputs = {n.name for n in program.nodes if n.op == "Input" and n.attr("kind") != "weight"}
+        weight_bytes = plan.weight_bytes
+        if self.streamer:  # what is held: weights outside blocks and the two slots
+            layout = self.streamer.layout
+            weight_bytes = layout.resident_weight_bytes
+            weight_array_bytes += sum(layout.slot_bytes)
         self._memory = MemoryReport(
-            weight_bytes=plan.weight_bytes, weight_array_bytes=weight_array_bytes,
-            constant_bytes=plan.constant_bytes, arena_bytes=int(self.arena.nbytes), planned_peak=plan.peak,
+            weight_bytes=weight_bytes, weight_array_bytes=weight_array_bytes,
+            constant_bytes=plan.constant_bytes, arena_bytes=int(self.arena.nbytes),
+            planned_peak=weight_bytes + plan.constant_bytes + int(self.arena.nbytes),
             live_peak=_live_schedule(plan, program.outputs, by_id, flats, prepared),
         )
+
+    def close(self) -> None:
+        """Stop the weight loader (streaming only); the executable must not run afterwards."""
+        if self.streamer:
+            self.streamer.close()
 
     def _slot(self, offset: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
         return self.arena[offset : offset + nbytes].view(dtype)

@@ -3,7 +3,10 @@
 Values live in one environment (parameters, pipeline inputs, stage outputs). A stage either runs a built-in step
 (``run:``, see ``steps.py``), runs a model (``model:``: built from its recipe and the checkpoint subfolder, compiled
 once, released when the stage ends), or loops (``loop:``) over its ``steps``; a model inside a loop is compiled
-once and kept until the loop ends. Stage ``inputs`` are expressions over the environment; ``outputs`` name where
+once and kept until the loop ends. Before the first stage runs, every model stage is planned under the memory
+budget (``plan.py``): a budget no plan meets fails then, before any weight is read, and stages whose weights
+do not fit stream them block by block. Each top-level stage's resident-memory peak is measured
+(``peak_rss``). Stage ``inputs`` are expressions over the environment; ``outputs`` name where
 results go. The driver owns nothing numerical beyond what a recipe names.
 """
 
@@ -24,7 +27,9 @@ from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.params import ParamResolver
 from ..recipe.safe_eval import ExprError, evaluate, parse, unwrap, wrap_config
 from ..recipe.schema import PipelineRecipe, StageSpec
+from . import peak_rss
 from .engine import ModelEngine
+from .plan import StagePlan, check_budget, plan_stages
 from .steps import STEPS, StepContext
 
 
@@ -36,6 +41,8 @@ class RunReport:
     planned_peak: dict[str, int] = field(default_factory=dict)
     weight_bytes: dict[str, int] = field(default_factory=dict)
     compile_seconds: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, dict] = field(default_factory=dict)  # model stage -> planned and measured figures
+    rss: dict[str, dict] = field(default_factory=dict)  # top-level stage -> resident set at start and peak
 
 
 class Pipeline:
@@ -58,6 +65,7 @@ class Pipeline:
         self._configs: dict[str, dict] | None = None
         self._context: StepContext | None = None
         self._models: dict[str, BuiltModel] = {}
+        self.plans: list[StagePlan] | None = None
 
     @property
     def checkpoint(self) -> Path:
@@ -156,33 +164,51 @@ class Pipeline:
         except ExprError as exc:
             raise PipelineError(f"{self.path}: {where}: {exc.message}") from None
 
+    # ---- planning -----------------------------------------------------------------------------------------
+    def prepare(self) -> list[StagePlan]:
+        """Plan every model stage under the budget (compiling each once) and check that all fit, before any
+        weight is read; raises ``BudgetError`` otherwise. ``run`` calls it first."""
+        if self.plans is None:
+            plans = plan_stages(self, self.budget_bytes, compile=self.compile, from_checkpoint=True,
+                                progress=self.progress)
+            self._models.clear()  # built from headers to plan; rebuilt (cheaply) by the stage that runs them
+            check_budget(plans, self.budget_bytes)
+            self.plans = plans
+        return self.plans
+
     # ---- running ------------------------------------------------------------------------------------------
     def run(self, inputs: Mapping[str, Any]) -> RunReport:
         for name, spec in self.doc.inputs.items():
             if name not in inputs and not spec.optional:
                 raise PipelineError(f"pipeline '{self.doc.name}' needs input '{name}' ({spec.type})")
+        self.prepare()
         env: dict[str, Any] = {name: None for name in self.doc.inputs}
         env.update(inputs)
         report = RunReport(env)
         engines: dict[str, ModelEngine] = {}
         for stage in self.doc.stages:
             t0 = time.perf_counter()
+            measured = peak_rss.reset()
+            start = peak_rss.current()
             if self.progress and stage.loop is None:
                 self.progress(stage.name, 0, 1)
             self._stage(stage, env, engines, report)
-            self._release(engines, report)
+            self._release(engines, report, peak_rss.peak() if measured else None)
             if self.progress and stage.loop is None:
                 self.progress(stage.name, 1, 1)
             report.stage_seconds[stage.name] = time.perf_counter() - t0
+            report.rss[stage.name] = {"rss_at_start_bytes": start, "max_rss_bytes": peak_rss.peak(),
+                                      "per_stage": measured}
         return report
 
-    def _release(self, engines: dict[str, ModelEngine], report: RunReport) -> None:
+    def _release(self, engines: dict[str, ModelEngine], report: RunReport, max_rss: int | None) -> None:
         for name, engine in engines.items():
             if engine.stats.planned_peak is not None:
                 report.planned_peak[name] = engine.stats.planned_peak
                 report.weight_bytes[name] = engine.stats.weight_bytes or 0
             report.compile_seconds[name] = engine.stats.compile_s
             engine.release()
+            report.memory[name] = dict(engine.stats.memory(), max_rss_bytes=max_rss)
         engines.clear()
         self._models.clear()  # drop graphs and checkpoint maps: one model resident at a time
 
@@ -214,8 +240,9 @@ class Pipeline:
             if stage.model not in self.doc.models:
                 raise PipelineError(f"{self.path}: {where}: unknown model '{stage.model}'")
             if stage.model not in engines:
+                plans = [p for p in self.plans or () if p.model == stage.model]
                 engines[stage.model] = ModelEngine(self.model(stage.model), budget_bytes=self.budget_bytes,
-                                                   compile=self.compile)
+                                                   compile=self.compile, plans=plans)
             arrays = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
                       for k, v in args.items()}
             result = engines[stage.model](arrays)

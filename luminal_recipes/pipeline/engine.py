@@ -1,13 +1,18 @@
-"""Runs one built model: binds its symbolic dims from the inputs, compiles once per dims, executes on a runtime.
+"""Runs one built model: binds its symbolic dims from the inputs, plans and compiles once per dims, executes
+on a runtime within the memory budget.
 
-A ``ModelEngine`` is what a pipeline stage holds while it runs; ``release()`` drops the compiled program, the
-loaded executable (its activation arena) and the checkpoint mappings, so at most one large model is resident.
+A ``ModelEngine`` is what a pipeline stage holds while it runs. For each dims it uses a plan made before
+anything was loaded (``plan.StagePlan``, when its dims match) or makes one (``plan.plan_model``), and
+refuses to load a plan that does not fit the budget. A streamed plan loads with its blocks' weights streamed
+(``runtimes.streaming``). ``release()`` drops the compiled program, the loaded executable (its activation
+arena, its streaming slots and loader thread) and the checkpoint mappings, so at most one large model is
+resident.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,25 +20,39 @@ import numpy as np
 from ..errors import InputError
 from ..graph.symbolic import Expr, evaluate, shape_str
 from ..recipe.builder import BuiltModel
+from .plan import StagePlan, check_budget, plan_model
 
 
 @dataclass
 class StageStats:
     compile_s: float = 0.0
     run_s: list[float] = field(default_factory=list)
-    planned_peak: int | None = None
-    weight_bytes: int | None = None
+    plan: StagePlan | None = None  # the plan of the last executable loaded
+    planned_peak: int | None = None  # as the loaded executable accounts it (weights held + constants + arena)
+    weight_bytes: int | None = None  # weights held: all of them, or outside blocks + slots when streamed
     arena_bytes: int | None = None
+    live_peak: int | None = None  # the most bytes live activations and scratch held at one step
+    transient_peak: int | None = None  # allocations outside the arena during the first run (tracemalloc)
+    stream: dict | None = None  # streaming's loads, bytes copied/dropped, seconds loading and waiting
     search: str | None = None
+
+    def memory(self) -> dict:
+        """Planned and measured figures, JSON-ready."""
+        out = self.plan.summary() if self.plan else {}
+        out.update({"loaded_peak_bytes": self.planned_peak, "live_peak_bytes": self.live_peak,
+                    "transient_peak_bytes": self.transient_peak})
+        if self.stream is not None:
+            out["stream"] = self.stream
+        return out
 
 
 def infer_dims(model: BuiltModel, inputs: Mapping[str, np.ndarray]) -> dict[str, int]:
-    """Bind each symbolic dim from the first input axis that is exactly that symbol, then check every shape."""
+    """Bind each symbolic dim from the first input axis that is exactly that symbol; check every shape."""
     dims: dict[str, int] = {}
     for name, tensor in model.inputs.items():
         if name not in inputs:
-            raise InputError(f"model '{model.name}' needs input '{name}' {shape_str(tensor.shape)}; the stage "
-                             f"does not provide it")
+            raise InputError(f"model '{model.name}' needs input '{name}' {shape_str(tensor.shape)}; the "
+                             f"stage does not provide it")
         array = inputs[name]
         if array.ndim != len(tensor.shape):
             raise InputError(f"model '{model.name}' input '{name}' has shape {array.shape}, expected "
@@ -51,42 +70,46 @@ def infer_dims(model: BuiltModel, inputs: Mapping[str, np.ndarray]) -> dict[str,
 
 
 class ModelEngine:
-    """Compile-and-run for one model of a pipeline."""
+    """Plan, compile and run one model of a pipeline within ``budget_bytes`` (None: unbounded)."""
 
-    def __init__(self, model: BuiltModel, runtime=None, budget_bytes: int | None = None, compile: bool = True):
+    def __init__(self, model: BuiltModel, runtime=None, budget_bytes: int | None = None, compile: bool = True,
+                 plans: Sequence[StagePlan] = ()):
         from ..runtimes.numpy_runtime import NumpyRuntime
 
         self.model = model
         self.runtime = runtime or NumpyRuntime()
         self.budget_bytes = budget_bytes
         self.compile = compile
+        self.plans = list(plans)  # made in advance (``plan.plan_stages``); used when their dims match
         self.stats = StageStats()
         self._executables: dict[tuple, object] = {}
 
     def _weights(self):
         return self.model.load_weight
 
+    def _plan(self, dims: dict[str, int], inputs: Mapping[str, np.ndarray]) -> StagePlan:
+        for plan in self.plans:
+            if plan.dims == dims and plan.program is not None:
+                return plan
+        return plan_model(self.model, dims, self.budget_bytes, self.runtime, self.compile,
+                          inputs=dict(inputs), weights=self._weights())
+
     def executable(self, dims: dict[str, int], inputs: Mapping[str, np.ndarray]):
         key = tuple(sorted(dims.items()))
         if key not in self._executables:
             t0 = time.perf_counter()
-            if self.compile:
-                from ..compiler.search import compile_graph
-
-                plan = compile_graph(self.model.graph, self.runtime, dims, budget_bytes=self.budget_bytes,
-                                     inputs=dict(inputs), weights=self._weights())
-                program = plan.program
-                self.stats.search = str(getattr(plan, "report", ""))
-            else:
-                from ..runtimes.program import Program
-
-                program = Program.from_graph(self.model.graph)
-            exe = self.runtime.load(program, self._weights(), dims)
+            plan = self._plan(dims, inputs)
+            check_budget([plan], self.budget_bytes)  # before a single weight is read
+            extra = {"stream": plan.stream} if plan.streamed else {}
+            exe = self.runtime.load(plan.program, self._weights(), dims, **extra)
             self.stats.compile_s += time.perf_counter() - t0
+            self.stats.plan = plan
+            self.stats.search = str(plan.program.meta.get("selected_by", ""))
             mem = exe.memory
             self.stats.planned_peak = mem.planned_peak
             self.stats.weight_bytes = mem.weight_bytes
             self.stats.arena_bytes = mem.arena_bytes
+            self.stats.live_peak = mem.live_peak
             self._executables[key] = exe
         return self._executables[key]
 
@@ -94,10 +117,27 @@ class ModelEngine:
         inputs = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
         dims = infer_dims(self.model, inputs)
         exe = self.executable(dims, inputs)
+        first = self.stats.transient_peak is None  # measure allocations outside the arena once
         t0 = time.perf_counter()
-        out = exe.run(inputs)
+        out = exe.run(inputs, trace=first) if first else exe.run(inputs)
         self.stats.run_s.append(time.perf_counter() - t0)
+        if first:
+            self.stats.transient_peak = exe.memory.transient_peak
+        self._record_stream(exe)
         return {k: np.array(v, copy=True) for k, v in out.items()}
 
+    def _record_stream(self, exe) -> None:
+        streamer = getattr(exe, "streamer", None)
+        if streamer is not None:
+            s = streamer.stats
+            self.stats.stream = {"loads": s.loads, "bytes_copied": s.bytes_copied,
+                                 "bytes_dropped": s.bytes_dropped, "load_seconds": round(s.load_seconds, 4),
+                                 "wait_seconds": round(s.wait_seconds, 4)}
+
     def release(self) -> None:
+        for exe in self._executables.values():
+            close = getattr(exe, "close", None)
+            if close is not None:
+                close()  # waits for a prefetch still in flight, so the streaming figures are final
+                self._record_stream(exe)
         self._executables.clear()

@@ -1,5 +1,9 @@
-"""Text-to-image generation as the CLI runs it: check every flag before any work, load the pipeline once, run
-each prompt, write each PNG atomically, and summarise timings and memory."""
+"""Text-to-image generation as the CLI runs it: check every flag before any work, plan every model stage under
+the memory budget (failing before any weight is read if a stage cannot fit), load the pipeline once, run each
+prompt, write each PNG atomically, and summarise timings and memory (planned and measured, per stage).
+
+The budget is ``--max-memory``, or by default what the machine has (``plan.machine_memory``: physical memory
+from ``os.sysconf``, or the container's limit when lower)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from ..errors import PipelineError
 from .driver import Pipeline
 from .image_io import default_output_path, generation_text, save_image
 from .latents import latent_grid, load_init_latents
+from .plan import machine_memory
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -50,7 +55,7 @@ class GenerateRequest:
     output: Path | None = None
     weights: str | None = None
     sets: list[str] = field(default_factory=list)
-    max_memory: int | None = None
+    max_memory: int | None = None  # bytes; None: what the machine has
     compile: bool = True
 
 
@@ -79,7 +84,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     if req.output is not None and len(req.prompts) > 1:
         raise PipelineError("--output names one file, but several prompts were given; omit --output to get one "
                             "file per prompt in outputs/")
-    pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=req.max_memory, compile=req.compile,
+    budget = req.max_memory if req.max_memory is not None else machine_memory()
+    pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
                     progress=progress)
     p = pipe.params
     if int(p["steps"]) < 1:
@@ -90,6 +96,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     outputs = [req.output or default_output_path(req.recipe.stem, int(p["seed"]), prompt) for prompt in req.prompts]
     for path in outputs:
         _check_output(Path(path))
+    pipe.prepare()  # every stage planned under the budget before any weight is read
     results = []
     for prompt, path in zip(req.prompts, outputs):
         t0 = time.perf_counter()
@@ -109,5 +116,10 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
             "compile_seconds": {k: round(v, 3) for k, v in report.compile_seconds.items()},
             "planned_peak_bytes": report.planned_peak,
             "weight_bytes": report.weight_bytes,
+            "memory": report.memory,
+            "rss": report.rss,
         })
-    return {"recipe": pipe.doc.name, "recipe_hash": recipe_hash, "params": dict(p), "images": results}
+    memory = {"budget_bytes": budget, "budget_from": "--max-memory" if req.max_memory is not None else
+              "machine memory", "plans": {plan.model: plan.summary() for plan in pipe.prepare()}}
+    return {"recipe": pipe.doc.name, "recipe_hash": recipe_hash, "params": dict(p), "memory": memory,
+            "images": results}

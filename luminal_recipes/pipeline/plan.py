@@ -1,142 +1,251 @@
-"""Memory plans of a pipeline's model stages, before anything is loaded.
+"""Memory plans of models and pipeline stages, made before any weight is read.
 
-For each model stage: its graph is built from shapes (the checkpoint's config.json, or the pipeline's `configs:`
-folder when the weights are not local), compiled at the stage's `dims:` under the budget, and planned by the
-runtime. When a stage's weights alone exceed the budget, its repeated blocks are streamed: only the weights
-outside blocks plus two blocks (the one computing and the one being prefetched) are resident.
+For each model stage the model's graph is built (from the checkpoint's headers, or from shapes alone: the
+pipeline's `configs:` folder), compiled at the stage's `dims:`, and its memory planned by the runtime:
+weights + constants + activation arena. Under a budget the plan is chosen in this order:
+
+1. the compiler's best program (the unbounded run's) with every weight resident, if it fits;
+2. else the same program with the repeated blocks' weights streamed (``runtimes.streaming``): the weights
+   outside blocks plus two block slots are resident; same program, so the same bits as the unbounded run;
+3. else a program compiled under the budget (a leaner candidate), weights resident, if one fits;
+4. else such a program with weights streamed (the compiler is given ``budget + weights - resident weights``,
+   as it counts every weight);
+5. else the stage cannot fit: ``check_budget`` raises ``BudgetError`` saying what the leanest plan needs.
+
+So a stage whose weights exceed the budget streams its blocks. The default budget (``machine_memory``) is
+the machine's physical memory (``os.sysconf``: page size x physical pages), or the container's memory limit
+when that is lower.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BudgetError, PipelineError
+from ..graph.core import Graph
 from ..recipe.builder import BuiltModel, build_model
 from ..recipe.loader import load_recipe
 from ..recipe.schema import PipelineRecipe, StageSpec
+from ..runtimes.memory import format_bytes, plan_memory
+from ..runtimes.program import Program
+from ..runtimes.streaming import stream_layout
 
 
 @dataclass
 class StagePlan:
     stage: str
-    model: str
+    model: str  # the pipeline's model name (the recipe's name outside a pipeline)
     dims: dict[str, int]
-    weight_bytes: int
-    block_weight_bytes: int  # the largest single repeated block
-    activation_peak: int
     budget: int | None
+    weight_bytes: int  # every weight the program reads (packed)
+    constant_bytes: int
+    activation_peak: int  # the activation arena (activations and kernel scratch, reused by liveness)
     streamed: bool
-    compile_seconds: float
-
-    @property
-    def resident_weight_bytes(self) -> int:
-        if not self.streamed:
-            return self.weight_bytes
-        return self.weight_bytes - self.block_total + 2 * self.block_weight_bytes
-
-    block_total: int = 0  # weights inside all blocks
+    resident_weight_bytes: int  # weights held while running: all, or outside blocks + two slots if streamed
+    largest_block_bytes: int  # the largest repeated block's weights (the size of a streaming slot)
+    blocks: int  # repeated blocks that can stream
+    smallest_peak: int  # what the leanest plan the search found needs (streamed when that helps)
+    unbounded_peak: int  # the unbounded run's plan: best program, every weight resident
+    compile_seconds: float = 0.0
+    program: Program | None = field(default=None, repr=False, compare=False)
+    stream: dict[str, str] | None = field(default=None, repr=False, compare=False)  # for runtime.load
 
     @property
     def planned_peak(self) -> int:
-        return self.resident_weight_bytes + self.activation_peak
+        return self.resident_weight_bytes + self.constant_bytes + self.activation_peak
+
+    @property
+    def fits(self) -> bool:
+        return self.budget is None or self.planned_peak <= self.budget
+
+    def summary(self) -> dict:
+        """The plan's figures as JSON-ready numbers."""
+        return {"stage": self.stage, "dims": dict(self.dims), "weight_bytes": self.weight_bytes,
+                "resident_weight_bytes": self.resident_weight_bytes, "constant_bytes": self.constant_bytes,
+                "activation_bytes": self.activation_peak, "planned_peak_bytes": self.planned_peak,
+                "streamed": self.streamed, "largest_block_bytes": self.largest_block_bytes,
+                "unbounded_peak_bytes": self.unbounded_peak}
 
 
-def block_weight_bytes(model: BuiltModel) -> tuple[int, int]:
-    """(largest block's weight bytes, all blocks' weight bytes): weights first used inside each graph block."""
-    graph = model.graph
-    sizes = {name: binding.nbytes for name, binding in model.weights.items()}
-    per_block = []
-    for rng in graph.blocks.values():
-        names = {graph.nodes[i].name for i in rng if graph.nodes[i].op == "Input"
-                 and graph.nodes[i].attr("kind") == "weight"}
-        per_block.append(sum(sizes.get(n, 0) for n in names))
-    leaves = per_block  # nested blocks do not occur in the recipes' builder output (one level of repeat)
-    return (max(leaves) if leaves else 0, sum(leaves))
+def machine_memory() -> int:
+    """The default budget: physical memory, or the cgroup (container) limit when that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
 
 
-def model_stages(stages: list[StageSpec]):
+def weight_blocks(graph: Graph) -> dict[str, str]:
+    """Weight name -> the innermost repeated block (``Graph.blocks``) whose nodes include its input node."""
+    out: dict[str, str] = {}
+    for name, rng in sorted(graph.blocks.items(), key=lambda item: len(item[1]), reverse=True):
+        for i in rng:  # smaller (inner) blocks come later and overwrite
+            node = graph.nodes[i]
+            if node.op == "Input" and node.attr("kind") == "weight":
+                out[node.name] = name
+    return out
+
+
+def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, runtime=None,
+               compile: bool = True, stage: str | None = None, inputs=None, weights=None) -> StagePlan:
+    """The plan of one model at ``dims`` under ``budget`` (see the module docstring for the order tried).
+    ``inputs``/``weights`` only serve the compiler's timing of candidates."""
+    from ..runtimes.numpy_runtime import NumpyRuntime
+
+    runtime = runtime or NumpyRuntime()
+    dims = dict(dims)
+    blocks = weight_blocks(model.graph)
+    t0 = time.perf_counter()
+
+    def compiled(limit: int | None) -> tuple[Program, dict | None, list[dict]]:
+        """A program and, when searched, the search's figures for it and for every candidate."""
+        if not compile:
+            return Program.from_graph(model.graph), None, []
+        from ..compiler.search import compile_graph
+
+        result = compile_graph(model.graph, runtime, dims, budget_bytes=limit, inputs=inputs, weights=weights)
+        return result.program, result.report.get("chosen"), result.report.get("candidates", [])
+
+    def assess(found: tuple[Program, dict | None, list[dict]], streamed: bool) -> StagePlan:
+        program, row, _ = found
+        if id(program) not in figures:
+            if row is not None and row.get("peak") is not None:  # the search planned it with the runtime
+                memory = plan_memory(program, dims)  # order, residency and sizes for the stream layout
+                sizes = row["weight_bytes"], row["peak"] - row["weight_bytes"] - row["activation_peak"], \
+                    row["activation_peak"]
+            else:
+                memory = runtime.plan(program, dims)
+                sizes = memory.weight_bytes, memory.constant_bytes, memory.activation_peak
+            figures[id(program)] = sizes, stream_layout(program, memory, dims, blocks)
+        (weight_bytes, constant_bytes, activations), layout = figures[id(program)]
+        held = layout.resident_weight_bytes if streamed else weight_bytes
+        return StagePlan(stage or model.name, model.name, dims, budget, weight_bytes, constant_bytes,
+                         activations, streamed, held, layout.largest_block_bytes, len(layout.blocks), 0, 0,
+                         time.perf_counter() - t0, program, blocks if streamed else None)
+
+    figures: dict[int, tuple] = {}  # id(program) -> (sizes, stream layout): planning is not free
+    best = compiled(None)
+    candidates = best[2]
+    resident, streamed = assess(best, False), assess(best, True)
+    # the leanest candidate's constants + activations (the chosen program's when the search had no others)
+    leanest = min([r["peak"] - r["weight_bytes"] for r in candidates if r.get("peak") is not None]
+                  + [resident.constant_bytes + resident.activation_peak])
+    least_weights = min(resident.weight_bytes, streamed.resident_weight_bytes)
+    if budget is None or resident.planned_peak <= budget:
+        choice = resident
+    elif streamed.planned_peak <= budget or not compile or streamed.resident_weight_bytes + leanest > budget:
+        choice = streamed  # fits with the best program, or nothing fits (``fits`` is False)
+    elif resident.weight_bytes + leanest <= budget:
+        choice = assess(compiled(budget), False)
+    else:
+        choice = assess(compiled(budget + resident.weight_bytes - streamed.resident_weight_bytes), True)
+    choice.smallest_peak = min(least_weights + leanest, choice.planned_peak)
+    choice.unbounded_peak = resident.planned_peak
+    return choice
+
+
+def model_stages(stages: list[StageSpec]) -> Iterator[StageSpec]:
     for stage in stages:
         if stage.model is not None:
             yield stage
         yield from model_stages(stage.steps)
 
 
-def plan_stages(pipeline, budget: int | None = None, runtime=None) -> list[StagePlan]:
-    """Plans for every model stage of a loaded ``Pipeline`` (driver.Pipeline), in stage order."""
-    import time
-
-    from ..compiler.search import compile_graph
-    from ..runtimes.numpy_runtime import NumpyRuntime
-
-    runtime = runtime or NumpyRuntime()
+def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool = True,
+                from_checkpoint: bool | None = None, progress=None) -> list[StagePlan]:
+    """Plans for every model stage of a ``driver.Pipeline``, in stage order (a model used by several stages
+    with the same dims is planned once). ``from_checkpoint``: build each model against its checkpoint
+    (headers only; the default when the checkpoint is a local folder) rather than from shapes alone.
+    ``progress(name, done, total)`` is told after each stage is planned."""
     doc: PipelineRecipe = pipeline.doc
-    plans = []
-    for stage in model_stages(doc.stages):
+    if from_checkpoint is None:
+        source = pipeline._weights_arg if pipeline._weights_arg is not None else doc.weights
+        from_checkpoint = source is not None and not str(source).startswith("hf://")
+    plans: list[StagePlan] = []
+    done: dict[tuple, StagePlan] = {}
+    stages = list(model_stages(doc.stages))
+    for k, stage in enumerate(stages):
         if not stage.dims:
-            raise PipelineError(f"{pipeline.path}: stage '{stage.name}' has no `dims:`; add the model's dims as "
-                                f"expressions so its memory can be planned")
-        dims = {k: int(pipeline._eval(v, {}, f"stage '{stage.name}' dims.{k}")) for k, v in stage.dims.items()}
-        model = _shape_model(pipeline, stage.model)
-        weights = sum(b.nbytes for b in model.weights.values())
-        block_max, block_total = block_weight_bytes(model)
-        streamed = budget is not None and weights > budget
-        t0 = time.perf_counter()
-        plan = compile_graph(model.graph, runtime, dims, budget_bytes=None if budget is None else budget
-                             + (0 if not streamed else weights))
-        memory = runtime.plan(plan.program, dims)
-        plans.append(StagePlan(stage.name, stage.model, dims, weights, block_max, memory.activation_peak,
-                               budget, streamed, time.perf_counter() - t0, block_total))
+            raise PipelineError(f"{pipeline.path}: stage '{stage.name}' has no `dims:`; add the model's dims "
+                                f"as expressions so its memory can be planned")
+        where = f"stage '{stage.name}' dims"
+        dims = {k: int(pipeline._eval(v, {}, f"{where}.{k}")) for k, v in stage.dims.items()}
+        key = (stage.model, tuple(sorted(dims.items())))
+        if key not in done:
+            model = pipeline.model(stage.model) if from_checkpoint else _shape_model(pipeline, stage.model)
+            done[key] = plan_model(model, dims, budget, runtime, compile, stage.name)
+            done[key].model = stage.model  # the pipeline's name for it
+            plans.append(done[key])
+        if progress:
+            progress("memory plan", k + 1, len(stages))
     return plans
 
 
 def check_budget(plans: list[StagePlan], budget: int | None) -> None:
-    if budget is None:
+    """Raise ``BudgetError`` unless every stage's plan fits ``budget``."""
+    over = [p for p in plans if not p.fits]
+    if budget is None or not over:
         return
-    over = [p for p in plans if p.planned_peak > budget]
-    if over:
-        worst = max(over, key=lambda p: p.planned_peak)
-        raise BudgetError(
-            f"--max-memory {_gib(budget)} is too small: stage '{worst.stage}' needs {_gib(worst.planned_peak)} "
-            f"({_gib(worst.resident_weight_bytes)} of {'streamed ' if worst.streamed else ''}weights + "
-            f"{_gib(worst.activation_peak)} of activations). Raise --max-memory to at least "
-            f"{_gib(max(p.planned_peak for p in plans))}, or lower --width/--height."
-        )
+    needed = max(p.smallest_peak for p in plans)
+    lines = []
+    for p in over:
+        weights = "weights outside blocks + two streamed blocks" if p.streamed else "weights"
+        lines.append(f"stage '{p.stage}' needs at least {_gib(p.smallest_peak)} "
+                     f"({_gib(p.resident_weight_bytes)} of {weights} + "
+                     f"{_gib(p.smallest_peak - p.resident_weight_bytes)} of activations and constants at "
+                     f"{_dims(p.dims)})")
+    raise BudgetError(
+        f"--max-memory {_gib(budget)} is too small even with weights streamed block by block: "
+        + "; ".join(lines) + f". Raise --max-memory to at least {_gib(needed)}, or shrink the activations "
+        f"(smaller --width/--height, or a shorter max_sequence_length with --set)."
+    )
 
 
-def _shape_model(pipeline, name: str) -> BuiltModel:
-    """The model's graph from shapes only: sizes from the local checkpoint's config or the `configs:` folder."""
-    recipe = load_recipe(pipeline.path.parent / pipeline.doc.models[name].recipe)
-    config = pipeline.configs.get(name) or {}
-    if not config:
-        raise PipelineError(f"no config for model '{name}': pass --weights, or set `configs:` in the pipeline")
-    spec = pipeline.doc.models[name]
-    sets = {k: pipeline._eval(v, {}, f"models.{name}.set.{k}") if isinstance(v, str) else v
-            for k, v in spec.set.items()}
-    return build_model(recipe, config=config, sets=sets)
-
-
-def format_plans(plans: list[StagePlan]) -> str:
-    lines = [f"{'stage':<14}{'weights':>12}{'largest block':>15}{'activations':>13}{'planned peak':>14}  notes"]
+def format_plans(plans: list[StagePlan], budget: int | None) -> str:
+    """The per-stage plan table `inspect` prints: sizes, the unbounded run's peak, and the plan under
+    ``budget`` (weights held, planned peak, whether blocks stream)."""
+    lines = [f"{'stage':<14}{'weights':>11}{'activations':>13}{'unbounded peak':>16}{'held weights':>14}"
+             f"{'planned peak':>14}  plan under the budget"]
     for p in plans:
-        note = "weights streamed block by block" if p.streamed else ""
-        lines.append(f"{p.stage:<14}{_gib(p.weight_bytes):>12}{_gib(p.block_weight_bytes):>15}"
-                     f"{_gib(p.activation_peak):>13}{_gib(p.planned_peak):>14}  {note}")
-    budget = plans[0].budget if plans else None
-    lines.append(f"budget: {_gib(budget) if budget else 'none'}; the pipeline's peak is the largest stage's "
-                 f"({_gib(max((p.planned_peak for p in plans), default=0))}): stages release everything when they end")
+        note = f"weights streamed block by block ({p.blocks} blocks, largest {_gib(p.largest_block_bytes)})" \
+            if p.streamed else "weights resident"
+        if not p.fits:
+            note += f"; DOES NOT FIT (needs at least {_gib(p.smallest_peak)})"
+        lines.append(f"{p.stage:<14}{_gib(p.weight_bytes):>11}{_gib(p.activation_peak):>13}"
+                     f"{_gib(p.unbounded_peak):>16}{_gib(p.resident_weight_bytes):>14}{_gib(p.planned_peak):>14}"
+                     f"  {note}")
+    lines.append("dims: " + "; ".join(f"{p.stage} {_dims(p.dims)}" for p in plans))
+    peak = max((p.planned_peak for p in plans), default=0)
+    lines.append(f"budget: {_gib(budget) if budget else 'none (every weight resident)'}; the pipeline's "
+                 f"peak is its largest stage's, {_gib(peak)}: each stage releases everything when it ends")
     return "\n".join(lines)
 
 
+def _shape_model(pipeline, name: str) -> BuiltModel:
+    """The model's graph from shapes only: sizes from the checkpoint's config or the `configs:` folder."""
+    recipe = load_recipe(pipeline.path.parent / pipeline.doc.models[name].recipe)
+    config = pipeline.configs.get(name) or {}
+    if not config:
+        raise PipelineError(f"no config for model '{name}': pass --weights, or set `configs:` in the "
+                            f"pipeline")
+    spec = pipeline.doc.models[name]
+    sets = {k: pipeline._eval(v, {}, f"models.{name}.set.{k}") if isinstance(v, str) else v
+            for k, v in spec.set.items()}
+    return build_model(recipe, config=config, sets=sets, quantization=spec.quantization)
+
+
 def _gib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+    return "-" if n is None else format_bytes(n)
 
 
-def load_configs(folder: Path, doc: PipelineRecipe) -> dict[str, dict]:
-    out = {}
-    for name, model in doc.models.items():
-        path = folder / (model.weights or "") / "config.json"
-        if path.is_file():
-            out[name] = json.loads(path.read_text(encoding="utf-8"))
-    return out
+def _dims(dims: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in dims.items())

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .builder import BuiltModel, build_model, checkpoint_folder, read_config
+from .builder import BuiltModel, build_model, checkpoint_folder, read_config, with_quantization
 from .check import check_recipe
 from .loader import LoadedRecipe, inside_tree, load_recipe
 from .params import ParamResolver
@@ -91,6 +91,8 @@ def _validate_pipeline(
             raise recipe.origin("models", name, "recipe").error(
                 f"'{model.recipe}' is a {sub.kind} recipe; pipeline models must be `kind: model`."
             )
+        if model.quantization is not None:  # the pipeline's block replaces the model recipe's
+            sub = with_quantization(sub, model.quantization)
         sub_weights = None if folder is None else Path(folder) / (model.weights or "")
         # values written ${...} refer to the pipeline's parameters: the driver evaluates them at run time
         literal = {k: v for k, v in model.set.items() if not is_wrapped(v)}
@@ -112,15 +114,17 @@ def inspect(
     weights: str | Path | None = None,
     sets: Iterable[str] | Mapping[str, Any] = (),
     config: str | Path | Mapping[str, Any] | None = None,
+    max_memory: int | None = None,
 ) -> str:
     """A printable summary: resolved parameters, modules, weights by dtype, graph size.
 
     Without ``weights``, a ``config`` (config.json path or mapping) gives the sizes; the graph is built from
-    shapes alone; with neither, only what the recipe says without sizes is shown.
+    shapes alone; with neither, only what the recipe says without sizes is shown. For a pipeline, also the
+    memory plan of every model stage under ``max_memory`` bytes (None: unbounded).
     """
     recipe = load_recipe(path)
     if isinstance(recipe.doc, PipelineRecipe):
-        return _inspect_pipeline(recipe, weights, sets)
+        return _inspect_pipeline(recipe, weights, sets, max_memory)
     check_recipe(recipe)
     if weights is not None or (config is None and _local_source(recipe)):
         return summary(_build_with_weights(recipe, weights, sets))
@@ -183,7 +187,8 @@ def _static_summary(recipe: LoadedRecipe) -> str:
     return "\n".join(lines)
 
 
-def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: Any) -> str:
+def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: Any,
+                      max_memory: int | None = None) -> str:
     report = validate(recipe.path, weights, sets)
     doc = recipe.doc
     assert isinstance(doc, PipelineRecipe)
@@ -203,7 +208,33 @@ def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: An
         lines += ["", f"[{name}]", summary(model)]
     if not report.models:
         lines.append("(pass --weights for per-model weights and graph sizes)")
+    lines += ["", *_memory_plan(recipe, weights, sets, max_memory)]
     return "\n".join(lines)
+
+
+def _memory_plan(recipe: LoadedRecipe, weights: str | Path | None, sets: Any,
+                 max_memory: int | None) -> list[str]:
+    """The per-stage memory plan, from the checkpoint's headers when it is local (or given), else from the
+    pipeline's `configs:` folder (shapes only: nothing is downloaded)."""
+    from ..pipeline.driver import Pipeline
+    from ..pipeline.plan import format_plans, machine_memory, plan_stages
+
+    doc = recipe.doc
+    assert isinstance(doc, PipelineRecipe)
+    source = str(weights) if weights is not None else doc.weights
+    local = source is not None and not source.startswith("hf://")
+    if not local and doc.configs is None:
+        return ["memory plan: the checkpoint is remote and the pipeline has no `configs:` folder; pass "
+                "--weights FOLDER to plan memory"]
+    pipeline = Pipeline(recipe.path, weights=weights, sets=sets, budget_bytes=max_memory)
+    plans = plan_stages(pipeline, max_memory, from_checkpoint=local)
+    origin = f"checkpoint {pipeline.checkpoint}" if local else \
+        f"sizes from {doc.configs}/ (config.json files; no weights read)"
+    lines = [f"memory plan per model stage ({origin}):", format_plans(plans, max_memory)]
+    if max_memory is None:
+        lines.append(f"`run` plans under this machine's memory by default ({_bytes(machine_memory())}); pass "
+                     f"--max-memory SIZE to see the plan under a budget")
+    return lines
 
 
 def _bytes(n: int) -> str:

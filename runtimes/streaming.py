@@ -1,0 +1,229 @@
+"""Weights streamed block by block: a program runs with only a few of its repeated blocks' weights in memory.
+
+When a model's weights do not fit the memory budget, the weights of each repeated block (a transformer layer:
+``Graph.blocks``, by weight name) are not bound to the memory-mapped checkpoint. Instead there are two owned
+slot buffers; block ``b`` lives in slot ``b % 2``, which is as large as the largest block it takes, and its
+kernels are bound, once, to views into that slot. While block ``b`` computes, a background thread copies
+block ``b + 1``'s tensors from the checkpoint into the other slot and drops their file pages
+(``file_pages``); block ``b + 2`` is loaded into block ``b``'s slot as soon as ``b``'s last kernel has run.
+Weights outside blocks (embeddings, final norms...) stay bound as usual. Resident weight memory is thus at
+most ``outside blocks + 2 x largest block``, whatever the depth of the model.
+
+The schedule is cyclic: after the last block of a run the first blocks are prefetched for the next run (the
+denoising loop re-runs one program per step). One loader thread runs loads in submission order, so a slot is
+never written by two loads at once, and a slot is only refilled after every kernel reading it has run. The
+kernels see the same bytes as with memory-mapped weights, so the results are bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from luminal_recipes.graph.core import Node
+from luminal_recipes.graph.symbolic import evaluate
+
+from .binding import check_array, declared_shape, fetch_weight
+from .file_pages import PageDropper, will_need
+from .memory import MemoryPlan
+from .program import Program
+from .views import aligned
+
+SLOTS = 2  # the block computing and the block being prefetched
+
+
+@dataclass(frozen=True)
+class StreamedBlock:
+    name: str
+    weights: tuple[int, ...]  # program node ids, in order of first use
+    offsets: tuple[int, ...]  # byte offset of each weight inside the slot
+    nbytes: int  # bytes the block fills in its slot
+    first: int  # position in the plan's order of the first kernel reading one of its weights
+    last: int  # ... and of the last one
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    """Which weights are streamed, where each lands in its slot, and what stays resident."""
+
+    blocks: tuple[StreamedBlock, ...]
+    slot_bytes: tuple[int, ...]  # one per slot: the largest block it takes
+    streamed_weight_bytes: int  # packed bytes of every streamed weight (all blocks)
+    unstreamed_weight_bytes: int  # packed bytes of the weights bound to the checkpoint as usual
+
+    @property
+    def slots(self) -> int:
+        return len(self.slot_bytes)
+
+    @property
+    def resident_weight_bytes(self) -> int:
+        """Weight memory held while the program runs: the weights outside blocks and the slots."""
+        return self.unstreamed_weight_bytes + sum(self.slot_bytes)
+
+    @property
+    def largest_block_bytes(self) -> int:
+        return max((b.nbytes for b in self.blocks), default=0)
+
+
+def stream_layout(program: Program, plan: MemoryPlan, dims: Mapping[str, int],
+                  block_of: Mapping[str, str]) -> StreamLayout:
+    """Group the program's weights by block (``block_of``: weight name -> block name) and lay each block out
+    in a slot. A block's span is the program positions of the kernels reading its weights; blocks whose spans
+    overlap are merged (each must finish before the next starts). Weights outside every block, and weights
+    the program returns as outputs, are not streamed."""
+    by_id = {n.id: n for n in program.nodes}
+    position = {nid: i for i, nid in enumerate(plan.order)}
+    outputs = {src for src, _ in program.outputs.values()}
+    span: dict[int, list[int]] = {}
+    for nid in plan.order:
+        for src, _ in by_id[nid].inputs:
+            if plan.resident.get(src) == "weight":
+                lo, hi = span.get(src, [position[nid], position[nid]])
+                span[src] = [min(lo, position[nid]), max(hi, position[nid])]
+    groups: dict[str, list[int]] = {}
+    for nid in sorted(span, key=lambda w: (span[w][0], w)):
+        name = block_of.get(by_id[nid].name)
+        if name is not None and nid not in outputs:
+            groups.setdefault(name, []).append(nid)
+    merged: list[tuple[str, list[int], int, int]] = []
+    for name, members in sorted(groups.items(), key=lambda g: min(span[w][0] for w in g[1])):
+        lo, hi = min(span[w][0] for w in members), max(span[w][1] for w in members)
+        if merged and lo <= merged[-1][3]:
+            prev = merged.pop()
+            name, members = f"{prev[0]}+{name}", prev[1] + members
+            lo, hi = prev[2], max(prev[3], hi)
+        merged.append((name, members, lo, hi))
+    blocks = []
+    for name, members, lo, hi in merged:
+        offsets, top = [], 0
+        for nid in members:
+            offsets.append(top)
+            top += aligned(_array_bytes(by_id[nid], dims))
+        blocks.append(StreamedBlock(name, tuple(members), tuple(offsets), top, lo, hi))
+    slots = min(SLOTS, len(blocks))
+    slot_bytes = tuple(max(b.nbytes for b in blocks[s::slots]) for s in range(slots))
+    streamed = sum(plan.nbytes[nid] for b in blocks for nid in b.weights)
+    return StreamLayout(tuple(blocks), slot_bytes, streamed, plan.weight_bytes - streamed)
+
+
+def _array_bytes(node: Node, dims: Mapping[str, int]) -> int:
+    return math.prod(evaluate(d, dims) for d in node.shape) * node.dtype.np.itemsize
+
+
+@dataclass
+class StreamStats:
+    """What streaming cost: block loads, bytes copied, seconds the loader spent and the kernels waited."""
+
+    loads: int = 0
+    bytes_copied: int = 0
+    bytes_dropped: int = 0
+    load_seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+
+class WeightStreamer:
+    """Owns the slots and the loader thread of one loaded program (see the module docstring)."""
+
+    def __init__(self, layout: StreamLayout, program: Program, weights, dims: Mapping[str, int]):
+        self.layout = layout
+        self.stats = StreamStats()
+        self._by_id = {n.id: n for n in program.nodes}
+        self._source = weights
+        self._dims = dict(dims)
+        self._slots = [np.empty(n, np.uint8) for n in layout.slot_bytes]
+        self._place = {nid: (b, off) for b, block in enumerate(layout.blocks)
+                       for nid, off in zip(block.weights, block.offsets)}
+        self._holds: list[int | None] = [None] * layout.slots  # block each slot holds or is being filled with
+        self._pending: dict[int, Future] = {}
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-prefetch")
+        self._pages = PageDropper()
+
+    # ---- binding -----------------------------------------------------------------------------------------
+    def view(self, nid: int) -> np.ndarray | None:
+        """The flat array a streamed weight's kernels read (a view into its block's slot), or None."""
+        if nid not in self._place:
+            return None
+        b, off = self._place[nid]
+        node = self._by_id[nid]
+        slot = self._slots[b % len(self._slots)]
+        return slot[off : off + _array_bytes(node, self._dims)].view(node.dtype.np)
+
+    def interleave(self, steps: Iterable[tuple[int, Callable[[], None]]]) -> list[Callable[[], None]]:
+        """The program's steps (``(position in plan order, step)``) with the loads and waits inserted: start
+        the first blocks' loads before anything runs, wait for a block before its first kernel, refill its
+        slot after its last kernel."""
+        first = {block.first: b for b, block in enumerate(self.layout.blocks)}
+        last = {block.last: b for b, block in enumerate(self.layout.blocks)}
+        out: list[Callable[[], None]] = [self._start_run] if self.layout.blocks else []
+        for pos, step in steps:
+            if pos in first:
+                out.append(_bound(self._acquire, first[pos]))
+            out.append(step)
+            if pos in last:
+                out.append(_bound(self._release, last[pos]))
+        return out
+
+    # ---- schedule ----------------------------------------------------------------------------------------
+    def _start_run(self) -> None:
+        for b in range(len(self._slots)):
+            self._load(b)
+
+    def _acquire(self, b: int) -> None:
+        self._load(b)  # a no-op when the prefetch was submitted
+        future = self._pending.pop(b, None)
+        if future is not None:
+            t0 = time.perf_counter()
+            try:
+                future.result()
+            except BaseException:
+                self._holds[b % len(self._slots)] = None  # half-filled: load again next time
+                raise
+            self.stats.wait_seconds += time.perf_counter() - t0
+
+    def _release(self, b: int) -> None:
+        n, slots = len(self.layout.blocks), len(self._slots)
+        following = b + slots if b + slots < n else b % slots  # the next block of this slot, cyclically
+        self._load(following)
+
+    def _load(self, b: int) -> None:
+        slot = b % len(self._slots)
+        if self._holds[slot] == b:
+            return
+        self._holds[slot] = b
+        self._pending[b] = self._loader.submit(self._fill, b, slot)
+
+    def _fill(self, b: int, slot: int) -> None:
+        """Loader thread: copy block ``b``'s tensors into ``slot``, then drop their file pages."""
+        t0 = time.perf_counter()
+        block = self.layout.blocks[b]
+        buffer = self._slots[slot]
+        nodes = [self._by_id[nid] for nid in block.weights]
+        arrays = [fetch_weight(self._source, node.name) for node in nodes]
+        for array in arrays:
+            will_need(array)
+        for node, off, array in zip(nodes, block.offsets, arrays):
+            check_array("weight", node, array, self._dims)
+            target = buffer[off : off + array.nbytes].view(node.dtype.np)
+            target = target.reshape(declared_shape(node, self._dims))
+            np.copyto(target, array)
+            self.stats.bytes_copied += array.nbytes
+            self.stats.bytes_dropped += self._pages.drop(array)
+        self.stats.loads += 1
+        self.stats.load_seconds += time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Wait for the loader, then release the slots and file descriptors."""
+        self._loader.shutdown(wait=True, cancel_futures=True)
+        self._pending.clear()
+        self._holds = [None] * len(self._slots)
+        self._slots = []
+        self._pages.close()
+
+
+def _bound(fn: Callable[[int], None], b: int) -> Callable[[], None]:
+    return lambda: fn(b)
