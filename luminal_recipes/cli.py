@@ -71,11 +71,15 @@ def run(
     width: int | None = typer.Option(None, help="image width (multiple of 16)"),
     height: int | None = typer.Option(None, help="image height (multiple of 16)"),
     init_latents: Path | None = typer.Option(None, help="start latents .npy, shape (1, 128, H/16, W/16)"),
-    output: Path | None = typer.Option(None, "--output", "-o", help="PNG path (default outputs/<recipe>-<seed>-<slug>.png)"),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="PNG path (default outputs/<recipe>-<seed>-<slug>.png)"
+    ),
     weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-    max_memory: str | None = typer.Option(None, help="memory budget, e.g. 24GiB (default: the machine's "
-                                                     "physical memory, or the container's limit if lower)"),
+    max_memory: str | None = typer.Option(
+        None,
+        help="memory budget, e.g. 24GiB (default: the machine's physical memory, or the container's limit if lower)",
+    ),
     no_compile: bool = typer.Option(False, "--no-compile", help="run the naive primitive program (no search)"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
@@ -90,8 +94,21 @@ def run(
             prompts += [line.strip() for line in prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
         except OSError as exc:
             raise_user(f"--prompts-file {prompts_file}: {exc.strerror or exc}")
-    req = GenerateRequest(recipe, prompts, seed, steps, guidance, width, height, init_latents, output, weights,
-                          list(set_), parse_size(max_memory), compile=not no_compile)
+    req = GenerateRequest(
+        recipe,
+        prompts,
+        seed,
+        steps,
+        guidance,
+        width,
+        height,
+        init_latents,
+        output,
+        weights,
+        list(set_),
+        parse_size(max_memory),
+        compile=not no_compile,
+    )
     with progress_printer(enabled=not quiet and not as_json) as progress:
         summary = generate(req, progress)
     if as_json:
@@ -121,8 +138,9 @@ def inspect(
     weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
     config: Path | None = typer.Option(None, help="a config.json giving sizes without weights"),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-    max_memory: str | None = typer.Option(None, help="plan pipeline stages under this budget, e.g. 24GiB "
-                                                     "(default: unbounded, every weight resident)"),
+    max_memory: str | None = typer.Option(
+        None, help="plan pipeline stages under this budget, e.g. 24GiB (default: unbounded, every weight resident)"
+    ),
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
     from .pipeline.generate import parse_size

@@ -75,12 +75,12 @@ class Graph:
             self.blocks[name] = range(start, len(self.nodes))
 
     # ---- node creation -----------------------------------------------------------------------------------------
-    def add_node(self, op: str, inputs, shape, dtype: DType, attrs: dict | None = None,
-                 data: np.ndarray | None = None) -> Node:
+    def add_node(
+        self, op: str, inputs, shape, dtype: DType, attrs: dict | None = None, data: np.ndarray | None = None
+    ) -> Node:
         if op not in PRIMITIVE_OPS:
             raise GraphError(f"unknown primitive op '{op}'; primitives are {', '.join(PRIMITIVE_OPS)}")
-        node = Node(len(self.nodes), op, tuple(inputs), tuple(shape), dtype,
-                    tuple(sorted((attrs or {}).items())), data)
+        node = Node(len(self.nodes), op, tuple(inputs), tuple(shape), dtype, tuple(sorted((attrs or {}).items())), data)
         self.nodes.append(node)
         return node
 
@@ -90,8 +90,10 @@ class Graph:
         shape = tuple(to_dim(d) for d in shape)
         for d in shape:
             if isinstance(d, int) and d < 0:
-                raise ShapeError(f"{op} '{name}': shape {shape_str(shape)} has a negative dimension; sizes "
-                                 f"are >= 0 (name a symbol such as 's' for a size known only at run time)")
+                raise ShapeError(
+                    f"{op} '{name}': shape {shape_str(shape)} has a negative dimension; sizes "
+                    f"are >= 0 (name a symbol such as 's' for a size known only at run time)"
+                )
         node = self.add_node("Input", (), shape, to_dtype(dtype), {"name": name, "kind": kind})
         self._inputs_by_name[name] = node.id
         return Tensor(self, node.id, View.contiguous(shape), node.dtype)
@@ -278,14 +280,18 @@ class Tensor:
     def squeeze(self, axis: int) -> Tensor:
         axis = self._axis(axis, "squeeze")
         if not dims_equal(self.shape[axis], 1):
-            raise ShapeError(f"squeeze: axis {axis} of shape {shape_str(self.shape)} has size {self.shape[axis]}, not 1")
+            raise ShapeError(
+                f"squeeze: axis {axis} of shape {shape_str(self.shape)} has size {self.shape[axis]}, not 1"
+            )
         return self.reshape(self.shape[:axis] + self.shape[axis + 1 :])
 
     def broadcast_to(self, shape) -> Tensor:
         """numpy-style explicit broadcast: new leading axes and size-1 axes stretch (stride 0)."""
         shape = tuple(to_dim(d) for d in shape)
         if len(shape) < self.ndim:
-            raise BroadcastError(f"broadcast_to: cannot broadcast {shape_str(self.shape)} to fewer dims {shape_str(shape)}")
+            raise BroadcastError(
+                f"broadcast_to: cannot broadcast {shape_str(self.shape)} to fewer dims {shape_str(shape)}"
+            )
         view = self.view
         for _ in range(len(shape) - self.ndim):
             view = view.expand(0, 1)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Mapping
-from typing import Union
 
 from ..errors import ShapeError, UnboundDimError
 
 # An atom is a symbol name, or ("//" | "%", Expr key, divisor) for a non-polynomial term.
-Atom = Union[str, tuple]
+Atom = str | tuple
 Monomial = tuple  # sorted tuple of atoms (with repetition for powers); () is the constant term
 
 
@@ -144,7 +143,7 @@ class Expr:
         return text.replace("+ -", "- ")
 
 
-Dim = Union[int, Expr]
+Dim = int | Expr
 
 
 def _atom_str(atom: Atom) -> str:

@@ -208,7 +208,7 @@ class View:
                     pn = mul(pn, new_shape[new_idx[ni]])
                     ni += 1
             # the old axes of a group must be one contiguous run in memory
-            for (da, sa, _), (db, sb, _) in zip(og, og[1:]):
+            for (_, sa, _), (db, sb, _) in zip(og, og[1:]):
                 if not dims_equal(sa, mul(sb, db)):
                     return None
             if len(og) == 1 and len(ng) == 1:

@@ -42,8 +42,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, style: str = "half") -> Tens
     ``style="half"`` rotates halves (Llama, Mistral), ``style="pairs"`` rotates adjacent pairs (FLUX.2).
     """
     if style not in ("half", "pairs"):
-        raise GraphError(f"apply_rope: style must be 'half' (Llama, Mistral) or 'pairs' (FLUX.2), "
-                         f"got {style!r}")
+        raise GraphError(f"apply_rope: style must be 'half' (Llama, Mistral) or 'pairs' (FLUX.2), got {style!r}")
     rot = rotate_half(x) if style == "half" else rotate_pairs(x)
     cos = (cos if cos.dtype == x.dtype else cast(cos, x.dtype)).broadcast_to(x.shape)
     sin = (sin if sin.dtype == x.dtype else cast(sin, x.dtype)).broadcast_to(x.shape)
@@ -67,8 +66,9 @@ def _neg(dtype: DType) -> float:
     return float(ml_dtypes.finfo(np.float32 if dtype.bits < 16 else dtype.np).min)
 
 
-def attention_mask(g, s, t, causal: bool = False, window: int | None = None, key_mask: Tensor | None = None,
-                   batch=None):
+def attention_mask(
+    g, s, t, causal: bool = False, window: int | None = None, key_mask: Tensor | None = None, batch=None
+):
     """Boolean "may attend" mask ``[B or 1, 1, S, T]``; queries sit at the last S of T key positions."""
     allowed = None
     if causal or window is not None:
@@ -77,11 +77,11 @@ def attention_mask(g, s, t, causal: bool = False, window: int | None = None, key
         q_abs = g.iota(t).slice(0, t - s, t).expand(1, t)
         k_pos = g.iota(t).expand(0, s)
         if causal:
-            allowed = logical_not(q_abs < k_pos)                       # k <= q
+            allowed = logical_not(q_abs < k_pos)  # k <= q
         if window is not None:
-            near = k_pos > (q_abs - window)                             # q - k < window
+            near = k_pos > (q_abs - window)  # q - k < window
             allowed = near if allowed is None else logical_and(allowed, near)
-        allowed = allowed.unsqueeze(0).unsqueeze(0)                    # [1, 1, S, T]
+        allowed = allowed.unsqueeze(0).unsqueeze(0)  # [1, 1, S, T]
     if key_mask is not None:
         if key_mask.dtype != DType.BOOL:
             key_mask = logical_not(cast(key_mask, DType.I32) < 1)
@@ -91,9 +91,16 @@ def attention_mask(g, s, t, causal: bool = False, window: int | None = None, key
     return allowed
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                                 causal: bool = False, window: int | None = None,
-                                 key_mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    window: int | None = None,
+    key_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
     """softmax(q k^T * scale + bias) v for ``q [B, H, S, D]``, ``k, v [B, Hkv, T, D]`` (grouped-query when
     Hkv < H: each kv head serves H/Hkv query heads, by broadcasting, never by copying).
 
@@ -102,12 +109,16 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     padding (True/1 = real token).
     """
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ShapeError(f"attention: expects q, k, v as [B, H, S, D]; got {shape_str(q.shape)}, "
-                         f"{shape_str(k.shape)}, {shape_str(v.shape)}")
+        raise ShapeError(
+            f"attention: expects q, k, v as [B, H, S, D]; got {shape_str(q.shape)}, "
+            f"{shape_str(k.shape)}, {shape_str(v.shape)}"
+        )
     b, h, s, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
     if not (dims_equal(k.shape[3], d) and dims_equal(v.shape[2], t) and dims_equal(v.shape[1], hkv)):
-        raise ShapeError(f"attention: k {shape_str(k.shape)} / v {shape_str(v.shape)} do not match q {shape_str(q.shape)}")
+        raise ShapeError(
+            f"attention: k {shape_str(k.shape)} / v {shape_str(v.shape)} do not match q {shape_str(q.shape)}"
+        )
     if isinstance(h, int) and isinstance(hkv, int) and h % hkv:
         raise ShapeError(f"attention: {h} query heads are not a multiple of {hkv} kv heads")
     rep = h // hkv
@@ -116,7 +127,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     q5 = q.split_dim(1, (hkv, rep))
     k5 = k.unsqueeze(2).broadcast_to((b, hkv, rep, t, d))
     v5 = v.unsqueeze(2).broadcast_to((b, hkv, rep, t, v.shape[3]))
-    scores = matmul(q5, k5.transpose(-1, -2)) * scale                 # [B, Hkv, rep, S, T]
+    scores = matmul(q5, k5.transpose(-1, -2)) * scale  # [B, Hkv, rep, S, T]
     allowed = attention_mask(q.graph, s, t, causal, window, key_mask)
     if mask is not None and mask.dtype == DType.BOOL:
         if allowed is None:
@@ -132,7 +143,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
         bias = mask if mask.dtype == scores.dtype else cast(mask, scores.dtype)
         scores = scores + _heads5(bias, b, h, hkv, rep, s, t)
     probs = softmax(scores, -1)
-    out = matmul(probs, v5)                                            # [B, Hkv, rep, S, Dv]
+    out = matmul(probs, v5)  # [B, Hkv, rep, S, Dv]
     return out.merge_dims(1, 2)
 
 
@@ -146,8 +157,14 @@ def _heads5(bias: Tensor, b, h, hkv, rep, s, t) -> Tensor:
     return bias.split_dim(1, (hkv, rep))
 
 
-def timestep_embedding(t: Tensor, dim: int, flip_sin_to_cos: bool = True, downscale_freq_shift: float = 0.0,
-                       scale: float = 1.0, max_period: float = 10000.0) -> Tensor:
+def timestep_embedding(
+    t: Tensor,
+    dim: int,
+    flip_sin_to_cos: bool = True,
+    downscale_freq_shift: float = 0.0,
+    scale: float = 1.0,
+    max_period: float = 10000.0,
+) -> Tensor:
     """Sinusoidal embedding ``[N, dim]`` of timesteps ``t [N]``, as diffusers' ``get_timestep_embedding``.
 
     The frequencies are computed host-side in f32 exactly as diffusers does (``exp(-ln(max_period) * i / (half -
@@ -159,7 +176,7 @@ def timestep_embedding(t: Tensor, dim: int, flip_sin_to_cos: bool = True, downsc
     exponent = (-math.log(max_period) * np.arange(half, dtype=np.float32)) / np.float32(half - downscale_freq_shift)
     freqs = np.exp(exponent.astype(np.float64)).astype(np.float32)  # correctly rounded, as torch's exp (nearly) is
     n = t.shape[0]
-    f = t.graph.constant(freqs, t.dtype).expand(0, n)                  # [N, half]
+    f = t.graph.constant(freqs, t.dtype).expand(0, n)  # [N, half]
     ang = t.expand(1, half) * f
     if scale != 1.0:
         ang = ang * scale

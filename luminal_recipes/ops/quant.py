@@ -20,7 +20,8 @@ LAYOUTS = ("modelopt", "comfy")
 
 
 def dequant_fp8(weight: Tensor, scale: Tensor, dtype="f32") -> Tensor:
-    """``weight (f8) * scale``; ``scale`` is per tensor (``[]`` or ``[1]``) or per output channel (``[N]``/``[N,1]``)."""
+    """``weight (f8) * scale``; ``scale`` is per tensor (``[]`` or ``[1]``) or per output channel
+    (``[N]`` or ``[N, 1]``)."""
     if weight.dtype not in (DType.F8E4M3, DType.F8E5M2):
         raise QuantizationError(f"dequant_fp8: weight must be f8e4m3 or f8e5m2, got {weight.dtype}")
     w = cast(weight, dtype)

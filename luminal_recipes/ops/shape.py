@@ -15,14 +15,18 @@ def concat(tensors: list[Tensor], axis: int = 0) -> Tensor:
     axis = first._axis(axis, "concat")
     for t in tensors[1:]:
         same_rank = t.ndim == first.ndim
-        if not same_rank or not all(dims_equal(a, b) for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis):
+        if not same_rank or not all(
+            dims_equal(a, b) for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != axis
+        ):
             raise ShapeError(
                 f"concat: shapes {shape_str(first.shape)} and {shape_str(t.shape)} must agree except on axis {axis}"
             )
         if t.dtype != first.dtype:
-            raise DTypeError(f"concat: dtypes {first.dtype} and {t.dtype} differ (shapes "
-                             f"{shape_str(first.shape)}, {shape_str(t.shape)}); cast them to one dtype first, "
-                             f"e.g. t.cast('{first.dtype}')")
+            raise DTypeError(
+                f"concat: dtypes {first.dtype} and {t.dtype} differ (shapes "
+                f"{shape_str(first.shape)}, {shape_str(t.shape)}); cast them to one dtype first, "
+                f"e.g. t.cast('{first.dtype}')"
+            )
     if len(tensors) == 1:
         return first
     total = 0
@@ -51,8 +55,9 @@ def split(x: Tensor, sizes, axis: int = 0) -> list[Tensor]:
     for s in sizes:
         total = add(total, s)
     if not dims_equal(total, x.shape[axis]):
-        raise ShapeError(f"split: sizes {list(sizes)} add up to {total}, axis {axis} of {shape_str(x.shape)} has "
-                         f"{x.shape[axis]}")
+        raise ShapeError(
+            f"split: sizes {list(sizes)} add up to {total}, axis {axis} of {shape_str(x.shape)} has {x.shape[axis]}"
+        )
     out, start = [], 0
     for s in sizes:
         out.append(x.slice(axis, start, add(start, s)))

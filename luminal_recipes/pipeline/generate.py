@@ -74,7 +74,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     if not req.prompts:
         raise PipelineError("no prompt: pass --prompt TEXT (repeatable) or --prompts-file FILE")
     sets = list(req.sets)
-    for flag, name, value in (("--steps", "steps", req.steps), ("--guidance", "guidance", req.guidance),
+    for _flag, name, value in (("--steps", "steps", req.steps), ("--guidance", "guidance", req.guidance),
                               ("--width", "width", req.width), ("--height", "height", req.height),
                               ("--seed", "seed", req.seed)):
         if value is not None:

@@ -463,7 +463,9 @@ class StageSpec(Strict):
     run: str | None = Field(None, description="a built-in step of the driver (tokenize, scheduler_step, ...)")
     loop: LoopSpec | None = None
     steps: list[StageSpec] = Field(default_factory=list, description="the loop body")
-    inputs: dict[str, ExprField] = Field(default_factory=dict, description="argument -> expression (a value name, arithmetic, a literal)")
+    inputs: dict[str, ExprField] = Field(
+        default_factory=dict, description="argument -> expression (a value name, arithmetic, a literal)"
+    )
     outputs: dict[str, str] = Field(default_factory=dict, description="result -> value name")
     dims: dict[str, ExprField] = Field(
         default_factory=dict, description="model stages: the model's symbolic dims as expressions over the "
