@@ -67,82 +67,17 @@ max = _reduce.max  # noqa: A001
 min = _reduce.min  # noqa: A001
 var = _reduce.var
 
-REGISTRY = {
-    f.__name__ if not isinstance(f, tuple) else f[0]: f
-    for f in (
-        abs,
-        clamp,
-        cos,
-        equal,
-        erf,
-        exp,
-        exp2,
-        gelu,
-        greater,
-        greater_equal,
-        less,
-        less_equal,
-        log,
-        log2,
-        logical_and,
-        logical_not,
-        logical_or,
-        maximum,
-        minimum,
-        not_equal,
-        pow,
-        recip,
-        relu,
-        rsqrt,
-        sigmoid,
-        sign,
-        silu,
-        sin,
-        sqrt,
-        square,
-        tanh,
-        where,
-        argmax,
-        embedding,
-        topk,
-        write_rows,
-        bmm,
-        linear,
-        matmul,
-        group_norm,
-        layer_norm,
-        log_softmax,
-        rms_norm,
-        softmax,
-        dequant_fp8,
-        dequant_nvfp4,
-        chunk,
-        concat,
-        split,
-        stack,
-        apply_rope,
-        scaled_dot_product_attention,
-        timestep_embedding,
-        split_heads,
-        merge_heads,
-        swiglu,
-        modulate,
-        conv2d,
-        upsample_nearest2x,
-        cast,
-    )
-}
-REGISTRY.update(
-    {"sum": sum, "mean": mean, "max": max, "min": min, "var": var, "attention": scaled_dot_product_attention}
-)
+# Helpers that are not graph ops a recipe may call (host-side tables, pieces of larger ops).
+_NOT_OPS = {"attention_mask", "rope_tables", "rotate_half", "rotate_pairs", "unfold", "unpack_fp4_codes",
+            "unswizzle_scales"}
 
-__all__ = sorted(REGISTRY) + [
-    "REGISTRY",
-    "attention_mask",
-    "rope_tables",
-    "rotate_half",
-    "rotate_pairs",
-    "unfold",
-    "unpack_fp4_codes",
-    "unswizzle_scales",
-]
+# Every public function imported above (plus cast), by name; `attention` is the short name recipes use for SDPA.
+REGISTRY = {
+    name: fn
+    for name, fn in sorted(globals().items())
+    if callable(fn) and not name.startswith("_") and name not in _NOT_OPS
+    and getattr(fn, "__module__", "").startswith(__name__ + ".")
+}
+REGISTRY.update({"cast": cast, "attention": scaled_dot_product_attention})
+
+__all__ = sorted(REGISTRY) + ["REGISTRY", *sorted(_NOT_OPS)]
