@@ -22,6 +22,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # help texts are plain text: "hf://org/repo[@rev][/subfolder]" must not be parsed as rich markup tags
+    rich_markup_mode=None,
 )
 
 
@@ -174,7 +176,8 @@ def quantize(
     typer.echo(str(quantize_checkpoint(src, dst, format, layout, exclude, fp8_scale)))
 
 
-golden_app = typer.Typer(help="Golden-image checks: regenerate and compare with committed PNGs.", no_args_is_help=True)
+golden_app = typer.Typer(help="Golden-image checks: regenerate and compare with committed PNGs.", no_args_is_help=True,
+                         rich_markup_mode=None)
 app.add_typer(golden_app, name="golden")
 GOLDEN_MANIFEST = Path("tests/golden/goldens.yaml")
 
