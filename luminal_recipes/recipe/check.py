@@ -12,8 +12,8 @@ from .expr import ForwardScope, check_forward, parse_forward
 from .instances import check_field_names, list_item_origin
 from .loader import LoadedRecipe
 from .located import Origin
-from .safe_eval import CONFIG, FUNCTIONS, YAML_CONSTANTS, ExprError, names_in, parse, unwrap
-from .schema import ModelRecipe, PipelineRecipe, StageSpec
+from .safe_eval import CONFIG, FUNCTIONS, YAML_CONSTANTS, ExprError, is_wrapped, names_in, parse, unwrap
+from .schema import ModelRecipe, ModuleLibrary, PipelineRecipe, StageSpec
 from .suggest import did_you_mean, one_of
 
 
@@ -74,7 +74,7 @@ def _check_module(
     ops: Mapping[str, Callable],
     global_params: set[str],
 ) -> None:
-    scope = set(global_params)
+    scope = global_params.copy()  # a library's open scope stays open (see ``check_library``)
     for name, default in spec.params.items():
         if default is not None:
             check_field_names(
@@ -124,13 +124,50 @@ def _check_module(
         forward,
         ForwardScope(
             ops=frozenset(ops),
-            params=frozenset(scope),
+            params=scope,
             inputs=tuple(spec.inputs),
             options=frozenset(spec.options),
             module=spec,
             modules={name: m.value for name, m in recipe.modules.items()},
         ),
     )
+
+
+# ---- module libraries -------------------------------------------------------------------------------------
+class _OpenScope(set):
+    """The names a library's modules may read: its own parameters, and any other name, which is recorded in
+    ``external`` (a library reads parameters that the recipe including it defines)."""
+
+    def __init__(self, names=(), external: set[str] | None = None):
+        super().__init__(names)
+        self.external: set[str] = set() if external is None else external
+
+    def __contains__(self, name: object) -> bool:
+        if not set.__contains__(self, name):
+            self.external.add(str(name))
+        return True
+
+    def copy(self) -> _OpenScope:
+        return _OpenScope(self, self.external)
+
+    def __or__(self, other) -> _OpenScope:
+        return _OpenScope(set(self) | set(other), self.external)
+
+
+def check_library(recipe: LoadedRecipe, ops: Mapping[str, Callable] | None = None) -> list[str]:
+    """Check a `kind: modules` library on its own: every module's weights, submodules and forward (syntax,
+    whitelist, ops, self.member chains, arity). Returns the names it reads without defining them, which the
+    including recipe must define as parameters."""
+    assert isinstance(recipe.doc, ModuleLibrary)
+    ops = default_ops() if ops is None else ops
+    scope = _OpenScope(recipe.params)
+    for name, located in recipe.params.items():
+        default = located.value.default
+        if is_wrapped(default):  # other strings are text, not expressions
+            check_field_names(default, located.origin.value_origin("default"), scope, f"parameter '{name}'")
+    for module_name, located in recipe.modules.items():
+        _check_module(recipe, module_name, located.value, located.origin, ops, scope)
+    return sorted(scope.external - set(FUNCTIONS) - set(ops) - {CONFIG, *YAML_CONSTANTS})
 
 
 # ---- pipelines ---------------------------------------------------------------------------------------------

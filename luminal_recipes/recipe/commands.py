@@ -1,9 +1,12 @@
 """What ``luminal-recipe validate`` and ``luminal-recipe inspect`` do, as plain functions for the CLI.
 
 Both raise a LuminalError subclass (RecipeError, CheckpointError...) on the first located problem; the CLI
-prints it and exits 2. Without ``weights`` only what needs no checkpoint is checked (schema, names,
-expressions, forwards, --set values); with ``weights`` the model is built and its checkpoint checked tensor by
-tensor.
+prints it and exits 2. What needs no checkpoint is always checked (schema, names, expressions, forwards, --set
+values). The checkpoint is checked tensor by tensor, with the model built, when ``weights`` is given or when
+the recipe names a local one (a model's ``weights.source``, a pipeline's ``weights``); a checkpoint on the
+Hugging Face Hub is only downloaded and checked when passed as ``weights``. A ``kind: modules`` library is
+checked on its own: its syntax, its modules' references and forwards, and the names it expects from the
+recipes that include it.
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from .builder import BuiltModel, build_model, checkpoint_folder, read_config, with_quantization
-from .check import check_recipe
+from .check import check_library, check_recipe
 from .loader import LoadedRecipe, inside_tree, load_recipe
 from .params import ParamResolver
 from .safe_eval import is_wrapped
-from .schema import ModelRecipe, PipelineRecipe
+from .schema import ModelRecipe, ModuleLibrary, PipelineRecipe
+
+ALL_KINDS = ("model", "pipeline", "modules")
 
 
 @dataclass
@@ -32,7 +37,8 @@ class ValidationReport:
     models: dict[str, BuiltModel] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        lines = [f"{self.path}: valid {self.kind} recipe '{self.name}'"]
+        what = "module library" if self.kind == "modules" else f"{self.kind} recipe"
+        lines = [f"{self.path}: valid {what} '{self.name}'"]
         lines += [f"  - {c}" for c in self.checks]
         return "\n".join(lines)
 
@@ -40,16 +46,43 @@ class ValidationReport:
 def validate(
     path: str | Path, weights: str | Path | None = None, sets: Iterable[str] | Mapping[str, Any] = ()
 ) -> ValidationReport:
-    """Check a recipe; with ``weights`` also build it and check the checkpoint against it."""
-    recipe = load_recipe(path)
+    """Check a recipe of any kind; with ``weights``, or a local checkpoint the recipe names, also build it and
+    check the checkpoint against it."""
+    recipe = load_recipe(path, allowed=ALL_KINDS)
+    if isinstance(recipe.doc, ModuleLibrary):
+        return _validate_library(recipe, weights)
     report = ValidationReport(recipe.path, recipe.kind, recipe.doc.name)
-    _validate_loaded(recipe, weights, sets, report, label="")
+    _validate_loaded(recipe, weights, sets, report, label="", own_source=True)
+    return report
+
+
+def _validate_library(recipe: LoadedRecipe, weights: str | Path | None) -> ValidationReport:
+    if weights is not None:
+        raise recipe.origin("kind").error(
+            "a `kind: modules` library has no checkpoint of its own; pass --weights when validating a model "
+            "recipe that includes it."
+        )
+    expected = check_library(recipe)
+    report = ValidationReport(recipe.path, "modules", recipe.path.stem)
+    includes = f" (includes: {', '.join(p.name for p in recipe.files[1:])})" if len(recipe.files) > 1 else ""
+    report.checks.append(
+        f"library of {len(recipe.modules)} modules ({', '.join(recipe.modules)}): syntax, module references, "
+        f"weights and forwards are valid{includes}"
+    )
+    if expected:
+        report.checks.append(
+            f"names it reads without defining them (the including recipe must define them as parameters): "
+            f"{', '.join(expected)}"
+        )
     return report
 
 
 def _validate_loaded(
-    recipe: LoadedRecipe, weights: str | Path | None, sets: Any, report: ValidationReport, label: str
+    recipe: LoadedRecipe, weights: str | Path | None, sets: Any, report: ValidationReport, label: str,
+    own_source: bool,
 ) -> None:
+    """``own_source``: without ``weights``, check the checkpoint the recipe names itself when it is local
+    (False for a pipeline's models, whose checkpoint is the pipeline's)."""
     check_recipe(recipe)
     ParamResolver(recipe.params, None, sets).check_static()
     prefix = f"{label}: " if label else ""
@@ -60,16 +93,24 @@ def _validate_loaded(
     if isinstance(recipe.doc, PipelineRecipe):
         _validate_pipeline(recipe, weights, sets, report)
         return
-    if weights is None:
-        report.checks.append(
-            f"{prefix}checkpoint not checked (pass --weights to check it and build the graph)"
-        )
-        return
+    if weights is None and own_source:
+        declared = recipe.doc.weights.source
+        if declared is None:
+            report.checks.append(f"{prefix}checkpoint not checked: the recipe names none (weights.source); pass "
+                                 f"--weights FOLDER or --weights hf://ORG/REPO to check one and build the graph")
+            return
+        if declared.startswith("hf://"):
+            report.checks.append(f"{prefix}checkpoint not checked: {declared} is on the Hugging Face Hub and "
+                                 f"nothing is downloaded unless asked; pass --weights {declared} (or a local "
+                                 f"copy) to check it")
+            return
+    elif weights is None:
+        return  # a pipeline's model: the pipeline reports on its checkpoint
     built = _build_with_weights(recipe, weights, sets)
     report.models[label or recipe.doc.name] = built
     report.checks.append(
         f"{prefix}checkpoint {built.checkpoint_root} matches: {len(built.weights)} weights, "
-        f"graph of {len(built.graph)} nodes"
+        f"graph of {len(built.graph)} nodes" + ("" if weights is not None else " (the recipe's weights.source)")
     )
 
 
@@ -84,6 +125,15 @@ def _validate_pipeline(
         from ..weights.sources import resolve_source
 
         folder = resolve_source(weights)
+    elif doc.weights is None:
+        report.checks.append("checkpoint not checked: the recipe names none (`weights:`); pass --weights FOLDER "
+                             "or --weights hf://ORG/REPO to check one")
+    elif doc.weights.startswith("hf://"):
+        report.checks.append(f"checkpoint not checked: {doc.weights} is on the Hugging Face Hub and nothing is "
+                             f"downloaded unless asked; pass --weights {doc.weights} (or a local copy) to check it")
+    else:
+        folder = _local_pipeline_checkpoint(recipe)
+        report.checks.append(f"checkpoint: {folder} (the recipe's `weights:`)")
     for name, model in doc.models.items():
         target = inside_tree(recipe.origin("models", name, "recipe"), recipe.folder, model.recipe, root)
         sub = load_recipe(target, tree_root=root)
@@ -96,7 +146,21 @@ def _validate_pipeline(
         sub_weights = None if folder is None else Path(folder) / (model.weights or "")
         # values written ${...} refer to the pipeline's parameters: the driver evaluates them at run time
         literal = {k: v for k, v in model.set.items() if not is_wrapped(v)}
-        _validate_loaded(sub, sub_weights, literal, report, label=name)
+        _validate_loaded(sub, sub_weights, literal, report, label=name, own_source=False)
+
+
+def _local_pipeline_checkpoint(recipe: LoadedRecipe) -> Path:
+    """The local checkpoint folder a pipeline's `weights:` names (relative to the recipe)."""
+    doc = recipe.doc
+    assert isinstance(doc, PipelineRecipe) and doc.weights is not None
+    folder = Path(doc.weights)
+    folder = folder if folder.is_absolute() else recipe.folder / folder
+    if not folder.is_dir():
+        raise recipe.origin("weights").error(
+            f"the checkpoint folder '{doc.weights}' does not exist (looked for {folder}); fix `weights:` or pass "
+            f"--weights FOLDER."
+        )
+    return folder
 
 
 def _build_with_weights(recipe: LoadedRecipe, weights: str | Path | None, sets: Any) -> BuiltModel:
@@ -122,7 +186,9 @@ def inspect(
     shapes alone; with neither, only what the recipe says without sizes is shown. For a pipeline, also the
     memory plan of every model stage under ``max_memory`` bytes (None: unbounded).
     """
-    recipe = load_recipe(path)
+    recipe = load_recipe(path, allowed=ALL_KINDS)
+    if isinstance(recipe.doc, ModuleLibrary):
+        return _library_summary(recipe)
     if isinstance(recipe.doc, PipelineRecipe):
         return _inspect_pipeline(recipe, weights, sets, max_memory)
     check_recipe(recipe)
@@ -184,6 +250,22 @@ def _static_summary(recipe: LoadedRecipe) -> str:
     for name, located in recipe.params.items():
         lines.append(f"  {name:<22} = {located.value.default!r}")
     lines.append(f"modules: {', '.join(recipe.modules)} (root: {doc.root})")
+    return "\n".join(lines)
+
+
+def _library_summary(recipe: LoadedRecipe) -> str:
+    expected = check_library(recipe)
+    lines = [f"module library '{recipe.path.stem}' ({recipe.source.display}): shared modules for `include:`",
+             "parameters (unresolved):"]
+    lines += [f"  {name:<22} = {located.value.default!r}" for name, located in recipe.params.items()]
+    lines.append("modules:")
+    for name, located in recipe.modules.items():
+        spec = located.value
+        subs = ", ".join(f"{k}: {v.module}" for k, v in spec.submodules.items())
+        lines.append(f"  {name:<22} inputs ({', '.join(spec.inputs)}), {len(spec.weights)} weights"
+                     + (f", submodules {subs}" if subs else ""))
+    if expected:
+        lines.append(f"expects from the including recipe: {', '.join(expected)}")
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ class LoadedRecipe:
 
     path: Path
     source: YamlSource
-    doc: ModelRecipe | PipelineRecipe
+    doc: ModelRecipe | PipelineRecipe | ModuleLibrary
     modules: dict[str, Located[ModuleSpec]] = field(default_factory=dict)
     params: dict[str, Located[ParamSpec]] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)  # this file and every include
@@ -49,18 +49,22 @@ class LoadedRecipe:
         return self.doc.root or ""
 
 
-def load_recipe(path: str | Path, *, tree_root: Path | None = None) -> LoadedRecipe:
-    """Load and check a recipe (model or pipeline). ``tree_root`` bounds includes (default: its folder)."""
+def load_recipe(
+    path: str | Path, *, tree_root: Path | None = None, allowed: tuple[str, ...] = ("model", "pipeline")
+) -> LoadedRecipe:
+    """Load and check a recipe (model or pipeline; ``allowed`` may add ``modules``, a library of shared modules
+    as `include:` reads it). ``tree_root`` bounds includes (default: its folder)."""
     path = Path(path)
     source = load_yaml(path)
     root = (tree_root or path.parent).resolve()
-    doc = validate_document(source, allowed=("model", "pipeline"))
+    doc = validate_document(source, allowed=allowed)
     loaded = LoadedRecipe(path=path, source=source, doc=doc, files=[path])
-    if isinstance(doc, ModelRecipe):
+    if isinstance(doc, (ModelRecipe, ModuleLibrary)):
         _merge(loaded, doc, source)
         _load_includes(loaded, doc, source, root, [path.resolve()])
         _check_modules(loaded)
-        _choose_root(loaded)
+        if isinstance(doc, ModelRecipe):
+            _choose_root(loaded)
     else:
         for name, spec in doc.params.items():
             loaded.params[name] = Located(spec, Origin(source, ("params", name)))
@@ -97,6 +101,13 @@ def validate_document(source: YamlSource, allowed: tuple[str, ...]) -> Any:
             f"but this file holds {got}.",
         )
     kind = data.get("kind")
+    if kind == "modules" and kind not in allowed:
+        raise source.error(
+            ("kind",),
+            f"this is a `kind: modules` library (shared modules that model recipes `include:`), not a "
+            f"{' or '.join(allowed)} recipe; use a recipe that includes it (`luminal-recipe validate` checks "
+            f"the library itself).",
+        )
     if kind not in allowed:
         where = ("kind",) if "kind" in data else ()
         hint = did_you_mean(str(kind), allowed) if kind is not None else ""
