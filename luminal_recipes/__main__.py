@@ -1,3 +1,3 @@
-from .cli import app
+from .cli import entry
 
-app(prog_name="luminal-recipe")
+entry()

@@ -5,16 +5,22 @@ User errors (``LuminalError``) print one paragraph and exit with code 2, never a
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable
-from functools import wraps
-from pathlib import Path
+import time
 
-import typer
+_IMPORTED_AT = time.perf_counter()  # before typer and the rest load: `run` reports the whole command's time
 
-from . import __version__
-from .errors import LuminalError
+import json  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from functools import wraps  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import typer  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .errors import LuminalError  # noqa: E402
+
+_started_at: float | None = None  # set by `entry` (the console script): the process started this command
 
 app = typer.Typer(
     name="luminal-recipe",
@@ -74,8 +80,13 @@ def run(
     height: int | None = typer.Option(None, help="image height (multiple of 16)"),
     init_latents: Path | None = typer.Option(None, help="start latents .npy, shape (1, 128, H/16, W/16)"),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="PNG path (default outputs/<recipe>-<seed>-<slug>.png)"
+        None,
+        "--output",
+        "-o",
+        help="file to write (.png for an image output, .npy for an array, .txt for text); default: a new file "
+        "outputs/<recipe>-<seed>-<slug>_00001_.png, numbered past any existing one",
     ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --output file"),
     weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     max_memory: str | None = typer.Option(
@@ -84,9 +95,10 @@ def run(
     ),
     no_compile: bool = typer.Option(False, "--no-compile", help="run the naive primitive program (no search)"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress output"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only text outputs (no progress, no summary)"),
 ) -> None:
-    """Run a pipeline recipe and write one PNG per prompt."""
+    """Run a pipeline recipe; write its outputs (images as PNG, arrays as .npy, text as .txt) for each prompt."""
+    started = _started_at if _started_at is not None else time.perf_counter()
     from .pipeline.generate import GenerateRequest, generate, parse_size
     from .pipeline.progress import progress_printer
 
@@ -110,14 +122,25 @@ def run(
         list(set_),
         parse_size(max_memory),
         compile=not no_compile,
+        overwrite=overwrite,
+        started=started,
     )
     with progress_printer(enabled=not quiet and not as_json) as progress:
         summary = generate(req, progress)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
-    elif not quiet:
-        for item in summary["images"]:
-            typer.echo(f"wrote {item['path']} ({item['seconds']:.1f} s)")
+        return
+    for item in summary["runs"]:
+        for out in item["outputs"].values():
+            if out["type"] == "text":  # the result itself: printed even with --quiet
+                typer.echo(out["text"])
+        if not quiet:
+            paths = ", ".join(out["path"] for out in item["outputs"].values())
+            typer.echo(f"wrote {paths} ({item['seconds']:.1f} s)")
+    if not quiet:
+        timing = summary["timing"]
+        typer.echo(f"done in {timing['total_seconds']:.1f} s, of which compiling and planning "
+                   f"{timing['compile_seconds']:.1f} s ({100 * timing['compile_share']:.0f}%)")
 
 
 @app.command()
@@ -218,5 +241,8 @@ def raise_user(message: str) -> None:
     raise PipelineError(message)
 
 
-def entry() -> None:  # pragma: no cover - console script shim for `python -m luminal_recipes`
-    sys.exit(app())
+def entry() -> None:
+    """The console script (and ``python -m luminal_recipes``): times commands from the program's start."""
+    global _started_at
+    _started_at = _IMPORTED_AT
+    sys.exit(app(prog_name="luminal-recipe"))

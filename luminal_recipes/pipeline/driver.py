@@ -180,7 +180,8 @@ class Pipeline:
     def run(self, inputs: Mapping[str, Any]) -> RunReport:
         for name, spec in self.doc.inputs.items():
             if name not in inputs and not spec.optional:
-                raise PipelineError(f"pipeline '{self.doc.name}' needs input '{name}' ({spec.type})")
+                raise self.recipe.origin("inputs", name).error(
+                    f"pipeline '{self.doc.name}' needs input '{name}' ({spec.type}); none was given", key=True)
         self.prepare()
         env: dict[str, Any] = {name: None for name in self.doc.inputs}
         env.update(inputs)
@@ -200,6 +201,10 @@ class Pipeline:
             report.rss[stage.name] = {"rss_at_start_bytes": start, "max_rss_bytes": peak_rss.peak(),
                                       "per_stage": measured}
         return report
+
+    def output_value(self, name: str, env: Mapping[str, Any]) -> Any:
+        """The value of the pipeline's declared output ``name`` after a run (its ``value`` expression)."""
+        return self._eval(self.doc.outputs[name].value, env, f"outputs.{name}")
 
     def _release(self, engines: dict[str, ModelEngine], report: RunReport, max_rss: int | None) -> None:
         for name, engine in engines.items():

@@ -1,6 +1,10 @@
-"""Text-to-image generation as the CLI runs it: check every flag before any work, plan every model stage under
-the memory budget (failing before any weight is read if a stage cannot fit), load the pipeline once, run each
-prompt, write each PNG atomically, and summarise timings and memory (planned and measured, per stage).
+"""A pipeline run as the CLI does it: check every flag before any work, plan every model stage under the memory
+budget (failing before any weight is read if a stage cannot fit), load the pipeline once, run each prompt, write
+each declared output by its type (``outputs.py``: image -> PNG, array -> .npy, text -> .txt), and summarise
+timings (the whole command and its compile share) and memory (planned and measured, per stage).
+
+The parameters the run itself reads (steps, seed, width, height, guidance) are only used when the pipeline
+declares them; a flag setting one it does not declare is an error naming the flag.
 
 The budget is ``--max-memory``, or by default what the machine has (``plan.machine_memory``: physical memory
 from ``os.sysconf``, or the container's limit when lower)."""
@@ -8,19 +12,30 @@ from ``os.sysconf``, or the container's limit when lower)."""
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from ..errors import PipelineError
+from ..errors import PipelineError, RecipeError
+from ..recipe.loader import load_recipe
+from ..recipe.schema import PipelineRecipe
+from ..recipe.suggest import did_you_mean, one_of
 from .driver import Pipeline
-from .image_io import default_output_path, generation_text, save_image
+from .image_io import generation_text
 from .latents import latent_grid, load_init_latents
+from .outputs import (
+    DEFAULT_OUTPUT_DIR,
+    EXTENSIONS,
+    Output,
+    check_explicit_output,
+    check_output_folder,
+    convert,
+    output_stem,
+    write_numbered,
+)
+from .outputs import write as write_output
 from .plan import machine_memory
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -57,59 +72,125 @@ class GenerateRequest:
     sets: list[str] = field(default_factory=list)
     max_memory: int | None = None  # bytes; None: what the machine has
     compile: bool = True
+    overwrite: bool = False  # an existing --output may be replaced
+    started: float | None = None  # time.perf_counter() when the command started (default: when generate does)
 
 
-def _check_output(path: Path) -> None:
-    """Fail before any work when the output cannot be written (never after minutes of compute)."""
-    if path.suffix.lower() != ".png":
-        raise PipelineError(f"--output {path}: the file name must end with .png")
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise PipelineError(f"--output {path}: {folder} is not a writable folder; choose another --output")
+# the flags `run` maps onto pipeline parameters of the same name; each needs the parameter declared
+PARAM_FLAGS = ("steps", "guidance", "width", "height", "seed")
+# the pipeline inputs `run` can provide, and the flag that provides each
+RUN_INPUTS = {"prompt": "--prompt", "init_latents": "--init-latents"}
+
+
+def _declared_outputs(pipe: Pipeline) -> dict[str, Output]:
+    recipe = pipe.recipe
+    if not pipe.doc.outputs:
+        raise RecipeError(f"{recipe.path}: pipeline '{pipe.doc.name}' declares no `outputs:`, so `run` has nothing "
+                          f"to write; add e.g. `outputs: {{image: {{value: image, type: image}}}}`")
+    return {name: Output(name, spec.type, str(recipe.origin("outputs", name).loc(key=True)))
+            for name, spec in pipe.doc.outputs.items()}
+
+
+def _check_inputs(pipe: Pipeline, req: GenerateRequest) -> None:
+    """Every input the pipeline needs is one `run` provides, and every input given is one it takes."""
+    inputs = pipe.doc.inputs
+    for name, spec in inputs.items():
+        if name not in RUN_INPUTS and not spec.optional:
+            raise pipe.recipe.origin("inputs", name).error(
+                f"pipeline input '{name}' ({spec.type}) is required, but `luminal-recipe run` only provides "
+                f"{', '.join(f'{k} ({flag})' for k, flag in RUN_INPUTS.items())}; make it optional or derive it "
+                f"from a parameter (--set)", key=True)
+    if req.prompts and "prompt" not in inputs:
+        raise PipelineError(f"--prompt: pipeline '{pipe.doc.name}' ({req.recipe}) takes no `prompt` input; "
+                            f"run it without --prompt/--prompts-file")
+    if not req.prompts and "prompt" in inputs and not inputs["prompt"].optional:
+        raise PipelineError("no prompt: pass --prompt TEXT (repeatable) or --prompts-file FILE")
+    if req.init_latents is not None and "init_latents" not in inputs:
+        raise PipelineError(f"--init-latents: pipeline '{pipe.doc.name}' ({req.recipe}) takes no `init_latents` "
+                            f"input")
 
 
 def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | None = None) -> dict:
-    if not req.prompts:
-        raise PipelineError("no prompt: pass --prompt TEXT (repeatable) or --prompts-file FILE")
+    started = req.started if req.started is not None else time.perf_counter()
     sets = list(req.sets)
-    for _flag, name, value in (("--steps", "steps", req.steps), ("--guidance", "guidance", req.guidance),
-                              ("--width", "width", req.width), ("--height", "height", req.height),
-                              ("--seed", "seed", req.seed)):
-        if value is not None:
-            sets.append(f"{name}={value}")
+    given = {"steps": req.steps, "guidance": req.guidance, "width": req.width, "height": req.height,
+             "seed": req.seed}
+    for name in PARAM_FLAGS:
+        if given[name] is not None:
+            sets.append(f"{name}={given[name]}")
     if req.steps is not None and req.steps < 1:
         raise PipelineError(f"--steps {req.steps}: the number of denoising steps must be at least 1")
-    if req.output is not None and len(req.prompts) > 1:
-        raise PipelineError("--output names one file, but several prompts were given; omit --output to get one "
-                            "file per prompt in outputs/")
     budget = req.max_memory if req.max_memory is not None else machine_memory()
+    doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
+    if isinstance(doc, PipelineRecipe):
+        for name in PARAM_FLAGS:
+            if given[name] is not None and name not in doc.params:
+                raise PipelineError(f"--{name}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
+                                    f"{did_you_mean(name, doc.params)}; its parameters: {one_of(doc.params)}")
     pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
                     progress=progress)
     p = pipe.params
-    if int(p["steps"]) < 1:
+    declared = _declared_outputs(pipe)
+    _check_inputs(pipe, req)
+    prompts: list[str | None] = list(req.prompts) if "prompt" in pipe.doc.inputs and req.prompts else [None]
+    if req.output is not None and len(prompts) > 1:
+        raise PipelineError("--output names one file, but several prompts were given; omit --output to get one "
+                            "file per prompt in outputs/")
+    if req.output is not None and len(declared) > 1:
+        raise PipelineError(f"--output names one file, but pipeline '{pipe.doc.name}' writes {len(declared)} "
+                            f"outputs ({', '.join(declared)}); omit --output to get them in outputs/")
+    if "steps" in p and int(p["steps"]) < 1:
         raise PipelineError(f"steps={p['steps']}: the number of denoising steps must be at least 1")
-    latent_grid(int(p["height"]), int(p["width"]))
-    init = load_init_latents(req.init_latents, int(p["height"]), int(p["width"])) if req.init_latents else None
+    if "height" in p and "width" in p:
+        latent_grid(int(p["height"]), int(p["width"]))
+    init = None
+    if req.init_latents is not None:
+        if "height" not in p or "width" not in p:
+            raise PipelineError(f"--init-latents: pipeline '{pipe.doc.name}' has no width/height parameters to "
+                                f"check the latents' shape against")
+        init = load_init_latents(req.init_latents, int(p["height"]), int(p["width"]))
+    if req.output is not None:
+        (only,) = declared.values()
+        kinds = [only.type] if only.type else ["array", "text"]  # undeclared: known once the value exists
+        if req.output.suffix.lower() not in (EXTENSIONS[k] for k in kinds):
+            raise PipelineError(f"--output {req.output}: output '{only.name}' is written as "
+                                f"{' or '.join(EXTENSIONS[k] for k in kinds)}; use that extension")
+        check_explicit_output(req.output, next(k for k in kinds if EXTENSIONS[k] == req.output.suffix.lower()),
+                              req.overwrite)
+    else:
+        check_output_folder()
     recipe_hash = hashlib.sha256(req.recipe.read_bytes()).hexdigest()[:16]
-    outputs = [req.output or default_output_path(req.recipe.stem, int(p["seed"]), prompt) for prompt in req.prompts]
-    for path in outputs:
-        _check_output(Path(path))
-    pipe.prepare()  # every stage planned under the budget before any weight is read
-    results = []
-    for prompt, path in zip(req.prompts, outputs):
+    seed = int(p["seed"]) if "seed" in p else None
+    t_prepare = time.perf_counter()
+    pipe.prepare()  # every stage compiled and planned under the budget before any weight is read
+    compile_seconds = time.perf_counter() - t_prepare
+    runs = []
+    for prompt in prompts:
         t0 = time.perf_counter()
-        report = pipe.run({"prompt": prompt, "init_latents": init})
-        image = np.asarray(report.values["image"])
-        text = generation_text(prompt=prompt, seed=None if init is not None else int(p["seed"]),
-                               steps=int(p["steps"]), guidance=float(p["guidance"]), width=int(p["width"]),
-                               height=int(p["height"]), recipe=pipe.doc.name, recipe_hash=recipe_hash,
-                               init_latents=str(req.init_latents) if req.init_latents else None)
-        written = save_image(path, image, text)
-        results.append({
-            "path": str(written),
+        inputs = {"init_latents": init} if "init_latents" in pipe.doc.inputs else {}
+        if prompt is not None:
+            inputs["prompt"] = prompt
+        report = pipe.run(inputs)
+        values = {name: convert(out, pipe.output_value(name, report.values)) for name, out in declared.items()}
+        meta = {k: p[k] for k in ("steps", "guidance", "width", "height") if k in p}
+        if seed is not None:
+            meta["seed"] = None if init is not None else seed
+        text = generation_text(prompt=prompt, recipe=pipe.doc.name, recipe_hash=recipe_hash,
+                               init_latents=str(req.init_latents) if req.init_latents else None, **meta)
+        if req.output is not None:
+            ((name, (kind, value)),) = values.items()
+            paths = {name: write_output(req.output, kind, value, text, overwrite=req.overwrite)}
+        else:
+            several = len(declared) > 1
+            stems = {name: output_stem(req.recipe.stem, seed, prompt, name if several else None)
+                     for name in declared}
+            paths = write_numbered(DEFAULT_OUTPUT_DIR, stems, values, text)
+        outputs = {name: {"type": kind, "path": str(paths[name])} | ({"text": value} if kind == "text" else {})
+                   for name, (kind, value) in values.items()}
+        runs.append({
             "prompt": prompt,
+            "path": str(next(iter(paths.values()))),
+            "outputs": outputs,
             "seconds": round(time.perf_counter() - t0, 3),
             "stage_seconds": {k: round(v, 3) for k, v in report.stage_seconds.items()},
             "step_seconds": [round(s, 4) for s in report.step_seconds],
@@ -121,5 +202,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
         })
     memory = {"budget_bytes": budget, "budget_from": "--max-memory" if req.max_memory is not None else
               "machine memory", "plans": {plan.model: plan.summary() for plan in pipe.prepare()}}
+    total = time.perf_counter() - started
+    timing = {"total_seconds": round(total, 3), "compile_seconds": round(compile_seconds, 3),
+              "compile_share": round(compile_seconds / total, 4) if total > 0 else 0.0}
     return {"recipe": pipe.doc.name, "recipe_hash": recipe_hash, "params": dict(p), "memory": memory,
-            "images": results}
+            "timing": timing, "runs": runs}

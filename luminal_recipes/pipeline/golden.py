@@ -74,33 +74,31 @@ def render(recipe: Path, case: GoldenCase, weights: str | None = None) -> np.nda
     return to_uint8(pipe.run({"prompt": case.prompt, "init_latents": latents}).values["image"])
 
 
+def compare(case: GoldenCase, pixels: np.ndarray, min_psnr: float = MIN_PSNR_DB) -> GoldenResult:
+    """Compare regenerated ``pixels`` with the case's golden PNG by PSNR, never byte for byte: two programs the
+    search may pick for one graph can round an 8-bit pixel differently (see README, determinism)."""
+    diff_path = case.file.with_suffix(".diff.png")
+    if is_near_constant(pixels):
+        return GoldenResult(case, None, False, "the regenerated image is (nearly) constant")
+    if not case.file.exists():
+        return GoldenResult(case, None, False, "golden missing; run `luminal-recipe golden update`")
+    golden, _ = read_png(case.file)
+    if golden.shape != pixels.shape:
+        return GoldenResult(case, None, False, f"size {pixels.shape} differs from the golden's {golden.shape}")
+    value = psnr(pixels, golden)
+    ok = value >= min_psnr
+    if not ok:
+        diff = np.abs(pixels.astype(np.int16) - golden.astype(np.int16))
+        write_png(diff_path, np.clip(diff * 8, 0, 255).astype(np.uint8))
+    elif diff_path.exists():
+        diff_path.unlink()
+    return GoldenResult(case, value, ok, f"PSNR {value:.1f} dB" + ("" if ok else
+                                                                   f" < {min_psnr} dB; diff: {diff_path}"))
+
+
 def check(manifest: Path, min_psnr: float = MIN_PSNR_DB, weights: str | None = None) -> list[GoldenResult]:
     recipe, cases = load_manifest(manifest)
-    results = []
-    for case in cases:
-        pixels = render(recipe, case, weights)
-        diff_path = case.file.with_suffix(".diff.png")
-        if is_near_constant(pixels):
-            results.append(GoldenResult(case, None, False, "the regenerated image is (nearly) constant"))
-            continue
-        if not case.file.exists():
-            results.append(GoldenResult(case, None, False, "golden missing; run `luminal-recipe golden update`"))
-            continue
-        golden, _ = read_png(case.file)
-        if golden.shape != pixels.shape:
-            results.append(GoldenResult(case, None, False, f"size {pixels.shape} differs from the golden's "
-                                                            f"{golden.shape}"))
-            continue
-        value = psnr(pixels, golden)
-        ok = value >= min_psnr
-        if not ok:
-            diff = np.abs(pixels.astype(np.int16) - golden.astype(np.int16))
-            write_png(diff_path, np.clip(diff * 8, 0, 255).astype(np.uint8))
-        elif diff_path.exists():
-            diff_path.unlink()
-        results.append(GoldenResult(case, value, ok, f"PSNR {value:.1f} dB" + ("" if ok else
-                                                                               f" < {min_psnr} dB; diff: {diff_path}")))
-    return results
+    return [compare(case, render(recipe, case, weights), min_psnr) for case in cases]
 
 
 def update(manifest: Path, weights: str | None = None) -> list[Path]:

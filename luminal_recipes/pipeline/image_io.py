@@ -1,16 +1,14 @@
-"""Decoded image -> PNG file: diffusers' post-processing, atomic writes, generation metadata, file names.
+"""Decoded image -> PNG file: diffusers' post-processing, atomic writes, generation metadata, file-name slugs.
 
 The VAE decodes to float pixels in about [-1, 1]. diffusers' ``VaeImageProcessor.postprocess`` maps them with
 ``(x * 0.5 + 0.5).clamp(0, 1)`` and, for PIL output, ``(x * 255).round()`` to uint8; both are reproduced here
-in float32. The PNG is written to a temporary file next to the target and renamed over it, so a reader never
-sees a partial image and a failed run leaves nothing behind.
+in float32. The PNG is written to a temporary file next to the target and moved into place (``atomic_file``),
+so a reader never sees a partial image and a failed run leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import unicodedata
 from collections.abc import Mapping
 from os import PathLike
@@ -22,7 +20,8 @@ from PIL import Image, PngImagePlugin
 from luminal_recipes import __version__
 from luminal_recipes.errors import PipelineError
 
-DEFAULT_OUTPUT_DIR = Path("outputs")
+from .atomic_file import atomic_write
+
 _SLUG_MAX_CHARS = 48
 
 
@@ -55,50 +54,47 @@ def slugify(text: str, max_chars: int = _SLUG_MAX_CHARS) -> str:
     return slug.strip("-")
 
 
-def default_output_path(
-    recipe: str, seed: int, prompt: str, folder: str | PathLike = DEFAULT_OUTPUT_DIR
-) -> Path:
-    """``outputs/<recipe>-<seed>-<slug>.png``; ``recipe`` is the recipe's name (e.g. the YAML file's stem)."""
-    recipe_slug = slugify(recipe) or "recipe"
-    prompt_slug = slugify(prompt) or "image"
-    return Path(folder) / f"{recipe_slug}-{seed}-{prompt_slug}.png"
+_ABSENT = object()  # a setting the pipeline does not have (omitted), unlike seed=None ("none": --init-latents)
 
 
 def generation_text(
     *,
-    prompt: str,
-    seed: int | None,
-    steps: int,
-    guidance: float,
-    width: int,
-    height: int,
+    prompt: str | None = None,
+    seed: int | None | object = _ABSENT,
+    steps: int | None = None,
+    guidance: float | None = None,
+    width: int | None = None,
+    height: int | None = None,
     recipe: str,
     recipe_hash: str,
     init_latents: str | None = None,
 ) -> dict[str, str]:
-    """The PNG text chunks that record how an image was made."""
-    text = {
-        "prompt": prompt,
-        "seed": "none" if seed is None else str(seed),
-        "steps": str(steps),
-        "guidance": repr(float(guidance)),
-        "size": f"{width}x{height}",
-        "recipe": recipe,
-        "recipe_hash": recipe_hash,
-        "version": __version__,
-        "Software": f"luminal-recipes {__version__}",
-    }
+    """The PNG text chunks that record how an image was made; settings the pipeline does not have are left
+    out (``seed=None`` records "none": the run started from given latents)."""
+    text = {"prompt": prompt} if prompt is not None else {}
+    if seed is not _ABSENT:
+        text["seed"] = "none" if seed is None else str(seed)
+    if steps is not None:
+        text["steps"] = str(steps)
+    if guidance is not None:
+        text["guidance"] = repr(float(guidance))
+    if width is not None and height is not None:
+        text["size"] = f"{width}x{height}"
+    text.update({"recipe": recipe, "recipe_hash": recipe_hash, "version": __version__,
+                 "Software": f"luminal-recipes {__version__}"})
     if init_latents is not None:
         text["init_latents"] = init_latents
     return text
 
 
-def write_png(path: str | PathLike, pixels: np.ndarray, text: Mapping[str, str] | None = None) -> Path:
+def write_png(
+    path: str | PathLike, pixels: np.ndarray, text: Mapping[str, str] | None = None, *, overwrite: bool = True
+) -> Path:
     """Write ``(H, W, 3)`` uint8 ``pixels`` to ``path`` atomically, with ``text`` as PNG text chunks.
 
     The parent folder is created if needed. Any failure raises ``PipelineError`` naming the path and leaves
     neither a partial PNG nor a temporary file behind; an existing file is replaced only once the new one is
-    complete.
+    complete, and only when ``overwrite`` (else ``OutputExistsError``).
     """
     path = Path(path)
     if path.suffix.lower() != ".png":
@@ -110,32 +106,17 @@ def write_png(path: str | PathLike, pixels: np.ndarray, text: Mapping[str, str] 
     for key, value in (text or {}).items():
         info.add_text(key, value)  # Pillow switches to an iTXt (UTF-8) chunk for text outside Latin-1
 
-    if path.is_dir():
-        raise PipelineError(f"--output {path}: is a folder; give a file name ending in .png.")
-    temp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # O_EXCL: never reuse someone else's file; mode 0o666 lets the umask decide, as for any new file.
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as handle:
-            Image.fromarray(pixels, mode="RGB").save(handle, format="PNG", pnginfo=info)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise PipelineError(
-            f"--output {path}: cannot write the image ({reason}); choose a writable location with --output."
-        ) from None
-    finally:
-        if temp.exists():
-            temp.unlink()
-    return path
+    def write(handle) -> None:
+        Image.fromarray(pixels, mode="RGB").save(handle, format="PNG", pnginfo=info)
+
+    return atomic_write(path, write, overwrite=overwrite, what="image")
 
 
-def save_image(path: str | PathLike, image: np.ndarray, text: Mapping[str, str] | None = None) -> Path:
+def save_image(
+    path: str | PathLike, image: np.ndarray, text: Mapping[str, str] | None = None, *, overwrite: bool = True
+) -> Path:
     """Post-process a VAE output like diffusers and write it as a PNG (see ``to_uint8`` and ``write_png``)."""
-    return write_png(path, to_uint8(image), text)
+    return write_png(path, to_uint8(image), text, overwrite=overwrite)
 
 
 def read_png(path: str | PathLike) -> tuple[np.ndarray, dict[str, str]]:

@@ -48,6 +48,20 @@ def tokenize(ctx: StepContext, text: str, max_length: int) -> dict:
     return {"input_ids": tok.input_ids, "attention_mask": tok.attention_mask, "num_tokens": tok.num_tokens}
 
 
+def detokenize(ctx: StepContext, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
+               skip_special_tokens: bool = False) -> dict:
+    """The text the tokens of one prompt stand for (e.g. to see what the text encoder was given after the chat
+    template and truncation): ``input_ids`` (1, S), the padding masked out by ``attention_mask``."""
+    ids = np.asarray(input_ids).reshape(-1)
+    if attention_mask is not None:
+        mask = np.asarray(attention_mask).reshape(-1)
+        if mask.shape != ids.shape:
+            raise PipelineError(f"detokenize: attention_mask has {mask.size} entries for {ids.size} tokens")
+        ids = ids[mask != 0]
+    text = ctx.tokenizer.backend.decode([int(i) for i in ids], skip_special_tokens=bool(skip_special_tokens))
+    return {"text": text}
+
+
 def initial_latents(ctx: StepContext, seed: int, height: int, width: int, channels: int,
                     init: np.ndarray | None = None) -> dict:
     """Starting noise ``(1, channels, H/16, W/16)`` from ``seed``, or the given ``--init-latents`` array."""
@@ -101,6 +115,7 @@ def full(ctx: StepContext, value: float, n: int = 1) -> dict:
 
 STEPS: dict[str, Callable] = {
     "tokenize": tokenize,
+    "detokenize": detokenize,
     "initial_latents": initial_latents,
     "rope_tables": rope_tables,
     "flux2_positions": flux2_positions,

@@ -177,8 +177,10 @@ def check_pipeline(recipe: LoadedRecipe) -> None:
     assert isinstance(doc, PipelineRecipe)
     known = set(doc.params) | set(doc.inputs)
     _check_stages(recipe, doc, doc.stages, ("stages",), known)
-    for out_name, value in doc.outputs.items():
-        _check_reference(recipe.origin("outputs", out_name), value, known, f"output '{out_name}'")
+    for out_name, output in doc.outputs.items():
+        origin = recipe.origin("outputs", out_name)
+        origin = origin.at("value") if origin.source.has(origin.path + ("value",)) else origin
+        _check_reference(origin, output.value, known, f"output '{out_name}'")
 
 
 def _check_stages(

@@ -274,24 +274,53 @@ def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: An
     report = validate(recipe.path, weights, sets)
     doc = recipe.doc
     assert isinstance(doc, PipelineRecipe)
+    params = ParamResolver(recipe.params, None, sets).resolve_all().values
     lines = [f"pipeline '{doc.name}' ({recipe.source.display})", "stages:"]
-    lines += [
-        f"  {s.name}: "
-        + (
-            f"model {s.model}"
-            if s.model
-            else f"run {s.run}"
-            if s.run
-            else f"loop over {s.loop.over} ({len(s.steps)} steps)"
-        )
-        for s in doc.stages
-    ]
+    lines += _stage_lines(doc.stages, params, "  ")
     for name, model in report.models.items():
         lines += ["", f"[{name}]", summary(model)]
     if not report.models:
         lines.append("(pass --weights for per-model weights and graph sizes)")
     lines += ["", *_memory_plan(recipe, weights, sets, max_memory)]
     return "\n".join(lines)
+
+
+def _stage_lines(stages: list, params: Mapping[str, Any], indent: str) -> list[str]:
+    """One line per stage; a loop says how many times it runs (from the parameters, when they decide it) and
+    lists the stages of its body below it."""
+    lines = []
+    for stage in stages:
+        if stage.model:
+            lines.append(f"{indent}{stage.name}: model {stage.model}")
+        elif stage.run:
+            lines.append(f"{indent}{stage.name}: run {stage.run}")
+        else:
+            count = _loop_count(stage.loop.over, params)
+            lines.append(f"{indent}{stage.name}: loop over {stage.loop.over}: {count}, each running "
+                         f"{len(stage.steps)} stage{'s' if len(stage.steps) != 1 else ''}:")
+            lines += _stage_lines(stage.steps, params, indent + "  ")
+    return lines
+
+
+def _loop_count(over: Any, params: Mapping[str, Any]) -> str:
+    """``"4 iterations (steps = 4)"``, or when the count depends on values made at run time, says so."""
+    from ..errors import LuminalError
+    from .safe_eval import ExprError, evaluate, names_in, parse, unwrap
+
+    try:
+        tree = parse(unwrap(over)) if isinstance(over, str) else None
+        if tree is not None and any(n.id not in params for n in names_in(tree)):
+            return "iterations known when it runs (it loops over a value made at run time)"
+
+        def resolve(name: str, node: Any) -> Any:
+            return params[name]
+
+        value = evaluate(tree, resolve) if tree is not None else over
+        count = int(value) if isinstance(value, (int, float)) else len(value)
+    except (ExprError, LuminalError, TypeError, ValueError):
+        return "iterations known when it runs"
+    shown = f" ({over} = {value})" if isinstance(over, str) and str(value) != over else ""
+    return f"{count} iteration{'s' if count != 1 else ''}{shown}"
 
 
 def _memory_plan(recipe: LoadedRecipe, weights: str | Path | None, sets: Any,

@@ -446,6 +446,22 @@ class PipelineInput(Strict):
     optional: bool = False
 
 
+OUTPUT_TYPES = ("image", "array", "text")
+
+
+class PipelineOutput(Strict):
+    """A result `luminal-recipe run` writes. Short form ``name: value`` (type from the value: text for a
+    string, else array)."""
+
+    value: str = Field(description="a value name (or an expression over the values) holding the result")
+    type: Literal["image", "array", "text"] | None = Field(
+        None,
+        description="image: a decoded picture (1, 3, H, W) in [-1, 1], written as PNG as diffusers "
+        "post-processes it; array: written as .npy; text: printed and written as .txt; "
+        "default: text for a string, array otherwise",
+    )
+
+
 class LoopSpec(Strict):
     over: ExprField = Field(description="a value name (e.g. timesteps) or a count expression (e.g. steps)")
     var: str = Field("i", description="loop variable visible to the loop's steps")
@@ -502,12 +518,29 @@ class PipelineRecipe(Strict):
     scheduler: SchedulerSpec | None = None
     inputs: dict[str, PipelineInput] = Field(default_factory=dict)
     stages: list[StageSpec]
-    outputs: dict[str, str] = Field(default_factory=dict, description="pipeline output -> value name")
+    outputs: dict[str, PipelineOutput] = Field(
+        default_factory=dict,
+        description="what `run` writes: name -> {value, type} (or name -> value, see PipelineOutput)",
+    )
 
     @field_validator("params", mode="before")
     @classmethod
     def _params_short(cls, value: Any) -> Any:
         return _params_short_form(value)
+
+    @field_validator("outputs", mode="before")
+    @classmethod
+    def _outputs_short(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: ({"value": v} if isinstance(v, str) else v) for k, v in value.items()}
+        return value
+
+    @field_validator("outputs")
+    @classmethod
+    def _output_names(cls, value: dict[str, PipelineOutput]) -> dict[str, PipelineOutput]:
+        for name in value:
+            _check_ident(name, "output")
+        return value
 
 
 RecipeDocument = Annotated[ModelRecipe | PipelineRecipe, Field(discriminator="kind")]

@@ -12,7 +12,7 @@ import torch
 import yaml
 from diffusers import Flux2Pipeline
 
-from luminal_recipes.pipeline.golden import MIN_PSNR_DB, check, is_near_constant, load_manifest, psnr
+from luminal_recipes.pipeline.golden import MIN_PSNR_DB, check, compare, is_near_constant, load_manifest, psnr
 from luminal_recipes.pipeline.image_io import read_png, write_png
 from luminal_recipes.pipeline.latents import initial_noise
 
@@ -74,3 +74,20 @@ def test_near_constant_images_are_rejected():
     flat[0, 0] = 130
     assert is_near_constant(flat)
     assert not is_near_constant(np.random.default_rng(0).integers(0, 255, (48, 80, 3)).astype(np.uint8))
+
+
+def test_a_one_level_difference_passes_by_psnr(tmp_path):
+    """Goldens compare by PSNR, not bytes: another program of the same graph may round one pixel differently."""
+    _, cases = load_manifest(MANIFEST)
+    case = cases[0]
+    pixels, _ = read_png(case.file)
+    moved = pixels.copy()
+    moved[0, 0, 0] = moved[0, 0, 0] + 1 if moved[0, 0, 0] < 255 else 254
+    result = compare(case, moved)
+    assert result.ok and MIN_PSNR_DB < result.psnr < float("inf"), result.message
+    assert compare(case, pixels).psnr == float("inf")
+    far = np.clip(pixels.astype(np.int16) + 40, 0, 255).astype(np.uint8)
+    copy = tmp_path / case.file.name
+    shutil.copy(case.file, copy)
+    failed = compare(type(case)(copy, case.prompt, case.seed, case.steps, case.width, case.height), far)
+    assert not failed.ok and copy.with_suffix(".diff.png").exists()

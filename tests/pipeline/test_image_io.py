@@ -1,8 +1,10 @@
-"""PNG output: diffusers' post-processing, atomic writes, metadata and default names."""
+"""PNG output: diffusers' post-processing, atomic writes (never replacing a file unless asked), metadata and
+default names."""
 
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,8 @@ from PIL import Image
 from luminal_recipes import __version__
 from luminal_recipes.errors import PipelineError
 from luminal_recipes.pipeline import image_io
+from luminal_recipes.pipeline.atomic_file import OutputExistsError
+from luminal_recipes.pipeline.outputs import numbered, output_stem
 
 
 def vae_like_output(height=24, width=40, seed=0) -> np.ndarray:
@@ -76,6 +80,17 @@ def test_overwrite_is_atomic_and_failures_leave_nothing(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["out.png"]
 
 
+def test_without_overwrite_an_existing_file_is_kept(tmp_path):
+    path = tmp_path / "out.png"
+    image_io.save_image(path, vae_like_output(seed=1))
+    before = path.read_bytes()
+    with pytest.raises(OutputExistsError, match=r"out\.png exists; pass --overwrite"):
+        image_io.save_image(path, vae_like_output(seed=2), overwrite=False)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["out.png"]
+    image_io.save_image(tmp_path / "new.png", vae_like_output(seed=2), overwrite=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.png", "out.png"]
+
+
 def test_unwritable_paths(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -106,8 +121,10 @@ def test_slugify(prompt, slug):
     assert image_io.slugify(prompt) == slug
 
 
-def test_default_output_path():
-    assert str(image_io.default_output_path("flux2-tiny", 42, "A Cat, in a Hat!")) == (
-        "outputs/flux2-tiny-42-a-cat-in-a-hat.png"
-    )
-    assert image_io.default_output_path("flux2", 0, "🦊", folder="elsewhere").name == "flux2-0-image.png"
+def test_default_output_names():
+    assert output_stem("flux2-tiny", 42, "A Cat, in a Hat!") == "flux2-tiny-42-a-cat-in-a-hat"
+    assert output_stem("flux2", 0, "🦊") == "flux2-0-prompt"
+    assert output_stem("embed", None, "a fox", "prompt_embeds") == "embed-a-fox-prompt-embeds"
+    assert output_stem("noise", None, None) == "noise"
+    assert str(numbered(Path("outputs"), "flux2-0-a-fox", ".png", 1)) == "outputs/flux2-0-a-fox_00001_.png"
+    assert numbered(Path("o"), "x", ".npy", 123456).name == "x_123456_.npy"

@@ -85,12 +85,12 @@ def test_a_stage_over_the_budget_streams_with_the_same_bits(tmp_path):
         assert plan["streamed"] == (stage == largest)
     plan = memory["plans"][largest]
     assert plan["resident_weight_bytes"] < plan["weight_bytes"]
-    measured = bounded["images"][0]["memory"][largest]
+    measured = bounded["runs"][0]["memory"][largest]
     assert measured["stream"]["loads"] > 0 and measured["stream"]["bytes_copied"] > 0
     assert measured["loaded_peak_bytes"] == plan["planned_peak_bytes"]
     assert 0 < measured["live_peak_bytes"] <= plan["activation_bytes"]
     assert measured["transient_peak_bytes"] is not None and measured["max_rss_bytes"] > 0
-    rss = bounded["images"][0]["rss"]
+    rss = bounded["runs"][0]["rss"]
     assert set(rss) >= {"tokenize", "text_encoder", "denoise", "vae"}
     assert all(r["max_rss_bytes"] >= (r["rss_at_start_bytes"] or 0) for r in rss.values())
 

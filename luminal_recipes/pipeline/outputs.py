@@ -1,0 +1,155 @@
+"""Write what a pipeline run produced, by each output's declared type, under names that never overwrite.
+
+Types (a pipeline recipe's ``outputs: {name: {value, type}}``): ``image`` is a decoded picture ``(1, 3, H, W)``
+in [-1, 1], post-processed as diffusers does and written as PNG; ``array`` is written as ``.npy``; ``text`` as
+UTF-8 ``.txt`` (the CLI also prints it). Undeclared, a string is text and anything else an array.
+
+Default names, as ComfyUI numbers its images: ``outputs/<recipe>-<seed>-<slug>_00001_.png``, the counter one
+more than the highest already in the folder for that name (the seed part only when the pipeline has a ``seed``
+parameter, the slug only when it takes a prompt, ``-<output>`` added when it writes several outputs). A file is
+created, never replaced, unless ``--overwrite`` (an explicit ``--output``); two runs racing for one name get
+two numbers.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import PipelineError
+from .atomic_file import OutputExistsError, atomic_write
+from .image_io import save_image, slugify
+
+DEFAULT_OUTPUT_DIR = Path("outputs")
+EXTENSIONS = {"image": ".png", "array": ".npy", "text": ".txt"}
+COUNTER_DIGITS = 5
+
+
+@dataclass(frozen=True)
+class Output:
+    """One declared output of a pipeline: its name, type (None: from the value) and where it was declared."""
+
+    name: str
+    type: str | None
+    where: str  # "recipe.yaml:84:10"
+
+    def resolved_type(self, value: Any) -> str:
+        return self.type or ("text" if isinstance(value, str) else "array")
+
+
+def output_stem(recipe: str, seed: int | None, prompt: str | None, output: str | None = None) -> str:
+    """``<recipe>[-<seed>][-<slug>][-<output>]``, file-name safe."""
+    parts = [slugify(recipe) or "recipe"]
+    if seed is not None:
+        parts.append(str(seed))
+    if prompt is not None:
+        parts.append(slugify(prompt) or "prompt")
+    if output is not None:
+        parts.append(slugify(output) or "output")
+    return "-".join(parts)
+
+
+def numbered(folder: Path, stem: str, extension: str, counter: int) -> Path:
+    return folder / f"{stem}_{counter:0{COUNTER_DIGITS}d}_{extension}"
+
+
+def next_counter(folder: Path, stems: list[str]) -> int:
+    """One more than the highest counter any file in ``folder`` has for one of ``stems`` (1 if none)."""
+    if not folder.is_dir():
+        return 1
+    pattern = re.compile(rf"^(?:{'|'.join(re.escape(s) for s in stems)})_(\d{{{COUNTER_DIGITS},}})_\.\w+$")
+    found = [int(m.group(1)) for p in folder.iterdir() if (m := pattern.match(p.name))]
+    return max(found, default=0) + 1
+
+
+def check_explicit_output(path: Path, kind: str, overwrite: bool) -> None:
+    """An explicit ``--output``: the right extension, a writable folder, and not an existing file unless
+    ``overwrite`` - checked before any work."""
+    want = EXTENSIONS[kind]
+    if path.suffix.lower() != want:
+        raise PipelineError(f"--output {path}: this pipeline's output is of type {kind}; the file name must end "
+                            f"with {want}")
+    if path.is_dir():
+        raise PipelineError(f"--output {path}: is a folder; give a file name ending in {want}")
+    if path.exists() and not overwrite:
+        raise PipelineError(f"--output {path}: the file exists; pass --overwrite to replace it, or omit --output "
+                            f"to get a new numbered file in {DEFAULT_OUTPUT_DIR}/")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise PipelineError(f"--output {path}: {folder} is not a writable folder; choose another --output")
+
+
+def check_output_folder(folder: Path = DEFAULT_OUTPUT_DIR) -> None:
+    """The default folder can be created or written (checked before any work)."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise PipelineError(f"{folder}/: {existing} is not a writable folder; pass --output FILE or run from a "
+                            f"folder where {folder}/ can be written")
+
+
+def convert(output: Output, value: Any) -> tuple[str, Any]:
+    """``(type, value)`` checked against the output's type, or a PipelineError naming the output."""
+    kind = output.resolved_type(value)
+    where = f"{output.where}: output '{output.name}'"
+    if value is None:
+        raise PipelineError(f"{where} has no value (nothing was assigned to it in this run)")
+    if kind == "text":
+        if not isinstance(value, str):
+            raise PipelineError(f"{where} is declared text but the run produced {type(value).__name__}; "
+                                f"declare `type: array` or name a text value")
+        return kind, value
+    array = np.asarray(value)
+    if array.dtype == object or array.dtype.kind in "USV":
+        raise PipelineError(f"{where} is of type {kind} but the run produced {type(value).__name__} "
+                            f"({array.dtype}); declare `type: text` for text")
+    if kind == "image":
+        shape = array.shape
+        if not (array.ndim == 4 and shape[:2] == (1, 3) or array.ndim == 3 and shape[0] == 3):
+            raise PipelineError(f"{where} is declared an image but has shape {shape}; an image is a decoded "
+                                f"picture (1, 3, H, W) or (3, H, W) in [-1, 1]. Declare `type: array` to write "
+                                f"it as .npy")
+    return kind, array
+
+
+def write(path: Path, kind: str, value: Any, text: Mapping[str, str], overwrite: bool) -> Path:
+    """Write one output; ``OutputExistsError`` if ``path`` exists and not ``overwrite``."""
+    if kind == "image":
+        return save_image(path, value, text, overwrite=overwrite)
+    if kind == "array":
+        def dump(handle) -> None:
+            buffer = io.BytesIO()
+            np.save(buffer, np.ascontiguousarray(value), allow_pickle=False)
+            handle.write(buffer.getbuffer())
+
+        return atomic_write(path, dump, overwrite=overwrite, what="array")
+    return atomic_write(path, lambda handle: handle.write(value.encode("utf-8")), overwrite=overwrite,
+                        what="text")
+
+
+def write_numbered(folder: Path, stems: Mapping[str, str], values: Mapping[str, tuple[str, Any]],
+                   text: Mapping[str, str]) -> dict[str, Path]:
+    """Write every output under its stem with the next free counter (shared by the outputs of one prompt,
+    bumped for a file another process took meanwhile)."""
+    counter = next_counter(folder, list(stems.values()))
+    written = {}
+    for name, (kind, value) in values.items():
+        n = counter
+        while True:
+            try:
+                written[name] = write(numbered(folder, stems[name], EXTENSIONS[kind], n), kind, value, text,
+                                      overwrite=False)
+                break
+            except OutputExistsError:
+                n += 1
+    return written
