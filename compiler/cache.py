@@ -14,7 +14,9 @@ import base64
 import hashlib
 import json
 import os
+import re
 import tempfile
+import time
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -38,6 +40,51 @@ def cache_dir() -> Path:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "luminal-recipes"
+
+
+def cache_dir_source() -> str:
+    """Which setting chose ``cache_dir()``, for ``luminal-recipe cache info``."""
+    if os.environ.get("LUMINAL_RECIPES_CACHE"):
+        return "set by $LUMINAL_RECIPES_CACHE"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return "under $XDG_CACHE_HOME; set $LUMINAL_RECIPES_CACHE to use another folder"
+    return "the default; set $LUMINAL_RECIPES_CACHE to use another folder"
+
+
+# ---- housekeeping (``luminal-recipe cache info|clear``) ------------------------------------------------------
+_ENTRY = re.compile(r"^[0-9a-f]{64}\.json$")  # <key>.json, the key a sha256 (see ``plan_key``)
+_LEFTOVER = re.compile(r"^\.[0-9a-f]{64}\..+\.tmp$")  # ``store``'s temporary file, left by a killed process
+LEFTOVER_AGE_S = 3600  # younger temporary files may belong to a compile in progress
+
+
+def entries(directory: Path | None = None) -> list[Path]:
+    """The files of ``directory`` (default: the cache folder) that this cache wrote: entries, and temporary files
+    of interrupted writes older than an hour. Links and anything else are never counted or removed."""
+    directory = cache_dir() if directory is None else directory
+    if not directory.is_dir():
+        return []
+    found = []
+    now = time.time()
+    for path in directory.iterdir():
+        if path.is_symlink() or not path.is_file():
+            continue
+        if _ENTRY.match(path.name) or _LEFTOVER.match(path.name) and now - path.stat().st_mtime > LEFTOVER_AGE_S:
+            found.append(path)
+    return sorted(found)
+
+
+def clear(directory: Path | None = None) -> tuple[int, int]:
+    """Remove the cache's own files (``entries``); returns (files removed, bytes freed)."""
+    removed = freed = 0
+    for path in entries(directory):
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:  # another process removed it first
+            continue
+        removed += 1
+        freed += size
+    return removed, freed
 
 
 def _version(dist: str) -> str:

@@ -235,6 +235,51 @@ def golden_update(
         typer.echo(f"wrote {path}")
 
 
+cache_app = typer.Typer(
+    help="The plan cache: compiled programs kept on disk so a second run skips the search.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+@user_errors
+def cache_info() -> None:
+    """Where the plan cache is ($LUMINAL_RECIPES_CACHE, else $XDG_CACHE_HOME/luminal-recipes, else
+    ~/.cache/luminal-recipes), how many entries it holds and their size."""
+    from .compiler import cache
+
+    folder = cache.cache_dir()
+    found = cache.entries(folder)
+    size = sum(p.stat().st_size for p in found)
+    typer.echo(f"plan cache: {folder} ({cache.cache_dir_source()})")
+    if not folder.exists():
+        typer.echo("  (the folder does not exist yet: nothing compiled here so far)")
+    typer.echo(f"  {len(found)} entries, {_human_bytes(size)} ({size} bytes)")
+
+
+@cache_app.command("clear")
+@user_errors
+def cache_clear() -> None:
+    """Remove the plan cache's entries (only files it recognises as its own); the next run compiles again."""
+    from .compiler import cache
+
+    folder = cache.cache_dir()
+    removed, freed = cache.clear(folder)
+    others = sum(1 for p in folder.iterdir()) if folder.is_dir() else 0
+    typer.echo(f"removed {removed} files ({_human_bytes(freed)}) from {folder}"
+               + (f"; {others} other files there left alone" if others else ""))
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
 def raise_user(message: str) -> None:
     from .errors import PipelineError
 
