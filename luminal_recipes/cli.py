@@ -146,11 +146,12 @@ def run(
 @app.command()
 @user_errors
 def validate(
-    recipe: Path = typer.Argument(..., help="a model or pipeline recipe"),
+    recipe: Path = typer.Argument(..., help="a model or pipeline recipe, or a `kind: modules` library"),
     weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
-    """Check a recipe (schema, expressions) and, with --weights, the checkpoint against it."""
+    """Check a recipe (schema, expressions, forwards) and its checkpoint: the recipe's own when it is a local
+    folder, or --weights (a Hub checkpoint is only downloaded and checked when passed as --weights)."""
     from .recipe import validate as validate_recipe
 
     typer.echo(str(validate_recipe(recipe, weights, set_)))
@@ -159,7 +160,7 @@ def validate(
 @app.command()
 @user_errors
 def inspect(
-    recipe: Path = typer.Argument(..., help="a model or pipeline recipe"),
+    recipe: Path = typer.Argument(..., help="a model or pipeline recipe, or a `kind: modules` library"),
     weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
     config: Path | None = typer.Option(None, help="a config.json giving sizes without weights"),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
