@@ -110,6 +110,17 @@ def _check_inputs(pipe: Pipeline, req: GenerateRequest) -> None:
                             f"input")
 
 
+def _check_explicit(path: Path, only: Output, overwrite: bool) -> None:
+    """``--output`` for the pipeline's one output: an extension its type is written with, and the checks of
+    ``outputs.check_explicit_output`` (an existing file needs ``overwrite``)."""
+    kinds = [only.type] if only.type else ["array", "text"]  # undeclared: known once the value exists
+    suffix = path.suffix.lower()
+    if suffix not in (EXTENSIONS[k] for k in kinds):
+        raise PipelineError(f"--output {path}: output '{only.name}' is written as "
+                            f"{' or '.join(EXTENSIONS[k] for k in kinds)}; use that extension")
+    check_explicit_output(path, next(k for k in kinds if EXTENSIONS[k] == suffix), overwrite)
+
+
 def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | None = None) -> dict:
     started = req.started if req.started is not None else time.perf_counter()
     sets = list(req.sets)
@@ -150,20 +161,14 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
                                 f"check the latents' shape against")
         init = load_init_latents(req.init_latents, int(p["height"]), int(p["width"]))
     if req.output is not None:
-        (only,) = declared.values()
-        kinds = [only.type] if only.type else ["array", "text"]  # undeclared: known once the value exists
-        if req.output.suffix.lower() not in (EXTENSIONS[k] for k in kinds):
-            raise PipelineError(f"--output {req.output}: output '{only.name}' is written as "
-                                f"{' or '.join(EXTENSIONS[k] for k in kinds)}; use that extension")
-        check_explicit_output(req.output, next(k for k in kinds if EXTENSIONS[k] == req.output.suffix.lower()),
-                              req.overwrite)
+        _check_explicit(req.output, next(iter(declared.values())), req.overwrite)
     else:
         check_output_folder()
     recipe_hash = hashlib.sha256(req.recipe.read_bytes()).hexdigest()[:16]
     seed = int(p["seed"]) if "seed" in p else None
     t_prepare = time.perf_counter()
     pipe.prepare()  # every stage compiled and planned under the budget before any weight is read
-    compile_seconds = time.perf_counter() - t_prepare
+    compile_seconds = time.perf_counter() - t_prepare  # the compile share of the summary (plan-cache loads too)
     runs = []
     for prompt in prompts:
         t0 = time.perf_counter()
@@ -179,6 +184,9 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
                                init_latents=str(req.init_latents) if req.init_latents else None, **meta)
         if req.output is not None:
             ((name, (kind, value)),) = values.items()
+            if EXTENSIONS[kind] != req.output.suffix.lower():  # an undeclared type, known from the value
+                raise PipelineError(f"--output {req.output}: output '{name}' is {kind}, written as "
+                                    f"{EXTENSIONS[kind]}; use that extension (or declare its `type:`)")
             paths = {name: write_output(req.output, kind, value, text, overwrite=req.overwrite)}
         else:
             several = len(declared) > 1
