@@ -1,0 +1,473 @@
+"""Program node -> ``NodePlan``: the CUDA kernels and cuBLAS calls that compute one kernel node.
+
+``prepare(ctx, options)`` dispatches on ``ctx.node.op``. ``ctx`` is the kernel context of the backend contract
+(node, output shape and storage dtype, each input's bound view, storage dtype and element count, a ``scratch``
+to request typed scratch arrays). Semantics follow ``graph.reference`` (primitives) and ``runtimes/program.py``
+(fused kernels), with the numpy runtime's arithmetic: f32 compute, one rounding at the store.
+
+Generated kernels bake every shape, stride and offset in as constants (``codegen.index_code``); hand-written
+templates live in ``kernels/*.cuh``. GEMMs go through ``gemm.matmul_desc`` (cuBLAS reads the views in place when
+it can; otherwise the operand is copied into scratch by a generated copy kernel).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from luminal_recipes.graph.dtypes import DType, to_dtype
+from luminal_recipes.graph.view import BoundView, View
+
+from . import codegen as cg
+from .codegen import CodegenError, Operand, ctype
+from .gemm import GemmLayoutError, Matrix, matmul_desc, split_batch
+from .plan import IN, OUT, SCRATCH, Gemm, IndexCheck, KernelSource, Launch, NodePlan, Ref, grid_1d
+
+F32, F16, BF16 = np.dtype(np.float32), np.dtype(np.float16), DType.BF16.np
+GEMM_TYPES = {F32, F16, BF16}
+# (A/B type, C type) pairs cuBLAS gemmEx computes with CUBLAS_COMPUTE_32F
+GEMM_OUT = {(F32, F32), (F16, F16), (F16, F32), (BF16, BF16), (BF16, F32)}
+BLOCK = 256
+
+
+@dataclass
+class CudaOptions:
+    """Launch shapes and algorithm choices (the same for the GPU and cuda-emu, so both run the same code)."""
+
+    max_blocks: int = 132 * 16  # grid-stride loops: a few waves on an H200's 132 SMs
+    attention: str = "flash"  # "flash" (tiled, online softmax) or "chunked" (GEMM + softmax + GEMM per chunk)
+    score_budget: int = 1 << 26  # f32 score elements per attention chunk (256 MiB)
+    dequant_band: int = 1 << 24  # decoded weight elements per DequantMatMul band
+    conv_cols: int = 1 << 24  # im2col elements per Conv2d tile
+    notes: list[str] = field(default_factory=list)
+
+
+class CudaPrepareError(ValueError):
+    """A node the CUDA runtime cannot run as given (names the node)."""
+
+
+def _where(ctx) -> str:
+    n = ctx.node
+    return f"{n.op} #{n.id}" + (f" ('{n.name}')" if n.name else "")
+
+
+def prepare(ctx, options: CudaOptions | None = None) -> NodePlan:
+    options = options or CudaOptions()
+    fn = PREPARE.get(ctx.node.op)
+    if fn is None:
+        raise CudaPrepareError(f"{_where(ctx)}: the CUDA runtime has no kernel for {ctx.node.op}")
+    try:
+        return fn(ctx, options)
+    except (CodegenError, GemmLayoutError) as e:
+        raise CudaPrepareError(f"{_where(ctx)}: {e}") from e
+
+
+def _operands(ctx) -> list[Operand]:
+    return [Operand(k.view, k.size, np.dtype(k.dtype)) for k in ctx.inputs]
+
+
+def _contiguous(shape: tuple[int, ...], size: int | None = None, dtype=F32, offset: int = 0) -> Operand:
+    n = math.prod(shape)
+    return Operand(View.contiguous(shape).bind({}) if offset == 0 else
+                   BoundView(tuple(shape), View.contiguous(shape).bind({}).strides, offset, None),
+                   size if size is not None else n + offset, np.dtype(dtype))
+
+
+# ---- Elementwise (and every unary/binary primitive, Cast, copies) ---------------------------------------------
+def elementwise(plan: NodePlan, options: CudaOptions, expr: str, operands: list[Operand], refs: list[Ref],
+                shape: tuple[int, ...], out_dtype, out_ref: Ref = OUT) -> None:
+    """Append the launch of a generated kernel ``out[i] = expr(in0[i], in1[i]...)`` over ``shape`` (output
+    contiguous at ``out_ref``)."""
+    out_dtype = np.dtype(out_dtype)
+    n = math.prod(shape)
+    if n == 0:
+        return
+    ec = cg.ExprCompiler(expr, [op.dtype for op in operands], out_dtype)
+    used = ec.used
+    itype = cg.index_type(n, *(op.size for op in operands), *(abs(op.view.offset) + sum(
+        abs(s) * d for s, d in zip(op.view.strides, op.view.shape)) for op in operands))
+    idx = cg.index_code(tuple(shape), [(0, len(shape))], [operands[i] for i in used], ["i"], itype)
+    out_t = ctype(out_dtype)
+    params = [f"{out_t}*"] + [f"const {ctype(op.dtype)}*" for op in operands]
+    sig = ", ".join([f"{out_t}* __restrict__ out"] + [f"const {ctype(op.dtype)}* __restrict__ in{i}"
+                                                      for i, op in enumerate(operands)])
+    loads = []
+    for j, i in enumerate(used):
+        loads.append(f"const {cg.compute_type(operands[i].dtype)} v{i} = "
+                     f"{cg.load_expr(f'in{i}', idx.flats[j], idx.valids[j], operands[i].dtype)};")
+    body = "\n      ".join(idx.stmts + loads + ec.lines + [f"out[i] = {ec.result};"])
+    vector = _vector_loop(ec, operands, used, out_dtype, n, itype)
+    text = f"""extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({sig}) {{
+  const {itype} n = {n};
+  const {itype} start = ({itype})blockIdx.x * blockDim.x + threadIdx.x;
+  const {itype} stride = ({itype})gridDim.x * blockDim.x;
+  {{
+    {vector}
+  }}
+  for ({itype} i = start; i < n; i += stride) {{
+      {body}
+  }}
+}}"""
+    name = plan.kernel(_source("ew", text, params, sync=False))
+    plan.steps.append(Launch(name, grid_1d(n, BLOCK, options.max_blocks), (BLOCK, 1, 1),
+                             (out_ref, *refs)))
+
+
+def _vector_loop(ec: cg.ExprCompiler, operands: list[Operand], used: list[int], out_dtype: np.dtype, n: int,
+                 itype: str) -> str:
+    """A loop of 16-byte vector loads and stores when every input read is contiguous or uniform (taken at run
+    time only if the pointers are aligned); it ends by moving ``start`` past the elements it covered."""
+    kinds = {}
+    for i in used:
+        off = cg.is_contiguous_from(operands[i], n)
+        if off is not None:
+            kinds[i] = ("contiguous", off)
+        elif cg.is_uniform(operands[i]):
+            kinds[i] = ("uniform", operands[i].view.offset)
+        else:
+            return ""
+    widest = max([out_dtype.itemsize] + [operands[i].dtype.itemsize for i, (k, _) in kinds.items()
+                                         if k == "contiguous"])
+    vec = min(8, 16 // widest)
+    if vec < 2 or n < vec * 2:
+        return ""
+    out_t = ctype(out_dtype)
+    checks = [f"lr_aligned(out, {vec * out_dtype.itemsize})"]
+    pre, inner = [], []
+    for i, (kind, off) in kinds.items():
+        t = ctype(operands[i].dtype)
+        ct = cg.compute_type(operands[i].dtype)
+        val = "to_f32({})" if ct == "float" else "{}"
+        if kind == "contiguous":
+            if off % vec:
+                return ""
+            checks.append(f"lr_aligned(in{i} + {off}, {vec * operands[i].dtype.itemsize})")
+            pre.append(f"const Vec<{t}, {vec}>* __restrict__ p{i} = "
+                       f"reinterpret_cast<const Vec<{t}, {vec}>*>(in{i} + {off});")
+            inner.append(f"const {ct} v{i} = {val.format(f'a{i}.v[e]')};")
+        else:
+            pre.append(f"const {ct} u{i} = {val.format(f'in{i}[{off}]')};")
+            inner.append(f"const {ct} v{i} = u{i};")
+    loads = "\n        ".join(f"const Vec<{ctype(operands[i].dtype)}, {vec}> a{i} = p{i}[j];"
+                              for i, (k, _) in kinds.items() if k == "contiguous")
+    lines = "\n          ".join(inner + ec.lines + [f"o.v[e] = {ec.result};"])
+    return f"""if ({" && ".join(checks)}) {{
+      {" ".join(pre)}
+      Vec<{out_t}, {vec}>* __restrict__ po = reinterpret_cast<Vec<{out_t}, {vec}>*>(out);
+      const {itype} nv = n / {vec};
+      for ({itype} j = start; j < nv; j += stride) {{
+        {loads}
+        Vec<{out_t}, {vec}> o;
+#pragma unroll
+        for (int e = 0; e < {vec}; ++e) {{
+          {lines}
+        }}
+        po[j] = o;
+      }}
+      for ({itype} i = nv * {vec} + start; i < n; i += stride) {{
+        {_scalar_contiguous(ec, kinds, operands)}
+      }}
+      return;
+    }}"""
+
+
+def _scalar_contiguous(ec, kinds, operands) -> str:
+    lines = []
+    for i, (kind, off) in kinds.items():
+        ct = cg.compute_type(operands[i].dtype)
+        ref = f"in{i}[i + {off}]" if kind == "contiguous" else f"in{i}[{off}]"
+        lines.append(f"const {ct} v{i} = {'to_f32(' + ref + ')' if ct == 'float' else ref};")
+    return "\n        ".join(lines + ec.lines + [f"out[i] = {ec.result};"])
+
+
+def _source(prefix: str, text: str, params: list[str], sync: bool) -> KernelSource:
+    name = cg.kernel_name(prefix, text)
+    return KernelSource(name, tuple(params), text.replace("KNAME", name), sync)
+
+
+def copy_into(plan: NodePlan, options: CudaOptions, op: Operand, ref: Ref, dtype, dst: Ref) -> None:
+    """Materialise ``op`` contiguously (converted to ``dtype``) at ``dst`` (zeros where the view is padding)."""
+    elementwise(plan, options, "in0", [op], [ref], tuple(op.view.shape), dtype, dst)
+
+
+_PRIMITIVE_EXPR = {**{u: f"({u} in0)" for u in ("Log2", "Exp2", "Sin", "Sqrt", "Recip")},
+                   **{b: f"({b} in0 in1)" for b in ("Add", "Mul", "Mod", "LessThan")}}
+
+
+def prepare_elementwise(ctx, options: CudaOptions) -> NodePlan:
+    op = ctx.node.op
+    if op == "Elementwise":
+        expr = ctx.node.attr("expr")
+        if not isinstance(expr, str):
+            raise CodegenError("needs a string attribute 'expr'")
+    elif op == "Cast":
+        expr = f"(Cast {to_dtype(np.dtype(ctx.dtype))} in0)"
+    else:
+        expr = _PRIMITIVE_EXPR[op]
+    for i, k in enumerate(ctx.inputs):
+        if tuple(k.view.shape) != tuple(ctx.shape):
+            raise CodegenError(f"input {i} is viewed at {k.view.shape}, not at the output shape {ctx.shape}")
+    plan = NodePlan()
+    elementwise(plan, options, expr, _operands(ctx), [IN(i) for i in range(len(ctx.inputs))], tuple(ctx.shape),
+                ctx.dtype)
+    return plan
+
+
+def prepare_iota(ctx, options: CudaOptions) -> NodePlan:
+    n = int(ctx.shape[0])
+    plan = NodePlan()
+    if n == 0:
+        return plan
+    text = f"""extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME(int* __restrict__ out) {{
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < {n}; i += gridDim.x * blockDim.x) out[i] = i;
+}}"""
+    name = plan.kernel(_source("iota", text, ["int*"], sync=False))
+    plan.steps.append(Launch(name, grid_1d(n, BLOCK, options.max_blocks), (BLOCK, 1, 1), (OUT,)))
+    return plan
+
+
+# ---- loads through a view with axis groups (row kernels, reductions, gathers) -------------------------------
+def view_loader(name: str, op: Operand, groups: list[tuple[int, int]], itype: str = "long long",
+                as_float: bool = True) -> str:
+    """A functor ``name{p}(g0, g1...)`` reading ``op`` at one linear index per axis group (0 where masked)."""
+    args = [f"g{j}" for j in range(len(groups))]
+    idx = cg.index_code(tuple(op.view.shape), groups, [op], args, itype, tag="x")
+    ret = cg.compute_type(op.dtype) if not as_float else "float"
+    body = "\n    ".join(idx.stmts)
+    load = cg.load_expr("p", idx.flats[0], idx.valids[0], op.dtype, as_float)
+    params = ", ".join(f"{itype} {a}" for a in args)
+    return f"""struct {name} {{
+  const {ctype(op.dtype)}* __restrict__ p;
+  LR_DEV {ret} operator()({params}) const {{
+    {body}
+    return {load};
+  }}
+}};"""
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def prepare_rows(ctx, options: CudaOptions) -> NodePlan:
+    if len(ctx.inputs) != 1 or tuple(ctx.inputs[0].view.shape) != tuple(ctx.shape) or not ctx.shape:
+        raise CodegenError("expects one input viewed at the output shape [..., N]")
+    kind = {"Softmax": "ROW_SOFTMAX", "LayerNorm": "ROW_LAYERNORM", "RMSNorm": "ROW_RMSNORM"}[ctx.node.op]
+    eps = float(ctx.node.attr("eps", 1e-5 if ctx.node.op == "LayerNorm" else 1e-6))
+    shape = tuple(ctx.shape)
+    n, rows = shape[-1], math.prod(shape[:-1])
+    plan = NodePlan()
+    if n == 0 or rows == 0:
+        return plan
+    rows_kernel(plan, options, kind, _operands(ctx)[0], IN(0), rows, n, eps, ctx.dtype, OUT)
+    return plan
+
+
+def rows_kernel(plan: NodePlan, options: CudaOptions, kind: str, op: Operand, ref: Ref, rows: int, n: int,
+                eps: float, out_dtype, out_ref: Ref, bias: tuple[Operand, Ref] | None = None,
+                row_base: int = 0) -> None:
+    """A row kernel over ``op`` viewed as [rows, n] (its leading axes merged); ``bias`` (viewed the same way,
+    rows counted from ``row_base``) is added before a softmax."""
+    nd = len(op.view.shape)
+    block = min(1024, max(32, _pow2(-(-n // 8))))
+    items = -(-n // block) if -(-n // block) <= 8 else 0
+    loader = view_loader("LoadX", op, [(0, nd - 1), (nd - 1, nd)])
+    out_t = ctype(out_dtype)
+    params = [f"{out_t}*", f"const {ctype(op.dtype)}*"]
+    sig = [f"{out_t}* __restrict__ out", f"const {ctype(op.dtype)}* __restrict__ x"]
+    extra, load = "", "LoadX{x}"
+    if bias is not None:
+        bop, bref = bias
+        bnd = len(bop.view.shape)
+        extra = view_loader("LoadB", bop, [(0, bnd - 1), (bnd - 1, bnd)])
+        params += [f"const {ctype(bop.dtype)}*", "long long"]
+        sig += [f"const {ctype(bop.dtype)}* __restrict__ bias", "long long row_base"]
+        extra += f"""
+struct LoadXB {{
+  LoadX x; LoadB b; long long base;
+  LR_DEV float operator()(long long r, long long c) const {{ return x(r, c) + b(base + r, c); }}
+}};"""
+        load = "LoadXB{LoadX{x}, LoadB{bias}, row_base}"
+    text = f"""{loader}
+{extra}
+extern "C" __global__ void __launch_bounds__({block}) KNAME({", ".join(sig)}) {{
+  rows_kernel<{block}, {items}, {kind}>(out, {rows}LL, {n}, {cg.float_literal(eps)}, {cg.float_literal(1.0 / n)},
+                                       {load});
+}}""".replace("LoadX", "LX_KNAME").replace("LoadB", "LB_KNAME").replace("LX_KNAMEB", "LXB_KNAME")
+    source = _source("rows", text, params, sync=True)
+    source = KernelSource(source.name, source.params, source.code.replace("_KNAME", "_" + source.name), True)
+    name = plan.kernel(source)
+    args = (out_ref, ref) if bias is None else (out_ref, ref, bias[1], row_base)
+    plan.steps.append(Launch(name, (max(1, min(rows, options.max_blocks * 4)), 1, 1), (block, 1, 1), args))
+
+
+# ---- SumReduce / MaxReduce -------------------------------------------------------------------------------------
+def prepare_reduce(ctx, options: CudaOptions) -> NodePlan:
+    axis = int(ctx.node.attr("axis"))
+    op = _operands(ctx)[0]
+    shape = tuple(op.view.shape)
+    nd = len(shape)
+    axis %= max(nd, 1)
+    r = shape[axis]
+    outer, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1:])
+    outputs = outer * inner
+    plan = NodePlan()
+    if outputs == 0:
+        return plan
+    is_max = ctx.node.op == "MaxReduce"
+    ct = cg.compute_type(op.dtype)
+    acc = {"float": "float", "int": "int", "u8": "unsigned", "bool": "int"}[ct]
+    if is_max:
+        identity = {"float": "-f32_bits(0x7f800000u)", "int": "(int)0x80000000u", "unsigned": "0u"}[acc]
+    else:
+        identity = {"float": "0.0f", "int": "0", "unsigned": "0u"}[acc]
+    # the view as [outer, r, inner]: three axis groups
+    loader = view_loader("LoadR", op, [(0, axis), (axis, axis + 1), (axis + 1, nd)], as_float=(ct == "float"))
+    out_t = ctype(ctx.dtype)
+    store_val = cg.convert("v", acc if acc != "unsigned" else "int", np.dtype(ctx.dtype)) if acc != "float" \
+        else cg.convert("v", "float", np.dtype(ctx.dtype))
+    lanes = inner == 1 and r >= 32
+    text = f"""{loader}
+struct LoadW {{
+  LoadR x;
+  LR_DEV {acc} operator()(long long w, int k) const {{ return ({acc})x(w / {inner}, k, w % {inner}); }}
+}};
+struct StoreW {{
+  {out_t}* __restrict__ out;
+  LR_DEV void operator()(long long w, {acc} v) const {{ out[w] = {store_val}; }}
+}};
+extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict__ out,
+                                                       const {ctype(op.dtype)}* __restrict__ x) {{
+  reduce_{"lanes" if lanes else "serial"}<{acc}, {1 if is_max else 0}>({outputs}LL, {r}, ({acc})({identity}),
+      StoreW{{out}}, LoadW{{LoadR{{x}}}});
+}}"""
+    source = _source("reduce", text, [f"{out_t}*", f"const {ctype(op.dtype)}*"], sync=lanes)
+    code = source.code.replace("LoadR", f"LR_{source.name}").replace("LoadW", f"LW_{source.name}").replace(
+        "StoreW", f"SW_{source.name}")
+    name = plan.kernel(KernelSource(source.name, source.params, code, lanes))
+    work = outputs * 32 if lanes else outputs
+    plan.steps.append(Launch(name, grid_1d(work, BLOCK, options.max_blocks), (BLOCK, 1, 1), (OUT, IN(0))))
+    return plan
+
+
+# ---- Gather / Scatter -------------------------------------------------------------------------------------------
+def prepare_gather(ctx, options: CudaOptions) -> NodePlan:
+    table, idx = _operands(ctx)
+    rows = table.view.shape[0]
+    row_elems = math.prod(table.view.shape[1:])
+    count = math.prod(idx.view.shape)
+    plan = NodePlan()
+    flag = ctx.scratch.add((1,), np.int32)
+    total = count * row_elems
+    if total == 0:
+        return plan
+    tl = view_loader("LoadT", table, [(0, 1), (1, len(table.view.shape))], as_float=False)
+    il = view_loader("LoadI", idx, [(0, len(idx.view.shape))], as_float=False)
+    out_t = ctype(ctx.dtype)
+    value = cg.convert("v", cg.compute_type(table.dtype), np.dtype(ctx.dtype))
+    text = f"""{tl}
+{il}
+extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict__ out,
+    const {ctype(table.dtype)}* __restrict__ table, const {ctype(idx.dtype)}* __restrict__ index, int* flag) {{
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {total}LL;
+       i += (long long)gridDim.x * blockDim.x) {{
+    const long long j = i / {row_elems}, e = i % {row_elems};
+    const long long row = (long long)LoadI{{index}}(j);
+    const {cg.compute_type(table.dtype)} v = lr_index_ok(row, {rows}LL, flag) ? LoadT{{table}}(row, e)
+                                                                         : ({cg.compute_type(table.dtype)})0;
+    out[i] = {value};
+  }}
+}}"""
+    params = [f"{out_t}*", f"const {ctype(table.dtype)}*", f"const {ctype(idx.dtype)}*", "int*"]
+    source = _source("gather", text, params, sync=False)
+    code = source.code.replace("LoadT", f"LT_{source.name}").replace("LoadI", f"LI_{source.name}")
+    name = plan.kernel(KernelSource(source.name, source.params, code, False))
+    plan.steps.append(_zero_flag(plan, options, SCRATCH(flag)))
+    plan.steps.append(Launch(name, grid_1d(total, BLOCK, options.max_blocks), (BLOCK, 1, 1),
+                             (OUT, IN(0), IN(1), SCRATCH(flag))))
+    plan.steps.append(IndexCheck(SCRATCH(flag), f"Gather #{ctx.node.id}: index out of range [0, {rows}); check "
+                                               f"token ids against the vocabulary size"))
+    return plan
+
+
+def _zero_flag(plan: NodePlan, options: CudaOptions, ref: Ref) -> Launch:
+    text = """extern "C" __global__ void KNAME(int* flag) { if (threadIdx.x == 0 && blockIdx.x == 0) flag[0] = 0; }"""
+    name = plan.kernel(_source("zero", text, ["int*"], sync=False))
+    return Launch(name, (1, 1, 1), (1, 1, 1), (ref,))
+
+
+def prepare_scatter(ctx, options: CudaOptions) -> NodePlan:
+    dest, idx, src = _operands(ctx)
+    rows = dest.view.shape[0] if dest.view.shape else 0
+    row_elems = math.prod(dest.view.shape[1:])
+    count = math.prod(idx.view.shape)
+    plan = NodePlan()
+    flag = ctx.scratch.add((1,), np.int32)
+    total_out = math.prod(ctx.shape)
+    # 1. out = dest (skipped when ScatterInPlace's destination already is the output buffer)
+    in_place_ok = ctx.node.op == "ScatterInPlace" and cg.is_contiguous_from(dest, total_out) == 0 and \
+        np.dtype(dest.dtype) == np.dtype(ctx.dtype)
+    before = len(plan.steps)
+    elementwise(plan, options, "in0", [dest], [IN(0)], tuple(ctx.shape), ctx.dtype, OUT)
+    if in_place_ok and len(plan.steps) > before:
+        plan.steps[-1] = SkipIfSame(plan.steps[-1], OUT, IN(0))
+    total = count * row_elems
+    if total == 0:
+        return plan
+    il = view_loader("LoadI", idx, [(0, len(idx.view.shape))], as_float=False)
+    sl = view_loader("LoadS", src, [(0, len(idx.view.shape)), (len(idx.view.shape), len(src.view.shape))],
+                     as_float=False)
+    out_t = ctype(ctx.dtype)
+    value = cg.convert("v", cg.compute_type(src.dtype), np.dtype(ctx.dtype))
+    text = f"""{il}
+{sl}
+extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict__ out,
+    const {ctype(idx.dtype)}* __restrict__ index, const {ctype(src.dtype)}* __restrict__ src, int* flag) {{
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {total}LL;
+       i += (long long)gridDim.x * blockDim.x) {{
+    const long long j = i / {row_elems}, e = i % {row_elems};
+    const long long row = (long long)LoadI{{index}}(j);
+    if (!lr_index_ok(row, {rows}LL, flag)) continue;
+    const {cg.compute_type(src.dtype)} v = LoadS{{src}}(j, e);
+    out[row * {row_elems}LL + e] = {value};
+  }}
+}}"""
+    params = [f"{out_t}*", f"const {ctype(idx.dtype)}*", f"const {ctype(src.dtype)}*", "int*"]
+    source = _source("scatter", text, params, sync=False)
+    code = source.code.replace("LoadI", f"LI_{source.name}").replace("LoadS", f"LS_{source.name}")
+    name = plan.kernel(KernelSource(source.name, source.params, code, False))
+    plan.steps.append(_zero_flag(plan, options, SCRATCH(flag)))
+    plan.steps.append(Launch(name, grid_1d(total, BLOCK, options.max_blocks), (BLOCK, 1, 1),
+                             (OUT, IN(1), IN(2), SCRATCH(flag))))
+    plan.steps.append(IndexCheck(SCRATCH(flag), f"{ctx.node.op} #{ctx.node.id}: row index out of range [0, {rows})"))
+    return plan
+
+
+@dataclass(frozen=True)
+class SkipIfSame:
+    """A launch that is skipped when refs ``a`` and ``b`` bind to the same address (an in-place node whose
+    destination the memory planner placed in the output buffer)."""
+
+    launch: Launch
+    a: Ref
+    b: Ref
+
+
+PREPARE = {
+    **{op: prepare_elementwise for op in ("Log2", "Exp2", "Sin", "Sqrt", "Recip", "Add", "Mul", "Mod", "LessThan",
+                                          "Cast", "Elementwise")},
+    "Iota": prepare_iota,
+    "SumReduce": prepare_reduce,
+    "MaxReduce": prepare_reduce,
+    "Softmax": prepare_rows,
+    "LayerNorm": prepare_rows,
+    "RMSNorm": prepare_rows,
+    "Gather": prepare_gather,
+    "Scatter": prepare_scatter,
+    "ScatterInPlace": prepare_scatter,
+}
+
+__all__ = ["CudaOptions", "CudaPrepareError", "PREPARE", "prepare", "Gemm", "Matrix", "matmul_desc",
+           "split_batch"]
