@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from luminal_recipes.runtimes.expr import Expr, _fold, parse
 
 from luminal_recipes.graph.dtypes import DType, to_dtype
 from luminal_recipes.graph.view import BoundView
-from luminal_recipes.runtimes.expr import Expr, _fold, parse
 
 # storage dtype -> C type of a buffer element (common.cuh's typedefs)
 STORAGE = {
@@ -170,11 +170,12 @@ def index_code(shape: tuple[int, ...], groups: list[tuple[int, int]], operands: 
     return Indexing(stmts, flats, valids)
 
 
-def load_expr(ptr: str, flat: str, valid: str | None, storage: np.dtype, as_float: bool = True) -> str:
-    """A read of ``ptr[flat]`` as f32 (or in its compute type), 0 where ``valid`` fails (memory untouched)."""
+def load_expr(ptr: str, flat: str, valid: str | None, storage: np.dtype) -> str:
+    """A read of ``ptr[flat]`` in its compute type (f32 for every float), 0 where ``valid`` fails (memory
+    untouched)."""
     ct = compute_type(storage)
-    value = f"to_f32({ptr}[{flat}])" if as_float and ct == "float" else f"{ptr}[{flat}]"
-    zero = "0.0f" if as_float and ct == "float" else ("false" if ct == "bool" else f"({ct})0")
+    value = f"to_f32({ptr}[{flat}])" if ct == "float" else f"{ptr}[{flat}]"
+    zero = "0.0f" if ct == "float" else ("false" if ct == "bool" else f"({ct})0")
     if valid == "false":
         return zero
     return value if valid is None else f"(({valid}) ? {value} : {zero})"
@@ -191,7 +192,7 @@ def is_contiguous_from(op: Operand, n: int) -> int | None:
         if d != 1 and s != expect:
             return None
         expect *= d
-    return bv.offset if 0 <= bv.offset and bv.offset + n <= op.size else None
+    return bv.offset if bv.offset >= 0 and bv.offset + n <= op.size else None
 
 
 def is_uniform(op: Operand) -> bool:

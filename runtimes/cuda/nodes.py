@@ -229,14 +229,13 @@ def prepare_iota(ctx, options: CudaOptions) -> NodePlan:
 
 
 # ---- loads through a view with axis groups (row kernels, reductions, gathers) -------------------------------
-def view_loader(name: str, op: Operand, groups: list[tuple[int, int]], itype: str = "long long",
-                as_float: bool = True) -> str:
+def view_loader(name: str, op: Operand, groups: list[tuple[int, int]], itype: str = "long long") -> str:
     """A functor ``name{p}(g0, g1...)`` reading ``op`` at one linear index per axis group (0 where masked)."""
     args = [f"g{j}" for j in range(len(groups))]
     idx = cg.index_code(tuple(op.view.shape), groups, [op], args, itype, tag="x")
-    ret = cg.compute_type(op.dtype) if not as_float else "float"
+    ret = cg.compute_type(op.dtype)
     body = "\n    ".join(idx.stmts)
-    load = cg.load_expr("p", idx.flats[0], idx.valids[0], op.dtype, as_float)
+    load = cg.load_expr("p", idx.flats[0], idx.valids[0], op.dtype)
     params = ", ".join(f"{itype} {a}" for a in args)
     return f"""struct {name} {{
   const {ctype(op.dtype)}* __restrict__ p;
@@ -284,11 +283,11 @@ def rows_kernel(plan: NodePlan, options: CudaOptions, kind: str, op: Operand, re
         extra = view_loader("LoadB", bop, [(0, bnd - 1), (bnd - 1, bnd)])
         params += [f"const {ctype(bop.dtype)}*", "long long"]
         sig += [f"const {ctype(bop.dtype)}* __restrict__ bias", "long long row_base"]
-        extra += f"""
-struct LoadXB {{
+        extra += """
+struct LoadXB {
   LoadX x; LoadB b; long long base;
-  LR_DEV float operator()(long long r, long long c) const {{ return x(r, c) + b(base + r, c); }}
-}};"""
+  LR_DEV float operator()(long long r, long long c) const { return x(r, c) + b(base + r, c); }
+};"""
         load = "LoadXB{LoadX{x}, LoadB{bias}, row_base}"
     text = f"""{loader}
 {extra}
@@ -324,7 +323,7 @@ def prepare_reduce(ctx, options: CudaOptions) -> NodePlan:
     else:
         identity = {"float": "0.0f", "int": "0", "unsigned": "0u"}[acc]
     # the view as [outer, r, inner]: three axis groups
-    loader = view_loader("LoadR", op, [(0, axis), (axis, axis + 1), (axis + 1, nd)], as_float=(ct == "float"))
+    loader = view_loader("LoadR", op, [(0, axis), (axis, axis + 1), (axis + 1, nd)])
     out_t = ctype(ctx.dtype)
     store_val = cg.convert("v", acc if acc != "unsigned" else "int", np.dtype(ctx.dtype)) if acc != "float" \
         else cg.convert("v", "float", np.dtype(ctx.dtype))
@@ -363,8 +362,8 @@ def prepare_gather(ctx, options: CudaOptions) -> NodePlan:
     total = count * row_elems
     if total == 0:
         return plan
-    tl = view_loader("LoadT", table, [(0, 1), (1, len(table.view.shape))], as_float=False)
-    il = view_loader("LoadI", idx, [(0, len(idx.view.shape))], as_float=False)
+    tl = view_loader("LoadT", table, [(0, 1), (1, len(table.view.shape))])
+    il = view_loader("LoadI", idx, [(0, len(idx.view.shape))])
     out_t = ctype(ctx.dtype)
     value = cg.convert("v", cg.compute_type(table.dtype), np.dtype(ctx.dtype))
     text = f"""{tl}
@@ -416,9 +415,8 @@ def prepare_scatter(ctx, options: CudaOptions) -> NodePlan:
     total = count * row_elems
     if total == 0:
         return plan
-    il = view_loader("LoadI", idx, [(0, len(idx.view.shape))], as_float=False)
-    sl = view_loader("LoadS", src, [(0, len(idx.view.shape)), (len(idx.view.shape), len(src.view.shape))],
-                     as_float=False)
+    il = view_loader("LoadI", idx, [(0, len(idx.view.shape))])
+    sl = view_loader("LoadS", src, [(0, len(idx.view.shape)), (len(idx.view.shape), len(src.view.shape))])
     out_t = ctype(ctx.dtype)
     value = cg.convert("v", cg.compute_type(src.dtype), np.dtype(ctx.dtype))
     text = f"""{il}

@@ -1,0 +1,256 @@
+"""cuda-emu: the CUDA runtime's generated CUDA C, compiled by g++ and run on the CPU, against the reference
+interpreter (``graph.reference``) and ml_dtypes.
+
+Every kernel here is the text NVRTC compiles for the GPU (``test_cuda_nvrtc.py``); only ``kernels/emu.h`` differs.
+Narrow-float conversions are checked bit for bit against ml_dtypes (NaN payloads aside: CUDA returns its canonical
+NaN); kernels against the reference through tests/TOLERANCES.md.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from fused_programs import Fused
+from luminal_recipes.runtimes.cuda import CudaEmuBackend, CudaRuntime
+from luminal_recipes.runtimes.program import Program
+
+from luminal_recipes import ops
+from luminal_recipes.errors import InputError
+from luminal_recipes.graph import Graph, View, cast, run_reference
+
+pytestmark = pytest.mark.skipif(not __import__("shutil").which("g++"), reason="cuda-emu needs g++")
+
+
+@pytest.fixture(scope="module")
+def emu() -> CudaRuntime:
+    return CudaRuntime(CudaEmuBackend())
+
+
+@pytest.fixture
+def check(emu, assert_close):
+    def run(graph: Graph, program: Program, inputs=None, weights=None, dims=None, family="runtime", dtype="f32"):
+        want = run_reference(graph, inputs, weights, dims)
+        got = emu.run(program, inputs, weights, dims)
+        for name in want:
+            assert got[name].dtype == want[name].dtype, name
+            assert_close(family, got[name], want[name], dtype)
+        return got, want
+
+    return run
+
+
+def randn(rng, *shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+NARROW = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f8e4m3": ml_dtypes.float8_e4m3fn,
+          "f8e5m2": ml_dtypes.float8_e5m2}
+
+
+def _f32_probes(rng) -> np.ndarray:
+    """f32 values that exercise rounding to every narrow format: random bit patterns over all exponents, every
+    exact midpoint between neighbouring narrow values (ties to even), overflow edges, subnormals, zeros, inf."""
+    vals = [rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32)]
+    for dt in NARROW.values():
+        bits = np.arange(2 ** (8 * np.dtype(dt).itemsize), dtype=np.uint32)
+        codes = bits.astype(np.uint16 if np.dtype(dt).itemsize == 2 else np.uint8).view(dt).astype(np.float64)
+        codes = np.sort(codes[np.isfinite(codes)])
+        mids = (codes[1:] + codes[:-1]) / 2
+        vals += [codes.astype(np.float32), mids.astype(np.float32),
+                 np.nextafter(mids.astype(np.float32), np.float32(np.inf)),
+                 np.nextafter(mids.astype(np.float32), np.float32(-np.inf))]
+    vals.append(np.array([0.0, -0.0, np.inf, -np.inf, 448.0, 464.0, 465.0, 480.0, 57344.0, 61440.0, 65504.0,
+                          65520.0, 1e-45, -1e-45, 3.4e38], np.float32))
+    return np.concatenate(vals)
+
+
+def test_narrow_float_conversions_match_ml_dtypes_bit_for_bit(emu, rng):
+    """f32 -> bf16/f16/f8e4m3/f8e5m2 (round to nearest even, e4m3 overflow to NaN) and every narrow code back
+    to f32, through Cast kernels (the device's conversion intrinsics on the GPU)."""
+    x = _f32_probes(rng)
+    g = Graph()
+    xin = g.input("x", (x.size,))
+    codes_in = {name: g.input(f"c_{name}", (2 ** (8 * np.dtype(dt).itemsize),), name) for name, dt in NARROW.items()}
+    for name in NARROW:
+        g.mark_output(f"to_{name}", cast(xin, name))
+        g.mark_output(f"from_{name}", cast(codes_in[name], "f32"))
+    inputs = {"x": x}
+    for name, dt in NARROW.items():
+        size = np.dtype(dt).itemsize
+        inputs[f"c_{name}"] = np.arange(2 ** (8 * size), dtype=np.uint32).astype(f"u{size}").view(dt)
+    got = emu.run(Program.from_graph(g), inputs)
+    for name, dt in NARROW.items():
+        with np.errstate(over="ignore"):
+            want = x.astype(dt)
+        out = got[f"to_{name}"]
+        nan = np.isnan(want.astype(np.float32))
+        assert np.array_equal(np.isnan(out.astype(np.float32)), nan), name
+        u = f"u{np.dtype(dt).itemsize}"
+        bad = np.flatnonzero(out[~nan].view(u) != want[~nan].view(u))
+        assert bad.size == 0, f"{name}: {x[~nan][bad[:5]]} -> {out[~nan][bad[:5]]}, ml_dtypes {want[~nan][bad[:5]]}"
+        back = got[f"from_{name}"]
+        ref = inputs[f"c_{name}"].astype(np.float32)
+        assert np.array_equal(np.isnan(back), np.isnan(ref)), name
+        assert np.array_equal(back[~np.isnan(ref)].view(np.uint32), ref[~np.isnan(ref)].view(np.uint32)), name
+
+
+# ---- Elementwise ------------------------------------------------------------------------------------------------
+def test_elementwise_chain_with_broadcast_and_padded_inputs(check, rng):
+    g = Graph()
+    x0 = g.input("x", (5, 6))
+    b = g.input("b", (8,))
+    x = x0.pad(1, 1, 1)
+    bb = b.broadcast_to((5, 8))
+    g.mark_output("y", x * ops.sigmoid(x + bb))
+    f = Fused(g)
+    e = ("(Mul in0 (Recip (Add (Exp2 (Mul (Mul (Add in0 in1) (Const -1.0)) (Const 1.4426950408889634))) "
+         "(Const 1.0))))")
+    y = f.add("Elementwise", [x, bb], (5, 8), expr=e)
+    check(g, f.program(y=y), {"x": randn(rng, 5, 6), "b": randn(rng, 8)}, family="elementwise")
+
+
+def test_elementwise_vector_path_scalar_tail_and_strided_reads(check, rng):
+    """1027 contiguous elements (vector loop + scalar tail), a uniform scalar operand, and a transposed read
+    (the index path); bf16 output rounds once from f32."""
+    g = Graph()
+    a, s = g.input("a", (1027,)), g.input("s", ())
+    t0 = g.input("t", (13, 79))
+    f = Fused(g)
+    sb = s.broadcast_to((1027,))
+    g.mark_output("y", cast(ops.exp(a) * sb, "bf16"))
+    y = f.add("Elementwise", [a, sb], (1027,), "bf16", expr="(Mul (Exp2 (Mul in0 (Const 1.4426950408889634))) in1)")
+    g.mark_output("z", t0.T + 1.0)
+    z = f.add("Elementwise", [t0.T], (79, 13), expr="(Add in0 (Const 1.0))")
+    inputs = {"a": randn(rng, 1027), "s": np.asarray(0.5, np.float32), "t": randn(rng, 13, 79)}
+    want = run_reference(g, inputs)
+    got = CudaRuntime(CudaEmuBackend()).run(f.program(y=y, z=z), inputs)
+    exact = (np.exp(inputs["a"].astype(np.float64)) * 0.5).astype(ml_dtypes.bfloat16)
+    assert np.abs(got["y"].astype(np.float32) - exact.astype(np.float32)).max() <= \
+        np.abs(exact.astype(np.float32)).max() * 2**-8
+    assert np.array_equal(got["z"], want["z"])
+
+
+def test_elementwise_casts_comparisons_and_integers(emu, rng):
+    g = Graph()
+    x = g.input("x", (4, 7))
+    i = g.input("i", (9,), "i32")
+    f = Fused(g)
+    relu = f.add("Elementwise", [x], (4, 7), expr="(Mul in0 (Cast f32 (LessThan (Const 0.0) in0)))")
+    pos = f.add("Elementwise", [x], (4, 7), "bool", expr="(LessThan (Const 0.0) in0)")
+    ints = f.add("Elementwise", [i], (9,), "i32", expr="(Mod (Add (Mul in0 (Const 3)) (Const 16777217)) (Const 7))")
+    trunc = f.add("Elementwise", [x], (4, 7), "i32", expr="(Cast i32 (Mul in0 (Const 10.0)))")
+    ins = {"x": randn(rng, 4, 7), "i": rng.integers(-1000, 1000, 9).astype(np.int32)}
+    got = emu.run(f.program(relu=relu, pos=pos, ints=ints, trunc=trunc), ins)
+    assert np.array_equal(got["relu"], ins["x"] * (ins["x"] > 0))
+    assert got["pos"].dtype == np.bool_ and np.array_equal(got["pos"], ins["x"] > 0)
+    assert got["ints"].dtype == np.int32 and np.array_equal(got["ints"], np.fmod(ins["i"] * 3 + 16777217, 7))
+    assert np.array_equal(got["trunc"], np.trunc(ins["x"] * np.float32(10)).astype(np.int32))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_primitive_program_in_low_precision(dtype, check, rng):
+    """The naive program of an op-library graph (every primitive its own kernel) in f16/bf16."""
+    g = Graph()
+    x = g.input("x", (6, 16), dtype)
+    g.mark_output("y", ops.gelu(x) * ops.softmax(x, -1) + ops.rms_norm(x, eps=1e-6))
+    npd = NARROW[dtype]
+    check(g, Program.from_graph(g), {"x": randn(rng, 6, 16, dtype=npd)}, dtype=dtype)
+
+
+# ---- Softmax and norms ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("view", ["contiguous", "transposed"])
+def test_row_kernels(view, check, rng):
+    """Softmax, LayerNorm, RMSNorm over registers (n <= 8 * block) and re-read rows (n = 1100), plain and
+    transposed views, in one module."""
+    g = Graph()
+    f_nodes = {}
+    f = None
+    inputs = {}
+    outs = {}
+    for n in (33, 1100):
+        x0 = g.input(f"x{n}", (2, n, 9) if view == "transposed" else (2, 9, n))
+        x = x0.transpose(1, 2) if view == "transposed" else x0
+        inputs[f"x{n}"] = 3 * randn(rng, *x0.shape)
+        g.mark_output(f"softmax{n}", ops.softmax(x, -1))
+        g.mark_output(f"layernorm{n}", ops.layer_norm(x, eps=1e-5))
+        g.mark_output(f"rmsnorm{n}", ops.rms_norm(x, eps=1e-6))
+        f_nodes[n] = x
+    f = Fused(g)
+    for n, x in f_nodes.items():
+        outs[f"softmax{n}"] = f.add("Softmax", [x], (2, 9, n))
+        outs[f"layernorm{n}"] = f.add("LayerNorm", [x], (2, 9, n), eps=1e-5)
+        outs[f"rmsnorm{n}"] = f.add("RMSNorm", [x], (2, 9, n), eps=1e-6)
+    check(g, f.program(**outs), inputs)
+
+
+def test_group_norm_is_layer_norm_on_the_grouped_view(check, rng):
+    g = Graph()
+    x = g.input("x", (2, 8, 3, 5))
+    g.mark_output("y", ops.group_norm(x, 4, eps=1e-5))
+    f = Fused(g)
+    y = f.add("LayerNorm", [x.reshape(2, 4, 30)], (2, 4, 30), eps=1e-5)
+    program = f.program()
+    program.outputs["y"] = (y, View.contiguous((2, 4, 30)).reshape((2, 8, 3, 5)))
+    check(g, program, {"x": randn(rng, 2, 8, 3, 5)})
+
+
+def test_softmax_bf16(check, rng):
+    g = Graph()
+    x = g.input("x", (4, 40), "bf16")
+    g.mark_output("y", ops.softmax(x, -1))
+    f = Fused(g)
+    y = f.add("Softmax", [x], (4, 40), "bf16")
+    check(g, f.program(y=y), {"x": randn(rng, 4, 40, dtype=ml_dtypes.bfloat16)}, dtype="bf16")
+
+
+# ---- reductions, gather, scatter ----------------------------------------------------------------------------------
+def test_reductions_over_every_axis_with_padding(check, rng):
+    """SumReduce/MaxReduce over each axis of a padded, permuted view (warp-per-output and thread-per-output
+    kernels), plus an integer sum that wraps as numpy's."""
+    g = Graph()
+    x0 = g.input("x", (5, 40, 3))
+    x = x0.pad(0, 1, 2).permute(2, 0, 1)  # [3, 8, 40], zeros in rows 0, 6, 7 of axis 1
+    i = g.input("i", (4, 50), "i32")
+    for axis in range(3):
+        g.mark_output(f"sum{axis}", ops.sum(x, axis))
+        g.mark_output(f"max{axis}", ops.max(x, axis))
+    g.mark_output("isum", ops.sum(i, 1))
+    inputs = {"x": randn(rng, 5, 40, 3), "i": rng.integers(-2**30, 2**30, (4, 50)).astype(np.int32)}
+    got, want = check(g, Program.from_graph(g), inputs)
+    assert np.array_equal(got["isum"], want["isum"])
+
+
+def test_gather_embedding_and_out_of_range_index(emu, rng):
+    g = Graph()
+    ids = g.input("ids", (2, 3), "i32")
+    table = g.weight("table", (7, 5), "bf16")
+    g.mark_output("y", ops.embedding(ids, table))
+    weights = {"table": randn(rng, 7, 5, dtype=ml_dtypes.bfloat16)}
+    exe = emu.load(Program.from_graph(g), weights)
+    ids_ok = np.array([[0, 6, 2], [3, 3, 1]], np.int32)
+    assert np.array_equal(exe.run({"ids": ids_ok})["y"], weights["table"][ids_ok])
+    with pytest.raises(InputError, match=r"out of range \[0, 7\)"):
+        exe.run({"ids": np.array([[0, 7, 1], [0, 0, 0]], np.int32)})
+
+
+def test_scatter_and_scatter_in_place(emu, rng):
+    g = Graph()
+    cache = g.input("cache", (10, 4))
+    pos = g.input("pos", (3,), "i32")
+    rows = g.input("rows", (3, 4))
+    doubled = cache * 2.0
+    f = Fused(g)
+    y = f.add("ScatterInPlace", [doubled, pos, rows], (10, 4))
+    z = f.add("Scatter", [cache, pos, rows], (10, 4))
+    program = f.program(y=y, z=z)
+    exe = emu.load(program)
+    assert exe.plan.aliases.get(y) == doubled.node  # the copy of the destination is skipped
+    ins = {"cache": randn(rng, 10, 4), "pos": np.array([7, 0, 3], np.int32), "rows": randn(rng, 3, 4)}
+    out = exe.run(ins)
+    want = ins["cache"] * 2
+    want[ins["pos"]] = ins["rows"]
+    assert np.array_equal(out["y"], want)
+    want = ins["cache"].copy()
+    want[ins["pos"]] = ins["rows"]
+    assert np.array_equal(out["z"], want)
