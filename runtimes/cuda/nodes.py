@@ -469,3 +469,147 @@ PREPARE = {
 
 __all__ = ["CudaOptions", "CudaPrepareError", "PREPARE", "prepare", "Gemm", "Matrix", "matmul_desc",
            "split_batch"]
+
+
+# ---- MatMul ----------------------------------------------------------------------------------------------------
+def _unmasked(bv: BoundView) -> bool:
+    return bv.mask is None or all(lo <= 0 and hi >= d for (lo, hi), d in zip(bv.mask, bv.shape))
+
+
+def _gemm_readable(op: Operand, dtype) -> bool:
+    bv = op.view
+    return (np.dtype(op.dtype) == np.dtype(dtype) and _unmasked(bv) and cg.statically_in_bounds(bv, op.size)
+            and Matrix(bv.shape[-2], bv.shape[-1], bv.strides[-2], bv.strides[-1], 0).as_cublas() is not None)
+
+
+def gemm_operand(plan: NodePlan, options: CudaOptions, scratch, op: Operand, ref: Ref, dtype) -> tuple[BoundView,
+                                                                                                      Ref]:
+    """``op`` as cuBLAS reads it: its own view and ref when it can, else a contiguous copy in ``dtype`` made
+    in scratch (batch axes that broadcast stay stride 0 in the copy, so a shared weight is copied once)."""
+    if _gemm_readable(op, dtype):
+        return op.view, ref
+    bv = op.view
+    lead = len(bv.shape) - 2
+    own = tuple(1 if (k < lead and bv.strides[k] == 0) else d for k, d in enumerate(bv.shape))
+    shrunk = BoundView(own, bv.strides, bv.offset, None if bv.mask is None else tuple(
+        (0, 1) if own[k] == 1 and bv.shape[k] != 1 and lo <= 0 < hi else (lo, hi)
+        for k, (lo, hi) in enumerate(bv.mask)))
+    slot = scratch.add(own, dtype)
+    copy_into(plan, options, Operand(shrunk, op.size, op.dtype), ref, dtype, SCRATCH(slot))
+    strides = list(View.contiguous(own).bind({}).strides)
+    for k in range(lead):
+        if own[k] == 1 and bv.shape[k] != 1:
+            strides[k] = 0
+    return BoundView(tuple(bv.shape), tuple(strides), 0, None), SCRATCH(slot)
+
+
+def batched_gemms(plan: NodePlan, x: tuple[BoundView, Ref], y: tuple[BoundView, Ref], out: tuple[BoundView, Ref],
+                  types: tuple, alpha: float = 1.0, beta: float = 0.0) -> None:
+    """``out[b] = alpha * x[b] @ y[b] + beta * out[b]`` over the common batch axes (all views already readable
+    in place): one strided-batched GEMM per outer batch index (usually one in all)."""
+    (xv, xr), (yv, yr), (ov, orf) = x, y, out
+    batch = tuple(ov.shape[:-2])
+    strides = [tuple(v.strides[:-2]) for v in (xv, yv, ov)]
+    outer, count, outer_strides, inner = split_batch(batch, strides)
+    x_t, y_t, o_t = (np.dtype(t) for t in types)
+    for idx in np.ndindex(*outer):
+        offs = [v.offset + sum(i * s for i, s in zip(idx, st)) for v, st in zip((xv, yv, ov), outer_strides)]
+        xm = Matrix(xv.shape[-2], xv.shape[-1], xv.strides[-2], xv.strides[-1], offs[0])
+        ym = Matrix(yv.shape[-2], yv.shape[-1], yv.strides[-2], yv.strides[-1], offs[1])
+        ld = ov.strides[-2] if ov.shape[-2] > 1 else max(ov.shape[-1], 1)
+        desc = matmul_desc(xm, ym, ld, count, inner[0], inner[1], inner[2], x_t, y_t, o_t, alpha, beta)
+        desc.check()
+        # cuBLAS's A is y (column-major out^T = y^T x^T), its B is x
+        plan.steps.append(Gemm(desc, yr.at(offs[1], y_t.itemsize), xr.at(offs[0], x_t.itemsize),
+                               orf.at(offs[2], o_t.itemsize)))
+
+
+def _gemm_type(*dtypes) -> np.dtype:
+    ds = {np.dtype(d) for d in dtypes}
+    return ds.pop() if len(ds) == 1 and next(iter(ds)) in GEMM_TYPES else F32
+
+
+def _accumulator(ctx, options, plan, gemm_t, has_bias: bool) -> tuple[Ref, np.dtype, int | None]:
+    """Where the GEMM writes: the output itself when cuBLAS can produce its dtype directly (and no bias is
+    added in f32 afterwards, unless the output is f32), else an f32 scratch the epilogue converts from."""
+    out_t = np.dtype(ctx.dtype)
+    if (gemm_t, out_t) in GEMM_OUT and (not has_bias or out_t == F32):
+        return OUT, out_t, None
+    slot = ctx.scratch.add(tuple(ctx.shape), F32)
+    return SCRATCH(slot), F32, slot
+
+
+def _epilogue(plan, options, ctx, acc_ref: Ref, acc_t, bias: tuple[Operand, Ref] | None) -> None:
+    shape = tuple(ctx.shape)
+    acc_op = _contiguous(shape, dtype=acc_t)
+    if bias is not None:
+        elementwise(plan, options, "(Add in0 in1)", [acc_op, bias[0]], [acc_ref, bias[1]], shape, ctx.dtype, OUT)
+    elif acc_ref != OUT:
+        elementwise(plan, options, "in0", [acc_op], [acc_ref], shape, ctx.dtype, OUT)
+
+
+def prepare_matmul(ctx, options: CudaOptions) -> NodePlan:
+    if len(ctx.inputs) not in (2, 3) or len(ctx.shape) < 2:
+        raise CodegenError("expects inputs (a [..., M, K], b [..., K, N][, bias [..., M, N]])")
+    ops = _operands(ctx)
+    a, b = ops[0], ops[1]
+    shape = tuple(ctx.shape)
+    m, n = shape[-2:]
+    k = a.view.shape[-1]
+    if b.view.shape[-2] != k or a.view.shape[-2] != m or b.view.shape[-1] != n:
+        raise CodegenError(f"shapes {a.view.shape} @ {b.view.shape} do not give {shape}")
+    plan = NodePlan()
+    gemm_t = _gemm_type(a.dtype, b.dtype)
+    bias = (ops[2], IN(2)) if len(ops) == 3 else None
+    acc_ref, acc_t, _ = _accumulator(ctx, options, plan, gemm_t, bias is not None)
+    batch = shape[:-2]
+    rows = math.prod(batch) * m
+    out_view = View.contiguous(shape).bind({})
+    if math.prod(shape) == 0:
+        return plan
+    merged = None
+    if batch and len(a.view.shape) == len(shape) and all(d == 1 or s == 0 for d, s in zip(b.view.shape[:-2],
+                                                                                           b.view.strides[:-2])):
+        flat_a = _reshaped(a, (rows, k))
+        if flat_a is not None and _unmasked(b.view):
+            merged = flat_a
+    if merged is not None:  # a linear layer: (B*M, K) @ (K, N), one GEMM
+        xv, xr = gemm_operand(plan, options, ctx.scratch, merged, IN(0), gemm_t)
+        bm = Operand(BoundView(b.view.shape[-2:], b.view.strides[-2:], b.view.offset, None), b.size, b.dtype)
+        yv, yr = gemm_operand(plan, options, ctx.scratch, bm, IN(1), gemm_t)
+        ov = View.contiguous((rows, n)).bind({})
+        batched_gemms(plan, (xv, xr), (yv, yr), (ov, acc_ref), (gemm_t, gemm_t, acc_t))
+    else:
+        av = _broadcast_to(a, shape[:-2])
+        bv = _broadcast_to(b, shape[:-2])
+        xv, xr = gemm_operand(plan, options, ctx.scratch, av, IN(0), gemm_t)
+        yv, yr = gemm_operand(plan, options, ctx.scratch, bv, IN(1), gemm_t)
+        batched_gemms(plan, (xv, xr), (yv, yr), (out_view, acc_ref), (gemm_t, gemm_t, acc_t))
+    if bias is not None and acc_ref == OUT:  # f32 output: add the bias in place
+        elementwise(plan, options, "(Add in0 in1)", [_contiguous(shape), bias[0]], [OUT, bias[1]], shape, F32, OUT)
+    else:
+        _epilogue(plan, options, ctx, acc_ref, acc_t, bias)
+    return plan
+
+
+def _reshaped(op: Operand, shape: tuple[int, ...]) -> Operand | None:
+    from luminal_recipes.runtimes.views import reshape_view
+
+    bv = reshape_view(op.view, shape)
+    return None if bv is None else Operand(bv, op.size, op.dtype)
+
+
+def _broadcast_to(op: Operand, batch: tuple[int, ...]) -> Operand:
+    """The operand with its batch axes left-padded/broadcast to ``batch`` (stride 0), as numpy broadcasts."""
+    bv = op.view
+    lead = len(batch) - (len(bv.shape) - 2)
+    shape = tuple(batch) + tuple(bv.shape[-2:])
+    strides = (0,) * lead + tuple(s if d == bd else 0 for d, s, bd in zip(bv.shape[:-2], bv.strides[:-2],
+                                                                           batch[lead:])) + tuple(bv.strides[-2:])
+    mask = None if bv.mask is None else ((0, 1),) * 0 + tuple((0, d) for d in batch[:lead]) + tuple(
+        (lo, hi) if d == bd else (0, bd) for (lo, hi), d, bd in zip(bv.mask[:-2], bv.shape[:-2], batch[lead:])) \
+        + tuple(bv.mask[-2:])
+    return Operand(BoundView(shape, strides, bv.offset, mask), op.size, op.dtype)
+
+
+PREPARE["MatMul"] = prepare_matmul

@@ -254,3 +254,59 @@ def test_scatter_and_scatter_in_place(emu, rng):
     want = ins["cache"].copy()
     want[ins["pos"]] = ins["rows"]
     assert np.array_equal(out["z"], want)
+
+
+# ---- MatMul (cuBLAS descriptors run by their numpy model) --------------------------------------------------------
+def test_matmul_layouts_batches_bias_and_dtypes(check, rng):
+    """All four transpose layouts, a linear layer over a batch (one GEMM, weight broadcast by stride 0), batched
+    heads with a broadcast batch axis, a padded operand (copied into scratch) and a bias, in one program."""
+    g = Graph()
+    f_ops = []
+    m, k, n = 7, 17, 5
+    inputs = {}
+    for ta in (False, True):
+        for tb in (False, True):
+            a = g.input(f"a{ta}{tb}", (k, m) if ta else (m, k))
+            b = g.input(f"b{ta}{tb}", (n, k) if tb else (k, n))
+            av, bv = (a.T if ta else a), (b.T if tb else b)
+            g.mark_output(f"y{ta}{tb}", ops.matmul(av, bv))
+            f_ops.append((f"y{ta}{tb}", "MatMul", [av, bv], (m, n), {}))
+            inputs[f"a{ta}{tb}"], inputs[f"b{ta}{tb}"] = randn(rng, *a.shape), randn(rng, *b.shape)
+    x = g.input("x", (2, 3, 24))
+    w = g.input("w", (12, 24))
+    bias = g.input("bias", (12,))
+    g.mark_output("lin", ops.linear(x, w, bias))
+    wv = w.T.unsqueeze(0).broadcast_to((2, 24, 12))
+    f_ops.append(("lin", "MatMul", [x, wv, bias.broadcast_to((2, 3, 12))], (2, 3, 12), {}))
+    q = g.input("q", (2, 3, 4, 9))
+    kk = g.input("kk", (2, 1, 9, 6))
+    kv = kk.broadcast_to((2, 3, 9, 6))
+    g.mark_output("heads", ops.matmul(q, kv))
+    f_ops.append(("heads", "MatMul", [q, kv], (2, 3, 4, 6), {}))
+    p0 = g.input("p", (5, 6))
+    p = p0.pad(1, 0, 3)  # [5, 9], zero columns: not readable in place
+    r = g.input("r", (9, 4))
+    g.mark_output("padded", ops.matmul(p, r))
+    f_ops.append(("padded", "MatMul", [p, r], (5, 4), {}))
+    inputs.update(x=randn(rng, 2, 3, 24), w=randn(rng, 12, 24), bias=randn(rng, 12), q=randn(rng, 2, 3, 4, 9),
+                  kk=randn(rng, 2, 1, 9, 6), p=randn(rng, 5, 6), r=randn(rng, 9, 4))
+    f = Fused(g)
+    outs = {name: f.add(op, args, shape, **attrs) for name, op, args, shape, attrs in f_ops}
+    check(g, f.program(**outs), inputs)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_matmul_low_precision_accumulates_in_f32(dtype, emu, rng):
+    g = Graph()
+    a = g.input("a", (6, 32), dtype)
+    b = g.input("b", (32, 5), dtype)
+    bias = g.input("bias", (5,), dtype)
+    f = Fused(g)
+    y = f.add("MatMul", [a, b], (6, 5), dtype)
+    z = f.add("MatMul", [a, b, bias.broadcast_to((6, 5))], (6, 5), dtype)
+    npd = NARROW[dtype]
+    ins = {"a": randn(rng, 6, 32, dtype=npd), "b": randn(rng, 32, 5, dtype=npd), "bias": randn(rng, 5, dtype=npd)}
+    got = emu.run(f.program(y=y, z=z), ins)
+    prod = ins["a"].astype(np.float32) @ ins["b"].astype(np.float32)
+    assert np.array_equal(got["y"], prod.astype(npd))  # f32 accumulation, one rounding at the end
+    assert np.array_equal(got["z"], (prod + ins["bias"].astype(np.float32)).astype(npd))
