@@ -613,3 +613,205 @@ def _broadcast_to(op: Operand, batch: tuple[int, ...]) -> Operand:
 
 
 PREPARE["MatMul"] = prepare_matmul
+
+
+# ---- Attention (chunked: GEMM, softmax rows, GEMM per chunk of heads) -----------------------------------------
+def prepare_attention(ctx, options: CudaOptions) -> NodePlan:
+    if len(ctx.inputs) not in (3, 4) or len(ctx.shape) < 2:
+        raise CodegenError("expects inputs (q [..., S, D], k [..., T, D], v [..., T, Dv][, bias [..., S, T]])")
+    ops = _operands(ctx)
+    shape = tuple(ctx.shape)
+    batch = shape[:-2]
+    s, dv = shape[-2:]
+    t, d = ops[1].view.shape[-2:]
+    if ops[0].view.shape[-2:] != (s, d) or ops[2].view.shape[-2:] != (t, dv):
+        raise CodegenError(f"q {ops[0].view.shape}, k {ops[1].view.shape}, v {ops[2].view.shape} do not give out "
+                           f"{shape}")
+    if options.attention == "flash" and flash_supported(ops, shape):
+        return prepare_flash(ctx, options, ops)
+    return prepare_attention_chunked(ctx, options, ops)
+
+
+def prepare_attention_chunked(ctx, options: CudaOptions, ops: list[Operand]) -> NodePlan:
+    shape = tuple(ctx.shape)
+    batch = shape[:-2]
+    s, dv = shape[-2:]
+    t, d = ops[1].view.shape[-2:]
+    scale = float(ctx.node.attr("scale", 1.0))
+    plan = NodePlan()
+    if math.prod(shape) == 0:
+        return plan
+    qk_t = _gemm_type(ops[0].dtype, ops[1].dtype)
+    pv_t = _gemm_type(ops[2].dtype)
+    q, k, v = (_broadcast_to(op, batch) for op in ops[:3])
+    qv, qr = gemm_operand(plan, options, ctx.scratch, q, IN(0), qk_t)
+    kv, kr = gemm_operand(plan, options, ctx.scratch, k, IN(1), qk_t)
+    vv, vr = gemm_operand(plan, options, ctx.scratch, v, IN(2), pv_t)
+    bias = (_broadcast_to(ops[3], batch), IN(3)) if len(ops) == 4 else None
+    acc_ref, acc_t, _ = _accumulator(ctx, options, plan, pv_t, False)
+    out_view = View.contiguous(shape).bind({})
+    outer, inner, outer_strides, inner_strides = split_batch(
+        batch, [tuple(x.strides[:-2]) for x in (qv, kv, vv, out_view)])
+    chunk = max(1, min(inner, options.score_budget // max(s * t, 1)))
+    scores = ctx.scratch.add((chunk, s, t), F32)
+    probs = scores if pv_t == F32 else ctx.scratch.add((chunk, s, t), pv_t)
+    for oi, idx in enumerate(np.ndindex(*outer)):
+        base = [x.offset + sum(i * st for i, st in zip(idx, sts)) for x, sts in zip((qv, kv, vv, out_view),
+                                                                                     outer_strides)]
+        for c0 in range(0, inner, chunk):
+            cb = min(chunk, inner - c0)
+            qo, ko, vo, oo = (b + c0 * st for b, st in zip(base, inner_strides))
+            xm = Matrix(s, d, qv.strides[-2], qv.strides[-1], qo)
+            ym = Matrix(d, t, kv.strides[-1], kv.strides[-2], ko)  # k^T
+            desc = matmul_desc(xm, ym, t, cb, inner_strides[0], inner_strides[1], s * t, qk_t, qk_t, F32, scale)
+            plan.steps.append(Gemm(desc, kr.at(ko, qk_t.itemsize), qr.at(qo, qk_t.itemsize), SCRATCH(scores)))
+            scores_op = _contiguous((cb * s, t))
+            rows_kernel(plan, options, "ROW_SOFTMAX", scores_op, SCRATCH(scores), cb * s, t, 0.0, pv_t,
+                        SCRATCH(probs), bias=bias, row_base=(oi * inner + c0) * s)
+            xm = Matrix(s, t, t, 1, 0)
+            ym = Matrix(t, dv, vv.strides[-2], vv.strides[-1], vo)
+            desc = matmul_desc(xm, ym, dv, cb, s * t, inner_strides[2], inner_strides[3], pv_t, pv_t, acc_t)
+            plan.steps.append(Gemm(desc, vr.at(vo, pv_t.itemsize), SCRATCH(probs), acc_ref.at(oo, acc_t.itemsize)))
+    _epilogue(plan, options, ctx, acc_ref, acc_t, None)
+    return plan
+
+
+def flash_supported(ops: list[Operand], shape) -> bool:
+    return False
+
+
+def prepare_flash(ctx, options, ops):  # replaced below when the flash kernel is available
+    return prepare_attention_chunked(ctx, options, ops)
+
+
+PREPARE["Attention"] = prepare_attention
+PREPARE["AttentionBlocked"] = prepare_attention
+
+
+# ---- DequantMatMul: weight bands decoded into scratch, one GEMM per band ---------------------------------------
+def prepare_dequant_matmul(ctx, options: CudaOptions) -> NodePlan:
+    fmt = ctx.node.attr("format")
+    n_out, k_in = int(ctx.node.attr("out_features")), int(ctx.node.attr("in_features"))
+    ops = _operands(ctx)
+    x = ops[0]
+    shape = tuple(ctx.shape)
+    if x.view.shape[-1] != k_in or shape != tuple(x.view.shape[:-1]) + (n_out,):
+        raise CodegenError(f"x {x.view.shape} and out {shape} do not match in_features={k_in}, "
+                           f"out_features={n_out}")
+    n_scales = {"fp8": 3, "nvfp4": 4}.get(fmt)
+    if n_scales is None:
+        raise CodegenError(f"format must be 'fp8' or 'nvfp4', got {fmt!r}")
+    if len(ops) not in (n_scales, n_scales + 1):
+        raise CodegenError(f"{fmt} expects {n_scales} inputs (x, packed weight, scales) and an optional bias")
+    plan = NodePlan()
+    rows = math.prod(shape[:-1])
+    if rows * n_out == 0:
+        return plan
+    gemm_t = _gemm_type(x.dtype)
+    band = max(1, min(n_out, options.dequant_band // max(k_in, 1)))
+    dense = ctx.scratch.add((band, k_in), gemm_t)
+    decode = _fp8_decoder(ctx, ops, n_out, k_in, gemm_t) if fmt == "fp8" else \
+        _nvfp4_decoder(ctx, ops, n_out, k_in, gemm_t)
+    name = plan.kernel(decode)
+    bias = (ops[n_scales], IN(n_scales)) if len(ops) > n_scales else None
+    acc_ref, acc_t, _ = _accumulator(ctx, options, plan, gemm_t, bias is not None)
+    xr_op = _reshaped(x, (rows, k_in)) or Operand(x.view, x.size, x.dtype)
+    if len(xr_op.view.shape) != 2:  # not expressible as (rows, K): gemm_operand copies it at that shape
+        raise CodegenError(f"x {x.view.shape} cannot be read as ({rows}, {k_in})")
+    xv, xr = gemm_operand(plan, options, ctx.scratch, xr_op, IN(0), gemm_t)
+    scale_refs = tuple(IN(i) for i in range(1, n_scales))
+    for n0 in range(0, n_out, band):
+        nb = min(band, n_out - n0)
+        plan.steps.append(Launch(name, grid_1d(nb * k_in, BLOCK, options.max_blocks), (BLOCK, 1, 1),
+                                 (SCRATCH(dense), *scale_refs, n0, nb)))
+        xm = Matrix(rows, k_in, xv.strides[0], xv.strides[1], xv.offset)
+        ym = Matrix(k_in, nb, 1, k_in, 0)  # the band [nb, K] read transposed
+        desc = matmul_desc(xm, ym, n_out, 1, 0, 0, 0, gemm_t, gemm_t, acc_t)
+        plan.steps.append(Gemm(desc, SCRATCH(dense), xr.at(xv.offset, gemm_t.itemsize), acc_ref.at(n0, acc_t.itemsize)))
+    if bias is not None and acc_ref == OUT:
+        elementwise(plan, options, "(Add in0 in1)", [_contiguous(shape), bias[0]], [OUT, bias[1]], shape, F32, OUT)
+    else:
+        _epilogue(plan, options, ctx, acc_ref, acc_t, bias)
+    return plan
+
+
+def _decoder_source(prefix: str, loaders: str, params: list[str], sig: str, k_in: int, value: str,
+                    out_t: str) -> KernelSource:
+    text = f"""{loaders}
+extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict__ band, {sig}, int n0, int nb) {{
+  const long long total = (long long)nb * {k_in};
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {{
+    const long long row = n0 + i / {k_in};
+    const long long k = i % {k_in};
+    {value}
+    band[i] = from_f32<{out_t}>(w);
+  }}
+}}"""
+    source = _source(prefix, text, [f"{out_t}*", *params, "int", "int"], sync=False)
+    code = source.code
+    for tag in ("LoadW", "LoadS", "LoadS2"):
+        code = code.replace(tag + "{", f"{tag}_{source.name}{{").replace(f"struct {tag} ", f"struct {tag}_{source.name} ")
+    return KernelSource(source.name, source.params, code, False)
+
+
+def _fp8_decoder(ctx, ops, n_out, k_in, gemm_t) -> KernelSource:
+    w, s = ops[1], ops[2]
+    if tuple(w.view.shape) != (n_out, k_in):
+        raise CodegenError(f"fp8 weight is {w.view.shape}, expected {(n_out, k_in)}")
+    count = math.prod(s.view.shape)
+    per_channel = count == n_out and n_out != 1 and tuple(s.view.shape) in ((n_out,), (n_out, 1))
+    if not per_channel and count != 1:
+        raise CodegenError(f"fp8 scale {s.view.shape} is neither per tensor ([] / [1]) nor per channel "
+                           f"([{n_out}] / [{n_out}, 1])")
+    s1 = _reshaped(s, (n_out,) if per_channel else (1,))
+    loaders = view_loader("LoadW", w, [(0, 1), (1, 2)]) + "\n" + view_loader("LoadS", s1, [(0, 1)])
+    value = f"const float w = LoadW{{weight}}(row, k) * LoadS{{scale}}({'row' if per_channel else '0'});"
+    sig = f"const {ctype(w.dtype)}* __restrict__ weight, const {ctype(s.dtype)}* __restrict__ scale"
+    return _decoder_source("fp8", loaders, [f"const {ctype(w.dtype)}*", f"const {ctype(s.dtype)}*"], sig, k_in,
+                           value, ctype(gemm_t))
+
+
+def _nvfp4_decoder(ctx, ops, n_out, k_in, gemm_t) -> KernelSource:
+    layout = ctx.node.attr("layout", "modelopt")
+    if layout not in ("modelopt", "comfy"):
+        raise CodegenError(f"nvfp4 layout must be 'modelopt' or 'comfy', got {layout!r}")
+    if k_in % 16:
+        raise CodegenError(f"nvfp4 needs in_features divisible by 16, got {k_in}")
+    blocks = k_in // 16
+    w, s, s2 = ops[1], ops[2], ops[3]
+    if layout == "modelopt":
+        want_w, want_s = (n_out, k_in // 2), (n_out, blocks)
+    else:
+        want_w = (-(-n_out // 16) * 16, -(-k_in // 16) * 16 // 2)
+        want_s = (-(-n_out // 128) * 128, -(-blocks // 4) * 4)
+    if tuple(w.view.shape) != want_w or tuple(s.view.shape) != want_s or math.prod(s2.view.shape) != 1:
+        raise CodegenError(f"nvfp4 ({layout}) weight {w.view.shape}, weight_scale {s.view.shape}, weight_scale_2 "
+                           f"{s2.view.shape}; expected {want_w}, {want_s} and one value for a [{n_out}, {k_in}] "
+                           "weight")
+    s2_1 = _reshaped(s2, (1,))
+    loaders = "\n".join([view_loader("LoadW", w, [(0, 1), (1, 2)]),
+                         view_loader("LoadS", s, [(0, 2)] if layout == "comfy" else [(0, 1), (1, 2)]),
+                         view_loader("LoadS2", s2_1, [(0, 1)])])
+    if layout == "modelopt":
+        nibble = "(k & 1) ? (b >> 4) : (b & 15)"  # element 0 in the low nibble
+        scale = "LoadS{scale}(row, k / 16)"
+    else:
+        nibble = "(k & 1) ? (b & 15) : (b >> 4)"  # element 0 in the high nibble
+        ncb = want_s[1] // 4
+        # logical (row, col) of the 128x4-tiled scales: tile (row/128, col/4), inside it (row%32, row%128/32, col%4)
+        scale = (f"LoadS{{scale}}((((row / 128) * {ncb} + (k / 16) / 4) * 32 + row % 32) * 16 + "
+                 f"((row % 128) / 32) * 4 + (k / 16) % 4)")
+    value = f"""const int b = (int)LoadW{{weight}}(row, k / 2);
+    const int code = {nibble};
+    const int mag = code & 7;
+    const float e2m1 = (mag < 2 ? 0.5f * mag : (float)(2 + (mag & 1)) * (float)(1 << ((mag >> 1) - 1)) * 0.5f)
+                       * ((code & 8) ? -1.0f : 1.0f);
+    const float w = (e2m1 * {scale}) * LoadS2{{scale2}}(0);"""
+    sig = (f"const {ctype(w.dtype)}* __restrict__ weight, const {ctype(s.dtype)}* __restrict__ scale, "
+           f"const {ctype(s2.dtype)}* __restrict__ scale2")
+    return _decoder_source("nvfp4", loaders, [f"const {ctype(w.dtype)}*", f"const {ctype(s.dtype)}*",
+                                              f"const {ctype(s2.dtype)}*"], sig, k_in, value, ctype(gemm_t))
+
+
+PREPARE["DequantMatMul"] = prepare_dequant_matmul

@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from fused_programs import Fused
-from luminal_recipes.runtimes.cuda import CudaEmuBackend, CudaRuntime
+from luminal_recipes.runtimes.cuda import CudaEmuBackend, CudaOptions, CudaRuntime
 from luminal_recipes.runtimes.program import Program
 
 from luminal_recipes import ops
@@ -310,3 +310,61 @@ def test_matmul_low_precision_accumulates_in_f32(dtype, emu, rng):
     prod = ins["a"].astype(np.float32) @ ins["b"].astype(np.float32)
     assert np.array_equal(got["y"], prod.astype(npd))  # f32 accumulation, one rounding at the end
     assert np.array_equal(got["z"], (prod + ins["bias"].astype(np.float32)).astype(npd))
+
+
+# ---- Attention ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["chunked", "flash"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_grouped_query_heads(mode, with_bias, assert_close):
+    """GQA heads sharing kv by stride-0 views, an optional masking bias; the chunked path with chunks of 3 heads
+    (several GEMM batches and a last, shorter one)."""
+    from test_fused_kernels import _attention_case, _grouped_output
+
+    g = Graph()
+    views, grouped, merged, inputs = _attention_case(g, with_bias)
+    f = Fused(g)
+    y = f.add("AttentionBlocked", views, grouped, scale=0.3, block=4)
+    options = CudaOptions(max_blocks=64, attention=mode, score_budget=3 * 5 * 11)
+    got = CudaRuntime(CudaEmuBackend(options)).run(_grouped_output(f, y, grouped, merged), inputs)
+    assert_close("runtime", got["y"], run_reference(g, inputs)["y"], "f32")
+
+
+# ---- DequantMatMul --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("scale_shape", "fp8", "k"), [((), "f8e4m3", 48), ((20, 1), "f8e5m2", 47)])
+def test_dequant_matmul_fp8(scale_shape, fp8, k, check, rng):
+    n = 20
+    g = Graph()
+    x = g.input("x", (2, 3, k))
+    w8 = g.weight("w", (n, k), fp8)
+    s = g.weight("s", scale_shape)
+    g.mark_output("y", ops.linear(x, ops.dequant_fp8(w8, s)))
+    f = Fused(g)
+    y = f.add("DequantMatMul", [x, w8, s], (2, 3, n), format="fp8", layout="", out_features=n, in_features=k)
+    weights = {"w": randn(rng, n, k).astype(w8.dtype.np), "s": (rng.random(scale_shape) + 0.5).astype(np.float32)}
+    check(g, f.program(y=y), {"x": randn(rng, 2, 3, k)}, weights)
+
+
+@pytest.mark.parametrize("layout", ["modelopt", "comfy"])
+def test_dequant_matmul_nvfp4_in_bands(layout, assert_close, rng):
+    n, k = 200, 32
+    if layout == "modelopt":
+        w_shape, s_shape = (n, k // 2), (n, k // 16)
+    else:
+        w_shape, s_shape = (208, k // 2), (256, 4)
+    g = Graph()
+    x = g.input("x", (3, k))
+    wq = g.weight("w", w_shape, "u8")
+    ws = g.weight("ws", s_shape, "f8e4m3")
+    ws2 = g.weight("ws2", ())
+    g.mark_output("y", ops.linear(x, ops.dequant_nvfp4(wq, ws, ws2, n, k, layout)))
+    f = Fused(g)
+    y = f.add("DequantMatMul", [x, wq, ws, ws2], (3, n), format="nvfp4", layout=layout, out_features=n,
+              in_features=k)
+    weights = {"w": rng.integers(0, 256, w_shape).astype(np.uint8),
+               "ws": (rng.random(s_shape) * 4 + 0.25).astype(ml_dtypes.float8_e4m3fn),
+               "ws2": np.asarray(0.37, np.float32)}
+    inputs = {"x": randn(rng, 3, k)}
+    runtime = CudaRuntime(CudaEmuBackend(CudaOptions(max_blocks=64, dequant_band=48 * k)))  # 5 bands, last short
+    exe = runtime.load(f.program(y=y), weights)
+    assert 0 < exe.plan.scratch_bytes[y] <= 48 * k * 4 + 64  # one band of the dense weight, never all of it
+    assert_close("runtime", exe.run(inputs)["y"], run_reference(g, inputs, weights)["y"], "f32")
