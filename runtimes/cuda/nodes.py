@@ -815,3 +815,87 @@ def _nvfp4_decoder(ctx, ops, n_out, k_in, gemm_t) -> KernelSource:
 
 
 PREPARE["DequantMatMul"] = prepare_dequant_matmul
+
+
+# ---- Conv2d: im2col tiles in scratch + one batched GEMM per tile ---------------------------------------------
+def prepare_conv2d(ctx, options: CudaOptions) -> NodePlan:
+    if len(ctx.inputs) not in (2, 3):
+        raise CodegenError("expects inputs (x [N, C, H, W], w [O, C, kh, kw][, bias viewed at [N, O, Ho, Wo]])")
+    ops = _operands(ctx)
+    x, w = ops[0], ops[1]
+    (nb, c, h, wd), (o, c2, kh, kw) = x.view.shape, w.view.shape
+    stride = ctx.node.attr("stride", 1)
+    sh, sw = (int(stride), int(stride)) if np.ndim(stride) == 0 else (int(stride[0]), int(stride[1]))
+    ho, wo = (h - kh) // sh + 1, (wd - kw) // sw + 1
+    shape = tuple(ctx.shape)
+    if c2 != c or shape != (nb, o, ho, wo):
+        raise CodegenError(f"x {x.view.shape}, w {w.view.shape}, stride {(sh, sw)} do not give {shape}")
+    plan = NodePlan()
+    if math.prod(shape) == 0:
+        return plan
+    ckk, p = c * kh * kw, ho * wo
+    gemm_t = _gemm_type(x.dtype, w.dtype)
+    bias = (ops[2], IN(2)) if len(ops) == 3 else None
+    acc_ref, acc_t, _ = _accumulator(ctx, options, plan, gemm_t, bias is not None)
+    w2 = _reshaped(w, (o, ckk))
+    if w2 is None:
+        w2 = Operand(BoundView((o, ckk), (ckk, 1), 0, None), o * ckk, w.dtype)
+        slot = ctx.scratch.add((o, ckk), gemm_t)
+        copy_into(plan, options, Operand(w.view, w.size, w.dtype), IN(1), gemm_t, SCRATCH(slot))
+        wv, wr = w2.view, SCRATCH(slot)
+    else:
+        wv, wr = gemm_operand(plan, options, ctx.scratch, w2, IN(1), gemm_t)
+    if ckk * p <= options.conv_cols:
+        images, rows = max(1, min(nb, options.conv_cols // (ckk * p))), ho
+    else:
+        images, rows = 1, max(1, min(ho, options.conv_cols // max(ckk * wo, 1)))
+    cols = ctx.scratch.add((images * ckk * rows * wo,), gemm_t)
+    name = plan.kernel(_im2col_source(x, c, kh, kw, sh, sw, wo, gemm_t))
+    for n0 in range(0, nb, images):
+        ni = min(images, nb - n0)
+        for r0 in range(0, ho, rows):
+            nr = min(rows, ho - r0)
+            plan.steps.append(Launch(name, grid_1d(ni * ckk * nr * wo, BLOCK, options.max_blocks), (BLOCK, 1, 1),
+                                     (SCRATCH(cols), IN(0), n0, ni, r0, nr)))
+            pt = nr * wo
+            xm = Matrix(o, ckk, wv.strides[0], wv.strides[1], wv.offset)
+            ym = Matrix(ckk, pt, pt, 1, 0)
+            out_off = n0 * o * p + r0 * wo
+            desc = matmul_desc(xm, ym, p, ni, 0, ckk * pt, o * p, gemm_t, gemm_t, acc_t)
+            plan.steps.append(Gemm(desc, SCRATCH(cols), wr.at(wv.offset, gemm_t.itemsize),
+                                   acc_ref.at(out_off, acc_t.itemsize)))
+    if bias is not None and acc_ref == OUT:
+        elementwise(plan, options, "(Add in0 in1)", [_contiguous(shape), bias[0]], [OUT, bias[1]], shape, F32, OUT)
+    else:
+        _epilogue(plan, options, ctx, acc_ref, acc_t, bias)
+    return plan
+
+
+def _im2col_source(x: Operand, c: int, kh: int, kw: int, sh: int, sw: int, wo: int, gemm_t) -> KernelSource:
+    """cols[img][c, ky, kx][oy - r0, ox] = x[n0 + img, c, oy * sh + ky, ox * sw + kx] (0 in the padding)."""
+    loader = view_loader("LoadX", x, [(0, 1), (1, 2), (2, 3), (3, 4)])
+    out_t = ctype(gemm_t)
+    ckk = c * kh * kw
+    text = f"""{loader}
+extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict__ cols,
+    const {ctype(x.dtype)}* __restrict__ x, int n0, int ni, int r0, int nr) {{
+  const long long total = (long long)ni * {ckk} * nr * {wo};
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {{
+    const long long ox = i % {wo};
+    long long t = i / {wo};
+    const long long oy = r0 + t % nr;
+    t /= nr;
+    const long long ck = t % {ckk};
+    const long long img = n0 + t / {ckk};
+    const long long ch = ck / {kh * kw}, ky = (ck / {kw}) % {kh}, kx = ck % {kw};
+    cols[i] = from_f32<{out_t}>(LoadX{{x}}(img, ch, oy * {sh} + ky, ox * {sw} + kx));
+  }}
+}}"""
+    source = _source("im2col", text, [f"{out_t}*", f"const {ctype(x.dtype)}*", "int", "int", "int", "int"],
+                     sync=False)
+    code = source.code.replace("LoadX", f"LoadX_{source.name}")
+    return KernelSource(source.name, source.params, code, False)
+
+
+PREPARE["Conv2d"] = prepare_conv2d

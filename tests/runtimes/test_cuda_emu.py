@@ -368,3 +368,32 @@ def test_dequant_matmul_nvfp4_in_bands(layout, assert_close, rng):
     exe = runtime.load(f.program(y=y), weights)
     assert 0 < exe.plan.scratch_bytes[y] <= 48 * k * 4 + 64  # one band of the dense weight, never all of it
     assert_close("runtime", exe.run(inputs)["y"], run_reference(g, inputs, weights)["y"], "f32")
+
+
+# ---- Conv2d ---------------------------------------------------------------------------------------------------------
+def test_conv2d_padded_strided_with_bias_in_tiles(check, rng):
+    """3x3 padded, strided 3x3 with bias, 1x1 with bias and 2x2 stride 2, im2col tiles of a few output rows."""
+    n, c, h, w, o = 2, 3, 9, 8, 4
+    g = Graph()
+    x = g.input("x", (n, c, h, w))
+    f_ops, weights = [], {}
+    for i, (kernel, stride, padding, bias) in enumerate([(3, 1, 1, False), (3, 2, 1, True), (1, 1, 0, True),
+                                                         (2, 2, 0, False)]):
+        wt = g.weight(f"w{i}", (o, c, kernel, kernel))
+        b = g.weight(f"b{i}", (o,)) if bias else None
+        g.mark_output(f"y{i}", ops.conv2d(x, wt, b, stride=stride, padding=padding))
+        xp = x.pad(2, padding, padding).pad(3, padding, padding) if padding else x
+        ho, wo = (h + 2 * padding - kernel) // stride + 1, (w + 2 * padding - kernel) // stride + 1
+        operands = [xp, wt] + ([b.reshape(1, o, 1, 1).broadcast_to((n, o, ho, wo))] if bias else [])
+        f_ops.append((f"y{i}", operands, (n, o, ho, wo), stride))
+        weights[f"w{i}"] = randn(rng, o, c, kernel, kernel)
+        if bias:
+            weights[f"b{i}"] = randn(rng, o)
+    f = Fused(g)
+    outs = {name: f.add("Conv2d", operands, shape, stride=stride) for name, operands, shape, stride in f_ops}
+    inputs = {"x": randn(rng, n, c, h, w)}
+    want = run_reference(g, inputs, weights)
+    got = CudaRuntime(CudaEmuBackend(CudaOptions(max_blocks=64, conv_cols=60))).run(f.program(**outs), inputs,
+                                                                                     weights)
+    for name in want:
+        assert np.abs(got[name] - want[name]).max() <= 1e-5 * (1 + np.abs(want[name]).max()), name
