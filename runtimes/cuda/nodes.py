@@ -676,12 +676,52 @@ def prepare_attention_chunked(ctx, options: CudaOptions, ops: list[Operand]) -> 
     return plan
 
 
+FLASH_MAX_HEAD_DIM = 128  # shared-memory tiles of 32 keys x (D + Dv) f32 stay under the 48 KiB static limit
+FLASH_WARPS, FLASH_ROWS = 4, 4
+
+
 def flash_supported(ops: list[Operand], shape) -> bool:
-    return False
+    d, dv = ops[1].view.shape[-1], ops[2].view.shape[-1]
+    return 0 < d <= FLASH_MAX_HEAD_DIM and 0 < dv <= FLASH_MAX_HEAD_DIM
 
 
-def prepare_flash(ctx, options, ops):  # replaced below when the flash kernel is available
-    return prepare_attention_chunked(ctx, options, ops)
+def prepare_flash(ctx, options: CudaOptions, ops: list[Operand]) -> NodePlan:
+    """The tiled kernel of ``kernels/attention.cuh``: q, k, v (and the bias) read through their views."""
+    shape = tuple(ctx.shape)
+    batch = shape[:-2]
+    nb = len(batch)
+    s, dv = shape[-2:]
+    t, d = ops[1].view.shape[-2:]
+    plan = NodePlan()
+    heads = math.prod(batch)
+    if heads * s * dv == 0:
+        return plan
+    groups = [(0, nb), (nb, nb + 1), (nb + 1, nb + 2)]
+    views = [_broadcast_to(op, batch) for op in ops]
+    names = ["LoadQ", "LoadK", "LoadV", "LoadB"][: len(views)]
+    loaders = "\n".join(view_loader(n, v, groups) for n, v in zip(names, views))
+    has_bias = len(views) == 4
+    out_t = ctype(ctx.dtype)
+    params = [f"{out_t}*"] + [f"const {ctype(v.dtype)}*" for v in views]
+    sig = ", ".join([f"{out_t}* __restrict__ out"] + [f"const {ctype(v.dtype)}* __restrict__ {n.lower()[4:]}"
+                                                      for n, v in zip(names, views)])
+    bias = "LoadB{b}" if has_bias else "NoBias{}"
+    scale = cg.float_literal(float(ctx.node.attr("scale", 1.0)))
+    block = 32 * FLASH_WARPS
+    text = f"""{loaders}
+extern "C" __global__ void __launch_bounds__({block}) KNAME({sig}) {{
+  flash_attention<{d}, {dv}, {FLASH_WARPS}, {FLASH_ROWS}, {"true" if has_bias else "false"}, {out_t}>(
+      out, {heads}LL, {s}, {t}, {scale}, LoadQ{{q}}, LoadK{{k}}, LoadV{{v}}, {bias});
+}}"""
+    source = _source("flash", text, params, sync=True)
+    code = source.code
+    for n in names:
+        code = code.replace(n, f"{n}_{source.name}")
+    name = plan.kernel(KernelSource(source.name, source.params, code, True))
+    work = heads * -(-s // (FLASH_WARPS * FLASH_ROWS))
+    plan.steps.append(Launch(name, (max(1, min(work, options.max_blocks * 8)), 1, 1), (block, 1, 1),
+                             tuple([OUT] + [IN(i) for i in range(len(views))])))
+    return plan
 
 
 PREPARE["Attention"] = prepare_attention

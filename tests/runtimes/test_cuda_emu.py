@@ -397,3 +397,23 @@ def test_conv2d_padded_strided_with_bias_in_tiles(check, rng):
                                                                                      weights)
     for name in want:
         assert np.abs(got[name] - want[name]).max() <= 1e-5 * (1 + np.abs(want[name]).max()), name
+
+
+def test_flash_attention_several_key_tiles_and_query_blocks(assert_close, rng):
+    """S = 20 (two query blocks of 16), T = 70 (three key tiles, the last partial), the first key tile fully
+    masked by a finite bias (the running max starts finite: no NaN), bf16 output."""
+    b, h, s, t, d = 1, 2, 20, 70, 16
+    g = Graph()
+    q, k, v = g.input("q", (b, h, s, d)), g.input("k", (b, h, t, d)), g.input("v", (b, h, t, d))
+    bias = g.input("bias", (b, 1, s, t))
+    g.mark_output("y", cast(ops.scaled_dot_product_attention(q, k, v, mask=bias.broadcast_to((b, h, s, t)),
+                                                             scale=0.25), "bf16"))
+    f = Fused(g)
+    y = f.add("AttentionBlocked", [q, k, v, bias.broadcast_to((b, h, s, t))], (b, h, s, d), "bf16", scale=0.25,
+              block=32)
+    mask = np.zeros((b, 1, s, t), np.float32)
+    mask[..., :32] = np.finfo(np.float32).min
+    inputs = {"q": randn(rng, b, h, s, d), "k": randn(rng, b, h, t, d), "v": randn(rng, b, h, t, d), "bias": mask}
+    got = CudaRuntime(CudaEmuBackend(CudaOptions(max_blocks=64, attention="flash"))).run(f.program(y=y), inputs)
+    assert np.isfinite(got["y"].astype(np.float32)).all()
+    assert_close("runtime", got["y"], run_reference(g, inputs)["y"], "bf16")
