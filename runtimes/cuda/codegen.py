@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from luminal_recipes.runtimes.expr import Expr, _fold, parse
+from luminal_recipes.runtimes import expr as _expr
+from luminal_recipes.runtimes.expr import Expr, parse
 
 from luminal_recipes.graph.dtypes import DType, to_dtype
 from luminal_recipes.graph.view import BoundView
@@ -203,8 +204,11 @@ def is_uniform(op: Operand) -> bool:
 
 
 # ---- Elementwise expressions ---------------------------------------------------------------------------------
-_FLOAT_UNARY = {"Log2": "log2f({})", "Exp2": "exp2f({})", "Sin": "sinf({})", "Sqrt": "sqrtf({})",
-                "Recip": "(1.0f / {})"}
+_FLOAT_UNARY = {"Log2": "log2f({})", "Exp2": "exp2f({})", "Exp": "expf({})", "Sin": "sinf({})",
+                "Sqrt": "sqrtf({})", "Recip": "(1.0f / {})"}
+# constant folding: runtimes/expr.py does it today; once the compiler's rules fold constants (issue 9) the
+# expression arrives folded and this is the identity
+_fold = getattr(_expr, "_fold", lambda e: e)
 
 
 class ExprCompiler:

@@ -193,7 +193,10 @@ def copy_into(plan: NodePlan, options: CudaOptions, op: Operand, ref: Ref, dtype
 
 
 _PRIMITIVE_EXPR = {**{u: f"({u} in0)" for u in ("Log2", "Exp2", "Sin", "Sqrt", "Recip")},
-                   **{b: f"({b} in0 in1)" for b in ("Add", "Mul", "Mod", "LessThan")}}
+                   **{b: f"({b} in0 in1)" for b in ("Add", "Mul", "Mod", "LessThan")},
+                   # issue 9's kernels: a concatenation is pad(a) + pad(b) (-0.0 comes out +0.0, as in the sum),
+                   # a copy materialises a view (zeros where masked)
+                   "Concat": "(Add in0 in1)", "Copy": "in0"}
 
 
 def prepare_elementwise(ctx, options: CudaOptions) -> NodePlan:
@@ -455,7 +458,7 @@ class SkipIfSame:
 
 PREPARE = {
     **{op: prepare_elementwise for op in ("Log2", "Exp2", "Sin", "Sqrt", "Recip", "Add", "Mul", "Mod", "LessThan",
-                                          "Cast", "Elementwise")},
+                                          "Cast", "Elementwise", "Concat", "Copy")},
     "Iota": prepare_iota,
     "SumReduce": prepare_reduce,
     "MaxReduce": prepare_reduce,
@@ -621,7 +624,6 @@ def prepare_attention(ctx, options: CudaOptions) -> NodePlan:
         raise CodegenError("expects inputs (q [..., S, D], k [..., T, D], v [..., T, Dv][, bias [..., S, T]])")
     ops = _operands(ctx)
     shape = tuple(ctx.shape)
-    batch = shape[:-2]
     s, dv = shape[-2:]
     t, d = ops[1].view.shape[-2:]
     if ops[0].view.shape[-2:] != (s, d) or ops[2].view.shape[-2:] != (t, dv):
@@ -791,7 +793,8 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict_
     source = _source(prefix, text, [f"{out_t}*", *params, "int", "int"], sync=False)
     code = source.code
     for tag in ("LoadW", "LoadS", "LoadS2"):
-        code = code.replace(tag + "{", f"{tag}_{source.name}{{").replace(f"struct {tag} ", f"struct {tag}_{source.name} ")
+        code = code.replace(tag + "{", f"{tag}_{source.name}{{")
+        code = code.replace(f"struct {tag} ", f"struct {tag}_{source.name} ")
     return KernelSource(source.name, source.params, code, False)
 
 
