@@ -679,12 +679,14 @@ def prepare_attention_chunked(ctx, options: CudaOptions, ops: list[Operand]) -> 
 
 
 FLASH_MAX_HEAD_DIM = 128  # shared-memory tiles of 32 keys x (D + Dv) f32 stay under the 48 KiB static limit
+FLASH_MIN_HEAD_DIM = 64
 FLASH_WARPS, FLASH_ROWS = 4, 4
 
 
 def flash_supported(ops: list[Operand], shape) -> bool:
     d, dv = ops[1].view.shape[-1], ops[2].view.shape[-1]
-    return 0 < d <= FLASH_MAX_HEAD_DIM and 0 < dv <= FLASH_MAX_HEAD_DIM
+    # below 64 (tiny test models) ptxas on sm_100 spills 4-8 bytes in this kernel: those use the chunked path
+    return FLASH_MIN_HEAD_DIM <= d <= FLASH_MAX_HEAD_DIM and FLASH_MIN_HEAD_DIM <= dv <= FLASH_MAX_HEAD_DIM
 
 
 def prepare_flash(ctx, options: CudaOptions, ops: list[Operand]) -> NodePlan:
