@@ -23,6 +23,7 @@ from ..graph import DType, Graph, Tensor, to_dtype
 from ..graph.dtypes import SAFETENSORS_NAMES
 from ..graph.symbolic import Expr
 from .check import check_recipe, default_ops
+from .config_fields import check_config
 from .instances import Instance, Instantiator, WeightDecl, eval_field, list_item_origin
 from .interpreter import CallRecord, Interpreter
 from .loader import LoadedRecipe, load_recipe
@@ -120,6 +121,13 @@ def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None) -> Path 
     return resolve_source(source)
 
 
+def config_display(recipe: LoadedRecipe, folder: str | Path | None) -> str:
+    """How errors name the recipe's config file: its path in the checkpoint folder when there is one."""
+    assert isinstance(recipe.doc, ModelRecipe)
+    name = recipe.doc.weights.config or "config.json"
+    return str(Path(folder) / name) if folder is not None else name
+
+
 def read_config(recipe: LoadedRecipe, folder: Path) -> dict | None:
     assert isinstance(recipe.doc, ModelRecipe)
     name = recipe.doc.weights.config
@@ -138,10 +146,13 @@ def read_config(recipe: LoadedRecipe, folder: Path) -> dict | None:
 
 
 def resolve_params(
-    recipe: LoadedRecipe, config: Mapping[str, Any] | None, sets: Iterable[str] | Mapping[str, Any] = ()
+    recipe: LoadedRecipe,
+    config: Mapping[str, Any] | None,
+    sets: Iterable[str] | Mapping[str, Any] = (),
+    set_origins: Mapping[str, str] | None = None,
 ) -> ResolvedParams:
     config_file = recipe.doc.weights.config if isinstance(recipe.doc, ModelRecipe) else "config.json"
-    return ParamResolver(recipe.params, config, sets, config_file or "config.json").resolve_all()
+    return ParamResolver(recipe.params, config, sets, config_file or "config.json", set_origins).resolve_all()
 
 
 def build_model(
@@ -152,11 +163,15 @@ def build_model(
     sets: Iterable[str] | Mapping[str, Any] = (),
     ops: Mapping[str, Callable] | None = None,
     quantization: QuantizationSpec | None = None,
+    set_origins: Mapping[str, str] | None = None,
+    config_file: str | None = None,
 ) -> BuiltModel:
     """Build the graph of a loaded model recipe. Without ``checkpoint`` weights are shapes only (inspect).
 
     ``quantization`` replaces the recipe's ``weights.quantization``: a pipeline runs one model recipe over
     checkpoints stored in different formats (``models.NAME.quantization`` in a pipeline recipe).
+    ``set_origins`` names where each of ``sets`` was written (a pipeline's ``models.NAME.set``), for errors;
+    ``config_file`` names ``config`` in errors (default: the checkpoint's config file).
     """
     if quantization is not None:
         recipe = with_quantization(recipe, quantization)
@@ -164,7 +179,9 @@ def build_model(
     assert isinstance(doc, ModelRecipe)
     ops = default_ops() if ops is None else ops
     check_recipe(recipe, ops)
-    params = resolve_params(recipe, config, sets)
+    # a config.json asking for something the recipe does not implement is refused before anything is built
+    check_config(recipe, config, config_file or config_display(recipe, getattr(checkpoint, "root", None)))
+    params = resolve_params(recipe, config, sets, set_origins)
     root = Instantiator(recipe, params.values).root()
     decls = [w for inst in root.walk() for w in inst.weights.values()]
     quant = doc.weights.quantization

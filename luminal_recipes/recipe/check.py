@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from .config_fields import check_config_reads
 from .expr import ForwardScope, check_forward, parse_forward
 from .instances import check_field_names, list_item_origin
 from .loader import LoadedRecipe
@@ -64,6 +65,7 @@ def check_recipe(recipe: LoadedRecipe, ops: Mapping[str, Callable] | None = None
             )
     for module_name, located in recipe.modules.items():
         _check_module(recipe, module_name, located.value, located.origin, ops, global_params)
+    check_config_reads(recipe)
 
 
 def _check_module(

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import RecipeError
+from .config_fields import FieldRule, field_rules
 from .located import Located, Origin
 from .schema import DOCUMENT_KINDS, ModelRecipe, ModuleLibrary, ModuleSpec, ParamSpec, PipelineRecipe
 from .suggest import did_you_mean, one_of
@@ -31,6 +32,8 @@ class LoadedRecipe:
     modules: dict[str, Located[ModuleSpec]] = field(default_factory=dict)
     params: dict[str, Located[ParamSpec]] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)  # this file and every include
+    # what the recipe (and its includes) do with each config.json field; None: no `config:` section anywhere
+    config_fields: dict[str, FieldRule] | None = None
 
     @property
     def kind(self) -> str:
@@ -218,6 +221,16 @@ def _merge(loaded: LoadedRecipe, doc: ModelRecipe | ModuleLibrary, source: YamlS
                 f"module '{name}' is already defined at {first}; rename one of them.", key=True
             )
         loaded.modules[name] = Located(spec, origin)
+    if doc.config is not None:
+        rules = loaded.config_fields if loaded.config_fields is not None else {}
+        for rule in field_rules(doc.config, Origin(source, ("config",))):
+            if rule.path in rules:
+                first = rules[rule.path].origin.loc(key=True)
+                raise rule.origin.error(
+                    f"config field '{rule.path}' is already declared at {first}; keep one of them.", key=True
+                )
+            rules[rule.path] = rule
+        loaded.config_fields = rules
 
 
 def _load_includes(

@@ -17,7 +17,18 @@ import yaml
 
 from ..errors import RecipeError
 from .located import Located, Origin
-from .safe_eval import CONFIG, FUNCTIONS, ConfigView, ExprError, evaluate, is_wrapped, names_in, parse, unwrap
+from .safe_eval import (
+    CONFIG,
+    FUNCTIONS,
+    YAML_CONSTANTS,
+    ConfigView,
+    ExprError,
+    evaluate,
+    is_wrapped,
+    names_in,
+    parse,
+    unwrap,
+)
 from .schema import PARAM_TYPE, ParamSpec
 from .suggest import did_you_mean, one_of
 
@@ -160,8 +171,11 @@ class ParamResolver:
         config: Mapping[str, Any] | None,
         overrides: Iterable[str] | Mapping[str, Any] | None = None,
         config_file: str = "config.json",
+        override_origins: Mapping[str, str] | None = None,
     ):
         self.params = dict(params)
+        # where each override was written, when it did not come from the command line (a pipeline's `set:`)
+        self.override_origins = dict(override_origins or {})
         self.config = ConfigView(config, config_file) if config is not None else None
         self.config_file = config_file
         self.values: dict[str, Any] = {}
@@ -185,13 +199,26 @@ class ParamResolver:
             if is_wrapped(spec.default):
                 tree = self._parse(name)
                 for ref in names_in(tree):
-                    if ref.id != CONFIG and ref.id not in self.params and ref.id not in FUNCTIONS:
+                    if not self._known_name(ref.id):
                         raise self._default_origin(name).expr_error(
                             ExprError(self._unknown_name(ref.id), ref.lineno, ref.col_offset),
                             f"parameter '{name}'",
                         )
             elif declared is not None and name not in self.overrides:
                 self._typed(name, spec.default, declared, origin)
+            for key in ("min", "max"):
+                text = getattr(spec, key)
+                if isinstance(text, str):
+                    try:
+                        tree = parse(unwrap(text))
+                    except ExprError as exc:
+                        raise origin.at(key).expr_error(exc, f"`{key}` of parameter '{name}'") from None
+                    for ref in names_in(tree):
+                        if not self._known_name(ref.id):
+                            raise origin.at(key).expr_error(
+                                ExprError(self._unknown_name(ref.id), ref.lineno, ref.col_offset),
+                                f"`{key}` of parameter '{name}'",
+                            )
             if name in self.overrides:
                 self._override(
                     name, declared or ParamType.infer(None if is_wrapped(spec.default) else spec.default)
@@ -225,6 +252,7 @@ class ParamResolver:
                 kind = declared or ParamType.infer(value)
                 value = self._typed(name, value, kind, self._default_origin(name))
                 origin = "config" if is_wrapped(spec.default) and CONFIG in spec.default else "default"
+            self._check_bounds(name, value)
             self.values[name], self.types[name], self.origins[name] = value, kind, origin
             return value
         finally:
@@ -254,12 +282,58 @@ class ParamResolver:
             return self.get(ref)
         raise ExprError(self._unknown_name(ref), node.lineno, node.col_offset)
 
+    def _known_name(self, ref: str) -> bool:
+        return ref == CONFIG or ref in self.params or ref in FUNCTIONS or ref in YAML_CONSTANTS
+
     def _unknown_name(self, ref: str) -> str:
         known = list(self.params) + [CONFIG]
         return (
             f"undefined name '{ref}'{did_you_mean(ref, known)}; a parameter expression can use other "
             f"parameters ({one_of(self.params)}), config.KEY and the functions {one_of(FUNCTIONS)}"
         )
+
+    # ---- bounds (`min:` / `max:`) ----------------------------------------------------------------------------
+    def _check_bounds(self, name: str, value: Any) -> None:
+        """Each number of ``value`` (the value, or every item of a list) lies within the declared min/max."""
+        spec = self.params[name].value
+        items = value if isinstance(value, (list, tuple)) else [value]
+        for key, outside in (("min", lambda v, b: v < b), ("max", lambda v, b: v > b)):
+            text = getattr(spec, key)
+            if text is None:
+                continue
+            bound = self._bound(name, key, text)
+            for item in items:
+                if isinstance(item, (int, float)) and not isinstance(item, bool) and outside(item, bound):
+                    self._bound_error(name, value, item, key, text, bound)
+
+    def _bound(self, name: str, key: str, text: Any) -> Any:
+        origin = self.params[name].origin.at(key)
+        if not isinstance(text, str):
+            bound = text
+        else:
+            try:
+                bound = evaluate(parse(unwrap(text)), self._resolve_name)
+            except ExprError as exc:
+                raise origin.expr_error(exc, f"`{key}` of parameter '{name}'") from None
+        if isinstance(bound, bool) or not isinstance(bound, (int, float)):
+            raise origin.error(f"`{key}` of parameter '{name}' must be a number, got {bound!r}")
+        return bound
+
+    def _bound_error(self, name: str, value: Any, item: Any, key: str, text: Any, bound: Any) -> None:
+        spec = self.params[name].value
+        bound_loc = self.params[name].origin.loc(key)
+        formula = f" ({key}: {text})" if isinstance(text, str) and str(text).strip() != str(bound) else ""
+        what = f"item {item!r} of {value!r}" if isinstance(value, (list, tuple)) else f"{value!r}"
+        side = "below its minimum" if key == "min" else "above its maximum"
+        doc = f" {name}: {spec.doc}." if spec.doc else ""
+        message = (
+            f"parameter '{name}' is out of range: {what} is {side} {bound!r}{formula}, declared at {bound_loc}.{doc}"
+        )
+        if name in self.overrides:
+            raw, is_text = self.overrides[name]
+            where = self.override_origins.get(name) or f"--set {name}={raw if is_text else repr(raw)}"
+            raise RecipeError(f"{where}: {message}")
+        raise self._default_origin(name).error(message)
 
     # ---- helpers -------------------------------------------------------------------------------------------
     def _parse(self, name: str) -> ast.expr:

@@ -83,6 +83,12 @@ class ParamSpec(Strict):
     default: ValueField = Field(None, description="a YAML value, or '${expression}' over config and params")
     doc: str | None = None
     choices: list[Scalar] | None = Field(None, description="allowed values")
+    min: ExprField | None = Field(
+        None, description="smallest allowed value (of each item, for a list): an expression over params"
+    )
+    max: ExprField | None = Field(
+        None, description="largest allowed value (of each item, for a list): an expression over params"
+    )
 
     @field_validator("type")
     @classmethod
@@ -99,6 +105,40 @@ def _params_short_form(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: (v if isinstance(v, dict) else {"default": v}) for k, v in value.items()}
     return value
+
+
+# ---- config.json fields -------------------------------------------------------------------------------------
+class ConfigFields(Strict):
+    """What a model recipe does with each field of its checkpoint's config.json (dotted paths such as
+    ``text_config.hidden_act``; a path covers everything below it)."""
+
+    read: list[str] = Field(
+        default_factory=list, description="fields the parameters read (sizes, eps, theta...), any value accepted"
+    )
+    require: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="fields the reference reads whose values this recipe implements: when present, the value "
+        "must be one of these (absent: the reference's default, which must be one of them too)",
+    )
+    ignore: dict[str, str] = Field(
+        default_factory=dict,
+        description="fields that cannot change the reference's output for this recipe, each with the reason",
+    )
+
+    @model_validator(mode="after")
+    def _paths(self) -> ConfigFields:
+        seen: dict[str, str] = {}
+        for group, paths in (("read", self.read), ("require", self.require), ("ignore", self.ignore)):
+            for path in paths:
+                if not DOTTED.match(path):
+                    raise ValueError(f"config field '{path}' must be dotted keys such as 'text_config.hidden_act'")
+                if path in seen:
+                    raise ValueError(f"config field '{path}' is listed under both `{seen[path]}` and `{group}`")
+                seen[path] = group
+        for path, values in self.require.items():
+            if not values:
+                raise ValueError(f"config field '{path}' under `require` needs at least one allowed value")
+        return self
 
 
 # ---- model documents ---------------------------------------------------------------------------------------
@@ -370,6 +410,9 @@ class ModelRecipe(Strict):
     root: str | None = Field(None, description="module whose forward is the model's")
     modules: dict[str, ModuleSpec] = Field(default_factory=dict)
     weights: WeightsSection = Field(default_factory=WeightsSection)
+    config: ConfigFields | None = Field(
+        None, description="what the recipe does with each field of config.json: read, require values, ignore"
+    )
 
     @field_validator("params", mode="before")
     @classmethod
@@ -406,6 +449,9 @@ class ModuleLibrary(Strict):
     include: list[str] = Field(default_factory=list)
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     modules: dict[str, ModuleSpec] = Field(default_factory=dict)
+    config: ConfigFields | None = Field(
+        None, description="config.json fields the shared modules' parameters read (merged into the including recipe)"
+    )
 
     @field_validator("params", mode="before")
     @classmethod
@@ -427,11 +473,14 @@ class PipelineModel(Strict):
 
 class TokenizerSpec(Strict):
     path: str = Field("tokenizer", description="tokenizer folder inside the checkpoint (tokenizer.json)")
-    chat_template: str | None = Field(None, description="template with {prompt} (and {system})")
-    system: str | None = None
-    max_length: ExprField | None = None
-    pad_token: str | None = None
-    padding: Literal["max_length", "longest", "none"] = "max_length"
+    chat_template: str | None = Field(
+        None,
+        description="replaces the checkpoint's chat template: a Jinja template (rendered as transformers' "
+        "apply_chat_template does), or the name of one of the checkpoint's named templates",
+    )
+    system: str | None = Field(
+        None, description="replaces the pipeline's system message (diffusers' Flux2Pipeline.system_message)"
+    )
 
 
 class SchedulerSpec(Strict):
