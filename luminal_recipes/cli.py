@@ -149,12 +149,15 @@ def validate(
     recipe: Path = typer.Argument(..., help="a model or pipeline recipe, or a `kind: modules` library"),
     weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="also list config.json fields: required values met, and unknown fields"
+    ),
 ) -> None:
     """Check a recipe (schema, expressions, forwards) and its checkpoint: the recipe's own when it is a local
     folder, or --weights (a Hub checkpoint is only downloaded and checked when passed as --weights)."""
     from .recipe import validate as validate_recipe
 
-    typer.echo(str(validate_recipe(recipe, weights, set_)))
+    typer.echo(validate_recipe(recipe, weights, set_).render(verbose))
 
 
 @app.command()

@@ -25,7 +25,7 @@ from ..errors import PipelineError, RecipeError
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.params import ParamResolver
-from ..recipe.safe_eval import ExprError, evaluate, parse, unwrap, wrap_config
+from ..recipe.safe_eval import ExprError, evaluate, names_in, parse, unwrap, wrap_config
 from ..recipe.schema import PipelineRecipe, StageSpec
 from . import peak_rss
 from .engine import ModelEngine
@@ -56,7 +56,8 @@ class Pipeline:
             raise RecipeError(f"{path}: this is a model recipe; `run` needs a pipeline recipe (kind: pipeline)")
         self.doc: PipelineRecipe = self.recipe.doc
         self.path = Path(path)
-        self.params = ParamResolver(self.recipe.params, None, sets).resolve_all().values
+        self._resolver = ParamResolver(self.recipe.params, None, sets)
+        self.params = self._resolver.resolve_all().values
         self._weights_arg = weights
         self._checkpoint: Path | None = None
         self.budget_bytes = budget_bytes
@@ -78,7 +79,8 @@ class Pipeline:
     def context(self) -> StepContext:
         if self._context is None:
             tok, sched = self.doc.tokenizer, self.doc.scheduler
-            self._context = StepContext(self.checkpoint, tok.path if tok else None, sched.config if sched else None)
+            self._context = StepContext(self.checkpoint, tok.path if tok else None, sched.config if sched else None,
+                                        tok.chat_template if tok else None, tok.system if tok else None)
         return self._context
 
     @property
@@ -132,13 +134,26 @@ class Pipeline:
             spec = self.doc.models[name]
             recipe = self._model_recipe(name)
             folder = self._model_folder(name)
-            sets = {k: self._eval(v, {}, f"models.{name}.set.{k}") if isinstance(v, str) else v
-                    for k, v in spec.set.items()}
+            sets, origins = self.model_sets(name)
             # `quantization:` on the pipeline's model entry replaces the model recipe's own block
             self._models[name] = build_model(recipe, checkpoint=Checkpoint.open(folder),
                                              config=read_config(recipe, folder), sets=sets,
-                                             quantization=spec.quantization)
+                                             quantization=spec.quantization, set_origins=origins)
         return self._models[name]
+
+    def model_sets(self, name: str) -> tuple[dict[str, Any], dict[str, str]]:
+        """The values of model ``name``'s ``set:`` (evaluated over the pipeline's parameters), and where each
+        was written: the pipeline recipe's line, and the ``--set`` it follows, for errors."""
+        sets, origins = {}, {}
+        for key, text in self.doc.models[name].set.items():
+            sets[key] = self._eval(text, {}, f"models.{name}.set.{key}") if isinstance(text, str) else text
+            where = f"{self.recipe.origin('models', name, 'set', key).loc()}: models.{name}.set.{key}"
+            names = {n.id for n in names_in(parse(unwrap(text)))} if isinstance(text, str) else set()
+            for ref in sorted(names & set(self._resolver.overrides)):
+                raw, is_text = self._resolver.overrides[ref]
+                where += f" (from --set {ref}={raw if is_text else repr(raw)})"
+            origins[key] = where
+        return sets, origins
 
     # ---- expressions ----------------------------------------------------------------------------------------
     def _eval(self, text: Any, env: Mapping[str, Any], where: str) -> Any:

@@ -238,9 +238,9 @@ def _shape_model(pipeline, name: str) -> BuiltModel:
         raise PipelineError(f"no config for model '{name}': pass --weights, or set `configs:` in the "
                             f"pipeline")
     spec = pipeline.doc.models[name]
-    sets = {k: pipeline._eval(v, {}, f"models.{name}.set.{k}") if isinstance(v, str) else v
-            for k, v in spec.set.items()}
-    return build_model(recipe, config=config, sets=sets, quantization=spec.quantization)
+    sets, origins = pipeline.model_sets(name)
+    return build_model(recipe, config=config, sets=sets, quantization=spec.quantization, set_origins=origins,
+                       config_file=f"config.json of model '{name}'")
 
 
 def _gib(n: int | None) -> str:

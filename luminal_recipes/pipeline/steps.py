@@ -21,17 +21,24 @@ from .tokenize import Flux2Tokenizer
 class StepContext:
     """What steps may read besides their arguments: the checkpoint folder and the pipeline's tokenizer/scheduler."""
 
-    def __init__(self, checkpoint: Path, tokenizer_path: str | None, scheduler_config: str | None):
+    def __init__(self, checkpoint: Path, tokenizer_path: str | None, scheduler_config: str | None,
+                 chat_template: str | None = None, system_message: str | None = None):
         self.checkpoint = checkpoint
         self._tokenizer_path = tokenizer_path
         self._scheduler_config = scheduler_config
+        self._chat_template = chat_template  # the pipeline recipe's tokenizer.chat_template / tokenizer.system
+        self._system_message = system_message
         self._tokenizer: Flux2Tokenizer | None = None
         self._schedule: Flux2Schedule | None = None
 
     @property
     def tokenizer(self) -> Flux2Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = Flux2Tokenizer.from_pretrained(self.checkpoint / (self._tokenizer_path or "tokenizer"))
+            self._tokenizer = Flux2Tokenizer.from_pretrained(
+                self.checkpoint / (self._tokenizer_path or "tokenizer"),
+                chat_template=self._chat_template,
+                system_message=self._system_message,
+            )
         return self._tokenizer
 
     @property

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .builder import BuiltModel, build_model, checkpoint_folder, read_config, with_quantization
+from .builder import BuiltModel, build_model, checkpoint_folder, config_display, read_config, with_quantization
 from .check import check_library, check_recipe
+from .config_fields import config_report
 from .loader import LoadedRecipe, inside_tree, load_recipe
 from .params import ParamResolver
 from .safe_eval import is_wrapped
@@ -35,11 +36,17 @@ class ValidationReport:
     name: str
     checks: list[str] = field(default_factory=list)
     models: dict[str, BuiltModel] = field(default_factory=dict)
+    details: list[str] = field(default_factory=list)  # shown by `validate --verbose`
 
     def __str__(self) -> str:
+        return self.render()
+
+    def render(self, verbose: bool = False) -> str:
         what = "module library" if self.kind == "modules" else f"{self.kind} recipe"
         lines = [f"{self.path}: valid {what} '{self.name}'"]
         lines += [f"  - {c}" for c in self.checks]
+        if verbose:
+            lines += [f"  {d}" for d in self.details] or ["  (nothing more to show: pass --weights for config details)"]
         return "\n".join(lines)
 
 
@@ -112,6 +119,9 @@ def _validate_loaded(
         f"{prefix}checkpoint {built.checkpoint_root} matches: {len(built.weights)} weights, "
         f"graph of {len(built.graph)} nodes" + ("" if weights is not None else " (the recipe's weights.source)")
     )
+    config = read_config(recipe, built.checkpoint_root) if built.checkpoint_root is not None else None
+    fields = config_report(recipe, config, config_display(recipe, built.checkpoint_root))
+    report.details += [f"{prefix}{line}" if i == 0 else line for i, line in enumerate(fields.lines())]
 
 
 def _validate_pipeline(

@@ -1,0 +1,233 @@
+"""A checkpoint's chat templates, found and rendered exactly as transformers finds and renders them.
+
+Finding (``tokenizer/`` folder): a tokenizer (``PreTrainedTokenizerFast`` in model_index.json) takes
+``chat_template.jinja`` plus ``additional_chat_templates/*.jinja`` (named templates) when present, else
+tokenizer_config.json's ``chat_template`` (a string, or a list of ``{name, template}``). A processor
+(``PixtralProcessor``, as FLUX.2-dev names) takes processor_config.json's ``chat_template``, else the legacy
+``chat_template.json``, else the same files. Choosing (``get_chat_template``): a name picks a named template, any
+other override is itself the template; without one, a single template, else the one named ``default``.
+
+Rendering: the sandboxed Jinja environment of transformers' ``apply_chat_template``
+(``transformers/utils/chat_template_utils.py``): ``ImmutableSandboxedEnvironment(trim_blocks=True,
+lstrip_blocks=True)`` with the ``loopcontrols`` extension and the ``{% generation %}`` tag, ``raise_exception``,
+``strftime_now``, ``dict`` and an underscore-refusing ``namespace``, and a ``tojson`` filter that does not escape
+HTML; the variables are ``messages``, ``tools`` and ``documents`` (None), ``add_generation_prompt`` and the
+tokenizer's special tokens (``bos_token``...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from ..errors import CheckpointError
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+LEGACY_PROCESSOR_FILE = "chat_template.json"
+# The standard named special tokens transformers passes to every template (SPECIAL_TOKENS_ATTRIBUTES).
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+@dataclass(frozen=True)
+class ChatTemplates:
+    """The templates of a tokenizer folder: one unnamed template, or several by name."""
+
+    templates: str | dict[str, str] | None
+    source: str  # the file (and key) they were read from, for messages
+
+    def choose(self, override: str | None = None) -> tuple[str, str]:
+        """(template, where it came from), as ``get_chat_template`` picks it; raises CheckpointError."""
+        if isinstance(self.templates, dict):
+            if override is not None and override in self.templates:
+                return self.templates[override], f"{self.source} (template '{override}')"
+            if override is None:
+                if "default" in self.templates:
+                    return self.templates["default"], f"{self.source} (template 'default')"
+                raise CheckpointError(
+                    f"{self.source}: the tokenizer has several chat templates ({', '.join(sorted(self.templates))}) "
+                    "and none is named 'default'; name one with the pipeline recipe's tokenizer.chat_template."
+                )
+        if override is not None:
+            return override, "the pipeline recipe's tokenizer.chat_template"
+        if self.templates is None:
+            raise CheckpointError(f"{self.source}: no chat template")
+        return self.templates, self.source
+
+
+def find_chat_templates(folder: Path, tokenizer_config: dict, processor: bool) -> ChatTemplates:
+    """The templates a transformers tokenizer (or processor) loaded from ``folder`` would hold."""
+    if processor:
+        processor_config = _read_json(folder / "processor_config.json")
+        if processor_config.get("chat_template") is not None:
+            return _named(processor_config["chat_template"], f"{folder / 'processor_config.json'} chat_template")
+        legacy = folder / LEGACY_PROCESSOR_FILE
+        if legacy.is_file():
+            data = _read_json(legacy)
+            if "chat_template" not in data:
+                raise CheckpointError(f"{legacy}: has no 'chat_template' key; restore the file from the checkpoint.")
+            return _named(data["chat_template"], f"{legacy} chat_template")
+    files: dict[str, str] = {}
+    jinja = folder / CHAT_TEMPLATE_FILE
+    if jinja.is_file():
+        files["default"] = _read_text(jinja)
+    extra = folder / CHAT_TEMPLATE_DIR
+    if extra.is_dir():
+        for path in sorted(extra.glob("*.jinja")):
+            files[path.name.removesuffix(".jinja")] = _read_text(path)
+    if files:
+        where = str(jinja) if list(files) == ["default"] else f"{folder} ({CHAT_TEMPLATE_FILE}, {CHAT_TEMPLATE_DIR}/)"
+        return ChatTemplates(files["default"] if list(files) == ["default"] else files, where)
+    if not processor and tokenizer_config.get("chat_template") is not None:
+        return _named(tokenizer_config["chat_template"], f"{folder / 'tokenizer_config.json'} chat_template")
+    return ChatTemplates(None, str(folder))
+
+
+def _named(value: Any, source: str) -> ChatTemplates:
+    if isinstance(value, str):
+        return ChatTemplates(value, source)
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return ChatTemplates(dict(value), source)
+    if isinstance(value, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in value
+    ):
+        return ChatTemplates({t["name"]: t["template"] for t in value}, source)
+    raise CheckpointError(
+        f"{source}: a chat template is a string, or a list of {{\"name\": ..., \"template\": ...}}; got "
+        f"{type(value).__name__}. Restore the file from the checkpoint."
+    )
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read it ({exc}); restore it from the checkpoint.") from None
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot read it as JSON ({exc}); restore it from the checkpoint.") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object.")
+    return data
+
+
+# ---- the sandboxed environment -------------------------------------------------------------------------------
+class _GenerationTag(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` renders its body (transformers uses it to mark assistant
+    tokens; without a mask requested it changes nothing)."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.CallBlock:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False):
+    # Jinja's own tojson escapes HTML characters; transformers' does not
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _TemplateDict:
+    """``dict(...)`` for templates, without access to the dict type itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """A namespace that refuses underscore-prefixed attributes (no reach into Python internals)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - Jinja's Namespace signature trick
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"chat templates cannot store underscore-prefixed attributes on a namespace, got {name!r}"
+            )
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env.from_string(template)
+
+
+def render_chat(
+    template: str,
+    messages: list[dict],
+    special_tokens: dict[str, str],
+    source: str,
+    add_generation_prompt: bool = False,
+) -> str:
+    """``template`` rendered for one conversation, as ``apply_chat_template(..., tokenize=False)`` does."""
+    try:
+        compiled = _compile(template)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise CheckpointError(
+            f"{source}: the chat template is not valid Jinja (line {exc.lineno}: {exc.message}); fix or replace it."
+        ) from None
+    try:
+        return compiled.render(
+            messages=messages,
+            tools=None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **special_tokens,
+        )
+    except jinja2.exceptions.TemplateError as exc:  # raise_exception, sandbox refusals, undefined calls...
+        raise CheckpointError(
+            f"{source}: the chat template refused the conversation ({exc}); the template does not accept a "
+            "system message followed by a text user message. Replace it with tokenizer.chat_template in the "
+            "pipeline recipe."
+        ) from None
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError) as exc:
+        raise CheckpointError(f"{source}: rendering the chat template failed ({type(exc).__name__}: {exc}).") from None
