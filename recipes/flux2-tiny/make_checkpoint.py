@@ -76,6 +76,18 @@ class Variant:
     vae_decoder_block_out_channels: tuple[int, int, int, int] | None
     vae_layers_per_block: int
     vae_norm_num_groups: int
+    # Settings the two shipped variants leave at FLUX.2-dev's values; the parity tests vary them.
+    text_rope_theta: float = 1.0e9
+    text_sliding_window: int | None = None
+    text_tie_last_hidden_states: bool | None = None  # None: not written (transformers' default, tied)
+    rope_theta: int = 2000
+    timestep_guidance_channels: int = 256
+    guidance_embeds: bool = True
+    vae_use_post_quant_conv: bool = True
+    vae_mid_block_add_attention: bool = True
+    # "mistral-small": FLUX.2-dev's Mistral-Small-3.2 template; "tekken-default": the template
+    # transformers' convert_tekken_tokenizer gives tekken_240911.json by itself; anything else: a Jinja template.
+    chat_template: str = "mistral-small"
 
 
 VARIANTS = {
@@ -153,11 +165,25 @@ def mistral_small_chat_template() -> str:
     )
 
 
-def save_tokenizer(folder: Path) -> None:
+def save_tokenizer(folder: Path, chat_template: str = "mistral-small", tokenizer_from: Path | None = None) -> None:
+    """The Tekken tokenizer with the chosen chat template, saved by transformers.
+
+    ``tokenizer_from`` (a checkpoint this script wrote) is loaded instead of converting Tekken again, and given the
+    template; "tekken-default" always converts, since the template is convert_tekken_tokenizer's own choice.
+    """
     import tokenizers
+    from transformers import PreTrainedTokenizerFast
     from transformers.integrations.mistral import convert_tekken_tokenizer
 
-    tokenizer = convert_tekken_tokenizer(str(tekken_file()), chat_template=mistral_small_chat_template())
+    if chat_template == "tekken-default":
+        tokenizer = convert_tekken_tokenizer(str(tekken_file()))
+    else:
+        template = mistral_small_chat_template() if chat_template == "mistral-small" else chat_template
+        if tokenizer_from is not None:
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(Path(tokenizer_from) / "tokenizer")
+            tokenizer.chat_template = template
+        else:
+            tokenizer = convert_tekken_tokenizer(str(tekken_file()), chat_template=template)
     tokenizer.save_pretrained(folder)
     # Same tokenizer, written without indentation: 7 MB instead of 17 MB.
     path = folder / "tokenizer.json"
@@ -192,10 +218,12 @@ def save_text_encoder(folder: Path, v: Variant) -> None:
         "head_dim": v.text_head_dim,
         "max_position_embeddings": 131072,
         "rms_norm_eps": 1e-5,
-        "rope_theta": 1.0e9,
-        "sliding_window": None,
+        "rope_theta": v.text_rope_theta,
+        "sliding_window": v.text_sliding_window,
         "tie_word_embeddings": True,
     }
+    if v.text_tie_last_hidden_states is not None:
+        text_config["tie_last_hidden_states"] = v.text_tie_last_hidden_states
     vision_config = {
         "model_type": "pixtral",
         "hidden_size": 16,
@@ -224,13 +252,13 @@ def save_transformer(folder: Path, v: Variant) -> None:
         num_single_layers=v.num_single_layers,
         attention_head_dim=v.attention_head_dim,
         num_attention_heads=v.num_attention_heads,
-        joint_attention_dim=3 * v.text_hidden,
-        timestep_guidance_channels=256,
+        joint_attention_dim=len(v.text_encoder_out_layers) * v.text_hidden,
+        timestep_guidance_channels=v.timestep_guidance_channels,
         mlp_ratio=v.mlp_ratio,
         axes_dims_rope=v.axes_dims_rope,
-        rope_theta=2000,
+        rope_theta=v.rope_theta,
         eps=1e-6,
-        guidance_embeds=True,
+        guidance_embeds=v.guidance_embeds,
     )
     perturb_norms(model, v.seed + 1)
     model.save_pretrained(folder)
@@ -247,6 +275,8 @@ def save_vae(folder: Path, v: Variant) -> None:
         latent_channels=32,
         norm_num_groups=v.vae_norm_num_groups,
         sample_size=128,
+        use_post_quant_conv=v.vae_use_post_quant_conv,
+        mid_block_add_attention=v.vae_mid_block_add_attention,
     )
     perturb_norms(model, v.seed + 2)
     # A fresh BatchNorm has mean 0 / var 1, which would hide mistakes in the pipeline's de-normalisation.
@@ -279,22 +309,23 @@ def save_model_index(folder: Path) -> None:
     (folder / "model_index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def build(out: Path, variant: str, tokenizer_from: Path | None = None) -> Path:
-    """Write the checkpoint for ``variant`` to ``out`` (replacing it) and return ``out``.
+def build(out: Path, variant: str | Variant, tokenizer_from: Path | None = None) -> Path:
+    """Write the checkpoint for ``variant`` (a name of VARIANTS, or a Variant) to ``out`` (replacing it) and
+    return ``out``.
 
-    ``tokenizer_from`` copies the ``tokenizer/`` folder of a checkpoint this script already wrote instead of
+    ``tokenizer_from`` reuses the ``tokenizer/`` folder of a checkpoint this script already wrote instead of
     converting Tekken again (the conversion is deterministic and takes most of the run time).
     """
-    v = VARIANTS[variant]
+    v = VARIANTS[variant] if isinstance(variant, str) else variant
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         save_scheduler(staging / "scheduler")
-        if tokenizer_from is None:
-            save_tokenizer(staging / "tokenizer")
-        else:
+        if tokenizer_from is not None and v.chat_template == "mistral-small":
             shutil.copytree(Path(tokenizer_from) / "tokenizer", staging / "tokenizer")
+        else:
+            save_tokenizer(staging / "tokenizer", v.chat_template, tokenizer_from)
         save_text_encoder(staging / "text_encoder", v)
         save_transformer(staging / "transformer", v)
         save_vae(staging / "vae", v)
