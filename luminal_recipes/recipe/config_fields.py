@@ -29,7 +29,7 @@ from .schema import ConfigFields
 if TYPE_CHECKING:
     from .loader import LoadedRecipe
 
-_ABSENT = object()
+ABSENT = object()
 
 
 @dataclass(frozen=True)
@@ -153,11 +153,11 @@ def check_config_reads(recipe: LoadedRecipe) -> None:
 
 # ---- against a checkpoint's config.json ----------------------------------------------------------------------
 def lookup(config: Any, path: str) -> Any:
-    """The value at a dotted path of config.json, or ``_ABSENT``."""
+    """The value at a dotted path of config.json, or ``ABSENT``."""
     data = config
     for part in path.split("."):
         if not isinstance(data, Mapping) or part not in data:
-            return _ABSENT
+            return ABSENT
         data = data[part]
     return data
 
@@ -186,7 +186,7 @@ def check_config(recipe: LoadedRecipe, config: Mapping[str, Any] | None, config_
         if rule.kind != "require":
             continue
         value = lookup(config, rule.path)
-        if value is _ABSENT or any(same_value(value, allowed) for allowed in rule.values):
+        if value is ABSENT or any(same_value(value, allowed) for allowed in rule.values):
             continue
         implemented = ", ".join(_json(v) for v in rule.values)
         problems.append(
@@ -267,4 +267,4 @@ def _json(value: Any) -> str:
         text = json.dumps(value, sort_keys=True)
     except (TypeError, ValueError):
         text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= 200 else text[:197] + "..."

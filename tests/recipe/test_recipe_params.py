@@ -159,3 +159,67 @@ def test_parameter_expressions_are_not_python(write):
 def test_config_needed_but_absent(write):
     with pytest.raises(RecipeError, match="no checkpoint was given; pass --weights"):
         resolved(write, config=None)
+
+
+BOUNDED = """
+kind: model
+name: t
+params:
+  depth: ${config.text_config.num_hidden_layers}
+  taps:
+    type: list[int]
+    default: [1, -2]
+    min: -(depth + 1)
+    max: depth
+    doc: indices into the hidden states
+  ratio: {default: 0.5, min: 0, max: 1}
+modules:
+  m:
+    forward: return 1
+"""
+
+
+def test_bounds_accept_values_inside_them(write):
+    assert resolved(write, BOUNDED).values["taps"] == [1, -2]
+    assert resolved(write, BOUNDED, sets=["taps=[-41, 40]", "ratio=1"]).values["taps"] == [-41, 40]
+
+
+def test_a_default_outside_its_bounds_is_located_at_the_default(write, position):
+    path, text = write("r.yaml", BOUNDED.replace("default: [1, -2]", "default: [1, 41]"))
+    with pytest.raises(RecipeError) as info:
+        resolve_params(load_recipe(path), CONFIG)
+    message = str(info.value)
+    assert message.startswith(f"{path}:{position(text, '[1, 41]')}: parameter 'taps' is out of range: item 41 ")
+    assert f"above its maximum 40 (max: depth), declared at {path}:{position(text, 'depth', 3)}" in message
+    assert "taps: indices into the hidden states." in message
+
+
+@pytest.mark.parametrize(
+    "sets, phrase",
+    [
+        (["taps=[-42]"], "--set taps=[-42]: parameter 'taps' is out of range: item -42 of [-42] is below its minimum "
+                         "-41 (min: -(depth + 1))"),
+        (["ratio=1.5"], "--set ratio=1.5: parameter 'ratio' is out of range: 1.5 is above its maximum 1, declared"),
+        ({"taps": [50]}, "--set taps=[50]: parameter 'taps' is out of range"),
+    ],
+)
+def test_an_override_outside_its_bounds_names_the_set(write, sets, phrase):
+    with pytest.raises(RecipeError) as info:
+        resolved(write, BOUNDED, sets=sets)
+    assert phrase in str(info.value)
+
+
+def test_an_override_from_elsewhere_names_where_it_was_written(write):
+    path, _ = write("r.yaml", BOUNDED)
+    with pytest.raises(RecipeError, match=r"^pipeline.yaml:7:9: models.x.set.taps: parameter 'taps' is out of range"):
+        resolve_params(load_recipe(path), CONFIG, {"taps": [99]}, {"taps": "pipeline.yaml:7:9: models.x.set.taps"})
+
+
+def test_bound_expressions_are_checked(write, position):
+    path, text = write("r.yaml", BOUNDED.replace("max: depth", "max: dpth"))
+    with pytest.raises(RecipeError, match="`max` of parameter 'taps': undefined name 'dpth'") as info:
+        ParamResolver(load_recipe(path).params, None).check_static()
+    assert str(info.value).startswith(f"{path}:{position(text, 'dpth')}:")
+    path, _ = write("r.yaml", BOUNDED.replace("max: depth", "max: \"'deep'\""))
+    with pytest.raises(RecipeError, match="`max` of parameter 'taps' must be a number, got 'deep'"):
+        resolve_params(load_recipe(path), CONFIG)
