@@ -278,7 +278,8 @@ def test_named_templates_from_files_and_override_by_name(tmp_path):
 
 
 def test_several_templates_without_a_default_are_refused(tmp_path):
-    folder = tokenizer_folder(tmp_path, config_template=[{"name": "a", "template": "x"}, {"name": "b", "template": "y"}])
+    templates = [{"name": "a", "template": "x"}, {"name": "b", "template": "y"}]
+    folder = tokenizer_folder(tmp_path, config_template=templates)
     with pytest.raises(CheckpointError, match="several chat templates \\(a, b\\) and none is named 'default'"):
         Flux2Tokenizer.from_pretrained(folder)
     assert Flux2Tokenizer.from_pretrained(folder, chat_template="b").format("x") == "y"
@@ -317,7 +318,8 @@ SANDBOX_TEMPLATE = """{%- set ns = namespace(system='', n=0) -%}
 
 
 def test_sandboxed_environment_renders_as_transformers(tmp_path):
-    folder = tokenizer_folder(tmp_path, jinja=SANDBOX_TEMPLATE, config={"extra_special_tokens": {"image_token": "[IMG]"}})
+    extra = {"extra_special_tokens": {"image_token": "[IMG]"}}
+    folder = tokenizer_folder(tmp_path, jinja=SANDBOX_TEMPLATE, config=extra)
     hf = PreTrainedTokenizerFast.from_pretrained(folder)
     ours = Flux2Tokenizer.from_pretrained(folder)
     from diffusers.pipelines.flux2.pipeline_flux2 import format_input
