@@ -205,7 +205,7 @@ models:
   denoiser: {recipe: model.yaml, weights: transformer, set: {hidden: 8}}
 inputs:
   prompt: {type: str}
-tokenizer: {path: tokenizer, chat_template: "[INST]{prompt}[/INST]", max_length: 512}
+tokenizer: {path: tokenizer, chat_template: "[INST]{{ messages[-1]['content'][0]['text'] }}[/INST]", system: Be brief.}
 scheduler: {name: flow_match_euler, config: scheduler/scheduler_config.json}
 stages:
   - {name: encode, run: tokenize, inputs: {text: prompt}, outputs: {ids: tokens}}
