@@ -169,6 +169,7 @@ def check_library(recipe: LoadedRecipe, ops: Mapping[str, Callable] | None = Non
             check_field_names(default, located.origin.value_origin("default"), scope, f"parameter '{name}'")
     for module_name, located in recipe.modules.items():
         _check_module(recipe, module_name, located.value, located.origin, ops, scope)
+    check_config_reads(recipe)
     return sorted(scope.external - set(FUNCTIONS) - set(ops) - {CONFIG, *YAML_CONSTANTS})
 
 

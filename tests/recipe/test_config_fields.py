@@ -235,3 +235,12 @@ def test_recipes_without_a_section_are_unchecked(write):
     assert recipe.config_fields is None
     build_model(recipe, config={"hidden_size": 4, "act": "relu"})
     assert "no `config:` section" in config_report(recipe, {"hidden_size": 4}, "config.json").lines()[0]
+
+
+def test_a_library_is_held_to_its_own_config_section(write):
+    text = "kind: modules\nparams:\n  h: ${config.hidden_size}\nconfig:\n  read: [hidden]\nmodules: {}\n"
+    path, _ = write("lib.yaml", text)
+    with pytest.raises(RecipeError, match="parameter 'h' reads config field 'hidden_size'"):
+        validate(path)
+    path, _ = write("lib.yaml", text.replace("[hidden]", "[hidden_size]"))
+    assert "valid module library" in str(validate(path))
