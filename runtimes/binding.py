@@ -39,6 +39,8 @@ def fetch_weight(source: WeightSource | None, name: str) -> np.ndarray:
         arr = None
     if arr is None:
         raise InputError(f"weight '{name}' was not provided; the weights source has no tensor of that name")
+    if hasattr(arr, "__cuda_array_interface__"):
+        return arr  # already in device memory (a GPU backend binds it as it is)
     return np.asarray(arr)
 
 

@@ -10,6 +10,7 @@ cuda-emu and the numpy runtime do (kernels that want FMA call ``fmaf``).
 from __future__ import annotations
 
 import functools
+import os
 import re
 from pathlib import Path
 
@@ -35,7 +36,15 @@ def nvrtc():
 
 @functools.lru_cache(maxsize=1)
 def cuda_include_dir() -> Path:
-    """The include folder of the nvidia-cuda-runtime/-crt wheels (cuda_bf16.h, cuda_fp8.h, crt/...)."""
+    """The include folder of the nvidia-cuda-runtime/-crt wheels (cuda_bf16.h, cuda_fp8.h, crt/...), or
+    ``$LUMINAL_CUDA_INCLUDE`` when set (bench/gpu_check.py points it at headers it carries)."""
+    override = os.environ.get("LUMINAL_CUDA_INCLUDE")
+    if override:
+        folder = Path(override)
+        if (folder / "cuda_bf16.h").exists() and (folder / "crt").exists():
+            return folder
+        raise NvrtcError(f"LUMINAL_CUDA_INCLUDE={override} has no cuda_bf16.h and crt/; point it at a CUDA "
+                         "include folder or unset it")
     try:
         import nvidia
     except ImportError:

@@ -1,0 +1,1022 @@
+#!/usr/bin/env python3
+"""The one prepared GPU check of the cuda runtime (issue 10): everything measured in one run on one GPU, written
+as one JSON and a log.
+
+    python3 bench/gpu_check.py             # on the GPU machine (< 8 minutes on one H200)
+    python bench/gpu_check.py --dry-run    # here: the whole script on the CPU through cuda-emu, at tiny sizes
+
+Sections, each in its own try/except (one failure never loses the rest), under one time guard (a section is
+skipped, and recorded as skipped, when the time left is below its estimate):
+
+  environment        device, driver/runtime/NVRTC versions, CuPy's configuration
+  ceilings           bf16 GEMM TFLOP/s at 8192^3 through torch and through our cuBLAS path; device copy GB/s
+  kernels            every kernel of the registry on the device vs torch (max rel. error per kernel)
+  transformer        FLUX.2-dev transformer at 1024x1024, seeded random bf16 weights made on the GPU and shared
+                     with diffusers' Flux2Transformer2DModel through DLPack: s/step (median of 5 after 3 warm-ups),
+                     TFLOP/s vs 283 TFLOP/step, peak device memory, speed ratio and output rel. error vs diffusers
+  dequant            FP8 and NVFP4 DequantMatMul TFLOP/s on FLUX.2's four GEMM shapes at M = 4608 (bf16 MatMul too)
+  streamed           the same transformer step under a 24 GiB budget (blocks streamed from pinned host memory),
+                     bit-identical to the resident step
+  tiny_pipeline      recipes/flux2-tiny.yaml on our runtime: PSNR vs the numpy runtime's golden image
+  vae                VAE decode of a 1024x1024 image (random full-size weights): time, peak device memory
+  text_encoder       Mistral-3 text encoder, 512 tokens, random full-size weights: time, peak device memory
+
+The GPU machine has no egglog, pydantic, diffusers and no network: carry the wheels bench/gpu_wheels.sh makes
+(`.whl/`); this script installs them into a private folder first. The repository is not pip-installed there:
+``luminal_recipes.compiler``/``.runtimes`` (top-level folders mapped by setuptools) are mapped by a small import
+finder here. Results go to ``$OUT`` (default ``outputs/gpu_check/``): ``gpu_check.json`` and ``gpu_check.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib.abc
+import importlib.util
+import io
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL_STEP_TFLOP = 283.0  # FLUX.2-dev transformer, one step at 1024x1024 (4096 image + 512 text tokens)
+
+
+# ---- bootstrap: carried wheels, the repository's package mapping, CUDA headers ---------------------------------
+class RepoPackages(importlib.abc.MetaPathFinder):
+    """``luminal_recipes.compiler`` and ``luminal_recipes.runtimes`` from the top-level folders (as setuptools'
+    package-dir maps them), for a checkout that is not pip-installed."""
+
+    MAP = {"luminal_recipes.compiler": ROOT / "compiler", "luminal_recipes.runtimes": ROOT / "runtimes"}
+
+    def find_spec(self, name, path=None, target=None):
+        folder = self.MAP.get(name)
+        if folder is None:
+            return None
+        return importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+
+
+def install_wheels(site: Path, log) -> None:
+    """Install ``.whl/*.whl`` into ``site`` (once) and put it first on sys.path, when egglog is missing."""
+    wheels = sorted((ROOT / ".whl").glob("*.whl"))
+    if importlib.util.find_spec("egglog") is not None and importlib.util.find_spec("pydantic") is not None:
+        return
+    if not wheels:
+        raise SystemExit("egglog/pydantic are missing and no wheels were carried: run bench/gpu_wheels.sh on a "
+                         "networked machine and carry .whl/ with the repository")
+    marker = site / ".luminal-wheels"
+    names = "\n".join(w.name for w in wheels)
+    if not (marker.exists() and marker.read_text() == names):
+        t0 = time.perf_counter()
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+               "--target", str(site), *map(str, wheels)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:  # no pip: a wheel is a zip of its installed files
+            log(f"pip install failed ({proc.stderr.strip()[-300:]}); unzipping the wheels instead")
+            for w in wheels:
+                with zipfile.ZipFile(w) as z:
+                    z.extractall(site)
+        marker.write_text(names)
+        log(f"installed {len(wheels)} carried wheels into {site} in {time.perf_counter() - t0:.1f} s")
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+
+
+def cuda_headers(site: Path, log) -> None:
+    """NVRTC needs cuda_bf16.h/cuda_fp8.h and crt/: use the installed nvidia wheels' headers, else the carried
+    ``.whl/cuda-headers/*.whl``."""
+    from luminal_recipes.runtimes.cuda import nvrtc
+
+    try:
+        log(f"CUDA headers: {nvrtc.cuda_include_dir()}")
+        return
+    except nvrtc.NvrtcError as e:
+        log(f"no CUDA headers installed ({e}); using the carried ones")
+    folder = site / "cuda-include"
+    for w in sorted((ROOT / ".whl" / "cuda-headers").glob("*.whl")):
+        with zipfile.ZipFile(w) as z:
+            for name in z.namelist():
+                if "/include/" in name and not name.endswith("/"):
+                    target = folder / name.split("/include/", 1)[1]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(z.read(name))
+    os.environ["LUMINAL_CUDA_INCLUDE"] = str(folder)
+    nvrtc.cuda_include_dir.cache_clear()
+    log(f"CUDA headers: {nvrtc.cuda_include_dir()}")
+
+
+def bootstrap(dry: bool, log) -> None:
+    site = Path(os.environ.get("LUMINAL_GPU_SITE", "/tmp/luminal-site"))
+    site.mkdir(parents=True, exist_ok=True)
+    install_wheels(site, log)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    if importlib.util.find_spec("luminal_recipes") is None or _unmapped():
+        sys.meta_path.insert(0, RepoPackages())
+    os.environ.setdefault("LUMINAL_RECIPES_CACHE", str(site / "cache"))
+    if not dry:
+        cuda_headers(site, log)
+
+
+def _unmapped() -> bool:
+    try:
+        return importlib.util.find_spec("luminal_recipes.compiler") is None
+    except ModuleNotFoundError:
+        return True
+
+
+# ---- the run: log, time guard, sections ------------------------------------------------------------------------
+class Log:
+    def __init__(self, path: Path):
+        self.file = path.open("w", encoding="utf-8")
+        self.t0 = time.perf_counter()
+
+    def __call__(self, *parts) -> None:
+        line = f"[{time.perf_counter() - self.t0:7.1f}s] " + " ".join(str(p) for p in parts)
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
+class Check:
+    """What every section gets: the mode, sizes, our runtime, torch's device, a log and shared state."""
+
+    def __init__(self, args, log: Log):
+        self.dry = args.dry_run
+        self.log = log
+        self.deadline = time.perf_counter() + args.time_limit
+        self.store: dict = {}
+        import numpy as np
+        import torch
+
+        self.np, self.torch = np, torch
+        self.dev = torch.device("cpu" if self.dry else "cuda")
+        self.runtime = make_runtime(self.dry)
+        self.warmup, self.reps = (1, 2) if self.dry else (3, 5)
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def sync(self) -> None:
+        if not self.dry:
+            self.torch.cuda.synchronize()
+            import cupy
+
+            cupy.cuda.get_current_stream().synchronize()
+
+    def timed(self, fn, warmup: int | None = None, reps: int | None = None) -> list[float]:
+        for _ in range(self.warmup if warmup is None else warmup):
+            fn()
+        self.sync()
+        out = []
+        for _ in range(self.reps if reps is None else reps):
+            t0 = time.perf_counter()
+            fn()
+            self.sync()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    def free(self) -> None:
+        gc.collect()
+        if not self.dry:
+            import cupy
+
+            self.torch.cuda.synchronize()
+            cupy.get_default_memory_pool().free_all_blocks()
+            cupy.get_default_pinned_memory_pool().free_all_blocks()
+            self.torch.cuda.empty_cache()
+
+    def device_used(self) -> int | None:
+        if self.dry:
+            return None
+        import cupy
+
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return int(total - free)
+
+
+def make_runtime(dry: bool):
+    """Our runtime by name (``cuda`` / ``cuda-emu``) from the runtime registry."""
+    name = "cuda-emu" if dry else "cuda"
+    try:
+        from luminal_recipes.runtimes.registry import BUILTIN, get_runtime
+    except ImportError:
+        BUILTIN, get_runtime = {}, None
+    if name in BUILTIN:
+        return get_runtime(name)
+    from luminal_recipes.runtimes.cuda import CudaBackend, CudaEmuBackend, CudaRuntime  # before the registry
+
+    return CudaRuntime(CudaEmuBackend() if dry else CudaBackend())
+
+
+def execute(exe) -> None:
+    """One run of the loaded program on the inputs already in place (no host transfer)."""
+    exe.execute()
+
+
+@contextlib.contextmanager
+def options(runtime, **changes):
+    """Temporarily change the backend's ``CudaOptions`` (attention path, chunk budgets)."""
+    opts = runtime.backend.options
+    old = {k: getattr(opts, k) for k in changes}
+    for k, v in changes.items():
+        setattr(opts, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(opts, k, v)
+
+
+SECTIONS: list[tuple[str, float, object]] = []  # (name, estimated seconds on the GPU, function)
+
+
+def section(name: str, estimate_s: float):
+    def register(fn):
+        SECTIONS.append((name, estimate_s, fn))
+        return fn
+
+    return register
+
+
+def rel_err(ours, ref) -> dict:
+    np = __import__("numpy")
+    a, b = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    scale = float(np.abs(b).max()) or 1.0
+    norm = float(np.linalg.norm(b)) or 1.0
+    return {"max_rel": float(np.abs(a - b).max() / scale), "norm_rel": float(np.linalg.norm(a - b) / norm),
+            "finite": bool(np.isfinite(a).all())}
+
+
+# ---- sections ---------------------------------------------------------------------------------------------------
+@section("environment", 5)
+def environment(c: Check) -> dict:
+    import numpy as np
+    import torch
+
+    out = {"python": sys.version.split()[0], "platform": platform.platform(), "numpy": np.__version__,
+           "torch": torch.__version__, "runtime": c.runtime.name, "device": c.runtime.device}
+    if c.dry:
+        out["gxx"] = subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+        return out
+    import cupy
+
+    from luminal_recipes.runtimes.cuda import nvrtc
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    out.update(cupy=cupy.__version__, cuda_runtime=cupy.cuda.runtime.runtimeGetVersion(),
+               cuda_driver=cupy.cuda.runtime.driverGetVersion(), nvrtc=nvrtc.version(),
+               cuda_include=str(nvrtc.cuda_include_dir()),
+               gpu=props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+               capability=f"{props['major']}.{props['minor']}", sms=props["multiProcessorCount"],
+               memory_bytes=int(props["totalGlobalMem"]), torch_cuda=torch.version.cuda)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        cupy.show_config()
+    out["cupy_config"] = buf.getvalue()
+    return out
+
+
+def matmul_program(m: int, n: int, k: int, dtype: str = "bf16"):
+    """y [m, n] = x [m, k] @ w [n, k]^T: one MatMul kernel reading the weight transposed in place."""
+    from luminal_recipes.graph import Graph
+
+    g = Graph()
+    x, w = g.input("x", (m, k), dtype), g.input("w", (n, k), dtype)
+    f = fused()(g)
+    return f.program(y=f.add("MatMul", [x, w.T], (m, n), dtype))
+
+
+@section("ceilings", 25)
+def ceilings(c: Check) -> dict:
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    n = 256 if c.dry else 8192
+    out = {"gemm_size": n}
+    a = torch.randn(n, n, device=c.dev, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=c.dev, dtype=torch.bfloat16)
+    t = c.timed(lambda: a @ b, 3, 10 if not c.dry else 3)
+    out["torch_bf16_tflops"] = 2 * n**3 / statistics.median(t) / 1e12
+    # ours: the MatMul kernel (cuBLAS gemmStridedBatchedEx, bf16 in, f32 compute) through the runtime
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, n), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((n, n), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    exe = c.runtime.load(matmul_program(n, n, n), None, {})
+    y = exe.run({"x": x, "w": w})["y"]
+    t = c.timed(lambda: execute(exe), 3, 10 if not c.dry else 3)
+    out["ours_bf16_tflops"] = 2 * n**3 / statistics.median(t) / 1e12
+    ref = (torch.from_numpy(x.astype(np.float32)).to(c.dev) @ torch.from_numpy(w.astype(np.float32)).to(c.dev).T)
+    out["ours_vs_torch_f32"] = rel_err(y.astype(np.float32), ref.cpu().numpy())
+    out["ours_over_torch"] = out["ours_bf16_tflops"] / out["torch_bf16_tflops"]
+    del exe, a, b
+    c.free()
+    nbytes = (64 << 20) if c.dry else (2 << 30)
+    if c.dry:
+        src, dst = np.ones(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+        t = c.timed(lambda: np.copyto(dst, src), 1, 3)
+    else:
+        import cupy
+
+        src, dst = cupy.ones(nbytes, cupy.uint8), cupy.zeros(nbytes, cupy.uint8)
+        t = c.timed(lambda: cupy.copyto(dst, src), 3, 10)
+    out["copy_bytes"] = nbytes
+    out["copy_gb_s"] = nbytes / statistics.median(t) / 1e9  # bytes copied per second (reads + writes: twice)
+    return out
+
+
+# ---- every kernel vs torch --------------------------------------------------------------------------------------
+def fused():
+    spec = importlib.util.spec_from_file_location("fused_programs", ROOT / "tests" / "runtimes" / "fused_programs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.Fused
+
+
+SILU = "(Mul in0 (Recip (Add (Const 1.0) (Exp2 (Mul in0 (Const -1.4426950408889634))))))"
+
+
+def kernel_cases(dry: bool):
+    """(name, options, build) with build() -> (program, inputs, weights, torch reference fn, output dtype)."""
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    from luminal_recipes.graph import Graph
+
+    Fused = fused()
+    rng = np.random.default_rng(0)
+    bf = ml_dtypes.bfloat16
+    R, C = (48, 96) if dry else (4608, 3072)
+
+    def rnd(*shape, dtype=np.float32, scale=1.0):
+        return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dtype)
+
+    def elementwise():
+        g = Graph()
+        x = g.input("x", (R, C), "bf16")
+        f = Fused(g)
+        y = f.add("Elementwise", [x], (R, C), "bf16", expr=SILU)
+        return f.program(y=y), {"x": rnd(R, C, dtype=bf)}, None, lambda t: {"y": torch.nn.functional.silu(t["x"])}
+
+    def cast():
+        g = Graph()
+        x = g.input("x", (R, C))
+        f = Fused(g)
+        y = f.add("Cast", [x], (R, C), "bf16")
+        return f.program(y=y), {"x": rnd(R, C)}, None, lambda t: {"y": t["x"].to(torch.bfloat16).float()}
+
+    def reductions():
+        g = Graph()
+        x = g.input("x", (R, C))
+        f = Fused(g)
+        s = f.add("SumReduce", [x], (R,), axis=1)
+        m = f.add("MaxReduce", [x.T], (C,), axis=1)
+        return f.program(s=s, m=m), {"x": rnd(R, C)}, None, \
+            lambda t: {"s": t["x"].sum(1), "m": t["x"].amax(0)}
+
+    def rows(op, n):
+        def build():
+            r = max(R // 4, 4)
+            g = Graph()
+            x = g.input("x", (r, n), "bf16")
+            f = Fused(g)
+            attrs = {} if op == "Softmax" else {"eps": 1e-6}
+            y = f.add(op, [x], (r, n), "bf16", **attrs)
+
+            def ref(t):
+                v = t["x"]
+                if op == "Softmax":
+                    return {"y": torch.softmax(v, -1)}
+                if op == "LayerNorm":
+                    return {"y": torch.nn.functional.layer_norm(v, (n,), eps=1e-6)}
+                return {"y": v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6)}
+
+            return f.program(y=y), {"x": rnd(r, n, dtype=bf, scale=3.0)}, None, ref
+        return build
+
+    def gather():
+        v, d, k = (50, 32, 8) if dry else (131072, 5120, 512)
+        g = Graph()
+        ids = g.input("ids", (1, k), "i32")
+        table = g.weight("table", (v, d), "bf16")
+        f = Fused(g)
+        y = f.add("Gather", [table, ids], (1, k, d), "bf16")
+        idx = rng.integers(0, v, (1, k)).astype(np.int32)
+        return f.program(y=y), {"ids": idx}, {"table": rnd(v, d, dtype=bf)}, \
+            lambda t: {"y": t["table"][t["ids"].long()]}
+
+    def scatter():
+        rows_, d, k = (20, 16, 5) if dry else (4096, 1024, 512)
+        g = Graph()
+        dest = g.input("dest", (rows_, d))
+        pos = g.input("pos", (k,), "i32")
+        src = g.input("src", (k, d))
+        f = Fused(g)
+        y = f.add("Scatter", [dest, pos, src], (rows_, d))
+        p = rng.permutation(rows_)[:k].astype(np.int32)
+
+        def ref(t):
+            out = t["dest"].clone()
+            out[t["pos"].long()] = t["src"]
+            return {"y": out}
+
+        return f.program(y=y), {"dest": rnd(rows_, d), "pos": p, "src": rnd(k, d)}, None, ref
+
+    def matmul():
+        m, n, k = (40, 24, 56) if dry else (4608, 3072, 3072)
+        g = Graph()
+        x = g.input("x", (1, m, k), "bf16")
+        w = g.weight("w", (n, k), "bf16")
+        f = Fused(g)
+        y = f.add("MatMul", [x, w.T.unsqueeze(0)], (1, m, n), "bf16")
+        return f.program(y=y), {"x": rnd(1, m, k, dtype=bf)}, {"w": rnd(n, k, dtype=bf, scale=k**-0.5)}, \
+            lambda t: {"y": t["x"] @ t["w"].T}
+
+    def attention(mode):
+        def build():
+            b, h, s, d = (1, 2, 40, 64) if dry else (1, 8, 2048, 128)
+            g = Graph()
+            q, k, v = (g.input(nm, (b, h, s, d), "bf16") for nm in "qkv")
+            bias = g.input("bias", (b, 1, s, s), "bf16")
+            bb = bias.broadcast_to((b, h, s, s))
+            f = Fused(g)
+            scale = d ** -0.5
+            y = f.add("Attention", [q, k, v, bb], (b, h, s, d), "bf16", scale=scale)
+            ins = {nm: rnd(b, h, s, d, dtype=bf) for nm in "qkv"}
+            ins["bias"] = rnd(b, 1, s, s, dtype=bf)
+
+            def ref(t):
+                p = torch.softmax(t["q"] @ t["k"].transpose(-1, -2) * scale + t["bias"], -1)
+                return {"y": p @ t["v"]}
+
+            return f.program(y=y), ins, None, ref
+        return build
+
+    def conv(kernel):
+        def build():
+            n, ch, hw = (1, 8, 10) if dry else (1, 256, 128)
+            g = Graph()
+            x = g.input("x", (n, ch, hw, hw), "bf16")
+            w = g.weight("w", (ch, ch, kernel, kernel), "bf16")
+            pad = kernel // 2
+            xp = x.pad(2, pad, pad).pad(3, pad, pad) if pad else x
+            f = Fused(g)
+            y = f.add("Conv2d", [xp, w], (n, ch, hw, hw), "bf16", stride=1)
+            return f.program(y=y), {"x": rnd(n, ch, hw, hw, dtype=bf)}, \
+                {"w": rnd(ch, ch, kernel, kernel, dtype=bf, scale=(ch * kernel * kernel) ** -0.5)}, \
+                lambda t: {"y": torch.nn.functional.conv2d(t["x"], t["w"], padding=pad)}
+        return build
+
+    def dequant(fmt):
+        def build():
+            m, n, k = (24, 40, 64) if dry else (1024, 3072, 3072)
+            g = Graph()
+            x = g.input("x", (m, k), "bf16")
+            if fmt == "fp8":
+                w, s = g.weight("w", (n, k), "f8e4m3"), g.weight("s", ())
+                f = Fused(g)
+                y = f.add("DequantMatMul", [x, w, s], (m, n), "bf16", format="fp8", layout="", out_features=n,
+                          in_features=k)
+                weights = {"w": rnd(n, k, scale=4.0).astype(ml_dtypes.float8_e4m3fn),
+                           "s": np.asarray(0.01, np.float32)}
+                dense = weights["w"].astype(np.float32) * weights["s"]
+            else:
+                w, s, s2 = g.weight("w", (n, k // 2), "u8"), g.weight("s", (n, k // 16), "f8e4m3"), g.weight("s2", ())
+                f = Fused(g)
+                y = f.add("DequantMatMul", [x, w, s, s2], (m, n), "bf16", format="nvfp4", layout="modelopt",
+                          out_features=n, in_features=k)
+                weights = {"w": rng.integers(0, 256, (n, k // 2)).astype(np.uint8),
+                           "s": (rng.random((n, k // 16)) + 0.5).astype(ml_dtypes.float8_e4m3fn),
+                           "s2": np.asarray(0.01, np.float32)}
+                e2m1 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+                codes = np.stack([weights["w"] & 15, weights["w"] >> 4], -1).reshape(n, k)  # element 0: low nibble
+                dense = e2m1[codes] * np.repeat(weights["s"].astype(np.float32), 16, 1) * weights["s2"]
+
+            def ref(t, dense=dense):
+                return {"y": t["x"] @ torch.from_numpy(dense).to(t["x"].device).T}
+
+            return f.program(y=y), {"x": rnd(m, k, dtype=bf)}, weights, ref
+        return build
+
+    def concat():
+        c1, c2 = C // 3, C - C // 3
+        g = Graph()
+        a, b = g.input("a", (R, c1), "bf16"), g.input("b", (R, c2), "bf16")
+        f = Fused(g)
+        y = f.add("Concat", [a.pad(1, 0, c2), b.pad(1, c1, 0)], (R, C), "bf16")
+        return f.program(y=y), {"a": rnd(R, c1, dtype=bf), "b": rnd(R, c2, dtype=bf)}, None, \
+            lambda t: {"y": torch.cat([t["a"], t["b"]], 1)}
+
+    return [
+        ("Elementwise silu bf16", {}, elementwise), ("Cast f32->bf16", {}, cast),
+        ("SumReduce/MaxReduce f32", {}, reductions), ("Softmax bf16", {}, rows("Softmax", 64 if dry else 4608)),
+        ("LayerNorm bf16", {}, rows("LayerNorm", 96 if dry else 3072)),
+        ("RMSNorm bf16", {}, rows("RMSNorm", 64 if dry else 128)), ("Gather bf16", {}, gather),
+        ("Scatter f32", {}, scatter), ("MatMul bf16 (linear)", {}, matmul),
+        ("Attention bf16 chunked", {"attention": "chunked"}, attention("chunked")),
+        ("Attention bf16 flash", {"attention": "flash"}, attention("flash")),
+        ("Conv2d 3x3 bf16", {}, conv(3)), ("Conv2d 1x1 bf16", {}, conv(1)),
+        ("DequantMatMul fp8", {}, dequant("fp8")), ("DequantMatMul nvfp4", {}, dequant("nvfp4")),
+        ("Concat bf16", {}, concat),
+    ]
+
+
+@section("kernels", 45)
+def kernels(c: Check) -> dict:
+    import numpy as np
+    import torch
+
+    results = {}
+    for name, opts, build in kernel_cases(c.dry):
+        try:
+            program, inputs, weights, ref = build()
+            with options(c.runtime, **opts):
+                exe = c.runtime.load(program, weights, {})
+                got = exe.run(inputs)
+                t = c.timed(lambda exe=exe: execute(exe), 1, 3)
+            tensors = {k: torch.from_numpy(np.asarray(v).astype(np.float32 if np.asarray(v).dtype.kind in "fV"
+                                                                  or "float" in str(np.asarray(v).dtype)
+                                                                  else np.int64)).to(c.dev)
+                       for k, v in {**inputs, **(weights or {})}.items()}
+            want = ref(tensors)
+            errs = {k: rel_err(np.asarray(got[k]).astype(np.float32), want[k].float().cpu().numpy())
+                    for k in want}
+            worst = max(e["max_rel"] for e in errs.values())
+            results[name] = {"max_rel_err": worst, "ok": worst <= 2e-2 and all(e["finite"] for e in errs.values()),
+                             "seconds": statistics.median(t)}
+            c.log(f"  {name:28s} max rel err {worst:.2e}  {statistics.median(t) * 1e3:8.3f} ms")
+        except Exception as exc:  # one kernel failing must not hide the others
+            results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
+            c.log(f"  {name:28s} ERROR {type(exc).__name__}: {exc}")
+        finally:
+            exe = None
+            c.free()
+    return {"kernels": results, "all_ok": all(r.get("ok") for r in results.values())}
+
+
+# ---- FLUX.2 models: graphs from recipes, random weights made on the device ----------------------------------
+def with_compute(recipe, dtype: str):
+    """The loaded recipe with activations in ``dtype`` (bf16 on the GPU: tensor-core GEMMs, half the bytes)."""
+    from dataclasses import replace
+
+    doc = recipe.doc
+    policy = doc.weights.dtype.model_copy(update={"compute": dtype})
+    return replace(recipe, doc=doc.model_copy(update={"weights": doc.weights.model_copy(update={"dtype": policy})}))
+
+
+def model_config(c: Check, component: str) -> dict:
+    folder = ROOT / "recipes" / ("flux2-tiny/checkpoint" if c.dry else "flux2-dev-configs") / component
+    return json.loads((folder / "config.json").read_text())
+
+
+def build(c: Check, recipe: str, component: str, compute: str, sets=None):
+    from luminal_recipes.recipe.builder import build_model
+    from luminal_recipes.recipe.loader import load_recipe
+
+    loaded = with_compute(load_recipe(ROOT / "recipes" / recipe), compute)
+    return build_model(loaded, config=model_config(c, component), sets=sets or {})
+
+
+def compile_for(c: Check, model, dims: dict):
+    from luminal_recipes.compiler.search import SearchOptions, compile_graph
+
+    t0 = time.perf_counter()
+    result = compile_graph(model.graph, c.runtime, dims, options=SearchOptions(time_top=0))
+    return result.program, time.perf_counter() - t0
+
+
+def device_weights(c: Check, graph, seed: int) -> dict:
+    """Seeded random weights made where they run (torch tensors on the GPU; CPU in a dry run): 2-D+ ~ N(0, 1/fan_in),
+    1-D (norm scales, biases) ~ 1 + N(0, 0.1^2)... in the weight's own dtype (bf16 for these checkpoints)."""
+    import torch
+
+    gen = torch.Generator(device=c.dev).manual_seed(seed)
+    out = {}
+    for node in graph.nodes:
+        if node.op != "Input" or node.attr("kind") != "weight":
+            continue
+        shape = tuple(int(d) for d in node.shape)
+        tdt = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}[str(node.dtype)]
+        t = torch.randn(shape, generator=gen, device=c.dev, dtype=tdt)
+        if len(shape) >= 2:
+            t.mul_(1.0 / math.sqrt(math.prod(shape[1:])))
+        elif "running_var" in node.name:
+            t.abs_().add_(0.5)
+        else:
+            t.mul_(0.1).add_(1.0)
+        out[node.name] = t
+    return out
+
+
+def ours(c: Check, tensors: dict) -> dict:
+    """The same memory as our runtime's weights: DeviceTensors (GPU) or numpy views (CPU)."""
+    import ml_dtypes
+    import torch
+
+    if not c.dry:
+        from luminal_recipes.runtimes.cuda.device import from_torch
+
+        return {k: from_torch(t) for k, t in tensors.items()}
+    out = {}
+    for k, t in tensors.items():
+        out[k] = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if t.dtype == torch.bfloat16 else t.numpy()
+    return out
+
+
+def program_flops(program, dims: dict) -> float:
+    """2 x multiply-adds of the program's GEMM-like kernels (MatMul, DequantMatMul, Attention, Conv2d)."""
+    from luminal_recipes.runtimes.binding import declared_shape
+
+    by_id = {n.id: n for n in program.nodes}
+    live = {src for _, (src, _) in program.outputs.items()}
+    for n in reversed(program.nodes):  # only nodes the outputs depend on
+        if n.id in live:
+            live.update(src for src, _ in n.inputs)
+    total = 0.0
+    for n in program.nodes:
+        if n.id not in live:
+            continue
+        out = declared_shape(n, dims)
+        shapes = [v.bind(dims).shape for _, v in n.inputs]
+        if n.op == "MatMul":
+            total += 2 * math.prod(out) * shapes[0][-1]
+        elif n.op == "DequantMatMul":
+            total += 2 * math.prod(out) * int(n.attr("in_features"))
+        elif n.op in ("Attention", "AttentionBlocked"):
+            s, dv = out[-2:]
+            t, d = shapes[1][-2:]
+            total += 2 * math.prod(out[:-2]) * s * t * (d + dv)
+        elif n.op == "Conv2d":
+            total += 2 * math.prod(out) * math.prod(shapes[1][1:])
+    del by_id
+    return total
+
+
+def transformer_inputs(c: Check, cfg: dict, img_hw: tuple[int, int], txt: int) -> dict:
+    import ml_dtypes
+    import numpy as np
+
+    from luminal_recipes.pipeline.latents import latent_ids, text_ids
+    from luminal_recipes.pipeline.steps import rope_tables
+
+    h, w = img_hw
+    rng = np.random.default_rng(1)
+    ids = np.concatenate([text_ids(txt), latent_ids(h, w)]).astype(np.float64)
+    rope = rope_tables(None, ids, list(cfg["axes_dims_rope"]), cfg["rope_theta"])
+    bf = ml_dtypes.bfloat16
+    return {"hidden_states": rng.standard_normal((1, h * w, cfg["in_channels"]), dtype=np.float32).astype(bf),
+            "encoder_hidden_states": rng.standard_normal((1, txt, cfg["joint_attention_dim"]),
+                                                         dtype=np.float32).astype(bf),
+            "timestep": np.asarray([0.73], bf), "guidance": np.asarray([4.0], bf),
+            "rope_cos": rope["cos"].astype(bf), "rope_sin": rope["sin"].astype(bf)}
+
+
+@section("transformer", 150)
+def transformer(c: Check) -> dict:
+    import numpy as np
+    import torch
+
+    from luminal_recipes.pipeline.latents import latent_ids, text_ids
+
+    cfg = model_config(c, "transformer")
+    hw, txt = ((4, 4), 8) if c.dry else ((64, 64), 512)  # 1024x1024: 64 x 64 latent tokens, 512 text tokens
+    dims = {"batch": 1, "img": hw[0] * hw[1], "txt": txt}
+    model = build(c, "flux2-transformer.yaml", "transformer", "bf16")
+    program, compile_s = compile_for(c, model, dims)
+    flops = program_flops(program, dims)
+    c.log(f"  compiled in {compile_s:.1f} s; {flops / 1e12:.1f} TFLOP per step (program's GEMMs + attention)")
+    t0 = time.perf_counter()
+    tensors = device_weights(c, model.graph, seed=0)
+    c.sync()
+    gen_s = time.perf_counter() - t0
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    inputs = transformer_inputs(c, cfg, hw, txt)
+    used0 = c.device_used()
+    exe = c.runtime.load(program, ours(c, tensors), dims)
+    y = exe.run(inputs)["velocity"]
+    steps = c.timed(lambda: execute(exe))
+    used1 = c.device_used()
+    s_step = statistics.median(steps)
+    out = {"dims": dims, "compile_s": compile_s, "weight_gen_s": gen_s, "weight_bytes": weight_bytes,
+           "program_tflop_per_step": flops / 1e12, "s_per_step": s_step, "steps_s": steps,
+           "tflops": (FULL_STEP_TFLOP * 1e12 if not c.dry else flops) / s_step / 1e12,
+           "arena_bytes": exe.memory.arena_bytes,
+           "device_bytes_ours": None if used1 is None else weight_bytes + used1 - used0}
+    c.log(f"  ours: {s_step:.3f} s/step, {out['tflops']:.1f} TFLOP/s")
+    del exe
+    c.free()
+    c.store["transformer"] = {"model": model, "program": program, "dims": dims, "inputs": inputs, "velocity": y,
+                              "tensors": tensors}
+    # diffusers on the very same weights (assigned, not copied)
+    from diffusers import Flux2Transformer2DModel
+
+    with torch.device("meta"):
+        ref = Flux2Transformer2DModel(**{k: v for k, v in cfg.items() if not k.startswith("_")})
+    ref.load_state_dict(tensors, strict=True, assign=True)
+    ref.eval()
+
+    def bf(name):
+        return torch.from_numpy(inputs[name].astype(np.float32)).to(c.dev, torch.bfloat16)
+
+    args = dict(hidden_states=bf("hidden_states"), encoder_hidden_states=bf("encoder_hidden_states"),
+                timestep=bf("timestep"), guidance=bf("guidance"),
+                img_ids=torch.tensor(latent_ids(*hw), dtype=torch.float32, device=c.dev),
+                txt_ids=torch.tensor(text_ids(txt), dtype=torch.float32, device=c.dev), return_dict=False)
+    if not c.dry:
+        torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad():
+        want = ref(**args)[0]
+        ref_steps = c.timed(lambda: ref(**args))
+    out["diffusers_s_per_step"] = statistics.median(ref_steps)
+    out["diffusers_peak_bytes"] = None if c.dry else int(torch.cuda.max_memory_allocated())
+    out["speed_ratio_ours_over_diffusers"] = s_step / out["diffusers_s_per_step"]
+    out["vs_diffusers"] = rel_err(y.astype(np.float32), want.float().cpu().numpy())
+    c.log(f"  diffusers: {out['diffusers_s_per_step']:.3f} s/step; ours/diffusers {out['speed_ratio_ours_over_diffusers']:.2f}"
+          f"; rel err {out['vs_diffusers']['norm_rel']:.2e} (norm), {out['vs_diffusers']['max_rel']:.2e} (max)")
+    del ref, want
+    c.free()
+    return out
+
+
+@section("dequant", 30)
+def dequant(c: Check) -> dict:
+    """FP8 / NVFP4 DequantMatMul (and bf16 MatMul) at FLUX.2's GEMM shapes, M = 4608, weights made on the device."""
+    import ml_dtypes
+    import numpy as np
+
+    Fused = fused()
+    from luminal_recipes.graph import Graph
+
+    m = 64 if c.dry else 4608
+    shapes = [(6144, 6144), (36864, 6144), (6144, 18432), (55296, 6144)]  # (N, K): attn, ff in, ff out, single
+    if c.dry:
+        shapes = [(n // 64, k // 64) for n, k in shapes]
+    rows = []
+    for n, k in shapes:
+        for fmt in ("bf16", "fp8", "nvfp4"):
+            g = Graph()
+            x = g.input("x", (m, k), "bf16")
+            if fmt == "bf16":
+                w = g.weight("w", (n, k), "bf16")
+                f = Fused(g)
+                y = f.add("MatMul", [x, w.T], (m, n), "bf16")
+                specs = {"w": ((n, k), "bf16")}
+            elif fmt == "fp8":
+                w, s = g.weight("w", (n, k), "f8e4m3"), g.weight("s", ())
+                f = Fused(g)
+                y = f.add("DequantMatMul", [x, w, s], (m, n), "bf16", format="fp8", layout="", out_features=n,
+                          in_features=k)
+                specs = {"w": ((n, k), "f8e4m3"), "s": ((), "f32")}
+            else:
+                w, s, s2 = g.weight("w", (n, k // 2), "u8"), g.weight("s", (n, k // 16), "f8e4m3"), g.weight("s2", ())
+                f = Fused(g)
+                y = f.add("DequantMatMul", [x, w, s, s2], (m, n), "bf16", format="nvfp4", layout="modelopt",
+                          out_features=n, in_features=k)
+                specs = {"w": ((n, k // 2), "u8"), "s": ((n, k // 16), "f8e4m3"), "s2": ((), "f32")}
+            weights = random_bits(c, specs)
+            xs = np.random.default_rng(0).standard_normal((m, k), dtype=np.float32).astype(ml_dtypes.bfloat16)
+            try:
+                exe = c.runtime.load(f.program(y=y), weights, {})
+                exe.run({"x": xs})
+                t = statistics.median(c.timed(lambda exe=exe: execute(exe), 1 if c.dry else 2, 2 if c.dry else 5))
+                rows.append({"n": n, "k": k, "m": m, "format": fmt, "seconds": t, "tflops": 2 * m * n * k / t / 1e12})
+                c.log(f"  {fmt:6s} M={m} N={n} K={k}: {rows[-1]['tflops']:.1f} TFLOP/s")
+            except Exception as exc:
+                rows.append({"n": n, "k": k, "m": m, "format": fmt, "error": f"{type(exc).__name__}: {exc}"})
+                c.log(f"  {fmt:6s} M={m} N={n} K={k}: ERROR {exc}")
+            finally:
+                exe = None
+                c.free()
+    return {"shapes": rows}
+
+
+def random_bits(c: Check, specs: dict) -> dict:
+    """Weights of the given shapes/dtypes with random bits made on the device (finite values: fp8 exponents
+    kept below the top, bf16 from N(0, 1) f32 truncated), as numpy arrays in a dry run."""
+    import ml_dtypes
+    import numpy as np
+
+    from luminal_recipes.graph import to_dtype
+
+    out = {}
+    if c.dry:
+        rng = np.random.default_rng(0)
+        for name, (shape, dt) in specs.items():
+            if dt == "bf16":
+                out[name] = (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(ml_dtypes.bfloat16)
+            elif dt == "f32":
+                out[name] = np.asarray(0.01, np.float32).reshape(shape)
+            else:
+                bits = rng.integers(0, 256, shape).astype(np.uint8)
+                out[name] = (bits & 0x77).view(ml_dtypes.float8_e4m3fn) if dt == "f8e4m3" else bits
+        return out
+    import cupy
+
+    from luminal_recipes.runtimes.cuda.device import DeviceTensor
+
+    rng = cupy.random.default_rng(0)
+    for name, (shape, dt) in specs.items():
+        if dt == "bf16":
+            f = rng.standard_normal(shape, dtype=cupy.float32) * 0.02
+            out[name] = DeviceTensor((f.view(cupy.uint32) >> 16).astype(cupy.uint16), to_dtype("bf16").np)
+        elif dt == "f32":
+            out[name] = cupy.full(shape, 0.01, cupy.float32)
+        else:
+            bits = rng.integers(0, 256, shape, dtype=cupy.int32).astype(cupy.uint8)
+            out[name] = DeviceTensor(bits & 0x77, to_dtype("f8e4m3").np) if dt == "f8e4m3" else bits
+    return out
+
+
+@section("streamed", 90)
+def streamed(c: Check) -> dict:
+    """The transformer step under a 24 GiB device budget: weights streamed from (pinned) host memory."""
+    import numpy as np
+    import torch
+
+    from luminal_recipes.pipeline.plan import plan_model
+
+    st = c.store.get("transformer")
+    if st is None:
+        raise RuntimeError("needs the transformer section's model and weights")
+    import ml_dtypes
+
+    t0 = time.perf_counter()
+    host = {k: t.view(torch.int16).cpu().numpy().view(ml_dtypes.bfloat16) for k, t in st["tensors"].items()}
+    st["tensors"].clear()
+    c.free()
+    copy_s = time.perf_counter() - t0
+    budget = (1 << 20) if c.dry else 24 << 30  # dry: a budget below the tiny transformer's weights
+    plan = plan_model(st["model"], st["dims"], budget, c.runtime, stage="transformer")
+    out = {"budget_bytes": budget, "host_copy_s": copy_s, "streamed": plan.streamed,
+           "planned_peak_bytes": plan.planned_peak, "same_program": plan.program is st["program"]
+           or plan.program.fingerprint() == st["program"].fingerprint() if hasattr(plan.program, "fingerprint")
+           else None}
+    used0 = c.device_used()
+    exe = c.runtime.load(plan.program, host, st["dims"], stream=plan.stream)
+    try:
+        y = exe.run(st["inputs"])["velocity"]
+        steps = c.timed(lambda: exe.run(st["inputs"]), 1, 2 if c.dry else 3)
+        used1 = c.device_used()
+    finally:
+        exe.close()
+    out.update(s_per_step=statistics.median(steps), steps_s=steps,
+               device_bytes=None if used1 is None else used1 - used0,
+               bit_identical=bool(np.array_equal(y.view(np.uint16), st["velocity"].view(np.uint16))))
+    c.log(f"  streamed under {budget / 2**30:.2f} GiB: {out['s_per_step']:.3f} s/step, bit-identical: "
+          f"{out['bit_identical']}")
+    return out
+
+
+@section("tiny_pipeline", 60)
+def tiny_pipeline(c: Check) -> dict:
+    """recipes/flux2-tiny.yaml end to end on our runtime vs the numpy runtime's golden image."""
+    import inspect
+
+    from luminal_recipes.pipeline.driver import Pipeline
+    from luminal_recipes.pipeline.golden import load_manifest, psnr
+    from luminal_recipes.pipeline.image_io import read_png, to_uint8
+    from luminal_recipes.pipeline.latents import initial_noise
+
+    recipe, cases = load_manifest(ROOT / "tests" / "golden" / "goldens.yaml")
+    case = next(k for k in cases if k.file.name.startswith("city"))  # 64x64, 2 steps
+    if "runtime" not in inspect.signature(Pipeline).parameters:
+        raise RuntimeError("Pipeline has no runtime= yet (the backend-neutral executable, issue 9)")
+    sets = [f"seed={case.seed}", f"steps={case.steps}", f"width={case.width}", f"height={case.height}",
+            f"guidance={case.guidance}"]
+    pipe = Pipeline(recipe, sets=sets, runtime=c.runtime)
+    t0 = time.perf_counter()
+    report = pipe.run({"prompt": case.prompt, "init_latents": initial_noise(case.seed, case.height, case.width)})
+    seconds = time.perf_counter() - t0
+    image = to_uint8(report.values["image"])
+    golden, _ = read_png(case.file)
+    value = psnr(image, golden)
+    c.log(f"  {case.file.name}: PSNR {value:.1f} dB vs the numpy golden ({seconds:.1f} s)")
+    return {"case": case.file.name, "psnr_db": value, "ok": value >= 40.0, "seconds": seconds}
+
+
+def stage_run(c: Check, recipe: str, component: str, dims: dict, inputs: dict, sets=None) -> dict:
+    model = build(c, recipe, component, "bf16", sets)
+    program, compile_s = compile_for(c, model, dims)
+    tensors = device_weights(c, model.graph, seed=0)
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    used0 = c.device_used()
+    exe = c.runtime.load(program, ours(c, tensors), dims)
+    out_name = next(iter(program.outputs))
+    y = exe.run(inputs)[out_name]
+    t = c.timed(lambda: execute(exe), 1, 1 if c.dry else 3)
+    used1 = c.device_used()
+    out = {"dims": dims, "compile_s": compile_s, "weight_bytes": weight_bytes, "seconds": statistics.median(t),
+           "arena_bytes": exe.memory.arena_bytes, "planned_peak_bytes": exe.memory.planned_peak,
+           "device_bytes": None if used1 is None else weight_bytes + used1 - used0,
+           "output_finite": bool(__import__("numpy").isfinite(y.astype("float32")).all())}
+    del exe, tensors
+    c.free()
+    return out
+
+
+@section("vae", 40)
+def vae(c: Check) -> dict:
+    import ml_dtypes
+    import numpy as np
+
+    cfg = model_config(c, "vae")
+    h = w = 4 if c.dry else 64  # latent grid of a 1024x1024 image
+    ch = 4 * cfg.get("latent_channels", 32)
+    x = np.random.default_rng(0).standard_normal((1, ch, h, w), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    out = stage_run(c, "flux2-vae-decoder.yaml", "vae", {"batch": 1, "h": h, "w": w}, {"latents": x})
+    c.log(f"  VAE decode {16 * h}x{16 * w}: {out['seconds']:.3f} s, device {out['device_bytes']}")
+    return out
+
+
+@section("text_encoder", 70)
+def text_encoder(c: Check) -> dict:
+    import numpy as np
+
+    cfg = model_config(c, "text_encoder")
+    vocab = cfg.get("text_config", cfg)["vocab_size"]
+    seq = 16 if c.dry else 512
+    tokens = np.random.default_rng(0).integers(0, vocab, (1, seq)).astype(np.int32)
+    mask = np.ones((1, seq), np.int32)
+    out = stage_run(c, "mistral3-text-encoder.yaml", "text_encoder", {"batch": 1, "seq": seq},
+                    {"tokens": tokens, "attention_mask": mask}, sets={"out_layers": [10, 20, 30]})
+    c.log(f"  text encoder {seq} tokens: {out['seconds']:.3f} s, device {out['device_bytes']}")
+    return out
+
+
+# ---- main ---------------------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry-run", action="store_true", help="run everything on the CPU through cuda-emu, tiny sizes")
+    p.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "outputs" / "gpu_check"))
+    p.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run (GPU 450, dry 1500)")
+    p.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    args = p.parse_args(argv)
+    args.time_limit = args.time_limit or (1500.0 if args.dry_run else 450.0)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = Log(out_dir / "gpu_check.log")
+    log(f"gpu_check {'(dry run: cuda-emu, tiny sizes)' if args.dry_run else ''} -> {out_dir}")
+    result = {"dry_run": args.dry_run, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": {}}
+    json_path = out_dir / "gpu_check.json"
+
+    def save():
+        tmp = json_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2, default=str))
+        tmp.replace(json_path)
+
+    try:
+        bootstrap(args.dry_run, log)
+        check = Check(args, log)
+    except BaseException as exc:
+        result["bootstrap_error"] = traceback.format_exc()
+        log(f"bootstrap failed: {exc}")
+        save()
+        return 1
+    only = {s for s in args.only.split(",") if s}
+    scale = 1.0 if not args.dry_run else 3.0  # cuda-emu is slower than the GPU: estimates in CPU seconds
+    for name, estimate, fn in SECTIONS:
+        if only and name not in only:
+            continue
+        entry: dict = {}
+        if check.left() < estimate * scale * 0.5:
+            entry = {"status": "skipped", "reason": f"{check.left():.0f} s left, estimate {estimate * scale:.0f} s"}
+            log(f"{name}: skipped ({entry['reason']})")
+        else:
+            log(f"{name} ...")
+            t0 = time.perf_counter()
+            try:
+                entry = {"status": "ok", **fn(check)}
+            except BaseException as exc:  # recorded, then on to the next section
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                entry = {"status": "error", "error": f"{type(exc).__name__}: {exc}",
+                         "traceback": traceback.format_exc()[-4000:]}
+                log(f"{name}: ERROR {type(exc).__name__}: {exc}")
+            entry["section_s"] = time.perf_counter() - t0
+            log(f"{name}: {entry['status']} in {entry['section_s']:.1f} s")
+            with contextlib.suppress(Exception):
+                check.free()
+        result["sections"][name] = entry
+        save()
+    result["total_s"] = time.perf_counter() - log.t0
+    save()
+    statuses = {k: v["status"] for k, v in result["sections"].items()}
+    log(f"done in {result['total_s']:.1f} s: {statuses}")
+    failed = [k for k, v in statuses.items() if v == "error"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
