@@ -49,6 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL_STEP_TFLOP = 283.0  # FLUX.2-dev transformer, one step at 1024x1024 (4096 image + 512 text tokens)
+WEIGHT_GAIN = float(os.environ.get("LUMINAL_WEIGHT_GAIN", "0.3"))  # random weights: N(0, (gain^2 / fan_in))
 
 
 # ---- bootstrap: carried wheels, the repository's package mapping, CUDA headers ---------------------------------
@@ -219,9 +220,11 @@ def make_runtime(dry: bool):
     return CudaRuntime(CudaEmuBackend() if dry else CudaBackend())
 
 
-def execute(exe) -> None:
-    """One run of the loaded program on the inputs already in place (no host transfer)."""
-    exe.execute()
+def step_times(c: Check, exe, inputs: dict, warmup: int | None = None, reps: int | None = None) -> list[float]:
+    """Seconds per run of the loaded program without host transfers: ``inputs`` staged on the device once,
+    copied device-side into the slots the plan reuses before each run (``Executable.execute``)."""
+    exe.execute(inputs)
+    return c.timed(exe.execute, warmup, reps)
 
 
 @contextlib.contextmanager
@@ -315,7 +318,7 @@ def ceilings(c: Check) -> dict:
     w = rng.standard_normal((n, n), dtype=np.float32).astype(ml_dtypes.bfloat16)
     exe = c.runtime.load(matmul_program(n, n, n), None, {})
     y = exe.run({"x": x, "w": w})["y"]
-    t = c.timed(lambda: execute(exe), 3, 10 if not c.dry else 3)
+    t = step_times(c, exe, {"x": x, "w": w}, 3, 10 if not c.dry else 3)
     out["ours_bf16_tflops"] = 2 * n**3 / statistics.median(t) / 1e12
     ref = (torch.from_numpy(x.astype(np.float32)).to(c.dev) @ torch.from_numpy(w.astype(np.float32)).to(c.dev).T)
     out["ours_vs_torch_f32"] = rel_err(y.astype(np.float32), ref.cpu().numpy())
@@ -545,7 +548,7 @@ def kernels(c: Check) -> dict:
             with options(c.runtime, **opts):
                 exe = c.runtime.load(program, weights, {})
                 got = exe.run(inputs)
-                t = c.timed(lambda exe=exe: execute(exe), 1, 3)
+                t = step_times(c, exe, inputs, 1, 3)
             tensors = {k: torch.from_numpy(np.asarray(v).astype(np.float32 if np.asarray(v).dtype.kind in "fV"
                                                                   or "float" in str(np.asarray(v).dtype)
                                                                   else np.int64)).to(c.dev)
@@ -573,7 +576,10 @@ def with_compute(recipe, dtype: str):
 
     doc = recipe.doc
     policy = doc.weights.dtype.model_copy(update={"compute": dtype})
-    return replace(recipe, doc=doc.model_copy(update={"weights": doc.weights.model_copy(update={"dtype": policy})}))
+    # float inputs in the compute dtype too: the forwards compute in their inputs' dtype
+    inputs = {k: v.model_copy(update={"dtype": dtype}) if v.dtype == "f32" else v for k, v in doc.inputs.items()}
+    return replace(recipe, doc=doc.model_copy(update={
+        "weights": doc.weights.model_copy(update={"dtype": policy}), "inputs": inputs}))
 
 
 def model_config(c: Check, component: str) -> dict:
@@ -611,7 +617,7 @@ def device_weights(c: Check, graph, seed: int) -> dict:
         tdt = {"bf16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16}[str(node.dtype)]
         t = torch.randn(shape, generator=gen, device=c.dev, dtype=tdt)
         if len(shape) >= 2:
-            t.mul_(1.0 / math.sqrt(math.prod(shape[1:])))
+            t.mul_(WEIGHT_GAIN / math.sqrt(math.prod(shape[1:])))
         elif "running_var" in node.name:
             t.abs_().add_(0.5)
         else:
@@ -702,11 +708,11 @@ def transformer(c: Check) -> dict:
     c.sync()
     gen_s = time.perf_counter() - t0
     weight_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    inputs = transformer_inputs(c, cfg, hw, txt)
+    inputs = as_declared(model, transformer_inputs(c, cfg, hw, txt))
     used0 = c.device_used()
     exe = c.runtime.load(program, ours(c, tensors), dims)
     y = exe.run(inputs)["velocity"]
-    steps = c.timed(lambda: execute(exe))
+    steps = step_times(c, exe, inputs)
     used1 = c.device_used()
     s_step = statistics.median(steps)
     out = {"dims": dims, "compile_s": compile_s, "weight_gen_s": gen_s, "weight_bytes": weight_bytes,
@@ -789,8 +795,7 @@ def dequant(c: Check) -> dict:
             xs = np.random.default_rng(0).standard_normal((m, k), dtype=np.float32).astype(ml_dtypes.bfloat16)
             try:
                 exe = c.runtime.load(f.program(y=y), weights, {})
-                exe.run({"x": xs})
-                t = statistics.median(c.timed(lambda exe=exe: execute(exe), 1 if c.dry else 2, 2 if c.dry else 5))
+                t = statistics.median(step_times(c, exe, {"x": xs}, 1 if c.dry else 2, 2 if c.dry else 5))
                 rows.append({"n": n, "k": k, "m": m, "format": fmt, "seconds": t, "tflops": 2 * m * n * k / t / 1e12})
                 c.log(f"  {fmt:6s} M={m} N={n} K={k}: {rows[-1]['tflops']:.1f} TFLOP/s")
             except Exception as exc:
@@ -906,8 +911,14 @@ def tiny_pipeline(c: Check) -> dict:
     return {"case": case.file.name, "psnr_db": value, "ok": value >= 40.0, "seconds": seconds}
 
 
+def as_declared(model, inputs: dict) -> dict:
+    """Inputs converted to the dtypes the model declares (recipes declare f32 inputs whatever the compute)."""
+    return {k: v.astype(model.inputs[k].dtype.np) for k, v in inputs.items()}
+
+
 def stage_run(c: Check, recipe: str, component: str, dims: dict, inputs: dict, sets=None) -> dict:
     model = build(c, recipe, component, "bf16", sets)
+    inputs = as_declared(model, inputs)
     program, compile_s = compile_for(c, model, dims)
     tensors = device_weights(c, model.graph, seed=0)
     weight_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -915,7 +926,7 @@ def stage_run(c: Check, recipe: str, component: str, dims: dict, inputs: dict, s
     exe = c.runtime.load(program, ours(c, tensors), dims)
     out_name = next(iter(program.outputs))
     y = exe.run(inputs)[out_name]
-    t = c.timed(lambda: execute(exe), 1, 1 if c.dry else 3)
+    t = step_times(c, exe, inputs, 1, 1 if c.dry else 3)
     used1 = c.device_used()
     out = {"dims": dims, "compile_s": compile_s, "weight_bytes": weight_bytes, "seconds": statistics.median(t),
            "arena_bytes": exe.memory.arena_bytes, "planned_peak_bytes": exe.memory.planned_peak,
