@@ -273,7 +273,6 @@ def environment(c: Check) -> dict:
         out["gxx"] = subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
         return out
     import cupy
-
     from luminal_recipes.runtimes.cuda import nvrtc
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
@@ -323,7 +322,7 @@ def ceilings(c: Check) -> dict:
     ref = (torch.from_numpy(x.astype(np.float32)).to(c.dev) @ torch.from_numpy(w.astype(np.float32)).to(c.dev).T)
     out["ours_vs_torch_f32"] = rel_err(y.astype(np.float32), ref.cpu().numpy())
     out["ours_over_torch"] = out["ours_bf16_tflops"] / out["torch_bf16_tflops"]
-    del exe, a, b
+    exe = a = b = None
     c.free()
     nbytes = (64 << 20) if c.dry else (2 << 30)
     if c.dry:
@@ -749,9 +748,9 @@ def transformer(c: Check) -> dict:
     out["diffusers_peak_bytes"] = None if c.dry else int(torch.cuda.max_memory_allocated())
     out["speed_ratio_ours_over_diffusers"] = s_step / out["diffusers_s_per_step"]
     out["vs_diffusers"] = rel_err(y.astype(np.float32), want.float().cpu().numpy())
-    c.log(f"  diffusers: {out['diffusers_s_per_step']:.3f} s/step; ours/diffusers {out['speed_ratio_ours_over_diffusers']:.2f}"
-          f"; rel err {out['vs_diffusers']['norm_rel']:.2e} (norm), {out['vs_diffusers']['max_rel']:.2e} (max)")
-    del ref, want
+    c.log(f"  diffusers: {out['diffusers_s_per_step']:.3f} s/step; ours/diffusers "
+          f"{out['speed_ratio_ours_over_diffusers']:.2f}; rel err {out['vs_diffusers']['norm_rel']:.2e} (norm), {out['vs_diffusers']['max_rel']:.2e} (max)")
+    ref = want = None
     c.free()
     return out
 
@@ -828,7 +827,6 @@ def random_bits(c: Check, specs: dict) -> dict:
                 out[name] = (bits & 0x77).view(ml_dtypes.float8_e4m3fn) if dt == "f8e4m3" else bits
         return out
     import cupy
-
     from luminal_recipes.runtimes.cuda.device import DeviceTensor
 
     rng = cupy.random.default_rng(0)

@@ -37,7 +37,16 @@ class CudaOptions:
     """Launch shapes and algorithm choices (the same for the GPU and cuda-emu, so both run the same code)."""
 
     max_blocks: int = 132 * 16  # grid-stride loops: a few waves on an H200's 132 SMs
-    attention: str = "flash"  # "flash" (tiled, online softmax) or "chunked" (GEMM + softmax + GEMM per chunk)
+    # "auto" (the cheaper by ``attention_seconds``), "flash" (tiled SIMT kernel, online softmax, never S x T) or
+    # "chunked" (cuBLAS GEMM + softmax rows + GEMM per chunk of heads, scores within ``score_budget``)
+    attention: str = "auto"
+    # device figures the attention choice is made with (an H200's, sustained): SIMT f32 FMA, tensor-core GEMMs
+    # for f16/bf16 and f32 operands, memory bandwidth
+    simt_flops: float = 30e12
+    tensor_flops: float = 600e12
+    f32_gemm_flops: float = 50e12
+    bytes_per_s: float = 3.5e12
+    launch_s: float = 5e-6
     score_budget: int = 1 << 26  # f32 score elements per attention chunk (256 MiB)
     dequant_band: int = 1 << 24  # decoded weight elements per DequantMatMul band
     conv_cols: int = 1 << 24  # im2col elements per Conv2d tile
@@ -629,9 +638,43 @@ def prepare_attention(ctx, options: CudaOptions) -> NodePlan:
     if ops[0].view.shape[-2:] != (s, d) or ops[2].view.shape[-2:] != (t, dv):
         raise CodegenError(f"q {ops[0].view.shape}, k {ops[1].view.shape}, v {ops[2].view.shape} do not give out "
                            f"{shape}")
-    if options.attention == "flash" and flash_supported(ops, shape):
+    if attention_path(options, ops, shape) == "flash":
         return prepare_flash(ctx, options, ops)
     return prepare_attention_chunked(ctx, options, ops)
+
+
+def attention_seconds(options: CudaOptions, ops: list[Operand], shape) -> dict[str, float]:
+    """Estimated seconds of each attention path on the device ``options`` describes.
+
+    flash: 2 S T (D + Dv) FMA-flops per head on SIMT cores; q/k/v read once per query block, out written.
+    chunked: the same flops on tensor cores (f16/bf16 operands; f32 GEMMs otherwise), plus the scores' round
+    trips through memory: the f32 scores written by the first GEMM, read and written (in the GEMM type) by the
+    softmax, read by the second GEMM, and three launches per chunk of heads. At FLUX.2's sizes (48 heads x
+    4608^2, head dim 128, bf16) flash is ~17 ms a layer and chunked ~4.7 ms; for short sequences flash wins (no
+    S x T traffic, one launch)."""
+    heads = math.prod(shape[:-2])
+    s, dv = shape[-2:]
+    t, d = ops[1].view.shape[-2:]
+    flops = 2.0 * heads * s * t * (d + dv)
+    qkv_bytes = heads * (s * d + t * d + t * dv + s * dv) * ops[0].dtype.itemsize
+    flash = flops / options.simt_flops + qkv_bytes / options.bytes_per_s + options.launch_s
+    gemm_t = _gemm_type(ops[0].dtype, ops[1].dtype)
+    gemm_flops = options.tensor_flops if gemm_t != F32 else options.f32_gemm_flops
+    score_bytes = heads * s * t * (4 + 4 + 2 * gemm_t.itemsize)
+    chunks = -(-heads // max(1, min(heads, options.score_budget // max(s * t, 1))))
+    chunked = flops / gemm_flops + (score_bytes + qkv_bytes) / options.bytes_per_s + 3 * chunks * options.launch_s
+    return {"flash": flash, "chunked": chunked}
+
+
+def attention_path(options: CudaOptions, ops: list[Operand], shape) -> str:
+    """"flash" or "chunked": as ``options.attention`` says, or the cheaper estimate when it says "auto"
+    (flash only for head dims it supports)."""
+    if options.attention == "chunked" or not flash_supported(ops, shape):
+        return "chunked"
+    if options.attention == "flash":
+        return "flash"
+    est = attention_seconds(options, ops, shape)
+    return "flash" if est["flash"] <= est["chunked"] else "chunked"
 
 
 def prepare_attention_chunked(ctx, options: CudaOptions, ops: list[Operand]) -> NodePlan:
@@ -882,6 +925,9 @@ def prepare_conv2d(ctx, options: CudaOptions) -> NodePlan:
     gemm_t = _gemm_type(x.dtype, w.dtype)
     bias = (ops[2], IN(2)) if len(ops) == 3 else None
     acc_ref, acc_t, _ = _accumulator(ctx, options, plan, gemm_t, bias is not None)
+    if kh == kw == 1 and sh == sw == 1 and _conv1x1(plan, options, ctx, x, w, (gemm_t, acc_t), acc_ref):
+        _conv_epilogue(plan, options, ctx, shape, acc_ref, acc_t, bias)
+        return plan
     w2 = _reshaped(w, (o, ckk))
     if w2 is None:
         w2 = Operand(BoundView((o, ckk), (ckk, 1), 0, None), o * ckk, w.dtype)
@@ -909,11 +955,32 @@ def prepare_conv2d(ctx, options: CudaOptions) -> NodePlan:
             desc = matmul_desc(xm, ym, p, ni, 0, ckk * pt, o * p, gemm_t, gemm_t, acc_t)
             plan.steps.append(Gemm(desc, SCRATCH(cols), wr.at(wv.offset, gemm_t.itemsize),
                                    acc_ref.at(out_off, acc_t.itemsize)))
+    _conv_epilogue(plan, options, ctx, shape, acc_ref, acc_t, bias)
+    return plan
+
+
+def _conv_epilogue(plan, options, ctx, shape, acc_ref, acc_t, bias) -> None:
     if bias is not None and acc_ref == OUT:
         elementwise(plan, options, "(Add in0 in1)", [_contiguous(shape), bias[0]], [OUT, bias[1]], shape, F32, OUT)
     else:
         _epilogue(plan, options, ctx, acc_ref, acc_t, bias)
-    return plan
+
+
+def _conv1x1(plan, options, ctx, x: Operand, w: Operand, types, acc_ref: Ref) -> bool:
+    """A 1x1, stride-1 convolution is a GEMM per image, out[n] [O, H*W] = w [O, C] @ x[n] [C, H*W], with x read
+    in place (no im2col): one strided-batched GEMM over the images, the weight broadcast by stride 0. False
+    when x or w cannot be viewed as those matrices (the im2col path handles them)."""
+    (nb, c, h, wd), o = x.view.shape, w.view.shape[0]
+    x3, w2 = _reshaped(x, (nb, c, h * wd)), _reshaped(w, (o, c))
+    if x3 is None or w2 is None:
+        return False
+    gemm_t, acc_t = types
+    xv, xr = gemm_operand(plan, options, ctx.scratch, x3, IN(0), gemm_t)
+    wv, wr = gemm_operand(plan, options, ctx.scratch, w2, IN(1), gemm_t)
+    wb = BoundView((nb, o, c), (0, *wv.strides), wv.offset, None)
+    out = View.contiguous((nb, o, h * wd)).bind({})
+    batched_gemms(plan, (wb, wr), (xv, xr), (out, acc_ref), (gemm_t, gemm_t, acc_t))
+    return True
 
 
 def _im2col_source(x: Operand, c: int, kh: int, kw: int, sh: int, sw: int, wo: int, gemm_t) -> KernelSource:

@@ -417,3 +417,49 @@ def test_flash_attention_several_key_tiles_and_query_blocks(assert_close, rng):
     got = CudaRuntime(CudaEmuBackend(CudaOptions(max_blocks=64, attention="flash"))).run(f.program(y=y), inputs)
     assert np.isfinite(got["y"].astype(np.float32)).all()
     assert_close("runtime", got["y"], run_reference(g, inputs)["y"], "bf16")
+
+
+# ---- performance paths: attention choice, 1x1 convolution --------------------------------------------------------
+def _bound(shape, dtype):
+    from luminal_recipes.runtimes.cuda.codegen import Operand
+
+    return Operand(View.contiguous(shape).bind({}), int(np.prod(shape)), np.dtype(dtype))
+
+
+def test_attention_path_rule_picks_tensor_core_gemms_at_flux2_sizes():
+    """'auto': FLUX.2-dev's joint attention (48 heads x 4608 tokens, head dim 128, bf16) takes the chunked
+    cuBLAS path (tensor cores), a short sequence the flash kernel; explicit choices and head dims flash does not
+    support are honoured."""
+    from luminal_recipes.runtimes.cuda.nodes import attention_path
+
+    bf = ml_dtypes.bfloat16
+    flux = [_bound((1, 48, 4608, 128), bf)] * 3
+    short = [_bound((1, 4, 64, 128), bf)] * 3
+    auto = CudaOptions()
+    assert attention_path(auto, flux, (1, 48, 4608, 128)) == "chunked"
+    assert attention_path(auto, short, (1, 4, 64, 128)) == "flash"
+    assert attention_path(CudaOptions(attention="flash"), flux, (1, 48, 4608, 128)) == "flash"
+    assert attention_path(CudaOptions(attention="chunked"), short, (1, 4, 64, 128)) == "chunked"
+    small_head = [_bound((1, 4, 64, 32), bf)] * 3
+    assert attention_path(CudaOptions(attention="flash"), small_head, (1, 4, 64, 32)) == "chunked"
+
+
+def test_conv1x1_is_one_batched_gemm_without_im2col(check, rng):
+    """A 1x1 stride-1 convolution reads x in place as [C, H*W] per image: one GEMM over the batch, no im2col."""
+    from luminal_recipes.runtimes.cuda.backend import prepare_program
+    from luminal_recipes.runtimes.cuda.plan import Gemm
+
+    n, c, h, w, o = 2, 6, 5, 7, 4
+    g = Graph()
+    x = g.input("x", (n, c, h, w))
+    wt = g.weight("w", (o, c, 1, 1))
+    b = g.weight("b", (o,))
+    g.mark_output("y", ops.conv2d(x, wt, b))
+    f = Fused(g)
+    y = f.add("Conv2d", [x, wt, b.reshape(1, o, 1, 1).broadcast_to((n, o, h, w))], (n, o, h, w), stride=1)
+    program = f.program(y=y)
+    (plan, _), = [v for k, v in prepare_program(program, {}, CudaOptions()).items() if k == y]
+    assert not any(s.name.startswith("im2col") for s in plan.sources)
+    gemms = [s for s in plan.steps if isinstance(s, Gemm)]
+    assert len(gemms) == 1 and gemms[0].desc.batch == n
+    check(g, program, {"x": randn(rng, n, c, h, w)}, {"w": randn(rng, o, c, 1, 1), "b": randn(rng, o)})
