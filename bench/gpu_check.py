@@ -749,8 +749,8 @@ def transformer(c: Check) -> dict:
     out["speed_ratio_ours_over_diffusers"] = s_step / out["diffusers_s_per_step"]
     out["vs_diffusers"] = rel_err(y.astype(np.float32), want.float().cpu().numpy())
     c.log(f"  diffusers: {out['diffusers_s_per_step']:.3f} s/step; ours/diffusers "
-          f"{out['speed_ratio_ours_over_diffusers']:.2f}; rel err {out['vs_diffusers']['norm_rel']:.2e} (norm), {out['vs_diffusers']['max_rel']:.2e} (max)")
-    ref = want = None
+          f"{out['speed_ratio_ours_over_diffusers']:.2f}; rel err {out['vs_diffusers']['norm_rel']:.2e} (norm), "
+          f"{out['vs_diffusers']['max_rel']:.2e} (max)")
     c.free()
     return out
 
