@@ -751,6 +751,7 @@ def transformer(c: Check) -> dict:
     c.log(f"  diffusers: {out['diffusers_s_per_step']:.3f} s/step; ours/diffusers "
           f"{out['speed_ratio_ours_over_diffusers']:.2f}; rel err {out['vs_diffusers']['norm_rel']:.2e} (norm), "
           f"{out['vs_diffusers']['max_rel']:.2e} (max)")
+    ref = want = None
     c.free()
     return out
 
