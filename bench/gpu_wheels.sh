@@ -42,8 +42,14 @@ trap 'rm -rf "$RAW"' EXIT
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any \
   -d "$RAW" "${PACKAGES[@]}" 2> >(grep -v "is ignored: it is neither" >&2)
 
-mkdir -p "$DEST"
-rm -f "$DEST"/*.whl
+# CUDA 13.0 headers (cuda_bf16.h, cuda_fp8.h, crt/) for NVRTC, used only when the GPU machine has none installed;
+# kept apart (cuda-headers/) so that `pip install .whl/*.whl` does not install them
+mkdir -p "$DEST/cuda-headers"
+rm -f "$DEST"/*.whl "$DEST"/cuda-headers/*.whl
+"$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$DEST/cuda-headers" nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 \
+  2> >(grep -v "is ignored: it is neither" >&2)
 "$PYTHON" - "$RAW" "$DEST" <<'EOF'
 """Repack each wheel with its native libraries stripped (strip --strip-unneeded) and RECORD rewritten."""
 import base64
@@ -97,6 +103,9 @@ for wheel in sorted(raw.glob("*.whl")):
             z.writestr(name, data)
     total_out += target.stat().st_size
     print(f"{target.name:70s} {wheel.stat().st_size / 2**20:7.2f} MiB -> {target.stat().st_size / 2**20:6.2f} MiB")
+headers = sum(w.stat().st_size for w in (dest / "cuda-headers").glob("*.whl"))
+total_out += headers
+print(f"cuda-headers/: {headers / 2**20:.2f} MiB (nvidia-cuda-runtime/-crt 13.0 wheels)")
 print(f"total: {total_in / 2**20:.1f} MiB downloaded, {total_out / 2**20:.1f} MiB in {dest}/ (limit 60 MiB)")
 if total_out > 60 * 2**20:
     sys.exit("the wheel set exceeds 60 MiB")
