@@ -48,6 +48,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WHEELS = Path(os.environ.get("LUMINAL_GPU_WHEELS", ROOT / ".whl"))  # what bench/gpu_wheels.sh made
 FULL_STEP_TFLOP = 283.0  # FLUX.2-dev transformer, one step at 1024x1024 (4096 image + 512 text tokens)
 WEIGHT_GAIN = float(os.environ.get("LUMINAL_WEIGHT_GAIN", "0.3"))  # random weights: N(0, (gain^2 / fan_in))
 
@@ -69,7 +70,7 @@ class RepoPackages(importlib.abc.MetaPathFinder):
 
 def install_wheels(site: Path, log) -> None:
     """Install ``.whl/*.whl`` into ``site`` (once) and put it first on sys.path, when egglog is missing."""
-    wheels = sorted((ROOT / ".whl").glob("*.whl"))
+    wheels = sorted(WHEELS.glob("*.whl"))
     if importlib.util.find_spec("egglog") is not None and importlib.util.find_spec("pydantic") is not None:
         return
     if not wheels:
@@ -104,7 +105,7 @@ def cuda_headers(site: Path, log) -> None:
     except nvrtc.NvrtcError as e:
         log(f"no CUDA headers installed ({e}); using the carried ones")
     folder = site / "cuda-include"
-    for w in sorted((ROOT / ".whl" / "cuda-headers").glob("*.whl")):
+    for w in sorted((WHEELS / "cuda-headers").glob("*.whl")):
         with zipfile.ZipFile(w) as z:
             for name in z.namelist():
                 if "/include/" in name and not name.endswith("/"):

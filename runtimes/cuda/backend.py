@@ -167,7 +167,9 @@ class CudaBackend:
         """A weight or constant in device memory; a device array (CuPy, ``device.DeviceTensor``, anything with
         ``__cuda_array_interface__``) is bound as it is, without a copy."""
         if hasattr(host, "__cuda_array_interface__"):
-            dev = self.cp.asarray(getattr(host, "data", host))
+            from .device import DeviceTensor
+
+            dev = self.cp.asarray(host.data if isinstance(host, DeviceTensor) else host)  # cupy's .data is a pointer
             if not dev.flags.c_contiguous:
                 raise InputError("a device weight must be C-contiguous (bound without a copy)")
             return dev.reshape(-1).view(self.cp.uint8) if dev.size else self.cp.zeros(1, self.cp.uint8)
