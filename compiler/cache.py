@@ -4,8 +4,10 @@ Entries live in ``$LUMINAL_RECIPES_CACHE`` or else ``$XDG_CACHE_HOME/luminal-rec
 ``~/.cache/luminal-recipes``), one JSON file per key. The key covers everything that changes the result: the
 graph's structural hash and its input/weight names, the runtime, the device, the dims, the memory budget, the
 search options and the versions of egglog, numpy and this package. Files are written to a temporary name and
-renamed, so an interrupted compile never leaves half an entry; an entry that cannot be read is ignored (with a
-warning) and rebuilt.
+renamed, so an interrupted compile never leaves half an entry. Each entry carries a SHA-256 checksum of its
+content, and its program is checked against the kernel vocabulary when read: an entry that was edited, damaged
+or cannot be read is ignored with a warning naming the file, and rebuilt. A cache folder that cannot be read
+or written means compiling without a cache (with a warning), never a failed run.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from ..graph.dtypes import to_dtype
 from ..graph.serialize import structural_hash
 from ..graph.symbolic import to_dim
 from ..graph.view import View
-from ..runtimes.program import Program
+from ..runtimes.program import KERNELS, Program
 
 FORMAT = "luminal-recipes/plan"
-VERSION = 1
+VERSION = 2  # 2: entries carry a checksum
+_warned: set[str] = set()  # cache folders already warned about in this process
 
 
 def cache_dir() -> Path:
@@ -122,8 +125,13 @@ def program_to_json(program: Program) -> dict:
 
 
 def program_from_json(data: dict) -> Program:
+    """The program an entry holds; ValueError if it is not a well-formed program of known kernels."""
     nodes = []
     for i, item in enumerate(data["nodes"]):
+        if item["op"] not in KERNELS:
+            raise ValueError(f"node {i} has the unknown kernel {str(item['op'])[:60]!r}")
+        if any(not isinstance(src, int) or not 0 <= src < i for src, _ in item["inputs"]):
+            raise ValueError(f"node {i} reads a node that does not come before it")
         dtype = to_dtype(item["dtype"])
         shape = tuple(to_dim(d) for d in item["shape"])
         arr = None
@@ -133,38 +141,76 @@ def program_from_json(data: dict) -> Program:
         inputs = tuple((src, View.from_json(v)) for src, v in item["inputs"])
         nodes.append(Node(i, item["op"], inputs, shape, dtype, tuple(sorted(item["attrs"].items())), arr))
     outputs = {k: (src, View.from_json(v)) for k, (src, v) in data["outputs"].items()}
+    if any(not isinstance(src, int) or not 0 <= src < len(nodes) for src, _ in outputs.values()):
+        raise ValueError("an output names a node the program does not have")
     return Program(nodes, outputs)
+
+
+def _checksum(entry: dict) -> str:
+    """SHA-256 of an entry's content (everything but the checksum), in canonical JSON."""
+    body = {k: v for k, v in entry.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _warn_once(directory: Path, message: str) -> None:
+    if str(directory) not in _warned:
+        _warned.add(str(directory))
+        warnings.warn(message, stacklevel=3)
 
 
 # ---- the store ---------------------------------------------------------------------------------------------
 def load(key: str) -> tuple[Program, dict] | None:
-    path = cache_dir() / f"{key}.json"
-    if not path.exists():
+    """The cached program and search report for ``key``, or None (a miss, or an entry not to be trusted)."""
+    directory = cache_dir()
+    path = directory / f"{key}.json"
+    try:
+        if not path.is_file():
+            return None
+        raw = path.read_bytes()
+    except OSError as exc:  # e.g. a folder without read permission
+        _warn_once(directory, f"cannot read the plan cache entry {path} ({exc.strerror or exc}); compiling "
+                              f"without the cache. Set LUMINAL_RECIPES_CACHE to a usable folder.")
         return None
     try:
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT or data.get("version") != VERSION:
-            raise ValueError(f"format {data.get('format')!r} version {data.get('version')!r}")
+        data = json.loads(raw.decode("utf-8"))
+        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
+            got = data.get("version") if isinstance(data, dict) else None
+            raise ValueError(f"not a version {VERSION} plan entry (version {got!r})")
+        if data.get("checksum") != _checksum(data):
+            raise ValueError("its content does not match its checksum (edited or damaged)")
         return program_from_json(data["program"]), data.get("report", {})
-    except Exception as exc:  # any unreadable entry is rebuilt, never trusted
-        warnings.warn(f"plan cache entry {path} is unreadable ({type(exc).__name__}: {exc}); ignoring it and "
-                      f"compiling again", stacklevel=2)
+    except Exception as exc:  # any entry that cannot be trusted is rebuilt, never used
+        warnings.warn(f"plan cache entry {path} is unreadable or untrusted ({type(exc).__name__}: {exc}); "
+                      f"ignoring it and compiling again (the new plan replaces it)", stacklevel=2)
         return None
 
 
-def store(key: str, program: Program, report: dict) -> Path:
+def store(key: str, program: Program, report: dict) -> Path | None:
+    """Write the entry for ``key``; None (with a warning, once per folder) when the cache is not writable."""
     directory = cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{key}.json"
-    text = json.dumps({"format": FORMAT, "version": VERSION, "program": program_to_json(program),
-                       "report": report}, default=str)
-    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=directory)
+    entry = {"format": FORMAT, "version": VERSION, "program": program_to_json(program), "report": report}
+    entry = json.loads(json.dumps(entry, default=str))  # the checksum covers exactly what a reader will see
+    entry["checksum"] = _checksum(entry)
+    text = json.dumps(entry)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        _warn_once(directory, f"the plan cache folder {directory} is not usable ({exc.strerror or exc}); "
+                              f"compiling without a cache. Set LUMINAL_RECIPES_CACHE to a writable folder.")
+        return None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # a full disk: no entry, no half-written file, and the run goes on
+        Path(tmp).unlink(missing_ok=True)
+        _warn_once(directory, f"cannot write the plan cache entry {path} ({exc.strerror or exc}); compiling "
+                              f"without a cache")
+        return None
     except BaseException:  # including KeyboardInterrupt: no half-written entry stays behind
         Path(tmp).unlink(missing_ok=True)
         raise

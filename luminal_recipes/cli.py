@@ -65,6 +65,7 @@ def main(
 
 WEIGHTS_HELP = "checkpoint folder or hf://org/repo[@rev][/subfolder] (overrides the recipe's source)"
 SET_HELP = "override a recipe parameter: --set name=value (repeatable)"
+PROMPTS_FILE_LIMIT = 16 << 20  # one prompt per line; more than this is not a prompts file
 
 
 @app.command()
@@ -94,20 +95,26 @@ def run(
         help="memory budget, e.g. 24GiB (default: the machine's physical memory, or the container's limit if lower)",
     ),
     no_compile: bool = typer.Option(False, "--no-compile", help="run the naive primitive program (no search)"),
+    allow_nonfinite: bool = typer.Option(
+        False, "--allow-nonfinite", help="write the image even when a stage output holds NaN or infinity"
+    ),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only text outputs (no progress, no summary)"),
 ) -> None:
     """Run a pipeline recipe; write its outputs (images as PNG, arrays as .npy, text as .txt) for each prompt."""
     started = _started_at if _started_at is not None else time.perf_counter()
+    from .errors import PipelineError
+    from .files import read_regular_text
     from .pipeline.generate import GenerateRequest, generate, parse_size
     from .pipeline.progress import progress_printer
 
     prompts = list(prompt)
     if prompts_file is not None:
         try:
-            prompts += [line.strip() for line in prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+            text = read_regular_text(prompts_file, "--prompts-file", PROMPTS_FILE_LIMIT, PipelineError)
         except OSError as exc:
-            raise_user(f"--prompts-file {prompts_file}: {exc.strerror or exc}")
+            raise PipelineError(f"--prompts-file {prompts_file}: {exc.strerror or exc}") from None
+        prompts += [line.strip() for line in text.splitlines() if line.strip()]
     req = GenerateRequest(
         recipe,
         prompts,
@@ -124,6 +131,7 @@ def run(
         compile=not no_compile,
         overwrite=overwrite,
         started=started,
+        allow_nonfinite=allow_nonfinite,
     )
     with progress_printer(enabled=not quiet and not as_json) as progress:
         summary = generate(req, progress)
@@ -282,12 +290,6 @@ def _human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
-
-
-def raise_user(message: str) -> None:
-    from .errors import PipelineError
-
-    raise PipelineError(message)
 
 
 def entry() -> None:

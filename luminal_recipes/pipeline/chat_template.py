@@ -31,6 +31,7 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import CheckpointError
+from ..files import MAX_JSON_BYTES, read_regular_text
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
@@ -110,17 +111,17 @@ def _named(value: Any, source: str) -> ChatTemplates:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_regular_text(path, "a chat template", MAX_JSON_BYTES, CheckpointError)
+    except OSError as exc:
         raise CheckpointError(f"{path}: cannot read it ({exc}); restore it from the checkpoint.") from None
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
+    if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        data = json.loads(read_regular_text(path, "a tokenizer file", MAX_JSON_BYTES, CheckpointError))
+    except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: cannot read it as JSON ({exc}); restore it from the checkpoint.") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object.")

@@ -22,9 +22,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipelineError, RecipeError
+from ..files import MAX_JSON_BYTES, read_regular_text
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.params import ParamResolver
+from ..recipe.paths import checkpoint_roots, confined
 from ..recipe.safe_eval import ExprError, evaluate, names_in, parse, unwrap, wrap_config
 from ..recipe.schema import PipelineRecipe, StageSpec
 from . import peak_rss
@@ -50,14 +52,18 @@ class Pipeline:
 
     def __init__(self, path: str | Path, weights: str | Path | None = None, sets: Iterable[str] | Mapping = (),
                  budget_bytes: int | None = None, compile: bool = True,
-                 progress: Callable[[str, int, int], None] | None = None):
+                 progress: Callable[[str, int, int], None] | None = None,
+                 set_sources: Mapping[str, str] | None = None, allow_nonfinite: bool = False):
         self.recipe: LoadedRecipe = load_recipe(path)
         if not isinstance(self.recipe.doc, PipelineRecipe):
             raise RecipeError(f"{path}: this is a model recipe; `run` needs a pipeline recipe (kind: pipeline)")
         self.doc: PipelineRecipe = self.recipe.doc
         self.path = Path(path)
-        self._resolver = ParamResolver(self.recipe.params, None, sets)
-        self.params = self._resolver.resolve_all().values
+        # set_sources: how a value was given when not by --set (e.g. {"steps": "--steps 4"}), for messages
+        self._resolver = ParamResolver(self.recipe.params, None, sets, override_origins=set_sources)
+        self.resolved = self._resolver.resolve_all()
+        self.params = self.resolved.values
+        self.allow_nonfinite = allow_nonfinite  # else a non-finite stage output stops the run, naming the stage
         self._weights_arg = weights
         self._checkpoint: Path | None = None
         self.budget_bytes = budget_bytes
@@ -79,9 +85,22 @@ class Pipeline:
     def context(self) -> StepContext:
         if self._context is None:
             tok, sched = self.doc.tokenizer, self.doc.scheduler
+            if tok is not None:
+                self._inside_checkpoint(("tokenizer", "path"), tok.path)
+            if sched is not None and sched.config is not None:
+                self._inside_checkpoint(("scheduler", "config"), sched.config)
             self._context = StepContext(self.checkpoint, tok.path if tok else None, sched.config if sched else None,
                                         tok.chat_template if tok else None, tok.system if tok else None)
         return self._context
+
+    def _inside_checkpoint(self, where: tuple, relative: str) -> Path:
+        """``checkpoint / relative``, refused at the recipe line ``where`` if it leads out of the checkpoint."""
+        return confined(self.recipe.origin(*where), self.checkpoint, relative, "the checkpoint folder",
+                        self._checkpoint_roots)
+
+    @property
+    def _checkpoint_roots(self) -> list[Path] | None:
+        return checkpoint_roots(self.checkpoint, self._weights_arg is not None, self.recipe.tree)
 
     @property
     def configs(self) -> dict[str, dict]:
@@ -92,7 +111,8 @@ class Pipeline:
             if local or self.doc.configs is None:
                 self._configs = {name: self._model_config(name) for name in self.doc.models}
             else:
-                folder = self.path.parent / self.doc.configs
+                folder = confined(self.recipe.origin("configs"), self.path.parent, self.doc.configs,
+                                  "this recipe's folder", [self.recipe.tree or self.path.parent])
                 self._configs = {name: _read_json(folder / (m.weights or "") / "config.json")
                                  for name, m in self.doc.models.items()}
         return self._configs
@@ -104,8 +124,9 @@ class Pipeline:
             raise PipelineError(f"{self.path}: no checkpoint; pass --weights FOLDER or set `weights:` in the recipe")
         from ..weights.sources import resolve_source
 
-        if not source.startswith("hf://") and weights is None:
-            source = str((self.path.parent / source).resolve())
+        if not source.startswith("hf://") and weights is None:  # the recipe's own: inside its folder tree
+            source = str(confined(self.recipe.origin("weights"), self.path.parent, source, "this recipe's folder",
+                                  [self.recipe.tree or self.path.parent]).resolve())
         patterns = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.txt")
         folder = Path(resolve_source(source, patterns=patterns))
         missing = [m.weights for m in self.doc.models.values() if m.weights and not (folder / m.weights).is_dir()]
@@ -118,13 +139,13 @@ class Pipeline:
 
     def _model_folder(self, name: str) -> Path:
         sub = self.doc.models[name].weights
-        return self.checkpoint / sub if sub else self.checkpoint
+        return self._inside_checkpoint(("models", name, "weights"), sub) if sub else self.checkpoint
 
     def _model_recipe(self, name: str) -> LoadedRecipe:
         return load_recipe(self.path.parent / self.doc.models[name].recipe)
 
     def _model_config(self, name: str) -> dict:
-        return read_config(self._model_recipe(name), self._model_folder(name)) or {}
+        return read_config(self._model_recipe(name), self._model_folder(name), self._checkpoint_roots) or {}
 
     def model(self, name: str) -> BuiltModel:
         """Build (once) the graph of model ``name`` against its checkpoint subfolder."""
@@ -137,21 +158,20 @@ class Pipeline:
             sets, origins = self.model_sets(name)
             # `quantization:` on the pipeline's model entry replaces the model recipe's own block
             self._models[name] = build_model(recipe, checkpoint=Checkpoint.open(folder),
-                                             config=read_config(recipe, folder), sets=sets,
+                                             config=read_config(recipe, folder, self._checkpoint_roots), sets=sets,
                                              quantization=spec.quantization, set_origins=origins)
         return self._models[name]
 
     def model_sets(self, name: str) -> tuple[dict[str, Any], dict[str, str]]:
         """The values of model ``name``'s ``set:`` (evaluated over the pipeline's parameters), and where each
-        was written: the pipeline recipe's line, and the ``--set`` it follows, for errors."""
+        was written: the pipeline recipe's line, and the flag or ``--set`` it follows, for errors."""
         sets, origins = {}, {}
         for key, text in self.doc.models[name].set.items():
             sets[key] = self._eval(text, {}, f"models.{name}.set.{key}") if isinstance(text, str) else text
             where = f"{self.recipe.origin('models', name, 'set', key).loc()}: models.{name}.set.{key}"
             names = {n.id for n in names_in(parse(unwrap(text)))} if isinstance(text, str) else set()
             for ref in sorted(names & set(self._resolver.overrides)):
-                raw, is_text = self._resolver.overrides[ref]
-                where += f" (from --set {ref}={raw if is_text else repr(raw)})"
+                where += f" (from {self._resolver.set_by[ref]})"
             origins[key] = where
         return sets, origins
 
@@ -184,6 +204,7 @@ class Pipeline:
         """Plan every model stage under the budget (compiling each once) and check that all fit, before any
         weight is read; raises ``BudgetError`` otherwise. ``run`` calls it first."""
         if self.plans is None:
+            self.context  # noqa: B018 - the tokenizer and scheduler paths are checked before any work
             plans = plan_stages(self, self.budget_bytes, compile=self.compile, from_checkpoint=True,
                                 progress=self.progress)
             self._models.clear()  # built from headers to plan; rebuilt (cheaply) by the stage that runs them
@@ -232,7 +253,8 @@ class Pipeline:
         engines.clear()
         self._models.clear()  # drop graphs and checkpoint maps: one model resident at a time
 
-    def _stage(self, stage: StageSpec, env: dict, engines: dict[str, ModelEngine], report: RunReport) -> None:
+    def _stage(self, stage: StageSpec, env: dict, engines: dict[str, ModelEngine], report: RunReport,
+               loop: str = "") -> None:
         where = f"stage '{stage.name}'"
         if stage.loop is not None:
             over = self._eval(stage.loop.over, env, f"{where} loop.over")
@@ -242,7 +264,7 @@ class Pipeline:
                 env[stage.loop.var] = item
                 t0 = time.perf_counter()
                 for sub in stage.steps:
-                    self._stage(sub, env, engines, report)
+                    self._stage(sub, env, engines, report, f"{loop}{stage.name} iteration {k + 1} of {total}, ")
                 report.step_seconds.append(time.perf_counter() - t0)
                 if self.progress:
                     self.progress(stage.name, k + 1, total)
@@ -253,7 +275,8 @@ class Pipeline:
                 raise PipelineError(f"{self.path}: {where}: unknown step '{stage.run}'; built-in steps are "
                                     f"{', '.join(sorted(STEPS))}")
             try:
-                result = STEPS[stage.run](self.context, **args)
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below, by stage
+                    result = STEPS[stage.run](self.context, **args)
             except TypeError as exc:
                 raise PipelineError(f"{self.path}: {where}: step '{stage.run}' {exc}") from None
         else:
@@ -265,19 +288,41 @@ class Pipeline:
                                                    compile=self.compile, plans=plans)
             arrays = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
                       for k, v in args.items()}
-            result = engines[stage.model](arrays)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below, by stage
+                result = engines[stage.model](arrays)
         for key, target in stage.outputs.items():
             if key not in result:
                 raise PipelineError(f"{self.path}: {where}: the step has no output '{key}' "
                                     f"(it returns {', '.join(result)})")
+            if not self.allow_nonfinite:
+                action = f"model {stage.model}" if stage.model else f"step {stage.run}"
+                _check_finite(result[key], f"{where} ({loop}{action}) output '{key}'")
             env[target] = result[key]
+
+
+def _check_finite(value: Any, what: str) -> None:
+    """Stop with an error naming the stage when a floating-point output holds NaN or infinity: one pass over the
+    output (a float64 sum, which any NaN or infinity poisons; float32 values cannot overflow it), no copy."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or value.size == 0:
+        return
+    total = np.sum(value, dtype=np.float64) if value.dtype.itemsize < 8 else None
+    if total is not None and np.isfinite(total) or total is None and np.isfinite(value).all():
+        return
+    nan, inf = int(np.isnan(value).sum()), int(np.isinf(value).sum())
+    raise PipelineError(
+        f"{what} holds non-finite values ({nan} NaN, {inf} infinite of {value.size}); the image would be garbage. "
+        f"Check the checkpoint's weights and the parameters (--guidance, --set ...), or pass --allow-nonfinite "
+        f"to write it anyway."
+    )
 
 
 def _read_json(path: Path) -> dict:
     import json
 
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular_text(path, "a config.json for planning", MAX_JSON_BYTES, PipelineError))
     except FileNotFoundError:
         raise PipelineError(f"{path}: no config.json for planning; add it to the pipeline's `configs:` folder") \
             from None
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"{path}: cannot read it as JSON ({exc}).") from None

@@ -12,6 +12,7 @@ from ``os.sysconf``, or the container's limit when lower)."""
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import time
 from collections.abc import Callable
@@ -20,11 +21,12 @@ from pathlib import Path
 
 from ..errors import PipelineError, RecipeError
 from ..recipe.loader import load_recipe
+from ..recipe.params import parse_sets
 from ..recipe.schema import PipelineRecipe
 from ..recipe.suggest import did_you_mean, one_of
 from .driver import Pipeline
 from .image_io import generation_text
-from .latents import latent_grid, load_init_latents
+from .latents import PIXELS_PER_TOKEN, check_seed, latent_grid, load_init_latents
 from .outputs import (
     DEFAULT_OUTPUT_DIR,
     EXTENSIONS,
@@ -37,6 +39,8 @@ from .outputs import (
 )
 from .outputs import write as write_output
 from .plan import machine_memory
+from .scheduler import check_steps
+from .tokenize import check_prompt
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -73,6 +77,7 @@ class GenerateRequest:
     max_memory: int | None = None  # bytes; None: what the machine has
     compile: bool = True
     overwrite: bool = False  # an existing --output may be replaced
+    allow_nonfinite: bool = False  # write the outputs even when a stage output holds NaN or infinity
     started: float | None = None  # time.perf_counter() when the command started (default: when generate does)
 
 
@@ -121,16 +126,43 @@ def _check_explicit(path: Path, only: Output, overwrite: bool) -> None:
     check_explicit_output(path, next(k for k in kinds if EXTENSIONS[k] == suffix), overwrite)
 
 
+def _check_arguments(req: GenerateRequest) -> tuple[list[str], dict[str, str]]:
+    """Every flag, --set and prompt checked before anything is loaded; the ``--set`` list the flags add to,
+    and how each flag's value was given (for messages)."""
+    for index, prompt in enumerate(req.prompts):
+        try:
+            check_prompt(prompt)
+        except PipelineError as exc:
+            where = f"prompt {index + 1} of {len(req.prompts)}" if len(req.prompts) > 1 else "the prompt"
+            raise PipelineError(f"{where}: {exc}") from None
+    if req.steps is not None:
+        check_steps(req.steps, f"--steps {req.steps}")
+    if req.guidance is not None and not math.isfinite(req.guidance):
+        raise PipelineError(f"--guidance {req.guidance}: the guidance scale must be a finite number, e.g. 4.0")
+    if req.seed is not None:
+        check_seed(req.seed, f"--seed {req.seed}")
+    if req.width is not None or req.height is not None:
+        latent_grid(req.height if req.height is not None else PIXELS_PER_TOKEN,
+                    req.width if req.width is not None else PIXELS_PER_TOKEN)
+    given = parse_sets(req.sets)  # malformed or repeated --set refused here
+    sets, sources = list(req.sets), {}
+    for name in PARAM_FLAGS:
+        value = getattr(req, name)
+        if value is None:
+            continue
+        if name in given:
+            raise PipelineError(f"--{name} {value} and --set {name}={given[name][0]} both set '{name}'; give it "
+                                f"once.")
+        sets.append(f"{name}={value}")
+        sources[name] = f"--{name} {value}"
+    return sets, sources
+
+
 def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | None = None) -> dict:
     started = req.started if req.started is not None else time.perf_counter()
-    sets = list(req.sets)
+    sets, sources = _check_arguments(req)
     given = {"steps": req.steps, "guidance": req.guidance, "width": req.width, "height": req.height,
              "seed": req.seed}
-    for name in PARAM_FLAGS:
-        if given[name] is not None:
-            sets.append(f"{name}={given[name]}")
-    if req.steps is not None and req.steps < 1:
-        raise PipelineError(f"--steps {req.steps}: the number of denoising steps must be at least 1")
     budget = req.max_memory if req.max_memory is not None else machine_memory()
     doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
     if isinstance(doc, PipelineRecipe):
@@ -139,7 +171,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
                 raise PipelineError(f"--{name}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
                                     f"{did_you_mean(name, doc.params)}; its parameters: {one_of(doc.params)}")
     pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
-                    progress=progress)
+                    progress=progress, set_sources=sources, allow_nonfinite=req.allow_nonfinite)
     p = pipe.params
     declared = _declared_outputs(pipe)
     _check_inputs(pipe, req)
@@ -150,8 +182,11 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     if req.output is not None and len(declared) > 1:
         raise PipelineError(f"--output names one file, but pipeline '{pipe.doc.name}' writes {len(declared)} "
                             f"outputs ({', '.join(declared)}); omit --output to get them in outputs/")
-    if "steps" in p and int(p["steps"]) < 1:
-        raise PipelineError(f"steps={p['steps']}: the number of denoising steps must be at least 1")
+    for name, check in (("steps", check_steps), ("seed", check_seed)):
+        if name in p:
+            check(p[name], pipe.resolved.set_by.get(name) or f"{name}={p[name]!r} (the recipe's default)")
+    if isinstance(p.get("guidance"), float) and not math.isfinite(p["guidance"]):
+        raise PipelineError(f"guidance={p['guidance']}: the guidance scale must be a finite number")
     if "height" in p and "width" in p:
         latent_grid(int(p["height"]), int(p["width"]))
     init = None

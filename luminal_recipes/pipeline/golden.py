@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 from ..errors import PipelineError
+from ..files import MAX_JSON_BYTES, read_regular_text
 from .driver import Pipeline
 from .image_io import read_png, to_uint8, write_png
 from .latents import initial_noise
@@ -53,14 +54,14 @@ def is_near_constant(pixels: np.ndarray) -> bool:
 
 def load_manifest(path: Path) -> tuple[Path, list[GoldenCase]]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
         recipe = (path.parent / data["recipe"]).resolve()
         cases = [GoldenCase(path.parent / item["file"], str(item["prompt"]), int(item["seed"]),
                             int(item["steps"]), int(item["width"]), int(item["height"]),
                             float(item.get("guidance", 4.0))) for item in data["images"]]
     except FileNotFoundError:
         raise PipelineError(f"{path}: golden manifest not found") from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError) as exc:
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as exc:
         raise PipelineError(f"{path}: invalid golden manifest ({exc}); it needs `recipe:` and `images:` entries "
                             f"with file, prompt, seed, steps, width, height") from None
     return recipe, cases

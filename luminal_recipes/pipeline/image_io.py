@@ -36,6 +36,7 @@ def to_unit_range(image: np.ndarray) -> np.ndarray:
         raise ValueError(f"to_unit_range: expected (1, 3, H, W) or (3, H, W), got {image.shape}")
     image = image.astype(np.float32, copy=False)
     unit = np.clip(image * np.float32(0.5) + np.float32(0.5), 0, 1)
+    unit = np.nan_to_num(unit, copy=False, nan=0.0)  # only with --allow-nonfinite: NaN pixels become black
     return np.ascontiguousarray(unit.transpose(1, 2, 0))
 
 
@@ -87,6 +88,12 @@ def generation_text(
     return text
 
 
+def png_text(value: str) -> str:
+    """``value`` fit for a PNG text chunk: control characters other than newline (a NUL would end the chunk's
+    text early, and the PNG specification forbids it) are written as escapes such as ``\\x00``."""
+    return "".join(c if c == "\n" or unicodedata.category(c) != "Cc" else f"\\x{ord(c):02x}" for c in value)
+
+
 def write_png(
     path: str | PathLike, pixels: np.ndarray, text: Mapping[str, str] | None = None, *, overwrite: bool = True
 ) -> Path:
@@ -104,7 +111,7 @@ def write_png(
         raise ValueError(f"write_png: expected (H, W, 3) uint8 pixels, got {pixels.shape} {pixels.dtype}")
     info = PngImagePlugin.PngInfo()
     for key, value in (text or {}).items():
-        info.add_text(key, value)  # Pillow switches to an iTXt (UTF-8) chunk for text outside Latin-1
+        info.add_text(key, png_text(value))  # Pillow switches to an iTXt (UTF-8) chunk for text outside Latin-1
 
     def write(handle) -> None:
         Image.fromarray(pixels, mode="RGB").save(handle, format="PNG", pnginfo=info)

@@ -14,12 +14,15 @@ off (de-normalisation agrees to ~1e-6).
 from __future__ import annotations
 
 import json
+import math
+import os
 from os import PathLike
 from pathlib import Path
 
 import numpy as np
 
 from luminal_recipes.errors import CheckpointError, PipelineError
+from luminal_recipes.files import MAX_JSON_BYTES, open_regular, read_regular_text
 from luminal_recipes.weights.safetensors_io import Checkpoint
 
 PIXELS_PER_TOKEN = 16  # VAE downsampling (8) x the 2x2 patch folded into channels
@@ -41,6 +44,15 @@ def latent_grid(height: int, width: int) -> tuple[int, int]:
     return int(height) // PIXELS_PER_TOKEN, int(width) // PIXELS_PER_TOKEN
 
 
+MAX_SEED = 2**64 - 1
+
+
+def check_seed(seed: int, given: str = "--seed") -> None:
+    """A seed is an integer in [0, 2**64); ``given`` says where it came from ("--seed -1")."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed <= MAX_SEED:
+        raise PipelineError(f"{given}: the seed must be an integer from 0 to {MAX_SEED}, got {seed!r}.")
+
+
 def initial_noise(seed: int, height: int, width: int, channels: int = LATENT_CHANNELS) -> np.ndarray:
     """Gaussian starting latents ``(1, channels, H/16, W/16)`` float32 for ``--seed``.
 
@@ -49,10 +61,52 @@ def initial_noise(seed: int, height: int, width: int, channels: int = LATENT_CHA
     *not* the noise diffusers draws from ``torch.Generator().manual_seed(seed)``: to reproduce a diffusers
     image exactly, save its latents to a ``.npy`` file and pass them with ``--init-latents``.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise PipelineError(f"--seed must be a non-negative integer, got {seed!r}.")
+    check_seed(seed)
     h, w = latent_grid(height, width)
     return np.random.default_rng(int(seed)).standard_normal((1, channels, h, w), dtype=np.float32)
+
+
+MAX_NPY_HEADER = 64 << 10  # numpy writes headers of a few hundred bytes
+
+
+def npy_header(path: str | PathLike) -> tuple[tuple[int, ...], np.dtype, bool, int]:
+    """``(shape, dtype, fortran_order, data offset)`` of an ``.npy`` file, read from its header alone: the
+    array is not loaded, so a header claiming terabytes costs nothing. PipelineError if it is no .npy file."""
+    path = Path(path)
+    try:
+        with open_regular(path, "--init-latents", PipelineError) as handle:
+            if handle.read(4) == b"PK\x03\x04":  # a zip archive: numpy.savez
+                raise PipelineError(f"--init-latents {path}: expected a single .npy array, found an .npz archive.")
+            handle.seek(0)
+            try:
+                version = np.lib.format.read_magic(handle)
+            except ValueError:
+                raise PipelineError(
+                    f"--init-latents {path}: not a readable .npy array (the file does not start with numpy's "
+                    "'\\x93NUMPY' header); save the latents with numpy.save, e.g. numpy.save(path, "
+                    "latents.float().numpy())."
+                ) from None
+            read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            if version not in read:
+                raise PipelineError(f"--init-latents {path}: .npy format version {version} is not supported; "
+                                    "save it with numpy.save.")
+            shape, fortran, dtype = read[version](handle, max_header_size=MAX_NPY_HEADER)
+            offset = handle.tell()
+            size = os.fstat(handle.fileno()).st_size
+    except FileNotFoundError:
+        raise PipelineError(f"--init-latents {path}: file not found.") from None
+    except OSError as exc:
+        raise PipelineError(f"--init-latents {path}: cannot read it ({exc.strerror or exc}).") from None
+    except ValueError as exc:  # a malformed header
+        raise PipelineError(f"--init-latents {path}: its .npy header is not valid ({exc}).") from None
+    if dtype.hasobject:
+        raise PipelineError(f"--init-latents {path}: not a readable .npy array (it holds Python objects, which "
+                            "would need unpickling, not numbers).")
+    need = offset + math.prod(shape) * dtype.itemsize
+    if size < need:
+        raise PipelineError(f"--init-latents {path}: the header promises {math.prod(shape)} values of shape "
+                            f"{shape}, but the file is {size} bytes (truncated?).")
+    return tuple(shape), dtype, fortran, offset
 
 
 def load_init_latents(
@@ -60,31 +114,27 @@ def load_init_latents(
 ) -> np.ndarray:
     """Read ``--init-latents FILE.npy``: diffusers' ``latents`` argument, shape ``(1, channels, H/16, W/16)``.
 
-    Any floating dtype is accepted and converted to float32 (diffusers casts to the text embeddings' dtype).
+    Any floating dtype is accepted and converted to float32 (diffusers casts to the text embeddings' dtype). The
+    header is checked (shape, dtype, file size) before a single value is read.
     """
     h, w = latent_grid(height, width)
     expected = (1, channels, h, w)
     path = Path(path)
-    try:
-        array = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise PipelineError(f"--init-latents {path}: file not found.") from None
-    except (OSError, ValueError, EOFError) as exc:
+    shape, dtype, _, _ = npy_header(path)
+    if shape != expected:
         raise PipelineError(
-            f"--init-latents {path}: not a readable .npy array ({exc}); save the latents with numpy.save, "
-            "e.g. numpy.save(path, latents.float().numpy())."
-        ) from None
-    if not isinstance(array, np.ndarray):  # .npz archives load as a mapping
-        raise PipelineError(f"--init-latents {path}: expected a single .npy array, found an .npz archive.")
-    if array.shape != expected:
-        raise PipelineError(
-            f"--init-latents {path}: shape {array.shape}, but a {height}x{width} image needs {expected} "
+            f"--init-latents {path}: shape {shape}, but a {height}x{width} image needs {expected} "
             f"(batch 1, {channels} channels, H/16, W/16), the layout of diffusers' Flux2Pipeline `latents`."
         )
-    if not np.issubdtype(array.dtype, np.floating):
+    if not np.issubdtype(dtype, np.floating):
         raise PipelineError(
-            f"--init-latents {path}: dtype {array.dtype}; the latents must be floating point."
+            f"--init-latents {path}: dtype {dtype}; the latents must be floating point."
         )
+    try:
+        with open_regular(path, "--init-latents", PipelineError) as handle:
+            array = np.lib.format.read_array(handle, allow_pickle=False, max_header_size=MAX_NPY_HEADER)
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"--init-latents {path}: cannot read the array ({exc}).") from None
     array = array.astype(np.float32)
     if not np.isfinite(array).all():
         raise PipelineError(f"--init-latents {path}: contains NaN or infinite values.")
@@ -152,7 +202,8 @@ def load_vae_batch_norm(vae_folder: str | PathLike) -> tuple[np.ndarray, np.ndar
     folder = Path(vae_folder)
     config_path = folder / "config.json"
     try:
-        eps = float(json.loads(config_path.read_text(encoding="utf-8")).get("batch_norm_eps", 1e-4))
+        text = read_regular_text(config_path, "the VAE config", MAX_JSON_BYTES, CheckpointError)
+        eps = float(json.loads(text).get("batch_norm_eps", 1e-4))
     except FileNotFoundError:
         raise CheckpointError(
             f"{config_path}: file not found; the VAE folder needs its config.json."

@@ -19,6 +19,7 @@ when that is lower.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -27,8 +28,10 @@ from pathlib import Path
 
 from ..errors import BudgetError, PipelineError
 from ..graph.core import Graph
+from ..graph.symbolic import evaluate
 from ..recipe.builder import BuiltModel, build_model
 from ..recipe.loader import load_recipe
+from ..recipe.safe_eval import names_in, parse, unwrap
 from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.memory import format_bytes, plan_memory
 from ..runtimes.program import Program
@@ -154,10 +157,57 @@ def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, r
 
 
 def model_stages(stages: list[StageSpec]) -> Iterator[StageSpec]:
-    for stage in stages:
+    for _, stage in model_stages_at(stages):
+        yield stage
+
+
+def model_stages_at(stages: list[StageSpec], at: tuple = ("stages",)) -> Iterator[tuple[tuple, StageSpec]]:
+    """Model stages with their key paths in the recipe (``("stages", 6, "steps", 1)``), for located errors."""
+    for index, stage in enumerate(stages):
         if stage.model is not None:
-            yield stage
-        yield from model_stages(stage.steps)
+            yield at + (index,), stage
+        yield from model_stages_at(stage.steps, at + (index, "steps"))
+
+
+MAX_DIM = 1 << 24  # a symbolic dim (tokens, latent rows...): 16M tokens is far beyond any model's context
+
+
+def stage_dims(pipeline, at: tuple, stage: StageSpec) -> dict[str, int]:
+    """The stage's ``dims:`` evaluated; each a whole number in [1, MAX_DIM], else an error at its recipe line
+    that names the flags or --set values it was computed from."""
+    dims = {}
+    for name, text in stage.dims.items():
+        value = pipeline._eval(text, {}, f"stage '{stage.name}' dims.{name}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+            used = names_in(parse(unwrap(text))) if isinstance(text, str) else []
+            given = sorted({pipeline.resolved.set_by[n.id] for n in used if pipeline.resolved.set_by.get(n.id)})
+            origin = pipeline.recipe.origin(*at, "dims", name)
+            raise origin.error(
+                f"stage '{stage.name}': dim {name} = {text} is {value!r}"
+                + (f" with {', '.join(given)}" if given else "")
+                + f"; a model's dims must be whole numbers from 1 to {MAX_DIM}. Choose other values."
+            )
+        dims[name] = value
+    return dims
+
+
+def check_io_fits(model: BuiltModel, dims: Mapping[str, int], budget: int | None, stage: str) -> None:
+    """Before compiling: the model's inputs and outputs alone at ``dims`` must fit the budget (any plan holds
+    them), so an absurd size fails here, in arithmetic, rather than inside the planner's allocations."""
+    if budget is None:
+        return
+    parts = [(f"input '{name}'", tensor.shape, tensor.dtype) for name, tensor in model.inputs.items()]
+    for name, (node, view) in model.graph.outputs.items():
+        parts.append((f"output '{name}'", view.shape, model.graph.nodes[node].dtype))
+    sized = [(what, tuple(evaluate(d, dims) for d in shape), dtype) for what, shape, dtype in parts]
+    total = sum(dtype.nbytes(math.prod(shape)) for _, shape, dtype in sized)
+    if total > budget:
+        largest = max(sized, key=lambda item: item[2].nbytes(math.prod(item[1])))
+        raise BudgetError(
+            f"stage '{stage}' at {_dims(dims)} needs {_gib(total)} for its inputs and outputs alone (the largest, "
+            f"{largest[0]}, is {largest[1]} {largest[2]}), more than the memory budget of {_gib(budget)}; choose "
+            f"smaller sizes (--width/--height, max_sequence_length) or raise --max-memory."
+        )
 
 
 def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool = True,
@@ -172,17 +222,22 @@ def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool
         from_checkpoint = source is not None and not str(source).startswith("hf://")
     plans: list[StagePlan] = []
     done: dict[tuple, StagePlan] = {}
-    stages = list(model_stages(doc.stages))
-    for k, stage in enumerate(stages):
+    stages = []
+    for at, stage in model_stages_at(doc.stages):  # every stage's sizes checked before any is compiled
         if not stage.dims:
             raise PipelineError(f"{pipeline.path}: stage '{stage.name}' has no `dims:`; add the model's dims "
                                 f"as expressions so its memory can be planned")
-        where = f"stage '{stage.name}' dims"
-        dims = {k: int(pipeline._eval(v, {}, f"{where}.{k}")) for k, v in stage.dims.items()}
+        stages.append((stage, stage_dims(pipeline, at, stage)))
+    models = {}
+    for stage, dims in stages:
+        if stage.model not in models:
+            models[stage.model] = pipeline.model(stage.model) if from_checkpoint else \
+                _shape_model(pipeline, stage.model)
+        check_io_fits(models[stage.model], dims, budget, stage.name)
+    for k, (stage, dims) in enumerate(stages):
         key = (stage.model, tuple(sorted(dims.items())))
         if key not in done:
-            model = pipeline.model(stage.model) if from_checkpoint else _shape_model(pipeline, stage.model)
-            done[key] = plan_model(model, dims, budget, runtime, compile, stage.name)
+            done[key] = plan_model(models[stage.model], dims, budget, runtime, compile, stage.name)
             done[key].model = stage.model  # the pipeline's name for it
             plans.append(done[key])
         if progress:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from luminal_recipes.errors import CheckpointError, PipelineError
+from luminal_recipes.files import MAX_JSON_BYTES, read_regular_text
 
 SCHEDULER_CLASS = "FlowMatchEulerDiscreteScheduler"
 
@@ -66,7 +67,7 @@ class Flux2Schedule:
                 path = path / "scheduler_config.json"
             where = str(path)
             try:
-                config = json.loads(path.read_text(encoding="utf-8"))
+                config = json.loads(read_regular_text(path, "the scheduler config", MAX_JSON_BYTES, CheckpointError))
             except FileNotFoundError:
                 raise CheckpointError(
                     f"{where}: file not found; a FLUX.2 checkpoint keeps its scheduler settings in "
@@ -233,12 +234,20 @@ class Flux2Schedule:
         return out.astype(np.float32, copy=False)
 
 
-def _check_steps(num_steps: int) -> None:
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer) or num_steps < 1:
+MAX_STEPS = 10_000  # denoising steps; FLUX.2-dev's default is 50: more is a typo, not a schedule
+
+
+def check_steps(num_steps: int, given: str = "steps") -> None:
+    """``num_steps`` is a whole number in [1, MAX_STEPS]; ``given`` says where it came from ("--steps 0")."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer) or not 1 <= num_steps <= MAX_STEPS:
         raise PipelineError(
-            f"steps must be a positive integer, got {num_steps!r}; pass e.g. --steps 28 "
-            "(FLUX.2-dev's default is 50)."
+            f"{given}: the number of denoising steps must be a positive integer of at most {MAX_STEPS}, got "
+            f"{num_steps!r}; pass e.g. --steps 28 (FLUX.2-dev's default is 50)."
         )
+
+
+def _check_steps(num_steps: int) -> None:
+    check_steps(num_steps)
 
 
 def _karras(sigma_min: float, sigma_max: float, num_steps: int) -> np.ndarray:

@@ -23,6 +23,7 @@ import numpy as np
 import tokenizers
 
 from luminal_recipes.errors import CheckpointError, PipelineError
+from luminal_recipes.files import MAX_JSON_BYTES, not_regular, read_regular_text
 
 from .chat_template import SPECIAL_TOKEN_NAMES, find_chat_templates, render_chat
 
@@ -121,6 +122,9 @@ class Flux2Tokenizer:
         if not (folder / "tokenizer.json").is_file() and (folder / "tokenizer" / "tokenizer.json").is_file():
             folder = folder / "tokenizer"
         path = folder / "tokenizer.json"
+        kind = not_regular(path)
+        if kind is not None:
+            raise CheckpointError(f"{path}: the tokenizer must be a regular file, but this is {kind}.")
         if not path.is_file():
             raise CheckpointError(
                 f"{path}: file not found; a FLUX.2 checkpoint keeps its Tekken tokenizer in "
@@ -190,10 +194,7 @@ class Flux2Tokenizer:
     def __call__(
         self, prompt: str, max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH
     ) -> TokenizedPrompt:
-        if not isinstance(prompt, str):
-            raise PipelineError(f"prompt must be text, got {type(prompt).__name__}.")
-        if not prompt.replace("[IMG]", ""):
-            raise PipelineError("the prompt is empty; pass some text with --prompt.")
+        check_prompt(prompt)
         if isinstance(max_sequence_length, bool) or not isinstance(max_sequence_length, int | np.integer):
             raise PipelineError(f"max_sequence_length must be an integer, got {max_sequence_length!r}.")
         if max_sequence_length < 1:
@@ -271,11 +272,19 @@ def _special_tokens(folder: Path, options: dict) -> dict[str, str]:
     return out
 
 
+def check_prompt(prompt: str) -> None:
+    """A prompt is text with something left once ``[IMG]`` markers are removed (as diffusers removes them)."""
+    if not isinstance(prompt, str):
+        raise PipelineError(f"prompt must be text, got {type(prompt).__name__}.")
+    if not prompt.replace("[IMG]", ""):
+        raise PipelineError("the prompt is empty; pass some text with --prompt.")
+
+
 def _read_tokenizer_config(path: Path) -> dict:
-    if not path.is_file():
+    if not path.exists():
         return {}
     try:
-        options = json.loads(path.read_text(encoding="utf-8"))
+        options = json.loads(read_regular_text(path, "the tokenizer config", MAX_JSON_BYTES, CheckpointError))
     except (OSError, ValueError) as exc:
         raise CheckpointError(
             f"{path}: cannot read it as JSON ({exc}); restore it from the checkpoint."

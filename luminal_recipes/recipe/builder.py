@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, LuminalError
+from ..files import MAX_JSON_BYTES, read_regular_text
 from ..graph import DType, Graph, Tensor, to_dtype
 from ..graph.dtypes import SAFETENSORS_NAMES
 from ..graph.symbolic import Expr
@@ -29,6 +30,7 @@ from .interpreter import CallRecord, Interpreter
 from .loader import LoadedRecipe, load_recipe
 from .mapping import MappedTensor, StoredTensor, map_checkpoint
 from .params import ParamResolver, ResolvedParams
+from .paths import checkpoint_roots, confined
 from .schema import ModelRecipe, QuantizationSpec
 from .suggest import did_you_mean
 
@@ -103,7 +105,8 @@ def build(
     from ..weights.safetensors_io import Checkpoint
 
     checkpoint = Checkpoint.open(folder)
-    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder), sets=sets, ops=ops)
+    roots = checkpoint_roots(folder, weights is not None, recipe.tree)
+    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets, ops=ops)
 
 
 def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None) -> Path | None:
@@ -116,8 +119,9 @@ def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None) -> Path 
         if declared is None:
             return None
         parsed = parse_source(declared)
-        source = parsed if not isinstance(parsed, Path) or parsed.is_absolute() else recipe.folder / parsed
-        source = declared if not isinstance(parsed, Path) else source
+        source = declared if not isinstance(parsed, Path) else \
+            confined(recipe.origin("weights", "source"), recipe.folder, declared, "this recipe's folder",
+                     [recipe.tree or recipe.folder])
     return resolve_source(source)
 
 
@@ -128,17 +132,21 @@ def config_display(recipe: LoadedRecipe, folder: str | Path | None) -> str:
     return str(Path(folder) / name) if folder is not None else name
 
 
-def read_config(recipe: LoadedRecipe, folder: Path) -> dict | None:
+def read_config(recipe: LoadedRecipe, folder: Path, roots: list[Path] | None = None) -> dict | None:
+    """The checkpoint's config file (``weights.config``), or None without one. ``roots``: where links may lead
+    (``paths.checkpoint_roots``; None for a folder the user named)."""
     assert isinstance(recipe.doc, ModelRecipe)
     name = recipe.doc.weights.config
     if name is None:
         return None
-    path = Path(folder) / name
-    if not path.is_file():
+    path = confined(recipe.origin("weights", "config"), Path(folder), name, "the checkpoint folder", roots)
+    if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(read_regular_text(path, "the model's config", MAX_JSON_BYTES, CheckpointError))
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path} ({exc.strerror or exc}).") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
         raise CheckpointError(f"{path} is not valid JSON ({exc}); download or write it again.") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object (the model's configuration).")
@@ -182,6 +190,18 @@ def build_model(
     # a config.json asking for something the recipe does not implement is refused before anything is built
     check_config(recipe, config, config_file or config_display(recipe, getattr(checkpoint, "root", None)))
     params = resolve_params(recipe, config, sets, set_origins)
+    try:
+        return _build(recipe, checkpoint, params, ops)
+    except LuminalError as exc:  # an error located in the recipe may come from a value the user set: say so
+        note = params.overrides_note()
+        if not note:
+            raise
+        raise type(exc)(f"{exc}{note}") from None
+
+
+def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: Mapping[str, Callable]) -> BuiltModel:
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
     root = Instantiator(recipe, params.values).root()
     decls = [w for inst in root.walk() for w in inst.weights.values()]
     quant = doc.weights.quantization
@@ -419,6 +439,18 @@ def _check_against_checkpoint(
                     str(decl.origin.loc(key=True)),
                     f"weight '{decl.local}' is {stored_dtype}"
                     f"{{names}}, which the graph cannot hold; set `weights.dtype.storage: compute`",
+                ),
+                [],
+            ).append(decl.name)
+        elif decl.dtype == "checkpoint" and str(_graph_dtype(stored_dtype)) not in doc.weights.dtype.accept:
+            accepted = ", ".join(doc.weights.dtype.accept)
+            grouped.setdefault(
+                (
+                    str(decl.origin.loc(key=True)),
+                    f"weight '{decl.local}' is {stored_dtype} in the checkpoint{{names}}, but the recipe takes "
+                    f"its dtype from the checkpoint and accepts only {accepted} (weights.dtype.accept); a "
+                    f"relabelled or wrong tensor must not run. Declare `dtype: "
+                    f"{_graph_dtype(stored_dtype)}` on the weight if the file is right",
                 ),
                 [],
             ).append(decl.name)

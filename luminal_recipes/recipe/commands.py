@@ -18,11 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import CheckpointError
+from ..files import MAX_JSON_BYTES, read_regular_text
 from .builder import BuiltModel, build_model, checkpoint_folder, config_display, read_config, with_quantization
 from .check import check_library, check_recipe
 from .config_fields import config_report
 from .loader import LoadedRecipe, inside_tree, load_recipe
 from .params import ParamResolver
+from .paths import checkpoint_roots, confined
 from .safe_eval import is_wrapped
 from .schema import ModelRecipe, ModuleLibrary, PipelineRecipe
 
@@ -86,10 +89,12 @@ def _validate_library(recipe: LoadedRecipe, weights: str | Path | None) -> Valid
 
 def _validate_loaded(
     recipe: LoadedRecipe, weights: str | Path | None, sets: Any, report: ValidationReport, label: str,
-    own_source: bool,
+    own_source: bool, user_weights: bool | None = None,
 ) -> None:
     """``own_source``: without ``weights``, check the checkpoint the recipe names itself when it is local
-    (False for a pipeline's models, whose checkpoint is the pipeline's)."""
+    (False for a pipeline's models, whose checkpoint is the pipeline's). ``user_weights``: whether ``weights``
+    is the user's (--weights; default: whenever given) rather than a folder the recipe names, whose links must
+    stay in the recipe's tree."""
     check_recipe(recipe)
     ParamResolver(recipe.params, None, sets).check_static()
     prefix = f"{label}: " if label else ""
@@ -113,7 +118,7 @@ def _validate_loaded(
             return
     elif weights is None:
         return  # a pipeline's model: the pipeline reports on its checkpoint
-    built = _build_with_weights(recipe, weights, sets)
+    built = _build_with_weights(recipe, weights, sets, weights is not None if user_weights is None else user_weights)
     report.models[label or recipe.doc.name] = built
     report.checks.append(
         f"{prefix}checkpoint {built.checkpoint_root} matches: {len(built.weights)} weights, "
@@ -153,18 +158,21 @@ def _validate_pipeline(
             )
         if model.quantization is not None:  # the pipeline's block replaces the model recipe's
             sub = with_quantization(sub, model.quantization)
-        sub_weights = None if folder is None else Path(folder) / (model.weights or "")
+        sub_weights = None if folder is None else confined(
+            recipe.origin("models", name, "weights"), Path(folder), model.weights or ".", "the checkpoint folder",
+            checkpoint_roots(Path(folder), weights is not None, recipe.tree))
         # values written ${...} refer to the pipeline's parameters: the driver evaluates them at run time
         literal = {k: v for k, v in model.set.items() if not is_wrapped(v)}
-        _validate_loaded(sub, sub_weights, literal, report, label=name, own_source=False)
+        _validate_loaded(sub, sub_weights, literal, report, label=name, own_source=False,
+                         user_weights=weights is not None)
 
 
 def _local_pipeline_checkpoint(recipe: LoadedRecipe) -> Path:
     """The local checkpoint folder a pipeline's `weights:` names (relative to the recipe)."""
     doc = recipe.doc
     assert isinstance(doc, PipelineRecipe) and doc.weights is not None
-    folder = Path(doc.weights)
-    folder = folder if folder.is_absolute() else recipe.folder / folder
+    folder = confined(recipe.origin("weights"), recipe.folder, doc.weights, "this recipe's folder",
+                      [recipe.tree or recipe.folder])
     if not folder.is_dir():
         raise recipe.origin("weights").error(
             f"the checkpoint folder '{doc.weights}' does not exist (looked for {folder}); fix `weights:` or pass "
@@ -173,14 +181,16 @@ def _local_pipeline_checkpoint(recipe: LoadedRecipe) -> Path:
     return folder
 
 
-def _build_with_weights(recipe: LoadedRecipe, weights: str | Path | None, sets: Any) -> BuiltModel:
+def _build_with_weights(recipe: LoadedRecipe, weights: str | Path | None, sets: Any,
+                        user_weights: bool | None = None) -> BuiltModel:
     from ..weights.safetensors_io import Checkpoint
 
     folder = checkpoint_folder(recipe, weights)
     if folder is None:
         raise recipe.origin("weights").error("no checkpoint: pass --weights or set weights.source.")
     checkpoint = Checkpoint.open(folder)
-    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder), sets=sets)
+    roots = checkpoint_roots(folder, weights is not None if user_weights is None else user_weights, recipe.tree)
+    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets)
 
 
 def inspect(
@@ -207,8 +217,21 @@ def inspect(
     if config is None:
         ParamResolver(recipe.params, None, sets).check_static()
         return _static_summary(recipe) + "\n(pass --weights, or a config, for sizes, weights and graph)"
-    data = json.loads(Path(config).read_text(encoding="utf-8")) if isinstance(config, (str, Path)) else config
+    data = _read_config_arg(Path(config)) if isinstance(config, (str, Path)) else config
     return summary(build_model(recipe, config=data, sets=sets))
+
+
+def _read_config_arg(path: Path) -> dict:
+    """``inspect --config FILE``: a config.json object, or a CheckpointError naming the file."""
+    try:
+        data = json.loads(read_regular_text(path, "--config", MAX_JSON_BYTES, CheckpointError))
+    except FileNotFoundError:
+        raise CheckpointError(f"--config {path}: file not found.") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"--config {path}: not a readable JSON file ({exc}).") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"--config {path}: expected a JSON object (a model's config.json).")
+    return data
 
 
 def _local_source(recipe: LoadedRecipe) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import RecipeError
 from .located import Origin
+from .safe_eval import ExprError, LimitError, check_value, parse_python, shorten
 from .schema import ModuleSpec
 from .suggest import did_you_mean, one_of
 
@@ -97,7 +98,9 @@ class Forward:
 def parse_forward(text: str, origin: Origin) -> Forward:
     """Parse a forward body and reject every construct outside the language."""
     try:
-        tree = ast.parse(text, mode="exec")
+        tree = parse_python(text, "exec")
+    except ExprError as exc:
+        raise RecipeError(f"{origin.locate(exc.lineno, exc.col)}: {exc.message}") from None
     except SyntaxError as exc:
         loc = origin.locate(exc.lineno or 1, max((exc.offset or 1) - 1, 0))
         raise RecipeError(
@@ -118,9 +121,22 @@ class _Whitelist(ast.NodeVisitor):
 
     def __init__(self, forward: Forward):
         self.forward = forward
+        self._placed: list[ast.AST] = []  # the nodes being visited that have a source position
+
+    def visit(self, node: ast.AST) -> None:
+        placed = hasattr(node, "lineno")
+        if placed:
+            self._placed.append(node)
+        try:
+            super().visit(node)
+        finally:
+            if placed:
+                self._placed.pop()
 
     def fail(self, node: ast.AST, message: str) -> RecipeError:
-        return self.forward.error(node, message)
+        # operators (`in`, `is`...) have no position of their own: report the expression that holds them
+        where = node if hasattr(node, "lineno") or not self._placed else self._placed[-1]
+        return self.forward.error(where, message)
 
     def generic_visit(self, node: ast.AST) -> None:
         allowed = (
@@ -187,8 +203,12 @@ class _Whitelist(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant) -> None:
         if not isinstance(node.value, (int, float, bool, str, type(None))):
             raise self.fail(
-                node, f"literal {node.value!r} is not allowed; use numbers, strings, True/False/None"
+                node, f"literal {shorten(repr(node.value))} is not allowed; use numbers, strings, True/False/None"
             )
+        try:
+            check_value(node.value)
+        except LimitError as exc:
+            raise self.fail(node, f"literal {shorten(repr(node.value))}: {exc}") from None
 
     def visit_Name(self, node: ast.Name) -> None:
         if node.id.startswith("__"):

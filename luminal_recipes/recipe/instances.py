@@ -104,11 +104,15 @@ def join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix and name else prefix or name
 
 
+MAX_INSTANCES = 100_000  # module instances in one model (FLUX.2-dev has about a thousand)
+
+
 class Instantiator:
     def __init__(self, recipe: LoadedRecipe, params: Mapping[str, Any]):
         self.recipe = recipe
         self.params = dict(params)
         self.forwards: dict[str, Forward] = {}
+        self.count = 0  # instances made so far
 
     def forward(self, module_name: str) -> Forward:
         if module_name not in self.forwards:
@@ -124,6 +128,9 @@ class Instantiator:
     ) -> Instance:
         located = self.recipe.modules[module_name]
         spec, origin = located.value, located.origin
+        self.count += 1
+        if self.count > MAX_INSTANCES:
+            raise ref.error(f"the model has more than {MAX_INSTANCES} module instances; check the `repeat:` counts.")
         scope = dict(self.params)
         for name, (_, where) in given.items():
             if name not in spec.params:
@@ -179,6 +186,11 @@ class Instantiator:
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                 raise s_origin.at("repeat").error(
                     f"repeat of '{sub_name}' is {count!r}; it must be a non-negative integer."
+                )
+            if self.count + count > MAX_INSTANCES:
+                raise s_origin.at("repeat").error(
+                    f"repeat of '{sub_name}' is {count}: the model would have more than {MAX_INSTANCES} module "
+                    f"instances; check the value (a layer count from config.json?)."
                 )
             layers = []
             for index in range(count):

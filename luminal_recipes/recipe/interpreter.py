@@ -20,7 +20,7 @@ from ..errors import LuminalError, RecipeError
 from ..graph import Graph, Tensor, cast, to_dtype
 from .expr import SELF, Forward
 from .instances import Instance
-from .safe_eval import BIN_OPS, COMPARE_OPS
+from .safe_eval import COMPARE_OPS, arithmetic, check_value, checked_int, checked_pow, out_of_range, shorten
 
 # Functions of the language that compute plain numbers when no argument is a tensor (max(a, b), log(theta)).
 NUMERIC: dict[str, Callable] = {
@@ -34,8 +34,11 @@ NUMERIC: dict[str, Callable] = {
     "sin": math.sin,
     "cos": math.cos,
     "tanh": math.tanh,
-    "pow": pow,
+    "pow": checked_pow,
 }
+# Loop bounds: a forward builds a graph, so its loops run over layers and heads, never billions of times.
+MAX_LOOP_ITERATIONS = 100_000  # one `for` loop
+MAX_TOTAL_ITERATIONS = 1_000_000  # all loops of one model build together
 
 
 def movement_functions(graph: Graph) -> dict[str, Callable]:
@@ -58,7 +61,7 @@ def movement_functions(graph: Graph) -> dict[str, Callable]:
         "full": lambda shape, value, dtype="f32": graph.constant(value, dtype).broadcast_to(tuple(shape)),
         "shape": lambda x: tuple(x.shape),
         "len": len,
-        "int": int,
+        "int": checked_int,
         "float": float,
     }
 
@@ -94,6 +97,7 @@ class Interpreter:
         self.weight = weight  # (instance, local weight name) -> graph tensor
         self.calls: list[CallRecord] = []
         self._stack: list[Instance] = []
+        self._iterations = 0  # loop iterations run so far (MAX_TOTAL_ITERATIONS)
 
     # ---- module calls --------------------------------------------------------------------------------------
     def call(
@@ -155,7 +159,19 @@ class Interpreter:
                     f"range(...) needs integers known when the graph is built, got "
                     f"{', '.join(repr(b) for b in bounds)}",
                 )
-            for i in range(*bounds):
+            try:
+                loop = range(*bounds)
+                count = len(loop)
+            except (ValueError, OverflowError) as exc:  # range(1, 2, 0); a length beyond sys.maxsize
+                raise fwd.error(stmt.iter, f"range{tuple(bounds)}: {exc}") from None
+            self._iterations += count
+            if count > MAX_LOOP_ITERATIONS or self._iterations > MAX_TOTAL_ITERATIONS:
+                raise fwd.error(
+                    stmt.iter,
+                    f"this loop runs {count} times; a forward's loops run at most {MAX_LOOP_ITERATIONS} times "
+                    f"each and {MAX_TOTAL_ITERATIONS} times in all (they build the graph, one step per layer)",
+                )
+            for i in loop:
                 env[stmt.target.id] = i
                 self._block(stmt.body, env, inst)
         elif isinstance(stmt, ast.If):
@@ -256,10 +272,10 @@ class Interpreter:
 
     def _binop(self, node: ast.AST, op: type, left: Any, right: Any, inst: Instance) -> Any:
         try:
-            return BIN_OPS[op](left, right)
+            return arithmetic(op, left, right)
         except LuminalError as exc:
             raise inst.forward.error(node, f"in {inst.label}: {exc}") from None
-        except (TypeError, ZeroDivisionError, ValueError) as exc:
+        except (TypeError, ZeroDivisionError, ValueError, OverflowError) as exc:
             symbol = {
                 ast.Add: "+",
                 ast.Sub: "-",
@@ -269,9 +285,10 @@ class Interpreter:
                 ast.Mod: "%",
                 ast.Pow: "**",
             }[op]
-            hint = "; for tensors use pow(x, p)" if op is ast.Pow else ""
+            hint = "; for tensors use pow(x, p)" if op is ast.Pow and not isinstance(exc, ValueError) else ""
+            why = out_of_range(exc) if isinstance(exc, OverflowError) else shorten(str(exc), 200)
             raise inst.forward.error(
-                node, f"cannot compute {_kind(left)} {symbol} {_kind(right)} ({exc}){hint}"
+                node, f"cannot compute {_kind(left)} {symbol} {_kind(right)} ({why}){hint}"
             ) from None
 
     def _call(self, node: ast.Call, env: dict[str, Any], inst: Instance) -> Any:
@@ -317,12 +334,14 @@ class Interpreter:
     ) -> Any:
         fwd = inst.forward
         try:
-            return fn(*args, **kwargs)
+            return check_value(fn(*args, **kwargs))
         except RecipeError:
             raise
-        except (LuminalError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        except (LuminalError, ValueError, TypeError, AttributeError, IndexError, OverflowError,
+                ZeroDivisionError) as exc:
             shown = ", ".join([_kind(a) for a in args] + [f"{k}={_kind(v)}" for k, v in kwargs.items()])
-            raise fwd.error(node, f"{name}({shown}) failed in {inst.label}: {exc}") from None
+            why = out_of_range(exc) if isinstance(exc, OverflowError) else shorten(str(exc), 300)
+            raise fwd.error(node, f"{name}({shown}) failed in {inst.label}: {why}") from None
 
     def _member(self, node: ast.expr, env: dict[str, Any], inst: Instance) -> Any:
         """self.a.b / self.layers[i] / self.net[0].weight -> a weight tensor, an instance, a list of
@@ -411,4 +430,4 @@ def _kind(value: Any) -> str:
         return f"tensor[{dims}] {value.dtype}"
     if isinstance(value, Instance):
         return f"module {value.module_name}"
-    return type(value).__name__ if not isinstance(value, (int, float, str)) else repr(value)
+    return type(value).__name__ if not isinstance(value, (int, float, str)) else shorten(repr(value), 40)

@@ -15,8 +15,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import RecipeError
+from ..files import not_regular
 from .config_fields import FieldRule, field_rules
 from .located import Located, Origin
+from .paths import check_written, is_local
 from .schema import DOCUMENT_KINDS, ModelRecipe, ModuleLibrary, ModuleSpec, ParamSpec, PipelineRecipe
 from .suggest import did_you_mean, one_of
 from .yaml_source import YamlSource, load_yaml
@@ -34,6 +36,7 @@ class LoadedRecipe:
     files: list[Path] = field(default_factory=list)  # this file and every include
     # what the recipe (and its includes) do with each config.json field; None: no `config:` section anywhere
     config_fields: dict[str, FieldRule] | None = None
+    tree: Path | None = None  # the folder tree its includes and local paths must stay in (resolved)
 
     @property
     def kind(self) -> str:
@@ -61,7 +64,8 @@ def load_recipe(
     source = load_yaml(path)
     root = (tree_root or path.parent).resolve()
     doc = validate_document(source, allowed=allowed)
-    loaded = LoadedRecipe(path=path, source=source, doc=doc, files=[path])
+    loaded = LoadedRecipe(path=path, source=source, doc=doc, files=[path], tree=root)
+    _check_paths_as_written(loaded)
     if isinstance(doc, (ModelRecipe, ModuleLibrary)):
         _merge(loaded, doc, source)
         _load_includes(loaded, doc, source, root, [path.resolve()])
@@ -85,12 +89,38 @@ def inside_tree(origin: Origin, folder: Path, relative: str, root: Path) -> Path
             f"'{relative}' is outside this recipe's folder tree ({root}); recipes may only "
             f"include files in their own folder or below it. Copy the file into the folder."
         )
+    kind = not_regular(resolved)
+    if kind is not None:
+        raise origin.error(f"'{relative}' is {kind} ({resolved}), not a YAML file; name a recipe file.")
     if not resolved.is_file():
         raise origin.error(
             f"'{relative}' does not exist (looked for {resolved}); paths are relative to the "
             f"file that names them."
         )
     return resolved
+
+
+def _check_paths_as_written(loaded: LoadedRecipe) -> None:
+    """Local paths the recipe names stay in its folder tree or in the checkpoint folder (``paths``); checked
+    here as written, and again with symlinks resolved where they are opened."""
+    doc, tree = loaded.doc, "this recipe's folder"
+    written: list[tuple[tuple, str | None, str]] = []
+    if isinstance(doc, PipelineRecipe):
+        written += [(("weights",), doc.weights if is_local(doc.weights) else None, tree),
+                    (("configs",), doc.configs, tree)]
+        if doc.tokenizer is not None:
+            written.append((("tokenizer", "path"), doc.tokenizer.path, "the checkpoint folder"))
+        if doc.scheduler is not None:
+            written.append((("scheduler", "config"), doc.scheduler.config, "the checkpoint folder"))
+        written += [(("models", name, "weights"), model.weights, "the checkpoint folder")
+                    for name, model in doc.models.items()]
+    elif isinstance(doc, ModelRecipe):
+        source = doc.weights.source
+        written += [(("weights", "source"), source if is_local(source) else None, tree),
+                    (("weights", "config"), doc.weights.config, "the checkpoint folder")]
+    for path, text, inside in written:
+        if text is not None:
+            check_written(loaded.origin(*path), text, inside)
 
 
 def validate_document(source: YamlSource, allowed: tuple[str, ...]) -> Any:

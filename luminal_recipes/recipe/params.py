@@ -8,6 +8,7 @@ default, and every value, including each ``--set name=value`` override, is check
 from __future__ import annotations
 
 import ast
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,14 +24,17 @@ from .safe_eval import (
     YAML_CONSTANTS,
     ConfigView,
     ExprError,
+    check_value,
     evaluate,
     is_wrapped,
     names_in,
     parse,
+    shorten,
     unwrap,
 )
 from .schema import PARAM_TYPE, ParamSpec
 from .suggest import did_you_mean, one_of
+from .yaml_source import load_value
 
 _SET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=(.*)$", re.DOTALL)
 _NONE_WORDS = {"none", "null", "~", ""}
@@ -83,7 +87,7 @@ class ParamType:
             return value
         if self.base == "list":
             if not isinstance(value, (list, tuple)):
-                raise ValueError(f"expected {self}, got {value!r} ({type(value).__name__})")
+                raise ValueError(f"expected {self}, got {shorten(repr(value), 60)} ({type(value).__name__})")
             item = ParamType(self.item or "any")
             return [item.check(v) for v in value]
         return _check_scalar(self.base, value)
@@ -101,7 +105,7 @@ def _check_scalar(base: str, value: Any) -> Any:
             return float(value)
     elif base == "str" and isinstance(value, str):
         return value
-    raise ValueError(f"expected {base}, got {value!r} ({type(value).__name__})")
+    raise ValueError(f"expected {base}, got {shorten(repr(value), 60)} ({type(value).__name__})")
 
 
 @dataclass
@@ -112,6 +116,13 @@ class ResolvedParams:
     types: dict[str, ParamType]
     origins: dict[str, str]  # "default" | "config" | "--set"
     docs: dict[str, str] = field(default_factory=dict)
+    set_by: dict[str, str] = field(default_factory=dict)  # overridden name -> how ("--set steps=4", "--steps 4")
+
+    def overrides_note(self) -> str:
+        """A sentence naming the overrides the user gave (on the command line, or through a pipeline's `set:`
+        from a --set), for errors a build raises with them in effect; "" without any."""
+        given = [how for how in self.set_by.values() if how.startswith("--") or "(from --" in how]
+        return f" (This build overrides {', '.join(given)}; check those values.)" if given else ""
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
@@ -128,9 +139,14 @@ def parse_sets(sets: Iterable[str] | Mapping[str, Any] | None) -> dict[str, tupl
         match = _SET.match(item)
         if not match:
             raise RecipeError(
-                f"--set {item!r}: expected name=value, e.g. --set layers=2 or --set out_layers=[10,20,30]."
+                f"--set {shorten(repr(item))}: expected name=value, e.g. --set layers=2 or --set "
+                f"out_layers=[10,20,30]."
             )
-        out[match.group(1)] = (match.group(2).strip(), True)
+        name, value = match.group(1), match.group(2).strip()
+        if name in out:
+            raise RecipeError(f"--set {name} is given twice ({shorten(out[name][0], 40)!r} and "
+                              f"{shorten(value, 40)!r}); give each parameter once.")
+        out[name] = (value, True)
     return out
 
 
@@ -151,8 +167,8 @@ def _from_text(text: str, kind: ParamType) -> Any:
 
 def _yaml_scalar(text: str) -> Any:
     try:
-        value = yaml.safe_load(text) if text else ""
-    except yaml.YAMLError:
+        value = load_value(text) if text else ""  # the recipe loader's limits (depth, aliases)
+    except (yaml.YAMLError, ValueError):  # ValueError: an integer of more than 4300 digits
         return text
     if isinstance(value, str):  # YAML 1.1 reads 1e-6 (no dot) as text
         try:
@@ -174,7 +190,8 @@ class ParamResolver:
         override_origins: Mapping[str, str] | None = None,
     ):
         self.params = dict(params)
-        # where each override was written, when it did not come from the command line (a pipeline's `set:`)
+        # where each override was written, when it did not come from the command line (a pipeline's `set:`, or
+        # a flag such as "--steps 4")
         self.override_origins = dict(override_origins or {})
         self.config = ConfigView(config, config_file) if config is not None else None
         self.config_file = config_file
@@ -183,6 +200,9 @@ class ParamResolver:
         self.origins: dict[str, str] = {}
         self._active: list[str] = []
         self.overrides = parse_sets(overrides)
+        self.set_by = {name: self.override_origins.get(name) or
+                       f"--set {name}={shorten(raw if is_text else repr(raw), 40)}"
+                       for name, (raw, is_text) in self.overrides.items()}
         for name in self.overrides:
             if name not in self.params:
                 raise RecipeError(
@@ -229,7 +249,7 @@ class ParamResolver:
         for name in self.params:
             self.get(name)
         docs = {n: p.value.doc for n, p in self.params.items() if p.value.doc}
-        return ResolvedParams(dict(self.values), dict(self.types), dict(self.origins), docs)
+        return ResolvedParams(dict(self.values), dict(self.types), dict(self.origins), docs, dict(self.set_by))
 
     def get(self, name: str) -> Any:
         if name in self.values:
@@ -330,9 +350,7 @@ class ParamResolver:
             f"parameter '{name}' is out of range: {what} is {side} {bound!r}{formula}, declared at {bound_loc}.{doc}"
         )
         if name in self.overrides:
-            raw, is_text = self.overrides[name]
-            where = self.override_origins.get(name) or f"--set {name}={raw if is_text else repr(raw)}"
-            raise RecipeError(f"{where}: {message}")
+            raise RecipeError(f"{self.set_by[name]}: {message}")
         raise self._default_origin(name).error(message)
 
     # ---- helpers -------------------------------------------------------------------------------------------
@@ -366,14 +384,19 @@ class ParamResolver:
         raw, is_text = self.overrides[name]
         value = _from_text(raw, kind) if is_text else raw
         spec = self.params[name].value
-        shown = raw if is_text else repr(raw)
+        given = self.set_by[name]
         try:
             value = kind.check(value)
+            for item in value if isinstance(value, list) else [value]:
+                check_value(item)
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise ValueError(f"{item} is not a finite number")
+            check_value(value)
         except ValueError as exc:
             raise RecipeError(
-                f"--set {name}={shown}: parameter '{name}' is {kind} ({exc}); declared at "
+                f"{given}: parameter '{name}' is {kind} ({shorten(str(exc), 120)}); declared at "
                 f"{self._default_origin(name).loc()}."
             ) from None
         if spec.choices is not None and value not in spec.choices:
-            raise RecipeError(f"--set {name}={shown}: must be one of {spec.choices}.")
+            raise RecipeError(f"{given}: must be one of {spec.choices}.")
         return value

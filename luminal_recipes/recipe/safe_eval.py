@@ -41,11 +41,67 @@ COMPARE_OPS: dict[type, Callable] = {
     ast.In: lambda a, b: a in b,
     ast.NotIn: lambda a, b: a not in b,
 }
+CONFIG = "config"
+YAML_CONSTANTS = {"true": True, "false": False, "null": None}  # YAML spellings inside ${...}
+
+# What an expression may compute (here and in forwards): recipes need sizes, counts and short lists, so anything
+# larger is a mistake or an attack: ``2**10**10`` would compute for hours, ``'a' * 10**10`` take 10 GB, and a
+# 200,000-term sum overflow the parser's and the evaluator's stacks. Limits are checked before computing.
+MAX_INT_BITS = 64  # |integer| < 2**64
+MAX_SEQUENCE = 100_000  # items of a list or tuple, characters of a string
+MAX_DEPTH = 100  # nesting of an expression's (or a forward's) syntax tree
+ECHO_CHARS = 80  # the most of a value or an expression an error message quotes
+
+
+class LimitError(ValueError):
+    """A value beyond the limits above (a ValueError, so every evaluator reports it at its expression)."""
+
+
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text``, cut to about ``limit`` characters for an error message (a 5 KB literal is not echoed)."""
+    return text if len(text) <= limit else f"{text[: limit - 25]}... ({len(text)} characters)"
+
+
+def check_value(value: Any) -> Any:
+    """``value`` if it is within the limits; LimitError otherwise."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise LimitError(f"the integer has {value.bit_length()} bits; expressions compute with integers of at "
+                         f"most {MAX_INT_BITS} bits")
+    if isinstance(value, (str, list, tuple)) and len(value) > MAX_SEQUENCE:
+        what = "characters" if isinstance(value, str) else "items"
+        raise LimitError(f"the result has {len(value)} {what}; expressions build at most {MAX_SEQUENCE}")
+    if isinstance(value, complex):
+        raise LimitError("the result is a complex number (a negative number to a fractional power?)")
+    return value
+
+
+def _plain_int(x: Any) -> bool:
+    return isinstance(x, int)  # bool included: True ** n is small anyway
+
+
+def checked_pow(base: Any, exponent: Any, *modulus: Any) -> Any:
+    """``pow(base, exponent)`` refusing, before computing, an integer result beyond MAX_INT_BITS."""
+    plain = not modulus and _plain_int(base) and _plain_int(exponent) and exponent > 0 and abs(base) > 1
+    if plain and (abs(base).bit_length() - 1) * exponent > MAX_INT_BITS:
+        raise LimitError(f"{shorten(repr(base), 30)} ** {shorten(repr(exponent), 30)} has more than "
+                         f"{MAX_INT_BITS} bits; expressions compute with integers of at most {MAX_INT_BITS} bits")
+    return check_value(pow(base, exponent, *modulus))
+
+
+def checked_int(value: Any, *base: Any) -> int:
+    """``int(value)``, refusing a string of digits too long to fit MAX_INT_BITS before converting it."""
+    if isinstance(value, str) and len(value.strip().lstrip("+-").replace("_", "")) > MAX_INT_BITS // 3 + 2:
+        raise LimitError(f"int() of a {len(value)}-character string: integers have at most {MAX_INT_BITS} bits")
+    return check_value(int(value, *base))
+
+
 FUNCTIONS: dict[str, Callable] = {
     "min": min,
     "max": max,
     "abs": abs,
-    "int": int,
+    "int": checked_int,
     "float": float,
     "bool": bool,
     "str": str,
@@ -55,8 +111,52 @@ FUNCTIONS: dict[str, Callable] = {
     "list": list,
     "tuple": tuple,
 }
-CONFIG = "config"
-YAML_CONSTANTS = {"true": True, "false": False, "null": None}  # YAML spellings inside ${...}
+
+
+def arithmetic(op: type, left: Any, right: Any) -> Any:
+    """``left <op> right`` (``op`` an ast operator class) within the limits: powers and repetitions
+    (``'a' * n``, ``[0] * n``) are bounded before they are computed, every plain result after."""
+    if op is ast.Pow:
+        return checked_pow(left, right)
+    if op is ast.Mult:
+        for seq, count in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and _plain_int(count) and len(seq) * count > MAX_SEQUENCE:
+                raise LimitError(f"{shorten(repr(count), 30)} repetitions of {len(seq)} item(s) make more than "
+                                 f"{MAX_SEQUENCE}; expressions build lists and strings of at most {MAX_SEQUENCE}")
+    return check_value(BIN_OPS[op](left, right))
+
+
+def out_of_range(exc: ArithmeticError) -> str:
+    """An OverflowError in words (Python says "(34, 'Numerical result out of range')")."""
+    return f"the result is out of range for a float ({exc.args[-1] if exc.args else exc})"
+
+
+def too_deep(tree: ast.AST, limit: int = MAX_DEPTH) -> ast.AST | None:
+    """The first node nested more than ``limit`` levels deep (or its nearest ancestor with a position), or
+    None. Iterative, so it works on trees too deep for recursion."""
+    stack: list[tuple[ast.AST, int, ast.AST]] = [(tree, 0, tree)]
+    while stack:
+        node, depth, placed = stack.pop()
+        placed = node if hasattr(node, "lineno") else placed
+        if depth > limit:
+            return placed
+        stack.extend((child, depth + 1, placed) for child in ast.iter_child_nodes(node))
+    return None
+
+
+def parse_python(code: str, mode: str) -> ast.AST:
+    """``ast.parse`` that reports a tree too deep for Python's parser, or deeper than MAX_DEPTH, as ExprError
+    (SyntaxError passes through for the caller to phrase)."""
+    deep = (f"the expression is nested more than {MAX_DEPTH} levels deep (a very long chain of operators or "
+            f"brackets); split it into several steps")
+    try:
+        tree = ast.parse(code, mode=mode)
+    except (RecursionError, MemoryError):
+        raise ExprError(deep) from None
+    node = too_deep(tree)
+    if node is not None:
+        raise ExprError(deep, getattr(node, "lineno", 1), getattr(node, "col_offset", 0))
+    return tree
 
 
 class ExprError(Exception):
@@ -93,10 +193,12 @@ def parse(text: ExprText) -> ast.expr:
     code = text.code.lstrip(" \t")
     offset = text.offset + len(text.code) - len(code)
     try:
-        tree = ast.parse(code.rstrip(), mode="eval")
+        tree = parse_python(code.rstrip(), "eval")
+    except ExprError as exc:
+        raise ExprError(exc.message, exc.lineno, exc.col + (offset if exc.lineno == 1 else 0)) from None
     except SyntaxError as exc:
         raise ExprError(
-            f"invalid expression '{text.code.strip()}': {exc.msg}",
+            f"invalid expression '{shorten(text.code.strip())}': {exc.msg}",
             exc.lineno or 1,
             (exc.offset or 1) - 1 + (offset if (exc.lineno or 1) == 1 else 0),
         ) from None
@@ -168,13 +270,16 @@ class _Evaluator:
             return method(node)
         except ExprError:
             raise
-        except (TypeError, ValueError, ZeroDivisionError, IndexError, KeyError, OverflowError) as exc:
-            raise self.fail(node, f"cannot evaluate '{ast.unparse(node)}': {exc}") from None
+        except OverflowError as exc:
+            raise self.fail(node, f"cannot evaluate '{shorten(ast.unparse(node))}': {out_of_range(exc)}") from None
+        except (TypeError, ValueError, ZeroDivisionError, IndexError, KeyError) as exc:
+            raise self.fail(node, f"cannot evaluate '{shorten(ast.unparse(node))}': {shorten(str(exc), 200)}") \
+                from None
 
     def _Constant(self, node: ast.Constant) -> Any:
         if not isinstance(node.value, (int, float, bool, str, type(None))):
             raise self.fail(node, f"literal {node.value!r} is not allowed; use numbers, strings, true/false")
-        return node.value
+        return check_value(node.value)
 
     def _Name(self, node: ast.Name) -> Any:
         if node.id.startswith("__"):
@@ -212,7 +317,7 @@ class _Evaluator:
         op = BIN_OPS.get(type(node.op))
         if op is None:
             raise self.fail(node, "only + - * / // % ** are allowed")
-        return op(self.eval(node.left), self.eval(node.right))
+        return arithmetic(type(node.op), self.eval(node.left), self.eval(node.right))
 
     def _UnaryOp(self, node: ast.UnaryOp) -> Any:
         op = UNARY_OPS.get(type(node.op))
@@ -269,7 +374,7 @@ class _Evaluator:
                     data = data[part]
                 return wrap_config(data, base.file, f"{base.prefix}.{key}")
         if isinstance(func, ast.Name) and func.id in FUNCTIONS:
-            return FUNCTIONS[func.id](*[self.eval(a) for a in node.args])
+            return check_value(FUNCTIONS[func.id](*[self.eval(a) for a in node.args]))
         raise self.fail(
             node,
             f"'{ast.unparse(func)}' cannot be called in a value expression; the functions "

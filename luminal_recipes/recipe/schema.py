@@ -330,6 +330,18 @@ class DtypePolicy(Strict):
         description="compute dtype per op (e.g. {attention: f32, linear: bf16}): float tensor arguments are "
         "cast to it and float results back to `compute`",
     )
+    accept: list[str] = Field(
+        default_factory=lambda: ["f32", "f16", "bf16"],
+        description="dtypes a weight declared `dtype: checkpoint` may have in the checkpoint; any other is "
+        "refused (a float tensor relabelled as integers must not run). Weights of other dtypes declare them.",
+    )
+
+    @field_validator("accept")
+    @classmethod
+    def _accept(cls, value: list[str]) -> list[str]:
+        for dtype in value:
+            _check_dtype(dtype, allow_checkpoint=False)
+        return value
 
     @field_validator("compute", "assume")
     @classmethod

@@ -40,8 +40,42 @@ class _NodeInfo:
     style: str | None  # scalar style: None (plain), "'", '"', '|', '>'
 
 
+# Limits on what a recipe file may be: recipes are small hand-written trees (the largest shipped one is 8 KB).
+MAX_FILE_BYTES = 1 << 20  # read no more than this: a 50 MB file would take minutes to parse
+MAX_DEPTH = 100  # nesting levels; the composer recurses per level
+MAX_ALIASES = 1000  # `*name` references in one file
+MAX_EXPANDED_NODES = 100_000  # values after expanding aliases: an alias bomb expands exponentially
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class YamlLimitError(yaml.MarkedYAMLError):
+    """A file beyond the limits above; reported like a syntax error, at the mark where the limit was hit."""
+
+
 class _MarkingLoader(yaml.SafeLoader):
-    """A SafeLoader; kept as its own class so nothing registered on it leaks into yaml.SafeLoader."""
+    """A SafeLoader that bounds nesting depth and alias count while composing; kept as its own class so nothing
+    registered on it leaks into yaml.SafeLoader."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise YamlLimitError(None, None, f"more than {MAX_ALIASES} aliases (*name) in one file; write the "
+                                     f"values out", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise YamlLimitError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                     self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 # YAML 1.1 reads 1e-6 (no dot) as text; recipes mean a float, as YAML 1.2 does.
@@ -116,31 +150,45 @@ def display_name(file: Path) -> str:
 
 def load_yaml(file: Path) -> YamlSource:
     """Parse ``file`` with the safe loader; syntax errors become RecipeError with the line and column."""
+    from ..files import read_regular_text
+
     display = display_name(file)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_regular_text(file, "the recipe", MAX_FILE_BYTES, RecipeError)
     except FileNotFoundError:
         raise RecipeError(
             f"{display}: file not found; check the path (recipes are YAML files such as recipes/llama.yaml)."
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise RecipeError(
-            f"{display}: cannot read the recipe ({exc}); it must be a UTF-8 text file."
+            f"{display}: cannot read the recipe ({exc.strerror or exc}); it must be a readable UTF-8 text file."
         ) from None
     return parse_yaml(text, file, display)
 
 
 def parse_yaml(text: str, file: Path, display: str | None = None) -> YamlSource:
     display = display or display_name(file)
-    loader = _MarkingLoader(text)
+    loader = None
     try:
+        loader = _MarkingLoader(text)  # the reader rejects unprintable characters (NUL...) here
         node = loader.get_single_node()
+        if node is not None:
+            _check_tree(node, loader)
         data = loader.construct_document(node) if node is not None else None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise RecipeError(
+            f"{display}:{line}:{col}: character U+{char:04X} is not allowed in YAML ({exc.reason}); remove it."
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{display}:{mark.line + 1}:{mark.column + 1}" if mark else display
         problem = exc.problem or "invalid YAML"
         context = f" ({exc.context})" if exc.context else ""
+        if isinstance(exc, (YamlLimitError, DuplicateKeyError)):
+            raise RecipeError(f"{where}: {problem}{context}.") from None
         raise RecipeError(
             f"{where}: YAML syntax error: {problem}{context}. Fix the YAML at that position "
             f"(check indentation, unbalanced brackets and quotes, and a space after ':')."
@@ -148,30 +196,90 @@ def parse_yaml(text: str, file: Path, display: str | None = None) -> YamlSource:
     except yaml.YAMLError as exc:
         raise RecipeError(f"{display}: YAML error: {exc}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     source = YamlSource(file=file, display=display, data=data, lines=text.splitlines())
     if node is not None:
         _record(node, (), source, set())
     return source
 
 
-def _record(node: yaml.Node, path: Path_, source: YamlSource, active: set[int]) -> None:
+def load_value(text: str) -> Any:
+    """One YAML value from a string (a ``--set`` value), with the same limits as a recipe file; yaml.YAMLError
+    (or ValueError, for an integer too long to convert) when it is not one."""
+    loader = _MarkingLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_tree(node, loader)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """A mapping names a key twice (YAML loaders silently keep the last one)."""
+
+
+def _check_tree(root: yaml.Node, loader: _MarkingLoader) -> None:
+    """Before anything is constructed: no key twice in a mapping, no node that contains itself through an
+    alias, and at most MAX_EXPANDED_NODES values once aliases are expanded. Linear: each node is sized once."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in active:
+            raise YamlLimitError(None, None, "an alias (*name) refers to a node that contains it; recipes are "
+                                 "trees, write the value out", node.start_mark)
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != MERGE_TAG:
+                    name = loader.construct_object(key_node)
+                    if name in seen:
+                        first = seen[name].start_mark
+                        raise DuplicateKeyError(
+                            None, None, f"key '{name}' is given twice (first at line {first.line + 1}, column "
+                            f"{first.column + 1}); YAML would silently keep only the last one: remove or rename "
+                            f"one of them", key_node.start_mark)
+                    seen[name] = key_node
+                total += size(key_node) + size(value_node)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        active.discard(key)
+        if total > MAX_EXPANDED_NODES:
+            raise YamlLimitError(None, None, f"this value expands to more than {MAX_EXPANDED_NODES} values once "
+                                 f"its aliases (*name) are expanded; write the values out", node.start_mark)
+        sizes[key] = total
+        return total
+
+    size(root)
+
+
+def _record(node: yaml.Node, path: Path_, source: YamlSource, seen: set[int]) -> None:
+    """Positions of every path; a node reached again through an alias is recorded at this path but not
+    descended into again (errors inside it point at the alias), so this stays linear in the file's size."""
     style = node.style if isinstance(node, yaml.ScalarNode) else None
     source.values[path] = _NodeInfo(node.start_mark.line, node.start_mark.column, style)
-    if id(node) in active:  # a recursive alias: positions below it are already recorded
+    if id(node) in seen:
         return
-    active.add(id(node))
+    seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 continue
             key = _scalar_key(key_node)
             source.keys[path + (key,)] = _NodeInfo(key_node.start_mark.line, key_node.start_mark.column, None)
-            _record(value_node, path + (key,), source, active)
+            _record(value_node, path + (key,), source, seen)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
-            _record(item, path + (index,), source, active)
-    active.discard(id(node))
+            _record(item, path + (index,), source, seen)
 
 
 def _scalar_key(node: yaml.ScalarNode) -> Any:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import CheckpointError, QuantizationError
+from ..files import MAX_JSON_BYTES, read_regular_text
 from .formats import NVFP4_BLOCK, NVFP4_LAYOUTS, NVFP4Layout, nvfp4_layout
 from .safetensors_io import Checkpoint, TensorInfo
 
@@ -335,11 +336,11 @@ def _check_fp8(name: str, want: ExpectedTensor, ckpt: Checkpoint, report: _Repor
 def read_hf_quant_config(folder: str | Path) -> dict | None:
     """``hf_quant_config.json`` of a checkpoint folder (ModelOpt's export format), or ``None`` if absent."""
     path = Path(folder) / HF_QUANT_CONFIG
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(read_regular_text(path, HF_QUANT_CONFIG, MAX_JSON_BYTES, CheckpointError))
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{path} is not valid JSON ({e}); download or write it again") from e
     if not isinstance(data, dict) or not isinstance(data.get("quantization"), dict):
         raise CheckpointError(

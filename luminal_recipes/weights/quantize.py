@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 from .. import __version__
@@ -77,8 +78,11 @@ def quantize_checkpoint(
     _refuse_quantized(ckpt)
     summary = QuantizeSummary(src, dst, fmt, layout)
     patterns = (*EMBEDDING_PATTERNS, *exclude)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    except OSError as exc:
+        raise QuantizationError(f"cannot create {dst} ({exc.strerror or exc}); choose a writable folder") from None
     try:
         weight_map: dict[str, str] = {}
         for file in ckpt.files:
@@ -108,8 +112,14 @@ def quantize_checkpoint(
         config = hf_quant_config(fmt, layout, fp8_granularity, sorted({_module(n) for n in summary.kept}))
         (staging / HF_QUANT_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         staging.rename(dst)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+    except BaseException as exc:
+        shutil.rmtree(staging, ignore_errors=True)  # nothing partial is left, whatever went wrong
+        if isinstance(exc, (OSError, SafetensorError)):  # a full disk, a quota, a vanished folder
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise QuantizationError(
+                f"cannot write the quantized checkpoint {dst} ({reason}); nothing was written. Free some space "
+                "or choose another destination."
+            ) from None
         raise
     return summary
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
+from ..files import open_regular, read_regular_text
 from .formats import LEGACY_FP8_MARKER, comfy_legacy_fp8_renames
 
 # dtype name in a safetensors header -> (bits per element, numpy dtype the bytes are viewed as)
@@ -88,8 +90,8 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     """
     path = Path(path)
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+        with open_regular(path, "a checkpoint file", CheckpointError) as f:
+            size = os.fstat(f.fileno()).st_size
             prefix = f.read(8)
             if len(prefix) < 8:
                 _corrupt(
@@ -398,8 +400,8 @@ def _apply_renames(
 
 def _read_index(index: Path) -> dict[str, str]:
     try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(read_regular_text(index, "a checkpoint index", MAX_HEADER_BYTES, CheckpointError))
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"cannot read checkpoint index {index}: {e}") from e
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):

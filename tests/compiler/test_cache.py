@@ -3,9 +3,12 @@ warning, and an interrupted write leaves nothing behind."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 
+import numpy as np
 import pytest
 from compiler_helpers import check_program
 from luminal_recipes.compiler import SearchOptions, cache, compile_graph, search
@@ -97,3 +100,63 @@ def test_interrupted_write_leaves_no_entry(runtime, private_cache, monkeypatch):
 def test_cache_can_be_bypassed(runtime, private_cache):
     compile_graph(small_graph(), runtime, options=SearchOptions(use_cache=False, time_top=0))
     assert not private_cache.exists() or not list(private_cache.iterdir())
+
+
+# ---- adversarial entries and folders (issue 8): never trusted blindly, never a crash -----------------------------
+def constant_graph() -> Graph:
+    g = Graph()
+    x = g.input("x", (4, 8))
+    table = g.constant(np.arange(32, dtype=np.float32).reshape(4, 8) / 8)
+    g.mark_output("y", ops.softmax(x + table, -1))
+    return g
+
+
+def test_hand_edited_constant_fails_the_checksum_and_is_rebuilt(runtime, assert_close, private_cache):
+    compile_graph(constant_graph(), runtime, options=OPTS)
+    (entry,) = private_cache.glob("*.json")
+    data = json.loads(entry.read_text())
+    node = next(n for n in data["program"]["nodes"] if "data" in n)
+    values = np.frombuffer(base64.b64decode(node["data"]), dtype=np.float32).copy()
+    values[0] = 1000.0  # a different image, if it ran
+    node["data"] = base64.b64encode(values.tobytes()).decode()
+    entry.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match=re.escape(str(entry)) + ".*checksum.*compiling again"):
+        plan = compile_graph(constant_graph(), runtime, options=OPTS)
+    assert plan.report["cache"] == "miss"
+    check_program(constant_graph(), plan.program, runtime, assert_close)  # the original constant, not 1000
+    assert compile_graph(constant_graph(), runtime, options=OPTS).report["cache"] == "hit"  # rebuilt in place
+
+
+def test_unknown_kernel_names_the_entry_and_is_rebuilt(runtime, assert_close, private_cache):
+    compile_graph(small_graph(), runtime, options=OPTS)
+    (entry,) = private_cache.glob("*.json")
+    data = json.loads(entry.read_text())
+    data["program"]["nodes"][-1]["op"] = "Bogus"
+    data["checksum"] = cache._checksum(data)  # a consistent entry, as another build could have written
+    entry.write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match=re.escape(str(entry)) + ".*unknown kernel 'Bogus'"):
+        plan = compile_graph(small_graph(), runtime, options=OPTS)
+    check_program(small_graph(), plan.program, runtime, assert_close)
+    assert compile_graph(small_graph(), runtime, options=OPTS).report["cache"] == "hit"
+
+
+def test_unusable_cache_folder_means_no_cache_not_a_crash(runtime, assert_close, tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "cache-file"
+    not_a_folder.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("LUMINAL_RECIPES_CACHE", str(not_a_folder))
+    monkeypatch.setattr(cache, "_warned", set())
+    with pytest.warns(UserWarning, match=re.escape(str(not_a_folder)) + ".*compiling without a cache"):
+        plan = compile_graph(small_graph(), runtime, options=OPTS)
+    check_program(small_graph(), plan.program, runtime, assert_close)
+    assert compile_graph(small_graph(), runtime, options=OPTS).report["cache"] == "miss"  # again, quietly
+
+
+def test_unwritable_entry_means_no_cache_not_a_crash(runtime, private_cache, monkeypatch):
+    monkeypatch.setattr(cache, "_warned", set())
+    compile_graph(small_graph(), runtime, options=OPTS)
+    (entry,) = private_cache.glob("*.json")
+    entry.unlink()
+    entry.mkdir()  # a folder where the entry should be written: the write fails
+    with pytest.warns(UserWarning, match="cannot write the plan cache entry"):
+        assert compile_graph(small_graph(), runtime, options=OPTS).report["cache"] == "miss"
+    assert [p.name for p in private_cache.iterdir()] == [entry.name]  # no temporary file left

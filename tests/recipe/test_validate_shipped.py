@@ -4,6 +4,7 @@ asked (saying so)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -119,12 +120,13 @@ def test_a_hub_checkpoint_is_not_downloaded_unless_asked(monkeypatch):
 
 def test_a_model_recipe_with_a_local_source_is_checked_by_default(tmp_path):
     text = (RECIPES / "flux2-vae-decoder.yaml").read_text()
-    text = text.replace("source: hf://black-forest-labs/FLUX.2-dev/vae", f"source: {TINY_CHECKPOINT / 'vae'}")
+    text = text.replace("source: hf://black-forest-labs/FLUX.2-dev/vae", "source: checkpoint/vae")
     recipe = tmp_path / "vae.yaml"
     recipe.write_text(text)
+    shutil.copytree(TINY_CHECKPOINT / "vae", tmp_path / "checkpoint" / "vae")  # a recipe's paths stay in its tree
     result = cli("validate", recipe)
     assert result.exit_code == 0, result.output
-    assert f"checkpoint {TINY_CHECKPOINT / 'vae'} matches: 108 weights" in result.output
+    assert "checkpoint/vae matches: 108 weights" in result.output
     assert "(the recipe's weights.source)" in result.output
 
 
