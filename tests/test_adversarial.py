@@ -510,3 +510,11 @@ def test_a_set_behind_a_recipe_error_is_named():
     message = refused(cli("run", TINY, *SMALL, "-p", "fox", "--set", "text_encoder_out_layers=[99]"),
                       "--set text_encoder_out_layers=[99]")
     assert LOCATED.search(message)
+
+
+def test_a_set_behind_a_forward_error_is_named(tmp_path):
+    path = model_recipe(tmp_path, params="  k: 1\n", forward="y = (1, 2)[k]\nreturn x * y")
+    message = refused(cli("inspect", path, "--config", tmp_path / "config.json", "--set", "k=5"),
+                      f"model.yaml:{line_of(path, 'y = (1, 2)[k]')}:", "index 5 is not valid for 2 items",
+                      "This build overrides --set k=5")
+    assert message.count("--set k=5") == 1
