@@ -10,10 +10,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..graph.core import Node
-from ..graph.dtypes import DType
-from ..graph.symbolic import Dim, evaluate, free_symbols
-from ..graph.view import View
+from luminal_recipes.graph.core import Node
+from luminal_recipes.graph.dtypes import DType
+from luminal_recipes.graph.symbolic import Dim, evaluate, free_symbols
+from luminal_recipes.graph.view import View
 
 # size assumed for a symbolic dimension that has no binding (cost only; never used to run anything)
 PROBE_DIM = 128

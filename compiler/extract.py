@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 import egglog.bindings as eb
 import numpy as np
 
-from ..graph.core import Graph, Node
-from ..graph.dtypes import DType, to_dtype
-from ..graph.symbolic import Dim, to_dim
-from ..graph.view import View
-from ..runtimes.program import Program
+from luminal_recipes.graph.core import Graph, Node
+from luminal_recipes.graph.dtypes import DType, to_dtype
+from luminal_recipes.graph.symbolic import Dim, to_dim
+from luminal_recipes.graph.view import View
+from luminal_recipes.runtimes.program import Program
+
 from .cost import Machine, kernel_work, numel
 
 EQ_SORTS = ("IR", "Ld", "EX")

@@ -17,10 +17,10 @@ from collections.abc import Iterable
 import egglog.bindings as eb
 import numpy as np
 
-from ..graph.core import Graph, Node
-from ..graph.symbolic import Dim, Expr, mul
-from ..graph.view import View
-from ..ops.quant import E2M1_VALUES
+from luminal_recipes.graph.core import Graph, Node
+from luminal_recipes.graph.dtypes import E2M1_VALUES
+from luminal_recipes.graph.symbolic import Dim, Expr, mul
+from luminal_recipes.graph.view import View
 
 SPAN = eb.RustSpan(__file__, 0, 0)
 CHUNK = 2000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from ..errors import LuminalError
+from luminal_recipes.errors import LuminalError
 
 SCHEMA = "schema"
 FAMILIES = ("cleanup", "matmul", "elementwise", "softmax", "norms", "attention", "conv", "dequant", "gather",

@@ -16,10 +16,11 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from ..errors import BudgetError, UnboundDimError
-from ..graph.core import Graph
-from ..graph.dtypes import DType
-from ..runtimes.program import KERNELS, Program
+from luminal_recipes.errors import BudgetError, UnboundDimError
+from luminal_recipes.graph.core import Graph
+from luminal_recipes.graph.dtypes import DType
+from luminal_recipes.runtimes.program import KERNELS, Program
+
 from . import cache
 from .cost import CPU, Machine, bind, numel, program_cost
 from .extract import PRIMITIVE_KERNELS, Snapshot, choose, local_costs, noisy, signature, to_program
@@ -191,7 +192,7 @@ def _assess(runtime, program: Program, dims, machine: Machine) -> dict:
 def _plan_memory(runtime, program: Program, dims):
     if runtime is not None and hasattr(runtime, "plan"):
         return runtime.plan(program, dims)
-    from ..runtimes.memory import plan_memory
+    from luminal_recipes.runtimes.memory import plan_memory
 
     return plan_memory(program, dims)
 

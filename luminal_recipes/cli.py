@@ -173,9 +173,10 @@ def inspect(
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
     from .pipeline.generate import parse_size
+    from .pipeline.plan import inspect_memory
     from .recipe import inspect as inspect_recipe
 
-    typer.echo(inspect_recipe(recipe, weights, set_, config, parse_size(max_memory)))
+    typer.echo(inspect_recipe(recipe, weights, set_, config, parse_size(max_memory), memory_plan=inspect_memory))
 
 
 @app.command()

@@ -21,18 +21,18 @@ from functools import lru_cache
 
 import numpy as np
 
+from luminal_recipes.graph.dtypes import E2M1_VALUES
+
 from .numpy_kernels import F32, Bind, KernelContext, bind_all, with_refresh
 
 DEQUANT_TILE = 1 << 20  # decoded weight elements per band (4 MiB in f32)
 NVFP4_BLOCK = 16
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-                dtype=np.float32)
 
 
 def byte_table(layout: str) -> np.ndarray:
     """uint64[256]: the two f32 values of a packed byte, in element order, as one 8-byte word."""
     codes = np.arange(256)
-    lo, hi = E2M1[codes & 15], E2M1[codes >> 4]
+    lo, hi = E2M1_VALUES[codes & 15], E2M1_VALUES[codes >> 4]
     pairs = np.stack([lo, hi] if layout == "modelopt" else [hi, lo], axis=1).astype(np.float32)
     return np.ascontiguousarray(pairs).view(np.uint64).reshape(256)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from luminal_recipes.graph.core import PRIMITIVE_OPS, Graph, Node
+from luminal_recipes.graph.serialize import nodes_from_json, nodes_to_json
 from luminal_recipes.graph.view import View
 
 KERNELS: dict[str, str] = {op: "HLIR primitive; semantics of graph.reference" for op in PRIMITIVE_OPS}
@@ -57,6 +58,15 @@ class Program:
         for n in self.nodes:
             counts[n.op] = counts.get(n.op, 0) + 1
         return counts
+
+    def to_json(self) -> dict:
+        """Nodes and outputs as JSON-ready data (``graph.serialize``'s format; ``meta`` is not included)."""
+        return nodes_to_json(self.nodes, self.outputs)
+
+    @staticmethod
+    def from_json(data: dict) -> Program:
+        nodes, outputs = nodes_from_json(data)
+        return Program(nodes, outputs)
 
     @staticmethod
     def from_graph(graph: Graph) -> Program:

@@ -249,3 +249,26 @@ def _gib(n: int | None) -> str:
 
 def _dims(dims: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.items())
+
+
+def inspect_memory(recipe, weights, sets, max_memory: int | None) -> list[str]:
+    """What `inspect` prints for a pipeline's memory: the per-stage plans, from the checkpoint's headers when it
+    is local (or given), else from the pipeline's `configs:` folder (shapes only: nothing is downloaded).
+    ``recipe`` is the loaded pipeline recipe (``recipe.loader.LoadedRecipe``)."""
+    from .driver import Pipeline
+
+    doc = recipe.doc
+    source = str(weights) if weights is not None else doc.weights
+    local = source is not None and not source.startswith("hf://")
+    if not local and doc.configs is None:
+        return ["memory plan: the checkpoint is remote and the pipeline has no `configs:` folder; pass "
+                "--weights FOLDER to plan memory"]
+    pipeline = Pipeline(recipe.path, weights=weights, sets=sets, budget_bytes=max_memory)
+    plans = plan_stages(pipeline, max_memory, from_checkpoint=local)
+    origin = f"checkpoint {pipeline.checkpoint}" if local else \
+        f"sizes from {doc.configs}/ (config.json files; no weights read)"
+    lines = [f"memory plan per model stage ({origin}):", format_plans(plans, max_memory)]
+    if max_memory is None:
+        lines.append(f"`run` plans under this machine's memory by default ({format_bytes(machine_memory())}); "
+                     f"pass --max-memory SIZE to see the plan under a budget")
+    return lines

@@ -8,9 +8,9 @@ import os
 
 import pytest
 from compiler_helpers import check_program
-from luminal_recipes.compiler import SearchOptions, cache, compile_graph, search
 
 from luminal_recipes import ops
+from luminal_recipes.compiler import SearchOptions, cache, compile_graph, search
 from luminal_recipes.graph import Graph
 
 

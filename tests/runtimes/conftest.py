@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
-from luminal_recipes.runtimes.program import Program
 
 from luminal_recipes.graph import Graph, run_reference
+from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+from luminal_recipes.runtimes.program import Program
 
 
 @pytest.fixture

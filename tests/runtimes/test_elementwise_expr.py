@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fused_programs import Fused
-from luminal_recipes.runtimes.expr import ElementwisePlan, parse
 
 from luminal_recipes.graph import Graph, cast, run_reference
+from luminal_recipes.runtimes.expr import ElementwisePlan, parse
 
 
 def test_casts_inside_an_expression_round_like_the_cast_primitive(runtime, rng):

@@ -8,12 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 from fused_programs import Fused
-from luminal_recipes.runtimes import numpy_kernels
-from luminal_recipes.runtimes.expr import ElementwisePlan
-from luminal_recipes.runtimes.program import Program
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, run_reference
+from luminal_recipes.runtimes import numpy_kernels
+from luminal_recipes.runtimes.expr import ElementwisePlan
+from luminal_recipes.runtimes.program import Program
 
 
 def _padded_graph() -> tuple[Graph, dict[str, np.ndarray]]:

@@ -7,13 +7,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from fused_programs import Fused
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
-from luminal_recipes.runtimes.program import Program
-from luminal_recipes.runtimes.protocol import Executable, Runtime, UnsupportedKernelError
 
 from luminal_recipes import ops
 from luminal_recipes.errors import InputError, LuminalError, UnboundDimError
 from luminal_recipes.graph import Graph
+from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+from luminal_recipes.runtimes.program import Program
+from luminal_recipes.runtimes.protocol import Executable, Runtime, UnsupportedKernelError
 
 
 def randn(rng, *shape, dtype=np.float32):

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from luminal_recipes.compiler.search import SearchOptions, compile_graph
-from luminal_recipes.runtimes.file_pages import PageDropper, file_span
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
-from luminal_recipes.runtimes.program import Program
 
+from luminal_recipes.compiler.search import SearchOptions, compile_graph
 from luminal_recipes.errors import InputError
 from luminal_recipes.graph.symbolic import evaluate
 from luminal_recipes.pipeline.engine import ModelEngine
 from luminal_recipes.pipeline.plan import plan_model, weight_blocks
 from luminal_recipes.recipe.builder import build
+from luminal_recipes.runtimes.file_pages import PageDropper, file_span
+from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+from luminal_recipes.runtimes.program import Program
 from luminal_recipes.weights.safetensors_io import Checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
