@@ -19,7 +19,8 @@ import numpy as np
 from luminal_recipes.errors import BudgetError, UnboundDimError
 from luminal_recipes.graph.core import Graph
 from luminal_recipes.graph.dtypes import DType
-from luminal_recipes.runtimes.program import KERNELS, Program
+from luminal_recipes.runtimes.kernels import REGISTRY
+from luminal_recipes.runtimes.program import Program
 
 from . import cache
 from .cost import CPU, Machine, bind, numel, program_cost
@@ -42,7 +43,7 @@ class SearchOptions:
     timing_budget_s: float = 10.0      # stop timing further candidates once this much time went into it
     limits: Limits = field(default_factory=Limits)
     families: tuple[str, ...] = FAMILIES
-    machine: Machine = CPU
+    machine: Machine | None = None     # cost-model constants; default: the runtime's own (``runtime.machine``)
     use_cache: bool = True
 
 
@@ -71,9 +72,11 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
             f"compiled)"
         )
     started = time.perf_counter()
+    if options.machine is None:
+        options = replace(options, machine=getattr(runtime, "machine", None) or CPU)
     runtime_name = getattr(runtime, "name", "none")
     device = getattr(runtime, "device", "none")
-    kernels = set(runtime.capabilities()) if runtime is not None else set(KERNELS)
+    kernels = set(runtime.capabilities()) if runtime is not None else set(REGISTRY)
     key = cache.plan_key(graph, runtime_name, device, dims, {
         "budget": budget_bytes, "kernels": sorted(kernels),
         "options": {k: v for k, v in asdict(options).items() if k != "use_cache"},
@@ -149,8 +152,9 @@ def search_segment(seg: Segment, allowed, dims: Mapping[str, int],
         lower(seg.graph, egraph, uses=seg.uses)
         sat = saturate(egraph, options.limits)
         snap = Snapshot.of(egraph)
-    base = local_costs(snap, dims, options.machine, allowed)
-    naive = local_costs(snap, dims, options.machine, lambda k: allowed(k) and k in PRIMITIVE_KERNELS)
+    machine = options.machine or CPU
+    base = local_costs(snap, dims, machine, allowed)
+    naive = local_costs(snap, dims, machine, lambda k: allowed(k) and k in PRIMITIVE_KERNELS)
     rng = np.random.default_rng([options.seed, int(seg.key[:8], 16)])
     strategies = [("cheapest", base), ("naive", naive)]
     strategies += [(f"random{i}", noisy(base, rng, options.noise)) for i in range(options.candidates - 2)]

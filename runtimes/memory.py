@@ -27,15 +27,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from luminal_recipes.errors import UnboundDimError
-from luminal_recipes.graph.core import BINARY_OPS, UNARY_OPS, Node
+from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.serialize import reachable
 from luminal_recipes.graph.symbolic import evaluate, free_symbols
 
+from .kernels import ALIASING_KERNELS, INPLACE_KERNELS
+from .kernels.context import aligned
 from .program import Program
-from .views import aligned, is_identity
+from .views import is_identity
 
-INPLACE_OPS = frozenset(UNARY_OPS + BINARY_OPS + ("Elementwise",))
-ALIASING_OPS = {"ScatterInPlace": 0}  # kernel -> input whose buffer it writes into
+INPLACE_OPS = INPLACE_KERNELS  # may write into an input that dies here (element i reads only elements i)
+ALIASING_OPS = ALIASING_KERNELS  # kernel -> input whose buffer it writes into
 GREEDY_BY_SIZE_LIMIT = 20_000  # buffers; above this the O(n log n) sweep is used
 END = 1 << 62  # lifetime end of program outputs
 

@@ -13,20 +13,17 @@ Semantics are graph.reference's (the oracle); float kernels other than the primi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NoReturn
 
 import numpy as np
 
 from luminal_recipes.errors import InputError
-from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
 from .expr import ElementwisePlan
 from .expr import parse as parse_expr
-from .views import Operand, Scratch, in_bounds, row_tiles, strided
+from .kernels.context import Bind, KernelContext, Step
+from .views import Operand, in_bounds, operand, row_tiles, strided
 
 F32 = np.dtype(np.float32)
 FLOAT_STORAGE = {d.np for d in DType if d.is_float}  # ml_dtypes' floats have numpy kind "V"
@@ -34,31 +31,6 @@ F32_MIN = np.float32(np.finfo(np.float32).min)
 ROW_TILE = 1 << 16  # elements per row tile of the norm/softmax kernels (cache-sized)
 CONV_TILE = 1 << 20  # elements of the im2col scratch per tile
 
-Step = Callable[[], None]
-Bind = Callable[[np.ndarray, list, list], Step]
-
-
-@dataclass
-class KernelInput:
-    view: BoundView  # how the edge reads the producer's buffer
-    dtype: np.dtype  # the producer's storage dtype
-    size: int  # elements in the producer's buffer
-
-
-@dataclass
-class KernelContext:
-    node: Node
-    shape: tuple[int, ...]  # the output's shape
-    dtype: np.dtype  # the output's storage dtype
-    inputs: list[KernelInput]
-    scratch: Scratch
-
-    def operand(self, i: int, **kw) -> Operand:
-        k = self.inputs[i]
-        return Operand(k.view, k.dtype, k.size, self.scratch, **kw)
-
-    def fail(self, why: str) -> NoReturn:
-        raise ValueError(f"{self.node.op} #{self.node.id}: {why} (malformed program)")
 
 
 def is_float(dtype: np.dtype) -> bool:
@@ -98,7 +70,7 @@ _BINARY = {"Add": np.add, "Mul": np.multiply, "Mod": np.fmod, "LessThan": np.les
 
 
 def prepare_unary(ctx: KernelContext) -> Bind:
-    op = ctx.operand(0)
+    op = operand(ctx, 0)
     name = ctx.node.op
 
     def bind(out, flats, scratch):
@@ -117,7 +89,7 @@ def prepare_binary(ctx: KernelContext) -> Bind:
         padded = prepare_padded_add(ctx)
         if padded is not None:
             return padded
-    ops = [ctx.operand(0), ctx.operand(1)]
+    ops = [operand(ctx, 0), operand(ctx, 1)]
     fn = _BINARY[ctx.node.op]
 
     def bind(out, flats, scratch):
@@ -188,7 +160,7 @@ def prepare_padded_add(ctx: KernelContext) -> Bind | None:
 
 
 def prepare_reduce(ctx: KernelContext) -> Bind:
-    op = ctx.operand(0)
+    op = operand(ctx, 0)
     axis = ctx.node.attr("axis")
     is_sum = ctx.node.op == "SumReduce"
     # sub-16-bit floats accumulate in f32 (the reference's compute dtype), then round once
@@ -222,7 +194,7 @@ def prepare_reduce(ctx: KernelContext) -> Bind:
 
 
 def prepare_cast(ctx: KernelContext) -> Bind:
-    op = ctx.operand(0)
+    op = operand(ctx, 0)
     to_bool = ctx.dtype == np.bool_
 
     def bind(out, flats, scratch):
@@ -237,7 +209,7 @@ def prepare_cast(ctx: KernelContext) -> Bind:
 
 
 def prepare_gather(ctx: KernelContext) -> Bind:
-    table_op, idx_op = ctx.operand(0), ctx.operand(1)
+    table_op, idx_op = operand(ctx, 0), operand(ctx, 1)
     rows = ctx.inputs[0].view.shape[0]
     idx_shape = ctx.inputs[1].view.shape
     index = ctx.scratch.add(idx_shape, np.intp)  # np.take wants intp indices: convert in planned memory
@@ -263,7 +235,7 @@ def prepare_gather(ctx: KernelContext) -> Bind:
 
 
 def prepare_scatter(ctx: KernelContext) -> Bind:
-    ops = [ctx.operand(0), ctx.operand(1), ctx.operand(2)]
+    ops = [operand(ctx, 0), operand(ctx, 1), operand(ctx, 2)]
     rows = ctx.inputs[0].view.shape[0] if ctx.inputs[0].view.shape else 0
     index = ctx.scratch.add(ctx.inputs[1].view.shape, np.intp)
     node = ctx.node
@@ -305,7 +277,7 @@ def prepare_elementwise(ctx: KernelContext) -> Bind:
         fast = prepare_copy(ctx)
     if fast is not None:
         return fast
-    ops = [ctx.operand(i) for i in range(len(ctx.inputs))]
+    ops = [operand(ctx, i) for i in range(len(ctx.inputs))]
     plan = ElementwisePlan(expr, [op.dtype for op in ops], ctx.dtype)
     n = plan.tile_elems(ctx.shape)
     regs = [ctx.scratch.add((n,), d) for d in plan.registers]
@@ -395,9 +367,9 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
                        blas=True)
         b_op = Operand(_matrix(b_in.view), b_in.dtype, b_in.size, ctx.scratch, dtype=compute, blas=True)
     else:
-        a_op = ctx.operand(0, dtype=compute, blas=True)
-        b_op = ctx.operand(1, dtype=compute, blas=True)
-    bias_op = ctx.operand(2) if len(ctx.inputs) == 3 else None
+        a_op = operand(ctx, 0, dtype=compute, blas=True)
+        b_op = operand(ctx, 1, dtype=compute, blas=True)
+    bias_op = operand(ctx, 2) if len(ctx.inputs) == 3 else None
     acc = None if compute == ctx.dtype else ctx.scratch.add(ctx.shape, compute)
     ops = [a_op, b_op, bias_op]
 
@@ -431,7 +403,7 @@ def _rows_prepare(ctx: KernelContext, temps: int) -> tuple:
         ctx.fail("expects one input viewed at the output shape [..., N]")
     n = ctx.shape[-1]
     rows = math.prod(ctx.shape[:-1])
-    op = ctx.operand(0, shape=(rows, n))
+    op = operand(ctx, 0, shape=(rows, n))
     tiles = row_tiles(rows, n, ROW_TILE)
     tile_rows = max((t.stop - t.start for t in tiles), default=0)
     work = None if ctx.dtype == F32 else ctx.scratch.add((tile_rows, n), F32)
@@ -546,9 +518,9 @@ def prepare_conv2d(ctx: KernelContext) -> Bind:
     if c2 != c or ctx.shape != (nb, o, ho, wo):
         ctx.fail(f"x {ctx.inputs[0].view.shape}, w {ctx.inputs[1].view.shape}, stride {(sh, sw)} do not give "
                  f"{ctx.shape}")
-    x_op = ctx.operand(0, dtype=F32)
-    w_op = ctx.operand(1, dtype=F32, shape=(o, c * kh * kw), blas=True)
-    bias_op = ctx.operand(2) if len(ctx.inputs) == 3 else None
+    x_op = operand(ctx, 0, dtype=F32)
+    w_op = operand(ctx, 1, dtype=F32, shape=(o, c * kh * kw), blas=True)
+    bias_op = operand(ctx, 2) if len(ctx.inputs) == 3 else None
     ckk = c * kh * kw
     pointwise = kh == kw == 1 and sh == sw == 1
     tile_rows = max(1, min(ho, CONV_TILE // max(ckk * wo, 1)))

@@ -30,9 +30,9 @@ from luminal_recipes.graph.symbolic import evaluate
 
 from .binding import check_array, declared_shape, fetch_weight
 from .file_pages import PageDropper, will_need
+from .kernels.context import aligned
 from .memory import MemoryPlan
 from .program import Program
-from .views import aligned
 
 SLOTS = 2  # the block computing and the block being prefetched
 
