@@ -21,10 +21,12 @@ import numpy as np
 
 from luminal_recipes.graph.core import Graph, Node
 from luminal_recipes.graph.dtypes import DType, to_dtype
-from luminal_recipes.graph.symbolic import Dim, to_dim
+from luminal_recipes.graph.symbolic import Dim, prod, to_dim
 from luminal_recipes.graph.view import View
 from luminal_recipes.runtimes.kernels import CONSTRUCTORS, PRIMITIVE_KERNELS, KernelCall, Machine, numel
 from luminal_recipes.runtimes.program import Program
+
+from .lower import canonical_view
 
 __all__ = ["PRIMITIVE_KERNELS", "Snapshot", "choose", "local_costs", "noisy", "signature", "to_program"]
 
@@ -301,8 +303,6 @@ class _Emitter:
             attrs = {"expr": expr}
         else:
             attrs = ctor.to_attrs(args, [view for _, view in inputs])
-        if kernel.name == "Conv2d":
-            shape = _conv_output_shape(inputs[0][1].shape, inputs[1][1].shape, args[-1])
         nid = len(self.nodes)
         self.nodes.append(Node(nid, kernel.name, tuple(inputs), shape, dtype, tuple(sorted(attrs.items())), data))
         return nid
@@ -331,21 +331,30 @@ class _Emitter:
         return inputs, walk(ex)
 
 
-def _conv_output_shape(x_shape, w_shape, stride: int) -> tuple:
-    """The kernel writes [N, O, Ho, Wo]; its e-class may be the matmul's [N, O, Ho*Wo] (the same bytes)."""
-    n, _, h, w = x_shape
-    o, _, kh, kw = w_shape
-    return (n, o, (h - kh) // stride + 1, (w - kw) // stride + 1)
-
-
 def to_program(snap: Snapshot, choice: dict[int, int], graph: Graph,
                outputs: Mapping[str, tuple[int, View]]) -> Program:
     """The Program computing ``outputs`` (HLIR node id and view, as in ``graph.outputs``) from a choice."""
     emitter = _Emitter(snap, choice, graph)
+    loads = {(n.args[0].cls, str(n.args[1])): n.cls for n in snap.nodes if n.op == "L"}
     out = {}
     for name, (nid, view) in outputs.items():
-        out[name] = (emitter.emit(snap.node_class[nid]), view)
+        cls = snap.node_class[nid]
+        ld = loads.get((cls, str(canonical_view(view))))
+        if ld is not None and ld in choice:
+            # the output as the load lowering stated: another e-class may hold the same bytes (SameBytes); it
+            # replaces the producer only if the chosen load reads it whole, in order (then any view of the one
+            # reads the same elements of the other)
+            src, chosen = emitter.load(ld)
+            if src != cls and _reads_whole(chosen, snap.shape[src]):
+                cls = src
+        out[name] = (emitter.emit(cls), view)
     return Program(emitter.nodes, out)
+
+
+def _reads_whole(view: View, shape) -> bool:
+    contiguous = View.contiguous(view.shape)
+    return (view.mask is None and str(view.offset) == "0" and str(canonical_view(contiguous)) ==
+            str(canonical_view(view)) and str(prod(view.shape)) == str(prod(shape)))
 
 
 def signature(program: Program) -> tuple:

@@ -58,7 +58,7 @@ def _specs() -> list[KernelSpec]:
         KernelSpec("Cast", REFERENCE, {"Cast": Ctor("dtype:String x:Ld", attrs=lambda literals, views: {})},
                    "x; out = x converted to the node's dtype", primitive=True),
         KernelSpec("Constant", REFERENCE, {"Const": Ctor("dtype:String value:f64"),
-                                           "ConstArr": Ctor("node:i64")},
+                                           "ConstArr": Ctor("node:i64 values:String")},
                    "none", {"value": "a scalar (or the node's data: an array)"}, cost=_source, primitive=True),
         KernelSpec("Input", REFERENCE, {"Input": Ctor("name:String")}, "none",
                    {"name": "the input's name", "kind": "input | weight | state"}, cost=_source, primitive=True),

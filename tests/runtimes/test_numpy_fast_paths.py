@@ -1,5 +1,5 @@
 """The numpy runtime's fast paths give the reference interpreter's results: box-wise ``Add`` of zero-padded
-views (concat/stack), ``Exp2`` evaluated through numpy's ``exp``, and the attention kernels' folded scale and
+views (concat/stack), and the attention kernels' folded scale and
 ones column (here with a non-f32 output, which the kernel tests elsewhere do not cover)."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from fused_programs import Fused
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, run_reference
 from luminal_recipes.runtimes import numpy_kernels
-from luminal_recipes.runtimes.expr import ElementwisePlan
 from luminal_recipes.runtimes.program import Program
 
 
@@ -58,31 +57,6 @@ def test_a_concat_fused_as_an_elementwise_sum_takes_the_padded_path(runtime, mon
     got = runtime.run(f.program(y=y), inputs)
     assert np.array_equal(got["y"], run_reference(g, inputs)["y"])
     assert used and used[-1] is not None
-
-
-@pytest.mark.parametrize("text", ["(Exp2 (Mul in0 (Const 1.4426950408889634)))",
-                                  "(Exp2 (Mul (Mul in0 (Const -1.0)) (Const 1.4426950408889634)))",
-                                  "(Exp2 (Mul (Mul in0 (Const 3.0)) (Const 0.5)))", "(Exp2 in0)"])
-def test_exp2_through_exp_stays_within_a_few_ulps(text):
-    scale = {"(Exp2 in0)": 1.0}.get(text, -np.log2(np.e) if "-1.0" in text else 1.5 if "3.0" in text
-                                   else np.log2(np.e))
-    # arguments spanning all of f32's normal range of 2^z, then the special values
-    z = np.linspace(-125.9, 127.9, 20001)
-    x = np.concatenate([z / scale, [np.inf, -np.inf, np.nan]]).astype(np.float32)
-    plan = ElementwisePlan(text, [np.float32], np.float32)
-    assert any(i.fn is np.exp for i in plan.instrs) and not any(i.fn is np.exp2 for i in plan.instrs)
-    out = np.empty_like(x)
-    with np.errstate(over="ignore", invalid="ignore"):
-        plan.bind(out, [x], [np.empty(x.size, d) for d in plan.registers])()
-        want = np.exp2(x.astype(np.float64) * scale)
-    n = z.size
-    assert (np.abs(out[:n] - want[:n]) / want[:n]).max() <= 1e-5
-    assert np.array_equal(out[n:], want[n:].astype(np.float32), equal_nan=True)
-
-
-def test_exp2_of_log2e_times_x_is_exactly_numpy_exp():
-    plan = ElementwisePlan("(Exp2 (Mul in0 (Const 1.4426950408889634)))", [np.float32], np.float32)
-    assert [i.fn for i in plan.instrs] == [np.exp]
 
 
 @pytest.mark.parametrize("op", ["Attention", "AttentionBlocked"])
