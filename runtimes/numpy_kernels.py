@@ -1,5 +1,5 @@
-"""numpy kernels: the HLIR primitives, fused elementwise, MatMul (BLAS), Softmax and norms, Gather/Scatter,
-Conv2d.
+"""numpy kernels: the HLIR primitives, fused elementwise, Concat and Copy, MatMul (BLAS), Softmax and norms,
+Gather/Scatter, Conv2d.
 
 A kernel is prepared once per program node (``prepare(ctx) -> bind``): it decides how to read each operand
 (``views.Operand``) and which scratch arrays it needs (``ctx.scratch``, placed in the arena by the memory
@@ -21,7 +21,6 @@ from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
 from .expr import ElementwisePlan
-from .expr import parse as parse_expr
 from .kernels.context import Bind, KernelContext, Step
 from .views import Operand, in_bounds, operand, row_tiles, strided
 
@@ -84,13 +83,9 @@ def prepare_unary(ctx: KernelContext) -> Bind:
     return bind
 
 
-def prepare_binary(ctx: KernelContext) -> Bind:
-    if ctx.node.op == "Add":
-        padded = prepare_padded_add(ctx)
-        if padded is not None:
-            return padded
+def prepare_binary(ctx: KernelContext, op: str | None = None) -> Bind:
     ops = [operand(ctx, 0), operand(ctx, 1)]
-    fn = _BINARY[ctx.node.op]
+    fn = _BINARY[op or ctx.node.op]
 
     def bind(out, flats, scratch):
         a, b = bind_all(ops, flats, scratch)
@@ -115,11 +110,17 @@ def _disjoint(a: tuple[slice, ...], b: tuple[slice, ...]) -> bool:
     return any(x.stop <= y.start or y.stop <= x.start for x, y in zip(a, b))
 
 
+def prepare_concat(ctx: KernelContext) -> Bind:
+    """``Concat``: the sum of two zero-padded views (how concat and stack are written: ``pad(a) + pad(b)``)."""
+    if len(ctx.inputs) != 2 or any(tuple(k.view.shape) != ctx.shape for k in ctx.inputs):
+        ctx.fail("expects two inputs viewed at the output shape")
+    return prepare_padded_add(ctx) or prepare_binary(ctx, "Add")
+
+
 def prepare_padded_add(ctx: KernelContext) -> Bind | None:
-    """``Add`` of zero-padded views (how concat and stack are written: ``pad(a) + pad(b)``), computed box by
-    box into the output: each operand's data is added where it has data, and zeros are written only where
-    neither has any. The generic path would first gather each operand, padding included, into scratch.
-    None when this does not apply (no padded operand, or a layout or dtype it does not handle)."""
+    """The sum of zero-padded views computed box by box into the output: each operand's data is added where it
+    has data, and zeros are written only where neither has any (the generic path would first gather each
+    operand, padding included, into scratch). None for the layouts and dtypes it does not handle."""
     edges = [k.view for k in ctx.inputs]
     parts = [_box(bv) for bv in edges]
     native = all(k.dtype == ctx.dtype and k.dtype.kind == "f" for k in ctx.inputs)
@@ -270,13 +271,10 @@ def prepare_elementwise(ctx: KernelContext) -> Bind:
     for i, k in enumerate(ctx.inputs):
         if tuple(k.view.shape) != ctx.shape:
             ctx.fail(f"input {i} is viewed at {k.view.shape}, not at the output shape {ctx.shape}")
-    fast = None
-    if _is_sum_of_inputs(expr):  # a concatenation fused into a kernel of its own
-        fast = prepare_padded_add(ctx)
-    elif expr.strip() == "in0" and len(ctx.inputs) == 1:  # a copy: padding, im2col, a layout change
-        fast = prepare_copy(ctx)
-    if fast is not None:
-        return fast
+    return _prepare_expression(ctx, expr)
+
+
+def _prepare_expression(ctx: KernelContext, expr: str) -> Bind:
     ops = [operand(ctx, i) for i in range(len(ctx.inputs))]
     plan = ElementwisePlan(expr, [op.dtype for op in ops], ctx.dtype)
     n = plan.tile_elems(ctx.shape)
@@ -300,16 +298,16 @@ def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[sl
     return out
 
 
-def prepare_copy(ctx: KernelContext) -> Bind | None:
-    """``Elementwise in0`` of the same dtype: one strided copy of the data into the output (no tiling: there
-    are no temporaries to keep in cache) and zeros written where the view is padding, instead of gathering
-    the padded operand into scratch and copying that. None when this does not apply."""
+def prepare_copy(ctx: KernelContext) -> Bind:
+    """``Copy``: one strided copy of the data into the output (no tiling: there are no temporaries to keep in
+    cache) and zeros written where the view is padding, instead of gathering the padded operand into scratch
+    and copying that; a view that reads past its buffer is gathered (the reference reads zeros there)."""
+    if len(ctx.inputs) != 1 or tuple(ctx.inputs[0].view.shape) != ctx.shape:
+        ctx.fail("expects one input viewed at the output shape")
     k = ctx.inputs[0]
-    if k.dtype != ctx.dtype or tuple(k.view.shape) != ctx.shape:
-        return None
     part = _box(k.view)
-    if part is not None and not in_bounds(part[1], k.size):
-        return None
+    if k.dtype != ctx.dtype or (part is not None and not in_bounds(part[1], k.size)):
+        return _prepare_expression(ctx, "in0")
 
     def bind(out, flats, scratch):
         if part is None:  # all padding
@@ -326,11 +324,6 @@ def prepare_copy(ctx: KernelContext) -> Bind | None:
         return body
 
     return bind
-
-
-def _is_sum_of_inputs(expr: str) -> bool:
-    tree = parse_expr(expr)
-    return tree.op == "Add" and sorted(a.index for a in tree.args if a.op == "in") == [0, 1]
 
 
 # ---- MatMul ------------------------------------------------------------------------------------------------
@@ -574,6 +567,8 @@ PREPARE = {
     "Scatter": prepare_scatter,
     "ScatterInPlace": prepare_scatter,
     "Elementwise": prepare_elementwise,
+    "Concat": prepare_concat,
+    "Copy": prepare_copy,
     "MatMul": prepare_matmul,
     "Softmax": prepare_softmax,
     "LayerNorm": prepare_layernorm,

@@ -7,7 +7,7 @@ for numpy). Float kernels other than the primitives compute in f32 unless their 
 
 from __future__ import annotations
 
-from .spec import Ctor, KernelCall, KernelSpec, Work, expression_ops, touched
+from .spec import Ctor, KernelCall, KernelSpec, Work, data_elements, expression_ops, touched
 
 
 def _matmul(k: KernelCall) -> Work:
@@ -57,6 +57,12 @@ def _scatter_in_place(k: KernelCall) -> Work:
     work.bytes += 2 * touched(k.inputs[2][0], k.dims) * k.out_dtype.bits / 8 - k.written \
         - touched(k.inputs[0][0], k.dims) * k.out_dtype.bits / 8
     return work
+
+
+def _moved(k: KernelCall) -> Work:
+    # each operand's data (its mask's box, broadcast axes once) is read once; the output is written once
+    read = sum(data_elements(view, k.dims) * dtype.bits / 8 for view, dtype in k.inputs)
+    return Work(bytes=read + k.written)
 
 
 FUSED: list[KernelSpec] = [
@@ -117,4 +123,15 @@ FUSED: list[KernelSpec] = [
         "reads the destination afterwards; the memory planner aliases the two, else it copies first).",
         {"ScatterInPlace": Ctor("dest:Ld index:Ld src:Ld")}, "as Scatter", cost=_scatter_in_place,
         writes_into=0),
+    KernelSpec(
+        "Concat", "out = a + b, each read through its zero-padded view (concat and stack are pad(a) + pad(b)): "
+        "each operand's data is added into place and zeros written only where neither has data (-0.0 comes out "
+        "+0.0, as in the sum).",
+        {"Concat": Ctor("a:Ld b:Ld")}, "a, b of the output's dtype, viewed at the output shape, at least one "
+        "masked", cost=_moved, elementwise_inplace=True),
+    KernelSpec(
+        "Copy", "out = x read through its view (zero where masked): a materialised view (contiguous(), padding, "
+        "im2col, a layout change).",
+        {"Copy": Ctor("x:Ld")}, "x of the output's dtype, viewed at the output shape", cost=_moved,
+        elementwise_inplace=True),
 ]
