@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import InputError
 from ..graph.symbolic import Expr, evaluate, shape_str
 from ..recipe.builder import BuiltModel
+from ..runtimes.registry import get_runtime
 from .plan import StagePlan, check_budget, plan_model
 
 
@@ -74,10 +75,8 @@ class ModelEngine:
 
     def __init__(self, model: BuiltModel, runtime=None, budget_bytes: int | None = None, compile: bool = True,
                  plans: Sequence[StagePlan] = ()):
-        from ..runtimes.numpy_runtime import NumpyRuntime
-
         self.model = model
-        self.runtime = runtime or NumpyRuntime()
+        self.runtime = get_runtime(runtime)  # a name or a Runtime (default numpy)
         self.budget_bytes = budget_bytes
         self.compile = compile
         self.plans = list(plans)  # made in advance (``plan.plan_stages``); used when their dims match

@@ -6,8 +6,8 @@ timings (the whole command and its compile share) and memory (planned and measur
 The parameters the run itself reads (steps, seed, width, height, guidance) are only used when the pipeline
 declares them; a flag setting one it does not declare is an error naming the flag.
 
-The budget is ``--max-memory``, or by default what the machine has (``plan.machine_memory``: physical memory
-from ``os.sysconf``, or the container's limit when lower)."""
+The budget is ``--max-memory``, or by default what the runtime's device has (``Runtime.capacity()``; for numpy,
+physical memory from ``os.sysconf``, or the container's limit when lower)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ..errors import PipelineError, RecipeError
 from ..recipe.loader import load_recipe
 from ..recipe.schema import PipelineRecipe
 from ..recipe.suggest import did_you_mean, one_of
+from ..runtimes.registry import get_runtime
 from .driver import Pipeline
 from .image_io import generation_text
 from .latents import latent_grid, load_init_latents
@@ -36,7 +37,6 @@ from .outputs import (
     write_numbered,
 )
 from .outputs import write as write_output
-from .plan import machine_memory
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -74,6 +74,7 @@ class GenerateRequest:
     compile: bool = True
     overwrite: bool = False  # an existing --output may be replaced
     started: float | None = None  # time.perf_counter() when the command started (default: when generate does)
+    runtime: str = "numpy"  # the runtime (device) to run on; the budget is its device's memory
 
 
 # the flags `run` maps onto pipeline parameters of the same name; each needs the parameter declared
@@ -131,7 +132,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
             sets.append(f"{name}={given[name]}")
     if req.steps is not None and req.steps < 1:
         raise PipelineError(f"--steps {req.steps}: the number of denoising steps must be at least 1")
-    budget = req.max_memory if req.max_memory is not None else machine_memory()
+    runtime = get_runtime(req.runtime)
+    budget = req.max_memory if req.max_memory is not None else runtime.capacity()
     doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
     if isinstance(doc, PipelineRecipe):
         for name in PARAM_FLAGS:
@@ -139,7 +141,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
                 raise PipelineError(f"--{name}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
                                     f"{did_you_mean(name, doc.params)}; its parameters: {one_of(doc.params)}")
     pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
-                    progress=progress)
+                    progress=progress, runtime=runtime)
     p = pipe.params
     declared = _declared_outputs(pipe)
     _check_inputs(pipe, req)
@@ -209,7 +211,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
             "rss": report.rss,
         })
     memory = {"budget_bytes": budget, "budget_from": "--max-memory" if req.max_memory is not None else
-              "machine memory", "plans": {plan.model: plan.summary() for plan in pipe.prepare()}}
+              "machine memory", "runtime": runtime.name, "device": runtime.device,
+              "plans": {plan.model: plan.summary() for plan in pipe.prepare()}}
     total = time.perf_counter() - started
     timing = {"total_seconds": round(total, 3), "compile_seconds": round(compile_seconds, 3),
               "compile_share": round(compile_seconds / total, 4) if total > 0 else 0.0}
