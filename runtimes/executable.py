@@ -15,12 +15,14 @@ streamed through two slot buffers by a ``streaming.WeightStreamer``; ``close()``
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+from luminal_recipes.errors import GraphError, InputError
 from luminal_recipes.graph.core import Node
 
 from .backend import Array, Backend
@@ -28,6 +30,7 @@ from .binding import check_array, check_input_names, declared_shape, fetch_weigh
 from .kernels import REGISTRY, SOURCES
 from .kernels.context import KernelContext, KernelInput, Scratch
 from .memory import MemoryPlan, check_dims, plan_memory
+from .memory import state_updates as updates_of
 from .program import Program
 from .protocol import MemoryReport, RuntimeBase
 from .streaming import WeightStreamer, stream_layout
@@ -115,12 +118,20 @@ class Executable:
         flats: dict[int, Array] = {}
         weight_array_bytes = 0
         self._inputs: dict[str, tuple[Node, Array]] = {}
+        self._states: dict[str, tuple[Node, Array]] = {}  # name -> (state input, its buffer): kept across runs
         self.weights: dict[str, Array] = {}  # name -> bound array: the caller's on a host backend
         for nid in plan.order:
             node = by_id[nid]
             slot = self.streamer.view(nid) if self.streamer and plan.resident.get(nid) == "weight" else None
             if slot is not None:
                 flats[nid] = slot  # filled block by block while the program runs
+            elif plan.resident.get(nid) == "state":
+                if node.op == "Input":
+                    flats[nid] = backend.slot(backend.allocate(plan.nbytes[nid]), 0, plan.nbytes[nid],
+                                              node.dtype.np)
+                    self._states[node.name] = (node, flats[nid])
+                else:  # computes the state's new value in the state's own buffer (in place)
+                    flats[nid] = flats[plan.states[nid]]
             elif plan.resident.get(nid) == "weight":
                 arr = fetch_weight(weights, node.name)
                 check_array("weight", node, arr, dims)
@@ -148,8 +159,22 @@ class Executable:
             out = flats[nid].reshape(declared_shape(node, dims))
             steps.append((position, bind(out, [flats[src] for src, _ in node.inputs], arrays)))
         self._steps = self.streamer.interleave(steps) if self.streamer else [step for _, step in steps]
-        self._outputs = {name: (flats[src], view.bind(dims)) for name, (src, view) in program.outputs.items()}
-        self._known_inputs = {n.name for n in program.nodes if n.op == "Input" and n.attr("kind") != "weight"}
+        self._outputs = {name: (flats[src], view.bind(dims)) for name, (src, view) in program.outputs.items()
+                         if name not in self._states}
+        # a state's new value computed elsewhere (not in place) is copied into its buffer after each run
+        self._write_back = []
+        for name, (node, buf) in self._states.items():
+            if name not in program.outputs:
+                continue
+            src, view = program.outputs[name]
+            if plan.states.get(src) == node.id:
+                continue  # updated in place
+            if src not in updates_of(program, dims):
+                raise GraphError(f"state '{name}': its new value (the output '{name}') must be a tensor of the "
+                                   f"state's shape read whole, in order; make it contiguous first")
+            self._write_back.append((buf, flats[src]))
+        self._known_inputs = {n.name for n in program.nodes if n.op == "Input"
+                              and n.attr("kind") not in ("weight", "state")}
         weight_bytes = plan.weight_bytes
         if self.streamer:  # what is held: weights outside blocks and the two slots
             layout = self.streamer.layout
@@ -158,9 +183,35 @@ class Executable:
         self._memory = MemoryReport(
             weight_bytes=weight_bytes, weight_array_bytes=weight_array_bytes,
             constant_bytes=plan.constant_bytes, arena_bytes=int(self.arena.nbytes),
-            planned_peak=weight_bytes + plan.constant_bytes + int(self.arena.nbytes),
-            live_peak=_live_schedule(plan, program.outputs, by_id, flats, prepared),
+            planned_peak=weight_bytes + plan.constant_bytes + plan.state_bytes + int(self.arena.nbytes),
+            live_peak=_live_schedule(plan, program.outputs, by_id, flats, prepared), state_bytes=plan.state_bytes,
         )
+
+    # ---- inputs and states ---------------------------------------------------------------------------------
+    def input(self, name: str) -> Array:
+        """Input ``name``'s slot, at its shape: data written there and passed to ``run`` as that input is not
+        copied (bound in place)."""
+        node, slot = self._inputs[name]
+        return slot.reshape(declared_shape(node, self.dims))
+
+    def state(self, name: str) -> np.ndarray:
+        """A host copy of state ``name``'s current value."""
+        node, buf = self._state(name)
+        return np.array(self.backend.download(buf), copy=True).reshape(declared_shape(node, self.dims))
+
+    def set_state(self, name: str, value: np.ndarray | None = None) -> None:
+        """Set state ``name`` to ``value`` (zeros when None)."""
+        node, buf = self._state(name)
+        if value is None:
+            value = np.zeros(declared_shape(node, self.dims), node.dtype.np)
+        value = np.asarray(value)
+        check_array("state", node, value, self.dims)
+        self.backend.copy_in(buf, value)
+
+    def _state(self, name: str) -> tuple[Node, Array]:
+        if name not in self._states:
+            raise InputError(f"no state '{name}'; the program's states are {', '.join(self._states) or 'none'}")
+        return self._states[name]
 
     def close(self) -> None:
         """Stop the weight loader (streaming only); the executable must not run afterwards."""
@@ -177,12 +228,19 @@ class Executable:
         read-only views of the arena instead, valid until the next run (no copy in a loop that consumes them
         at once). ``trace=True`` measures allocations made outside the arena (``memory.transient_peak``)."""
         inputs = dict(inputs or {})
+        for name in inputs:
+            if name in self._states:
+                raise InputError(f"'{name}' is a state of this program: it persists across runs; set it with "
+                                 f"set_state('{name}', value), not as an input")
         check_input_names(inputs, sorted(self._inputs), self._known_inputs)
         stats = self.stats
         stats.runs += 1
         stats.bytes_in = stats.bytes_out = stats.bytes_device = 0
         for name, (node, slot) in self._inputs.items():
-            arr = np.asarray(inputs[name])
+            given = inputs[name]
+            if _same_memory(given, slot):
+                continue  # written in its slot by the caller (``input(name)``): bound without a copy
+            arr = np.asarray(given)
             check_array("input", node, arr, self.dims)
             self.backend.copy_in(slot, arr)
             stats.bytes_in += arr.nbytes
@@ -192,6 +250,9 @@ class Executable:
             with np.errstate(all="ignore"):
                 for step in self._steps:
                     step()
+            for buf, value in self._write_back:
+                self.backend.copy(buf, value)
+                stats.bytes_device += value.nbytes
             self.backend.synchronize()
             if trace:
                 self._memory.transient_peak = tracemalloc.get_traced_memory()[1]
@@ -216,6 +277,21 @@ class Executable:
         if self.backend.host_arrays:
             self.stats.bytes_out += out.nbytes
         return out
+
+
+def _address(arr) -> tuple | None:
+    for attr in ("__array_interface__", "__cuda_array_interface__"):
+        info = getattr(arr, attr, None)
+        if info is not None:
+            return info["data"][0], tuple(arr.shape), info.get("strides"), str(arr.dtype)
+    return None
+
+
+def _same_memory(given, slot) -> bool:
+    """``given`` is exactly the slot's memory: same address, contiguous, same size and dtype."""
+    a, b = _address(given), _address(slot)
+    return (a is not None and b is not None and a[0] == b[0] and a[2] is None and a[3] == b[3]
+            and math.prod(a[1]) == math.prod(b[1]))
 
 
 def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], flats: dict,

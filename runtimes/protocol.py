@@ -45,6 +45,7 @@ class MemoryReport:
     planned_peak: int
     live_peak: int | None = None
     transient_peak: int | None = None
+    state_bytes: int = 0  # state buffers (kept across runs), included in planned_peak
 
 
 @runtime_checkable
