@@ -16,14 +16,16 @@ streamed through two slot buffers by a ``streaming.WeightStreamer``; ``close()``
 from __future__ import annotations
 
 import math
+import time
 import tracemalloc
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from luminal_recipes.errors import GraphError, InputError
+from luminal_recipes.errors import GraphError, InputError, UnboundDimError
 from luminal_recipes.graph.core import Node
+from luminal_recipes.graph.symbolic import shape_str
 
 from .backend import Array, Backend
 from .binding import check_array, check_input_names, declared_shape, fetch_weight
@@ -95,54 +97,109 @@ class TransferStats:
     bytes_in: int = 0
     bytes_out: int = 0
     bytes_device: int = 0
+    rebinds: int = 0  # re-bindings to other dims (``Executable.bind``), their total seconds, and the arenas they
+    rebind_seconds: float = 0.0  # had to allocate (none when loaded for the largest dims)
+    arena_allocations: int = 0
 
 
 class Executable:
-    """A Program bound to its weights, dims and arena on one backend; ``run`` executes it."""
+    """A Program bound to its weights, dims and arena on one backend; ``run`` executes it.
+
+    Loaded for ``dims`` (e.g. a size bucket: the largest lengths it will see), it can be re-bound to other dims
+    (``bind``, or ``run(..., dims=)``) without loading again: the weights, constants, states and arena stay; the
+    kernels are prepared and the memory planned for the new dims, and the steps are bound to new slots of the same
+    arena (a new arena only if the new plan needs more than the loaded one).
+    """
 
     def __init__(self, runtime: BackendRuntime, program: Program, weights, dims: dict[str, int],
                  stream: Mapping[str, str] | None = None):
         self.runtime, self.backend = runtime, runtime.backend
-        self.program, self.dims = program, dims
+        self.program, self.dims = program, dict(dims)
+        self.loaded_dims = dict(dims)
         self.stats = TransferStats()
+        self._by_id = {n.id: n for n in program.nodes}
         backend = self.backend
-        prepared = runtime.prepare(program, dims)
-        self.plan = plan = plan_memory(program, dims, None,
-                                       {nid: s.nbytes for nid, (_, s) in prepared.items()})
+        prepared, plan = self._plan(self.dims)
         self.streamer = None
         if stream is not None:
             self.streamer = WeightStreamer(stream_layout(program, plan, dims, stream), program, weights, dims,
                                            backend)
-        by_id = {n.id: n for n in program.nodes}
         self.arena = backend.allocate(plan.arena_bytes)
-        flats: dict[int, Array] = {}
-        weight_array_bytes = 0
-        self._inputs: dict[str, tuple[Node, Array]] = {}
+        # bound once, whatever the dims: weights, constants, Iota (its prefix serves shorter lengths), states
+        self._fixed: dict[int, Array] = {}
         self._states: dict[str, tuple[Node, Array]] = {}  # name -> (state input, its buffer): kept across runs
         self.weights: dict[str, Array] = {}  # name -> bound array: the caller's on a host backend
+        self._weight_array_bytes = 0
         for nid in plan.order:
-            node = by_id[nid]
-            slot = self.streamer.view(nid) if self.streamer and plan.resident.get(nid) == "weight" else None
+            node = self._by_id[nid]
+            kind = plan.resident.get(nid)
+            slot = self.streamer.view(nid) if self.streamer and kind == "weight" else None
             if slot is not None:
-                flats[nid] = slot  # filled block by block while the program runs
-            elif plan.resident.get(nid) == "state":
-                if node.op == "Input":
-                    flats[nid] = backend.slot(backend.allocate(plan.nbytes[nid]), 0, plan.nbytes[nid],
-                                              node.dtype.np)
-                    self._states[node.name] = (node, flats[nid])
-                else:  # computes the state's new value in the state's own buffer (in place)
-                    flats[nid] = flats[plan.states[nid]]
-            elif plan.resident.get(nid) == "weight":
+                self._fixed[nid] = slot  # filled block by block while the program runs
+            elif kind == "state" and node.op == "Input":
+                buf = backend.slot(backend.allocate(plan.nbytes[nid]), 0, plan.nbytes[nid], node.dtype.np)
+                self._fixed[nid] = buf
+                self._states[node.name] = (node, buf)
+            elif kind == "weight":
                 arr = fetch_weight(weights, node.name)
                 check_array("weight", node, arr, dims)
-                flats[nid] = backend.upload(arr)
-                self.weights[node.name] = flats[nid].reshape(arr.shape)
-                weight_array_bytes += flats[nid].nbytes
+                self._fixed[nid] = backend.upload(arr)
+                self.weights[node.name] = self._fixed[nid].reshape(arr.shape)
+                self._weight_array_bytes += self._fixed[nid].nbytes
             elif node.op == "Constant":
                 data = node.data if node.data is not None else np.asarray(node.attr("value"), node.dtype.np)
-                flats[nid] = backend.upload(np.ascontiguousarray(data, dtype=node.dtype.np).reshape(-1))
+                self._fixed[nid] = backend.upload(np.ascontiguousarray(data, dtype=node.dtype.np).reshape(-1))
             elif node.op == "Iota":
-                flats[nid] = backend.upload(np.arange(declared_shape(node, dims)[0], dtype=np.int32))
+                self._fixed[nid] = backend.upload(np.arange(declared_shape(node, dims)[0], dtype=np.int32))
+        self._known_inputs = {n.name for n in program.nodes if n.op == "Input"
+                              and n.attr("kind") not in ("weight", "state")}
+        self._bind(self.dims, prepared, plan)
+
+    def _plan(self, dims: Mapping[str, int]) -> tuple[dict, MemoryPlan]:
+        prepared = self.runtime.prepare(self.program, dims)
+        plan = plan_memory(self.program, dims, None, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+        return prepared, plan
+
+    def bind(self, dims: Mapping[str, int]) -> None:
+        """Re-bind to other values of the symbolic dims (within what was loaded: weights and states must keep
+        their shapes, an Iota may only get shorter). Allocates nothing unless the new plan's arena is larger."""
+        dims = {**self.dims, **dims}
+        if dims == self.dims:
+            return
+        t0 = time.perf_counter()
+        for nid, buf in self._fixed.items():
+            node = self._by_id[nid]
+            kind = node.attr("kind") if node.op == "Input" else None
+            if kind in ("weight", "state") and declared_shape(node, dims) != declared_shape(node, self.dims):
+                raise UnboundDimError(
+                    f"{kind} '{node.name}' has shape {shape_str(node.shape)}: it cannot change with the dims "
+                    f"(loaded for {self.loaded_dims}, asked {dims}); load the program again for these dims")
+            if node.op == "Iota" and declared_shape(node, dims)[0] > buf.size:
+                raise UnboundDimError(
+                    f"Iota #{nid} of length {shape_str(node.shape)} = {declared_shape(node, dims)[0]} exceeds the "
+                    f"{buf.size} it was loaded for (dims {self.loaded_dims}); load the program for a larger bucket")
+        prepared, plan = self._plan(dims)
+        if plan.arena_bytes > self.arena.nbytes:  # not expected when loaded for the largest dims of a bucket
+            self.arena = self.backend.allocate(plan.arena_bytes)
+            self.stats.arena_allocations += 1
+        self._bind(dims, prepared, plan)
+        self.stats.rebinds += 1
+        self.stats.rebind_seconds += time.perf_counter() - t0
+
+    def _bind(self, dims: dict[str, int], prepared: dict, plan: MemoryPlan) -> None:
+        """Every activation slot, kernel step, input and output at ``dims``."""
+        backend, program, by_id = self.backend, self.program, self._by_id
+        self.dims, self.plan = dims, plan
+        flats: dict[int, Array] = {}
+        self._inputs: dict[str, tuple[Node, Array]] = {}
+        for nid in plan.order:
+            node = by_id[nid]
+            if nid in self._fixed:
+                flats[nid] = self._fixed[nid]
+                if node.op == "Iota":
+                    flats[nid] = flats[nid][: declared_shape(node, dims)[0]]
+            elif plan.resident.get(nid) == "state":  # computes the state's new value in its buffer (in place)
+                flats[nid] = self._fixed[plan.states[nid]]
             else:
                 flats[nid] = backend.slot(self.arena, plan.offsets[nid], plan.nbytes[nid], node.dtype.np)
                 if node.op == "Input":
@@ -171,11 +228,9 @@ class Executable:
                 continue  # updated in place
             if src not in updates_of(program, dims):
                 raise GraphError(f"state '{name}': its new value (the output '{name}') must be a tensor of the "
-                                   f"state's shape read whole, in order; make it contiguous first")
+                                 f"state's shape read whole, in order; make it contiguous first")
             self._write_back.append((buf, flats[src]))
-        self._known_inputs = {n.name for n in program.nodes if n.op == "Input"
-                              and n.attr("kind") not in ("weight", "state")}
-        weight_bytes = plan.weight_bytes
+        weight_bytes, weight_array_bytes = plan.weight_bytes, self._weight_array_bytes
         if self.streamer:  # what is held: weights outside blocks and the two slots
             layout = self.streamer.layout
             weight_bytes = layout.resident_weight_bytes
@@ -223,10 +278,13 @@ class Executable:
         return self._memory
 
     def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True,
-            trace: bool = False) -> dict[str, np.ndarray]:
-        """Execute once. Outputs are fresh host arrays; with ``copy_outputs=False`` a host backend hands out
-        read-only views of the arena instead, valid until the next run (no copy in a loop that consumes them
-        at once). ``trace=True`` measures allocations made outside the arena (``memory.transient_peak``)."""
+            trace: bool = False, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Execute once (at ``dims``, re-binding first if they differ). Outputs are fresh host arrays; with
+        ``copy_outputs=False`` a host backend hands out read-only views of the arena instead, valid until the
+        next run (no copy in a loop that consumes them at once). ``trace=True`` measures allocations made
+        outside the arena (``memory.transient_peak``)."""
+        if dims is not None:
+            self.bind(dims)
         inputs = dict(inputs or {})
         for name in inputs:
             if name in self._states:
