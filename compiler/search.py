@@ -5,7 +5,9 @@ the segment into an e-graph, saturates it under bounds, and extracts several can
 by the analytic cost model, the naive primitive program, and cost-aware random variants (seeded). Candidate
 ``i`` of the whole graph takes candidate ``i`` of every segment. Candidates whose planned peak memory exceeds
 the budget are dropped before anything runs; the rest are ranked by estimated cost, and the best few are timed
-on the runtime when a run is small enough to measure. The fastest wins. The result is cached on disk.
+on the runtime when a run is small enough to measure. The fastest wins. The result is cached on disk, keyed on
+the graph, the dims (a size bucket's), the runtime and device, the package versions, and the hashes of the rule
+texts, the kernel registry and the kernel implementations (``fingerprint.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from luminal_recipes.runtimes.program import Program
 from . import cache
 from .cost import CPU, Machine, bind, numel, program_cost
 from .extract import PRIMITIVE_KERNELS, Snapshot, choose, local_costs, noisy, signature, to_program
+from .fingerprint import plan_fingerprints
 from .lower import lower
 from .rules import FAMILIES
 from .saturate import Limits, saturate, scratch_egraph
@@ -80,6 +83,7 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     key = cache.plan_key(graph, runtime_name, device, dims, {
         "budget": budget_bytes, "kernels": sorted(kernels),
         "options": {k: v for k, v in asdict(options).items() if k != "use_cache"},
+        **plan_fingerprints(runtime, options.families),  # rule texts, kernel registry, kernel implementations
     })
     if options.use_cache:
         hit = cache.load(key)
