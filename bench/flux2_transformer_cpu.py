@@ -162,9 +162,8 @@ def torch_step(model, cfg: TransformerConfig, inputs: dict[str, np.ndarray]):
 def compile_ours(model, inputs: dict[str, np.ndarray], cache: Path):
     """Compile the built graph with an empty plan cache, then again (warm, a cache hit)."""
     from luminal_recipes.compiler.search import compile_graph
-    from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
-
     from luminal_recipes.pipeline.engine import infer_dims
+    from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
 
     os.environ["LUMINAL_RECIPES_CACHE"] = str(cache)
     dims = infer_dims(model, inputs)

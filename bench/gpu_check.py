@@ -274,6 +274,7 @@ def environment(c: Check) -> dict:
         out["gxx"] = subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
         return out
     import cupy
+
     from luminal_recipes.runtimes.cuda import nvrtc
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
@@ -829,6 +830,7 @@ def random_bits(c: Check, specs: dict) -> dict:
                 out[name] = (bits & 0x77).view(ml_dtypes.float8_e4m3fn) if dt == "f8e4m3" else bits
         return out
     import cupy
+
     from luminal_recipes.runtimes.cuda.device import DeviceTensor
 
     rng = cupy.random.default_rng(0)

@@ -12,7 +12,6 @@ or written means compiling without a cache (with a warning), never a failed run.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -25,12 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..graph.core import Graph, Node
-from ..graph.dtypes import to_dtype
-from ..graph.serialize import structural_hash
-from ..graph.symbolic import to_dim
-from ..graph.view import View
-from ..runtimes.program import KERNELS, Program
+from luminal_recipes.graph.core import Graph
+from luminal_recipes.graph.serialize import structural_hash
+from luminal_recipes.runtimes.program import KERNELS, Program
 
 FORMAT = "luminal-recipes/plan"
 VERSION = 2  # 2: entries carry a checksum
@@ -111,39 +107,21 @@ def plan_key(graph: Graph, runtime_name: str, device: str, dims: dict, extra: di
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-# ---- program <-> JSON --------------------------------------------------------------------------------------
+# ---- program <-> JSON (the graph serialiser's format) ------------------------------------------------------
 def program_to_json(program: Program) -> dict:
-    nodes = []
-    for n in program.nodes:
-        item = {"op": n.op, "dtype": str(n.dtype), "shape": [str(d) for d in n.shape],
-                "inputs": [[src, view.to_json()] for src, view in n.inputs], "attrs": dict(n.attrs)}
-        if n.data is not None:
-            item["data"] = base64.b64encode(np.ascontiguousarray(n.data).tobytes()).decode()
-        nodes.append(item)
-    outputs = {k: [src, v.to_json()] for k, (src, v) in program.outputs.items()}
-    return {"nodes": nodes, "outputs": outputs}
+    return program.to_json()
 
 
 def program_from_json(data: dict) -> Program:
     """The program an entry holds; ValueError if it is not a well-formed program of known kernels."""
-    nodes = []
     for i, item in enumerate(data["nodes"]):
         if item["op"] not in KERNELS:
             raise ValueError(f"node {i} has the unknown kernel {str(item['op'])[:60]!r}")
         if any(not isinstance(src, int) or not 0 <= src < i for src, _ in item["inputs"]):
             raise ValueError(f"node {i} reads a node that does not come before it")
-        dtype = to_dtype(item["dtype"])
-        shape = tuple(to_dim(d) for d in item["shape"])
-        arr = None
-        if "data" in item:
-            arr = np.frombuffer(base64.b64decode(item["data"]), dtype=dtype.np).reshape(
-                tuple(int(d) for d in shape)).copy()
-        inputs = tuple((src, View.from_json(v)) for src, v in item["inputs"])
-        nodes.append(Node(i, item["op"], inputs, shape, dtype, tuple(sorted(item["attrs"].items())), arr))
-    outputs = {k: (src, View.from_json(v)) for k, (src, v) in data["outputs"].items()}
-    if any(not isinstance(src, int) or not 0 <= src < len(nodes) for src, _ in outputs.values()):
+    if any(not isinstance(src, int) or not 0 <= src < len(data["nodes"]) for src, _ in data["outputs"].values()):
         raise ValueError("an output names a node the program does not have")
-    return Program(nodes, outputs)
+    return Program.from_json(data)
 
 
 def _checksum(entry: dict) -> str:

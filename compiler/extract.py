@@ -5,7 +5,8 @@
 which only ever picks e-nodes whose operands are already chosen, so the result is acyclic). Candidates differ
 by the local costs fed in: the analytic cost, the analytic cost with seeded random noise (diverse programs),
 or a cost that forbids every fused kernel (the naive primitive program, which always exists). ``to_program``
-turns a choice into kernel nodes in topological order.
+turns a choice into kernel nodes in topological order. Which kernel an e-node is, its attributes and its cost
+come from the kernel registry (``runtimes.kernels``: constructor -> spec).
 """
 
 from __future__ import annotations
@@ -18,31 +19,19 @@ from dataclasses import dataclass, field
 import egglog.bindings as eb
 import numpy as np
 
-from ..graph.core import Graph, Node
-from ..graph.dtypes import DType, to_dtype
-from ..graph.symbolic import Dim, to_dim
-from ..graph.view import View
-from ..runtimes.program import Program
-from .cost import Machine, kernel_work, numel
+from luminal_recipes.graph.core import Graph, Node
+from luminal_recipes.graph.dtypes import DType, to_dtype
+from luminal_recipes.graph.symbolic import Dim, prod, to_dim
+from luminal_recipes.graph.view import View
+from luminal_recipes.runtimes.kernels import CONSTRUCTORS, PRIMITIVE_KERNELS, KernelCall, Machine, numel
+from luminal_recipes.runtimes.program import Program
+
+from .lower import canonical_view
+
+__all__ = ["PRIMITIVE_KERNELS", "Snapshot", "choose", "local_costs", "noisy", "signature", "to_program"]
 
 EQ_SORTS = ("IR", "Ld", "EX")
 INF = math.inf
-
-# e-graph constructor -> Program kernel name
-KERNEL_OF = {
-    "Input": "Input", "Const": "Constant", "ConstArr": "Constant", "Iota": "Iota",
-    "Log2": "Log2", "Exp2": "Exp2", "Sin": "Sin", "Sqrt": "Sqrt", "Recip": "Recip",
-    "Add": "Add", "Mul": "Mul", "Mod": "Mod", "LessThan": "LessThan", "SumReduce": "SumReduce",
-    "MaxReduce": "MaxReduce", "Cast": "Cast", "Gather": "Gather", "Scatter": "Scatter",
-    "MatMul": "MatMul", "MatMulBias": "MatMul", "Elementwise": "Elementwise", "Softmax": "Softmax",
-    "RMSNorm": "RMSNorm", "LayerNorm": "LayerNorm", "Attention": "Attention", "AttentionBias": "Attention",
-    "AttentionBlocked": "AttentionBlocked", "AttentionBlockedBias": "AttentionBlocked", "Conv2d": "Conv2d",
-    "Conv2dBias": "Conv2d",
-    "DequantFP8": "DequantMatMul", "DequantNVFP4": "DequantMatMul", "ScatterInPlace": "ScatterInPlace",
-}
-PRIMITIVE_KERNELS = {"Input", "Constant", "Iota", "Log2", "Exp2", "Sin", "Sqrt", "Recip", "Add", "Mul", "Mod",
-                     "LessThan", "SumReduce", "MaxReduce", "Cast", "Gather", "Scatter"}
-
 
 @dataclass(frozen=True)
 class Ref:
@@ -171,25 +160,21 @@ def local_costs(snap: Snapshot, dims: Mapping[str, int], machine: Machine,
             elif node.op == "EC":
                 costs.append(0.0)
             else:  # one arithmetic pass over cache-resident tiles
-                costs.append(n / machine.ew_flops_per_s)
+                op = "Cast" if node.op == "ECast" else node.args[0]
+                costs.append(n * machine.op_weight(op) / machine.ew_flops_per_s)
         else:
-            kernel = KERNEL_OF[node.op]
-            if not allowed(kernel) or node.cls not in snap.shape:
+            kernel, ctor = CONSTRUCTORS[node.op]
+            if not allowed(kernel.name) or node.cls not in snap.shape:
                 costs.append(INF)
                 continue
-            inputs = [(snap.load_view(a.cls), snap.load_dtype(a.cls)) for a in node.args
-                      if isinstance(a, Ref) and snap.sort[a.cls] == "Ld"]
-            attrs = {}
+            loads = [a.cls for a in node.args if isinstance(a, Ref) and snap.sort[a.cls] == "Ld"]
+            inputs = [(snap.load_view(ld), snap.load_dtype(ld)) for ld in loads]
+            # an Elementwise's loads and arithmetic are costed by its expression's nodes
+            attrs = ctor.to_attrs(node.args, [v for v, _ in inputs])
             if node.op == "Elementwise":
-                inputs, attrs = [], {"expr": ""}  # its loads and arithmetic are costed by its EX nodes
-            elif node.op in ("AttentionBlocked", "AttentionBlockedBias"):
-                attrs = {"block": node.args[-1]}
-            elif node.op == "DequantFP8":
-                attrs = {"out_features": node.args[3], "in_features": node.args[4]}
-            elif node.op == "DequantNVFP4":
-                attrs = {"out_features": node.args[5], "in_features": node.args[6]}
-            work = kernel_work(kernel, snap.shape[node.cls], snap.dtype[node.cls], inputs, attrs, dims)
-            costs.append(work.seconds(machine))
+                inputs = []
+            call = KernelCall(snap.shape[node.cls], snap.dtype[node.cls], inputs, attrs, dims)
+            costs.append(kernel.work(call).seconds(machine))
     return costs
 
 
@@ -304,38 +289,22 @@ class _Emitter:
         shape, dtype = self.snap.shape[c], self.snap.dtype[c]
         loads = [a.cls for a in args if isinstance(a, Ref) and self.snap.sort[a.cls] == "Ld"]
         inputs = [self.edge(ld) for ld in loads]
-        attrs: dict = {}
         data = None
-        kernel = KERNEL_OF[op]
+        kernel, ctor = CONSTRUCTORS[op]
         if op == "Input":
-            src = self._inputs_by_name[args[0]]
-            attrs = dict(src.attrs)
+            attrs = dict(self._inputs_by_name[args[0]].attrs)
         elif op == "Const":
             attrs = {"value": args[1] if dtype.is_float else int(args[1])}
         elif op == "ConstArr":
             src = self.graph.nodes[args[0]]
             attrs, data = dict(src.attrs), src.data
-        elif op in ("SumReduce", "MaxReduce"):
-            ndim_in = len(inputs[0][1].shape)
-            attrs = {"axis": ndim_in - 1 - args[1]}
-        elif op in ("RMSNorm", "LayerNorm"):
-            attrs = {"eps": args[1]}
-        elif op in ("Attention", "AttentionBias"):
-            attrs = {"scale": args[-1]}
-        elif op in ("AttentionBlocked", "AttentionBlockedBias"):
-            attrs = {"scale": args[-2], "block": args[-1]}
-        elif op in ("Conv2d", "Conv2dBias"):
-            attrs = {"stride": args[-1]}
-            shape = _conv_output_shape(inputs[0][1].shape, inputs[1][1].shape, args[-1])
-        elif op == "DequantFP8":
-            attrs = {"format": "fp8", "layout": "", "out_features": args[3], "in_features": args[4]}
-        elif op == "DequantNVFP4":
-            attrs = {"format": "nvfp4", "layout": args[0], "out_features": args[5], "in_features": args[6]}
         elif op == "Elementwise":
             inputs, expr = self._expression(args[0].cls)
             attrs = {"expr": expr}
+        else:
+            attrs = ctor.to_attrs(args, [view for _, view in inputs])
         nid = len(self.nodes)
-        self.nodes.append(Node(nid, kernel, tuple(inputs), shape, dtype, tuple(sorted(attrs.items())), data))
+        self.nodes.append(Node(nid, kernel.name, tuple(inputs), shape, dtype, tuple(sorted(attrs.items())), data))
         return nid
 
     def _expression(self, ex: int) -> tuple[list[tuple[int, View]], str]:
@@ -362,21 +331,30 @@ class _Emitter:
         return inputs, walk(ex)
 
 
-def _conv_output_shape(x_shape, w_shape, stride: int) -> tuple:
-    """The kernel writes [N, O, Ho, Wo]; its e-class may be the matmul's [N, O, Ho*Wo] (the same bytes)."""
-    n, _, h, w = x_shape
-    o, _, kh, kw = w_shape
-    return (n, o, (h - kh) // stride + 1, (w - kw) // stride + 1)
-
-
 def to_program(snap: Snapshot, choice: dict[int, int], graph: Graph,
                outputs: Mapping[str, tuple[int, View]]) -> Program:
     """The Program computing ``outputs`` (HLIR node id and view, as in ``graph.outputs``) from a choice."""
     emitter = _Emitter(snap, choice, graph)
+    loads = {(n.args[0].cls, str(n.args[1])): n.cls for n in snap.nodes if n.op == "L"}
     out = {}
     for name, (nid, view) in outputs.items():
-        out[name] = (emitter.emit(snap.node_class[nid]), view)
+        cls = snap.node_class[nid]
+        ld = loads.get((cls, str(canonical_view(view))))
+        if ld is not None and ld in choice:
+            # the output as the load lowering stated: another e-class may hold the same bytes (SameBytes); it
+            # replaces the producer only if the chosen load reads it whole, in order (then any view of the one
+            # reads the same elements of the other)
+            src, chosen = emitter.load(ld)
+            if src != cls and _reads_whole(chosen, snap.shape[src]):
+                cls = src
+        out[name] = (emitter.emit(cls), view)
     return Program(emitter.nodes, out)
+
+
+def _reads_whole(view: View, shape) -> bool:
+    contiguous = View.contiguous(view.shape)
+    return (view.mask is None and str(view.offset) == "0" and str(canonical_view(contiguous)) ==
+            str(canonical_view(view)) and str(prod(view.shape)) == str(prod(shape)))
 
 
 def signature(program: Program) -> tuple:

@@ -4,7 +4,7 @@ Each node ``i`` is one command ``(union (N i) (Op (L (N j) view) ...))`` built d
 sent in chunks (parsing one program string costs memory quadratic in its length, and the high-level API
 recurses per nesting level). Alongside, the facts rules need about layouts: the node's shape and dtype, the
 contiguous strides of every shape that occurs (``RowMajor``), and which nodes have a single reader
-(``SingleUse``).
+(``SingleUse``). Small array constants carry their values as text, so rules can recognise tables (E2M1's).
 
 Lists (shapes, strides, masks) are written innermost axis first, and strides of concrete size-1 axes as 0; see
 ``rules/schema.egg``.
@@ -17,13 +17,13 @@ from collections.abc import Iterable
 import egglog.bindings as eb
 import numpy as np
 
-from ..graph.core import Graph, Node
-from ..graph.symbolic import Dim, Expr, mul
-from ..graph.view import View
-from ..ops.quant import E2M1_VALUES
+from luminal_recipes.graph.core import Graph, Node
+from luminal_recipes.graph.symbolic import Dim, Expr, mul
+from luminal_recipes.graph.view import View
 
 SPAN = eb.RustSpan(__file__, 0, 0)
 CHUNK = 2000
+SMALL_CONSTANT = 64  # elements: array constants up to this size show their values to the rules
 
 
 def _call(name: str, *args) -> eb.Call:
@@ -45,6 +45,11 @@ def _str(v: str) -> eb.Lit:
 def canonical_strides(shape: tuple[Dim, ...], strides: tuple[Dim, ...]) -> tuple[Dim, ...]:
     """Strides with those of concrete size-1 axes set to 0 (an index there is always 0)."""
     return tuple(0 if isinstance(d, int) and d == 1 else s for d, s in zip(shape, strides))
+
+
+def canonical_view(view: View) -> View:
+    """The view as the e-graph stores it (strides of concrete size-1 axes 0)."""
+    return View(view.shape, canonical_strides(view.shape, view.strides), view.offset, view.mask)
 
 
 def row_major(shape: tuple[Dim, ...]) -> tuple[Dim, ...]:
@@ -89,6 +94,17 @@ class Terms:
         return _call("V", self.dims(view.shape), self.dims(strides), self.dim(view.offset), mask)
 
 
+def values_text(data: np.ndarray) -> str:
+    """The values of a small array constant as text (rules may match tables such as E2M1's; -0.0 stays -0.0);
+    empty for larger ones."""
+    if data.size > SMALL_CONSTANT:
+        return ""
+    flat = np.asarray(data).reshape(-1)
+    if np.issubdtype(flat.dtype, np.integer) or flat.dtype == np.bool_:
+        return " ".join(str(int(v)) for v in flat)
+    return " ".join(repr(float(v)) for v in flat.astype(np.float32))
+
+
 def _prefixes(shape: tuple[Dim, ...]) -> Iterable[tuple[Dim, ...]]:
     # the tails of an innermost-first list are the shape's prefixes (trailing axes removed)
     for i in range(len(shape) + 1):
@@ -117,7 +133,7 @@ class Lowering:
             return _call("Input", _str(node.name))
         if op == "Constant":
             if node.data is not None:
-                return _call("ConstArr", _int(node.id))
+                return _call("ConstArr", _int(node.id), _str(values_text(node.data)))
             return _call("Const", _str(str(node.dtype)), _float(node.attr("value")))
         if op == "Iota":
             return _call("Iota", self.terms.dim(node.shape[0]))
@@ -150,26 +166,27 @@ class Lowering:
             actions += self._shape_facts(view.shape)
         if self.uses.get(node.id, 0) == 1:
             actions.append(eb.Expr_(SPAN, _call("SingleUse", nid)))
-        if node.data is not None and node.data.shape == E2M1_VALUES.shape and np.array_equal(
-                node.data.astype(np.float32), E2M1_VALUES) and np.array_equal(np.signbit(node.data),
-                                                                            np.signbit(E2M1_VALUES)):
-            actions.append(eb.Expr_(SPAN, _call("E2M1Table", nid)))
         return [eb.ActionCommand(a) for a in actions]
 
 
 def lower(graph: Graph, egraph: eb.EGraph, node_ids: Iterable[int] | None = None,
           uses: dict[int, int] | None = None, chunk: int = CHUNK) -> int:
-    """Insert the nodes (all, or ``node_ids`` in topological order) into ``egraph``; returns #commands."""
+    """Insert the nodes (all, or ``node_ids`` in topological order) into ``egraph``; returns #commands. With all
+    nodes, each graph output is also inserted as the load it is (producer and view), so extraction may read it
+    from another e-class with the same bytes."""
     lowering = Lowering(graph, uses)
     ids = range(len(graph.nodes)) if node_ids is None else node_ids
     pending: list = []
     sent = 0
+    outputs = [] if node_ids is not None else [eb.ActionCommand(eb.Expr_(SPAN, lowering.load(src, view)))
+                                                for src, view in graph.outputs.values()]
     for i in ids:
         pending += lowering.node_commands(graph.nodes[i])
         if len(pending) >= chunk:
             egraph.run_program(*pending)
             sent += len(pending)
             pending = []
+    pending += outputs
     if pending:
         egraph.run_program(*pending)
         sent += len(pending)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import egglog.bindings as eb
 
-from .rules import FAMILIES, program_text
+from .rules import program_text
 
 SPAN = eb.RustSpan(__file__, 0, 0)
 # one iteration: layout facts to a fixpoint, then one round of rewrites
@@ -32,7 +32,7 @@ class SaturationReport:
     matches: dict[str, int] = field(default_factory=dict)
 
 
-def new_egraph(families=FAMILIES) -> eb.EGraph:
+def new_egraph(families=None) -> eb.EGraph:
     egraph = eb.EGraph()
     egraph.run_program(*egraph.parse_program(program_text(families)))
     return egraph
@@ -42,10 +42,10 @@ _BASES: dict[tuple, eb.EGraph] = {}
 
 
 @contextmanager
-def scratch_egraph(families=FAMILIES) -> Iterator[eb.EGraph]:
+def scratch_egraph(families=None) -> Iterator[eb.EGraph]:
     """An e-graph with the rules loaded. What is added inside the ``with`` is dropped afterwards (push/pop),
     so the rules are parsed once per process, not once per segment."""
-    key = tuple(families)
+    key = program_text(families)  # an edited rule file is a new base
     egraph = _BASES.get(key)
     if egraph is None:
         egraph = _BASES[key] = new_egraph(families)

@@ -5,7 +5,9 @@ the segment into an e-graph, saturates it under bounds, and extracts several can
 by the analytic cost model, the naive primitive program, and cost-aware random variants (seeded). Candidate
 ``i`` of the whole graph takes candidate ``i`` of every segment. Candidates whose planned peak memory exceeds
 the budget are dropped before anything runs; the rest are ranked by estimated cost, and the best few are timed
-on the runtime when a run is small enough to measure. The fastest wins. The result is cached on disk.
+on the runtime when a run is small enough to measure. The fastest wins. The result is cached on disk, keyed on
+the graph, the dims (a size bucket's), the runtime and device, the package versions, and the hashes of the rule
+texts, the kernel registry and the kernel implementations (``fingerprint.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from ..errors import BudgetError, UnboundDimError
-from ..graph.core import Graph
-from ..graph.dtypes import DType
-from ..runtimes.program import KERNELS, Program
+from luminal_recipes.errors import BudgetError, UnboundDimError
+from luminal_recipes.graph.core import Graph
+from luminal_recipes.graph.dtypes import DType
+from luminal_recipes.runtimes.kernels import REGISTRY
+from luminal_recipes.runtimes.program import Program
+
 from . import cache
 from .cost import CPU, Machine, bind, numel, program_cost
 from .extract import PRIMITIVE_KERNELS, Snapshot, choose, local_costs, noisy, signature, to_program
+from .fingerprint import plan_fingerprints
 from .lower import lower
 from .rules import FAMILIES
 from .saturate import Limits, saturate, scratch_egraph
@@ -41,7 +46,7 @@ class SearchOptions:
     timing_budget_s: float = 10.0      # stop timing further candidates once this much time went into it
     limits: Limits = field(default_factory=Limits)
     families: tuple[str, ...] = FAMILIES
-    machine: Machine = CPU
+    machine: Machine | None = None     # cost-model constants; default: the runtime's own (``runtime.machine``)
     use_cache: bool = True
 
 
@@ -70,12 +75,15 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
             f"compiled)"
         )
     started = time.perf_counter()
+    if options.machine is None:
+        options = replace(options, machine=getattr(runtime, "machine", None) or CPU)
     runtime_name = getattr(runtime, "name", "none")
     device = getattr(runtime, "device", "none")
-    kernels = set(runtime.capabilities()) if runtime is not None else set(KERNELS)
+    kernels = set(runtime.capabilities()) if runtime is not None else set(REGISTRY)
     key = cache.plan_key(graph, runtime_name, device, dims, {
         "budget": budget_bytes, "kernels": sorted(kernels),
         "options": {k: v for k, v in asdict(options).items() if k != "use_cache"},
+        **plan_fingerprints(runtime, options.families),  # rule texts, kernel registry, kernel implementations
     })
     if options.use_cache:
         hit = cache.load(key)
@@ -148,8 +156,9 @@ def search_segment(seg: Segment, allowed, dims: Mapping[str, int],
         lower(seg.graph, egraph, uses=seg.uses)
         sat = saturate(egraph, options.limits)
         snap = Snapshot.of(egraph)
-    base = local_costs(snap, dims, options.machine, allowed)
-    naive = local_costs(snap, dims, options.machine, lambda k: allowed(k) and k in PRIMITIVE_KERNELS)
+    machine = options.machine or CPU
+    base = local_costs(snap, dims, machine, allowed)
+    naive = local_costs(snap, dims, machine, lambda k: allowed(k) and k in PRIMITIVE_KERNELS)
     rng = np.random.default_rng([options.seed, int(seg.key[:8], 16)])
     strategies = [("cheapest", base), ("naive", naive)]
     strategies += [(f"random{i}", noisy(base, rng, options.noise)) for i in range(options.candidates - 2)]
@@ -191,7 +200,7 @@ def _assess(runtime, program: Program, dims, machine: Machine) -> dict:
 def _plan_memory(runtime, program: Program, dims):
     if runtime is not None and hasattr(runtime, "plan"):
         return runtime.plan(program, dims)
-    from ..runtimes.memory import plan_memory
+    from luminal_recipes.runtimes.memory import plan_memory
 
     return plan_memory(program, dims)
 

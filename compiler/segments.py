@@ -14,10 +14,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from ..graph.core import Graph, Node
-from ..graph.serialize import reachable
-from ..graph.view import View
-from ..runtimes.program import Program
+from luminal_recipes.graph.core import Graph, Node
+from luminal_recipes.graph.serialize import reachable
+from luminal_recipes.graph.view import View
+from luminal_recipes.runtimes.program import Program
 
 
 @dataclass

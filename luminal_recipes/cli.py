@@ -12,7 +12,7 @@ _IMPORTED_AT = time.perf_counter()  # before typer and the rest load: `run` repo
 import json  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from functools import wraps  # noqa: E402
+from functools import partial, wraps  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import typer  # noqa: E402
@@ -66,6 +66,7 @@ def main(
 WEIGHTS_HELP = "checkpoint folder or hf://org/repo[@rev][/subfolder] (overrides the recipe's source)"
 SET_HELP = "override a recipe parameter: --set name=value (repeatable)"
 PROMPTS_FILE_LIMIT = 16 << 20  # one prompt per line; more than this is not a prompts file
+RUNTIME_HELP = "the runtime (device) to run on, e.g. numpy; the memory budget is that device's memory"
 
 
 @app.command()
@@ -98,6 +99,7 @@ def run(
     allow_nonfinite: bool = typer.Option(
         False, "--allow-nonfinite", help="write the image even when a stage output holds NaN or infinity"
     ),
+    runtime: str = typer.Option("numpy", "--runtime", help=RUNTIME_HELP),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only text outputs (no progress, no summary)"),
 ) -> None:
@@ -132,6 +134,7 @@ def run(
         overwrite=overwrite,
         started=started,
         allow_nonfinite=allow_nonfinite,
+        runtime=runtime,
     )
     with progress_printer(enabled=not quiet and not as_json) as progress:
         summary = generate(req, progress)
@@ -178,12 +181,15 @@ def inspect(
     max_memory: str | None = typer.Option(
         None, help="plan pipeline stages under this budget, e.g. 24GiB (default: unbounded, every weight resident)"
     ),
+    runtime: str = typer.Option("numpy", "--runtime", help=RUNTIME_HELP),
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
     from .pipeline.generate import parse_size
+    from .pipeline.plan import inspect_memory
     from .recipe import inspect as inspect_recipe
 
-    typer.echo(inspect_recipe(recipe, weights, set_, config, parse_size(max_memory)))
+    typer.echo(inspect_recipe(recipe, weights, set_, config, parse_size(max_memory),
+                              memory_plan=partial(inspect_memory, runtime=runtime)))
 
 
 @app.command()

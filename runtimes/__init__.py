@@ -1,16 +1,21 @@
 """Runtimes (imported as ``luminal_recipes.runtimes``): execute compiled Programs within a memory budget.
 
-``Runtime`` is the protocol every backend follows; ``NumpyRuntime`` is the CPU backend; ``plan_memory`` is the
-memory planner (liveness, in-place kernels, one activation arena) that both the runtimes and the compiler's
-budget check use.
+``kernels`` is the kernel registry (every kernel's spec); a ``Backend`` (``backend.py``) supplies memory and
+kernel implementations for one device; ``BackendRuntime`` runs Programs on a backend with the one generic
+executable (``executable.py``); ``NumpyRuntime`` is the CPU one. ``plan_memory`` is the memory planner (liveness,
+in-place kernels, one activation arena) that both the runtimes and the compiler's budget check use.
 """
 
+from .backend import Backend
+from .executable import BackendRuntime
 from .memory import MemoryPlan, plan_memory
-from .numpy_runtime import NumpyExecutable, NumpyRuntime
+from .numpy_runtime import NumpyBackend, NumpyExecutable, NumpyRuntime
 from .program import KERNELS, Program
 from .protocol import Executable, MemoryReport, Runtime, RuntimeBase, UnsupportedKernelError, time_executable
+from .registry import get_runtime, register_runtime, runtime_names
 
 __all__ = [
-    "KERNELS", "Executable", "MemoryPlan", "MemoryReport", "NumpyExecutable", "NumpyRuntime", "Program",
-    "Runtime", "RuntimeBase", "UnsupportedKernelError", "plan_memory", "time_executable",
+    "KERNELS", "Backend", "BackendRuntime", "Executable", "MemoryPlan", "MemoryReport",
+    "NumpyBackend", "NumpyExecutable", "NumpyRuntime", "Program", "Runtime", "RuntimeBase",
+    "UnsupportedKernelError", "get_runtime", "plan_memory", "register_runtime", "runtime_names", "time_executable",
 ]

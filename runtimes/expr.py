@@ -4,14 +4,17 @@ Grammar (s-expressions, as in ``program.KERNELS``)::
 
     expr := inK | number | (Const <number>) | (<Unary> expr) | (<Binary> expr expr) | (Cast <dtype> expr)
 
-``Unary`` is one of ``Log2 Exp2 Sin Sqrt Recip``, ``Binary`` one of ``Add Mul Mod LessThan``. Floats compute
+``Unary`` is one of ``Log2 Exp2 Exp Sin Sqrt Recip`` (``Exp`` is e^x), ``Binary`` one of ``Add Mul Mod
+LessThan``. Floats compute
 in f32 (whatever the inputs' storage dtype), integers in their own dtype, ``LessThan`` yields bool; ``Cast``
 has the reference interpreter's semantics (to bool: ``x != 0``; float to int: truncation; to a narrower float:
 rounded to it, then held in f32). A constant takes the type of the operand it meets. The result is converted
 to the output dtype.
 
-``Exp2`` is evaluated as ``exp(x * ln 2)`` (see ``_exp2_as_exp``): numpy's ``exp`` is vectorised, its ``exp2``
-calls libm once per element (1.75 vs 5.6 ns per f32 element on this project's 2-core machine).
+The plan evaluates the expression as written: constant folding, reassociation and the choice of ``Exp`` over
+``Exp2`` (numpy's ``exp`` is vectorised, its ``exp2`` calls libm once per element: 1.75 vs 5.6 ns per f32
+element on this project's 2-core machine) are egglog rewrites (``compiler/rules/elementwise.egg``), chosen by
+the numpy machine's op weights. A constant subexpression left in a text is evaluated like any other.
 
 Evaluation runs tile by tile (a few hundred KiB per temporary), so a long chain reads each input once and
 keeps its temporaries in cache. Temporaries are registers allocated by liveness in the expression tree; their
@@ -29,8 +32,7 @@ import numpy as np
 
 from luminal_recipes.graph.dtypes import DType, to_dtype
 
-UNARY = {"Log2": np.log2, "Exp2": np.exp2, "Sin": np.sin, "Sqrt": np.sqrt, "Recip": None}
-EVAL_UNARY = {**UNARY, "Exp": np.exp}  # "Exp" exists only inside a plan (``_exp2_as_exp``), not in a text
+UNARY = {"Log2": np.log2, "Exp2": np.exp2, "Exp": np.exp, "Sin": np.sin, "Sqrt": np.sqrt, "Recip": None}
 BINARY = {"Add": np.add, "Mul": np.multiply, "Mod": np.fmod, "LessThan": np.less}
 F32, BOOL = np.dtype(np.float32), np.dtype(np.bool_)
 TILE_ELEMS = 1 << 16  # elements per temporary: 256 KiB in f32, cache-sized
@@ -107,7 +109,7 @@ def _number(tok: str, fail) -> Expr:
         fail(f"{tok!r} is neither an input (in0, in1...) nor a number")
 
 
-# ---- typing and constant folding ---------------------------------------------------------------------------
+# ---- typing ---------------------------------------------------------------------------
 _FLOAT_STORAGE = {d.np for d in DType if d.is_float}
 
 
@@ -121,65 +123,6 @@ def _scalar(value: float, dtype: np.dtype):
     if dtype.kind in "iu":
         return dtype.type(int(value))
     return dtype.type(value)
-
-
-def _fold(e: Expr) -> Expr:
-    """Evaluate constant subtrees once (in f32), so the plan only holds array operations."""
-    if e.op in ("in", "const"):
-        return e
-    args = tuple(_fold(a) for a in e.args)
-    e = Expr(e.op, args, e.index, e.value, e.dtype)
-    if all(a.op == "const" for a in args):
-        vals = [np.float32(a.value) for a in args]
-        with np.errstate(all="ignore"):
-            if e.op == "Cast":
-                v = (vals[0].astype(e.dtype.np).astype(np.float32) if e.dtype.is_float
-                     else _cast_scalar(vals[0], e.dtype))
-            elif e.op == "Recip":
-                v = np.float32(1) / vals[0]
-            elif e.op in UNARY:
-                v = UNARY[e.op](vals[0])
-            else:
-                v = BINARY[e.op](vals[0], vals[1])
-        return Expr("const", value=float(v))
-    return e
-
-
-def _cast_scalar(v, dtype: DType):
-    return float(v != 0) if dtype == DType.BOOL else float(np.trunc(v))
-
-
-def _exp2_as_exp(e: Expr) -> Expr:
-    """Rewrite every ``Exp2(z)`` as ``Exp(z * ln 2)``, folding ``ln 2`` into a constant factor of ``z`` when
-    there is one, so ``Exp2(x * log2 e)`` (the op library's ``exp(x)``) becomes ``exp(x)`` with no multiply.
-
-    Same function within f32 tolerance: the argument takes at most one more rounding, an error of at most
-    ``|z| * 2^-24`` relative in the result (below 1e-5 over the whole range where f32 ``exp2`` is finite).
-    """
-    e = Expr(e.op, tuple(_exp2_as_exp(a) for a in e.args), e.index, e.value, e.dtype)
-    if e.op != "Exp2":
-        return e
-    inner, factor = _constant_factor(e.args[0])
-    factor = float(np.float32(factor * math.log(2.0)))
-    return Expr("Exp", (inner if factor == 1.0 else Expr("Mul", (inner, Expr("const", value=factor))),))
-
-
-def _constant_factor(e: Expr) -> tuple[Expr, float]:
-    """``e`` as ``(inner, c)`` with ``e == inner * c``, peeling products by constants while reassociating them
-    stays exact in f32: all of the constants but one are powers of two (or +-1)."""
-    factor, inexact = 1.0, False
-    while e.op == "Mul":
-        const = [i for i, a in enumerate(e.args) if a.op == "const"]
-        if not const:
-            break
-        c = e.args[const[0]].value
-        exact = c != 0 and math.frexp(abs(c))[0] == 0.5
-        if not exact and inexact:
-            break
-        inexact = inexact or not exact
-        factor *= c
-        e = e.args[1 - const[0]]
-    return e, factor
 
 
 # ---- evaluation plan ---------------------------------------------------------------------------------------
@@ -196,7 +139,7 @@ class ElementwisePlan:
     it needs (dtype each, at tile size) and ``bind`` returns the step that evaluates it."""
 
     def __init__(self, text: str, in_dtypes: list[np.dtype], out_dtype: np.dtype):
-        self.tree = _exp2_as_exp(_fold(parse(text)))
+        self.tree = parse(text)
         self.in_dtypes = [np.dtype(d) for d in in_dtypes]
         self.out_dtype = np.dtype(out_dtype)
         self.registers: list[np.dtype] = []
@@ -250,7 +193,7 @@ class ElementwisePlan:
         known = [t for t in types if t is not None]
         if e.op == "Cast":
             return self._emit_cast(e.dtype, ops[0], types[0] or F32, final)
-        if e.op in EVAL_UNARY:
+        if e.op in UNARY:
             if known and known[0] != F32:
                 raise ValueError(f"Elementwise: {e.op} needs a float operand, got {known[0]}")
             ctype, rtype = F32, F32
@@ -267,7 +210,7 @@ class ElementwisePlan:
         if e.op == "Recip":
             fn, args = np.divide, (("const", np.float32(1)), ops[0])
         else:
-            fn, args = (EVAL_UNARY[e.op] if e.op in EVAL_UNARY else BINARY[e.op]), tuple(ops)
+            fn, args = (UNARY[e.op] if e.op in UNARY else BINARY[e.op]), tuple(ops)
         kwargs = {}
         if ctype == F32:  # compute in f32 whatever the inputs' storage dtype
             kwargs = {"signature": (F32, F32, BOOL)} if e.op == "LessThan" else {"dtype": F32}

@@ -12,8 +12,12 @@ read by another edge of the kernel through a different view. ``ScatterInPlace`` 
 buffer under the same conditions (otherwise it falls back to a copy, noted in ``MemoryPlan.notes``).
 
 Weights and array constants live outside the arena (memory-mapped or owned by the program): they count in
-``weight_bytes`` (packed size: f4e2m1 is half a byte an element) and ``constant_bytes``.
-``peak = weight_bytes + constant_bytes + arena_bytes`` is the number a memory budget is checked against.
+``weight_bytes`` (packed size: f4e2m1 is half a byte an element) and ``constant_bytes``. State buffers (inputs of
+kind ``state``, e.g. a KV cache) live outside it too, for the executable's whole life (``state_bytes``); a kernel
+that computes a state's new value (the output of the state's name) in place - ``ScatterInPlace`` writing rows into
+it - writes into the state's own buffer, so nothing is copied per run.
+``peak = weight_bytes + constant_bytes + state_bytes + arena_bytes`` is the number a memory budget is checked
+against.
 """
 
 from __future__ import annotations
@@ -27,15 +31,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from luminal_recipes.errors import UnboundDimError
-from luminal_recipes.graph.core import BINARY_OPS, UNARY_OPS, Node
+from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.serialize import reachable
 from luminal_recipes.graph.symbolic import evaluate, free_symbols
 
+from .kernels import ALIASING_KERNELS, INPLACE_KERNELS
+from .kernels.context import aligned
 from .program import Program
-from .views import aligned, is_identity
+from .views import is_identity
 
-INPLACE_OPS = frozenset(UNARY_OPS + BINARY_OPS + ("Elementwise",))
-ALIASING_OPS = {"ScatterInPlace": 0}  # kernel -> input whose buffer it writes into
+INPLACE_OPS = INPLACE_KERNELS  # may write into an input that dies here (element i reads only elements i)
+ALIASING_OPS = ALIASING_KERNELS  # kernel -> input whose buffer it writes into
 GREEDY_BY_SIZE_LIMIT = 20_000  # buffers; above this the O(n log n) sweep is used
 END = 1 << 62  # lifetime end of program outputs
 
@@ -59,7 +65,7 @@ class MemoryPlan:
     scratch_bytes: dict[int, int]  # node id -> scratch bytes it asked for
     nbytes: dict[int, int]  # node id -> bytes of its output (every executed node, resident ones included)
     aliases: dict[int, int]  # node id -> producer whose buffer it writes (in-place kernels)
-    resident: dict[int, str]  # node id -> "weight" | "constant" (outside the arena)
+    resident: dict[int, str]  # node id -> "weight" | "constant" | "state" (outside the arena)
     buffers: list[Buffer]
     arena_bytes: int
     weight_bytes: int
@@ -68,6 +74,8 @@ class MemoryPlan:
     total_buffer_bytes: int  # every buffer and scratch added up, as if nothing were reused
     strategy: str
     notes: list[str] = field(default_factory=list)
+    state_bytes: int = 0  # state buffers (kept across runs, outside the arena)
+    states: dict[int, int] = field(default_factory=dict)  # node id -> the state input whose buffer it is
 
     @property
     def activation_peak(self) -> int:
@@ -75,7 +83,7 @@ class MemoryPlan:
 
     @property
     def peak(self) -> int:
-        return self.weight_bytes + self.constant_bytes + self.arena_bytes
+        return self.weight_bytes + self.constant_bytes + self.state_bytes + self.arena_bytes
 
     def check(self) -> None:
         """Raise AssertionError if two buffers live at the same step share bytes, or one leaves the arena."""
@@ -91,7 +99,7 @@ class MemoryPlan:
     def summary(self) -> str:
         b = format_bytes
         return (
-            f"weights {b(self.weight_bytes)} + constants {b(self.constant_bytes)} "
+            f"weights {b(self.weight_bytes)} + constants {b(self.constant_bytes)} + states {b(self.state_bytes)} "
             f"+ arena {b(self.arena_bytes)} = peak {b(self.peak)} "
             f"(buffers without reuse {b(self.total_buffer_bytes)}, live lower bound {b(self.live_peak)}, "
             f"{len(self.aliases)} in place, {self.strategy})"
@@ -149,9 +157,12 @@ def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_
             resident[nid] = "constant"
         elif n.op == "Input" and n.attr("kind") == "weight":
             resident[nid] = "weight"
+        elif n.op == "Input" and n.attr("kind") == "state":
+            resident[nid] = "state"
         nbytes[nid] = n.dtype.nbytes(numel) if resident.get(nid) == "weight" else numel * n.dtype.np.itemsize
     w_bytes = sum(b for nid, b in nbytes.items() if resident.get(nid) == "weight")
     c_bytes = sum(b for nid, b in nbytes.items() if resident.get(nid) == "constant")
+    s_bytes = sum(b for nid, b in nbytes.items() if resident.get(nid) == "state")
 
     # liveness: last step that reads each value (outputs live to the end)
     last: dict[int, int] = {}
@@ -161,10 +172,12 @@ def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_
     for src, _ in program.outputs.values():
         last[src] = END
     is_output = {src for src, _ in program.outputs.values()}
+    updates = state_updates(program, dims)  # node id -> the state whose new value it is
 
     # in-place: union each eligible kernel with the producer whose buffer it overwrites
     root: dict[int, int] = {}
     aliases: dict[int, int] = {}
+    states: dict[int, int] = {nid: nid for nid in order if resident.get(nid) == "state"}
     notes: list[str] = []
 
     def find(x: int) -> int:
@@ -176,10 +189,13 @@ def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_
         n = by_id[nid]
         if n.id in resident or n.op == "Input":
             continue
-        target = _inplace_target(n, by_id, dims, last, step, resident, is_output, find)
+        target = _inplace_target(n, by_id, dims, last, step, resident, is_output, find, updates)
         if target is not None:
             aliases[nid] = target
             root[nid] = find(target)
+            if resident.get(root[nid]) == "state":  # computed in the state's own buffer
+                resident[nid] = "state"
+                states[nid] = root[nid]
         elif n.op in ALIASING_OPS:
             notes.append(f"{n.op} #{nid} cannot write into its destination (still read later, not the "
                          f"identity view, or a weight): it copies the destination first")
@@ -217,8 +233,23 @@ def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_
         nbytes=nbytes, aliases=aliases, resident=resident, buffers=placed, arena_bytes=arena,
         weight_bytes=w_bytes if weight_bytes is None else int(weight_bytes), constant_bytes=c_bytes,
         live_peak=_live_peak(placed, len(order)), total_buffer_bytes=sum(b.nbytes for b in placed),
-        strategy=strategy, notes=notes,
+        strategy=strategy, notes=notes, state_bytes=s_bytes, states=states,
     )
+
+
+def state_updates(program: Program, dims: Mapping[str, int]) -> dict[int, int]:
+    """Node id -> state input id, for each state whose new value (the output named after it) a node computes
+    in the state's layout (read whole, in order)."""
+    states = {n.name: n for n in program.nodes if n.op == "Input" and n.attr("kind") == "state"}
+    out = {}
+    for name, (src, view) in program.outputs.items():
+        state = states.get(name)
+        if state is None:
+            continue
+        shape = tuple(evaluate(d, dims) for d in state.shape)
+        if is_identity(view.bind(dims), shape, math.prod(shape)):
+            out[src] = state.id
+    return out
 
 
 class _as_graph:  # noqa: N801 - the minimal Graph interface ``reachable`` needs
@@ -234,7 +265,7 @@ def _scratch_of(scratch: ScratchSource, node: Node) -> int:
     return int(scratch.get(node.id, 0))
 
 
-def _inplace_target(n: Node, by_id, dims, last, step, resident, is_output, find) -> int | None:
+def _inplace_target(n: Node, by_id, dims, last, step, resident, is_output, find, updates) -> int | None:
     if n.op in ALIASING_OPS:
         candidates = [ALIASING_OPS[n.op]]
     elif n.op in INPLACE_OPS:
@@ -246,7 +277,9 @@ def _inplace_target(n: Node, by_id, dims, last, step, resident, is_output, find)
     for i in candidates:
         src, view = n.inputs[i]
         p = by_id[src]
-        if (src in resident or src in is_output or last.get(src) != step[n.id]
+        # a state's buffer may only be written by the kernel that computes that state's new value
+        into_state = resident.get(src) == "state" and updates.get(n.id) == src
+        if ((src in resident and not into_state) or src in is_output or last.get(src) != step[n.id]
                 or p.dtype != n.dtype or node_numel(p, dims) != out_numel):
             continue
         bv = view.bind(dims)

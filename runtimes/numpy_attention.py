@@ -19,7 +19,9 @@ import math
 
 import numpy as np
 
-from .numpy_kernels import F32, F32_MIN, Bind, KernelContext, bind_all, with_refresh
+from .kernels.context import Bind, KernelContext
+from .numpy_kernels import F32, F32_MIN, bind_all, with_refresh
+from .views import operand
 
 ATTENTION_TILE = 1 << 20  # score elements per query block of the unblocked kernel (4 MiB in f32)
 
@@ -38,8 +40,8 @@ def _check(ctx: KernelContext) -> tuple[tuple[int, ...], int, int, int, int]:
 
 
 def _operands(ctx: KernelContext) -> list:
-    ops = [ctx.operand(i, dtype=F32, blas=True) for i in range(3)]
-    ops.append(ctx.operand(3) if len(ctx.inputs) == 4 else None)
+    ops = [operand(ctx, i, dtype=F32, blas=True) for i in range(3)]
+    ops.append(operand(ctx, 3) if len(ctx.inputs) == 4 else None)
     return ops
 
 

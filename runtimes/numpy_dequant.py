@@ -21,18 +21,20 @@ from functools import lru_cache
 
 import numpy as np
 
-from .numpy_kernels import F32, Bind, KernelContext, bind_all, with_refresh
+from luminal_recipes.graph.dtypes import E2M1_VALUES
+
+from .kernels.context import Bind, KernelContext
+from .numpy_kernels import F32, bind_all, with_refresh
+from .views import operand
 
 DEQUANT_TILE = 1 << 20  # decoded weight elements per band (4 MiB in f32)
 NVFP4_BLOCK = 16
-E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-                dtype=np.float32)
 
 
 def byte_table(layout: str) -> np.ndarray:
     """uint64[256]: the two f32 values of a packed byte, in element order, as one 8-byte word."""
     codes = np.arange(256)
-    lo, hi = E2M1[codes & 15], E2M1[codes >> 4]
+    lo, hi = E2M1_VALUES[codes & 15], E2M1_VALUES[codes >> 4]
     pairs = np.stack([lo, hi] if layout == "modelopt" else [hi, lo], axis=1).astype(np.float32)
     return np.ascontiguousarray(pairs).view(np.uint64).reshape(256)
 
@@ -53,7 +55,7 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
     if x_shape[-1] != k_in or ctx.shape != x_shape[:-1] + (n_out,):
         ctx.fail(f"x {x_shape} and out {ctx.shape} do not match in_features={k_in}, out_features={n_out}")
     rows = math.prod(x_shape[:-1])
-    x_op = ctx.operand(0, dtype=F32, shape=(rows, k_in), blas=True)
+    x_op = operand(ctx, 0, dtype=F32, shape=(rows, k_in), blas=True)
     if fmt == "fp8":
         n_scales = 3
         band, decode, ops = _prepare_fp8(ctx, n_out, k_in)
@@ -64,7 +66,7 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
         ctx.fail(f"format must be 'fp8' or 'nvfp4', got {fmt!r}")
     if len(ctx.inputs) not in (n_scales, n_scales + 1):
         ctx.fail(f"{fmt} expects {n_scales} inputs (x, packed weight, scales) and an optional bias")
-    bias_op = ctx.operand(n_scales) if len(ctx.inputs) > n_scales else None
+    bias_op = operand(ctx, n_scales) if len(ctx.inputs) > n_scales else None
     dense = ctx.scratch.add((band, k_in), F32)
     acc = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
     all_ops = [x_op, *ops, bias_op]
@@ -107,8 +109,8 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int):
     if not per_channel and math.prod(s_shape) != 1:
         ctx.fail(f"fp8 scale {s_shape} is neither per tensor ([] / [1]) nor per channel ([{n_out}] / "
                  f"[{n_out}, 1])")
-    w_op = ctx.operand(1)
-    s_op = ctx.operand(2, dtype=F32, shape=(n_out, 1) if per_channel else (1, 1))
+    w_op = operand(ctx, 1)
+    s_op = operand(ctx, 2, dtype=F32, shape=(n_out, 1) if per_channel else (1, 1))
     band = _band_rows(k_in, 16, n_out)
     # byte pairs need rows contiguous along K (a direct view with unit stride, or the scratch copy)
     paired = k_in % 2 == 0 and (not w_op.direct or w_op.view.strides[-1] == 1)
@@ -153,18 +155,18 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
     if w_shape != want_w or s_shape != want_s or math.prod(s2_shape) != 1:
         ctx.fail(f"nvfp4 ({layout}) weight {w_shape}, weight_scale {s_shape}, weight_scale_2 {s2_shape}; "
                  f"expected {want_w}, {want_s} and one value for a [{n_out}, {k_in}] weight")
-    w_op = ctx.operand(1)
-    s2_op = ctx.operand(3, dtype=F32, shape=(1, 1))
+    w_op = operand(ctx, 1)
+    s2_op = operand(ctx, 3, dtype=F32, shape=(1, 1))
     multiple = 128 if layout == "comfy" else 16
     band = _band_rows(k_in, multiple, n_out)
     codes = ctx.scratch.add((band, k_in // 2), np.intp)  # np.take wants intp indices: convert in the plan
     table = byte_table(layout)
     if layout == "modelopt":
-        s_op = ctx.operand(2)
+        s_op = operand(ctx, 2)
         scales = ctx.scratch.add((band, blocks), F32)
     else:
         rp, cp = want_s
-        s_op = ctx.operand(2, shape=(rp // 128, cp // 4, 32, 4, 4))
+        s_op = operand(ctx, 2, shape=(rp // 128, cp // 4, 32, 4, 4))
         scales = ctx.scratch.add((band, cp), F32)
 
     def decode(arrays, scratch, n0, n1, w):

@@ -1,5 +1,5 @@
-"""numpy kernels: the HLIR primitives, fused elementwise, MatMul (BLAS), Softmax and norms, Gather/Scatter,
-Conv2d.
+"""numpy kernels: the HLIR primitives, fused elementwise, Concat and Copy, MatMul (BLAS), Softmax and norms,
+Gather/Scatter, Conv2d.
 
 A kernel is prepared once per program node (``prepare(ctx) -> bind``): it decides how to read each operand
 (``views.Operand``) and which scratch arrays it needs (``ctx.scratch``, placed in the arena by the memory
@@ -13,20 +13,16 @@ Semantics are graph.reference's (the oracle); float kernels other than the primi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NoReturn
 
 import numpy as np
 
 from luminal_recipes.errors import InputError
-from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
 from .expr import ElementwisePlan
-from .expr import parse as parse_expr
-from .views import Operand, Scratch, in_bounds, row_tiles, strided
+from .kernels.context import Bind, KernelContext, Step
+from .views import Operand, in_bounds, operand, row_tiles, strided
 
 F32 = np.dtype(np.float32)
 FLOAT_STORAGE = {d.np for d in DType if d.is_float}  # ml_dtypes' floats have numpy kind "V"
@@ -34,31 +30,6 @@ F32_MIN = np.float32(np.finfo(np.float32).min)
 ROW_TILE = 1 << 16  # elements per row tile of the norm/softmax kernels (cache-sized)
 CONV_TILE = 1 << 20  # elements of the im2col scratch per tile
 
-Step = Callable[[], None]
-Bind = Callable[[np.ndarray, list, list], Step]
-
-
-@dataclass
-class KernelInput:
-    view: BoundView  # how the edge reads the producer's buffer
-    dtype: np.dtype  # the producer's storage dtype
-    size: int  # elements in the producer's buffer
-
-
-@dataclass
-class KernelContext:
-    node: Node
-    shape: tuple[int, ...]  # the output's shape
-    dtype: np.dtype  # the output's storage dtype
-    inputs: list[KernelInput]
-    scratch: Scratch
-
-    def operand(self, i: int, **kw) -> Operand:
-        k = self.inputs[i]
-        return Operand(k.view, k.dtype, k.size, self.scratch, **kw)
-
-    def fail(self, why: str) -> NoReturn:
-        raise ValueError(f"{self.node.op} #{self.node.id}: {why} (malformed program)")
 
 
 def is_float(dtype: np.dtype) -> bool:
@@ -98,7 +69,7 @@ _BINARY = {"Add": np.add, "Mul": np.multiply, "Mod": np.fmod, "LessThan": np.les
 
 
 def prepare_unary(ctx: KernelContext) -> Bind:
-    op = ctx.operand(0)
+    op = operand(ctx, 0)
     name = ctx.node.op
 
     def bind(out, flats, scratch):
@@ -112,13 +83,9 @@ def prepare_unary(ctx: KernelContext) -> Bind:
     return bind
 
 
-def prepare_binary(ctx: KernelContext) -> Bind:
-    if ctx.node.op == "Add":
-        padded = prepare_padded_add(ctx)
-        if padded is not None:
-            return padded
-    ops = [ctx.operand(0), ctx.operand(1)]
-    fn = _BINARY[ctx.node.op]
+def prepare_binary(ctx: KernelContext, op: str | None = None) -> Bind:
+    ops = [operand(ctx, 0), operand(ctx, 1)]
+    fn = _BINARY[op or ctx.node.op]
 
     def bind(out, flats, scratch):
         a, b = bind_all(ops, flats, scratch)
@@ -143,11 +110,17 @@ def _disjoint(a: tuple[slice, ...], b: tuple[slice, ...]) -> bool:
     return any(x.stop <= y.start or y.stop <= x.start for x, y in zip(a, b))
 
 
+def prepare_concat(ctx: KernelContext) -> Bind:
+    """``Concat``: the sum of two zero-padded views (how concat and stack are written: ``pad(a) + pad(b)``)."""
+    if len(ctx.inputs) != 2 or any(tuple(k.view.shape) != ctx.shape for k in ctx.inputs):
+        ctx.fail("expects two inputs viewed at the output shape")
+    return prepare_padded_add(ctx) or prepare_binary(ctx, "Add")
+
+
 def prepare_padded_add(ctx: KernelContext) -> Bind | None:
-    """``Add`` of zero-padded views (how concat and stack are written: ``pad(a) + pad(b)``), computed box by
-    box into the output: each operand's data is added where it has data, and zeros are written only where
-    neither has any. The generic path would first gather each operand, padding included, into scratch.
-    None when this does not apply (no padded operand, or a layout or dtype it does not handle)."""
+    """The sum of zero-padded views computed box by box into the output: each operand's data is added where it
+    has data, and zeros are written only where neither has any (the generic path would first gather each
+    operand, padding included, into scratch). None for the layouts and dtypes it does not handle."""
     edges = [k.view for k in ctx.inputs]
     parts = [_box(bv) for bv in edges]
     native = all(k.dtype == ctx.dtype and k.dtype.kind == "f" for k in ctx.inputs)
@@ -188,7 +161,7 @@ def prepare_padded_add(ctx: KernelContext) -> Bind | None:
 
 
 def prepare_reduce(ctx: KernelContext) -> Bind:
-    op = ctx.operand(0)
+    op = operand(ctx, 0)
     axis = ctx.node.attr("axis")
     is_sum = ctx.node.op == "SumReduce"
     # sub-16-bit floats accumulate in f32 (the reference's compute dtype), then round once
@@ -222,7 +195,7 @@ def prepare_reduce(ctx: KernelContext) -> Bind:
 
 
 def prepare_cast(ctx: KernelContext) -> Bind:
-    op = ctx.operand(0)
+    op = operand(ctx, 0)
     to_bool = ctx.dtype == np.bool_
 
     def bind(out, flats, scratch):
@@ -237,7 +210,7 @@ def prepare_cast(ctx: KernelContext) -> Bind:
 
 
 def prepare_gather(ctx: KernelContext) -> Bind:
-    table_op, idx_op = ctx.operand(0), ctx.operand(1)
+    table_op, idx_op = operand(ctx, 0), operand(ctx, 1)
     rows = ctx.inputs[0].view.shape[0]
     idx_shape = ctx.inputs[1].view.shape
     index = ctx.scratch.add(idx_shape, np.intp)  # np.take wants intp indices: convert in planned memory
@@ -263,7 +236,7 @@ def prepare_gather(ctx: KernelContext) -> Bind:
 
 
 def prepare_scatter(ctx: KernelContext) -> Bind:
-    ops = [ctx.operand(0), ctx.operand(1), ctx.operand(2)]
+    ops = [operand(ctx, 0), operand(ctx, 1), operand(ctx, 2)]
     rows = ctx.inputs[0].view.shape[0] if ctx.inputs[0].view.shape else 0
     index = ctx.scratch.add(ctx.inputs[1].view.shape, np.intp)
     node = ctx.node
@@ -298,14 +271,11 @@ def prepare_elementwise(ctx: KernelContext) -> Bind:
     for i, k in enumerate(ctx.inputs):
         if tuple(k.view.shape) != ctx.shape:
             ctx.fail(f"input {i} is viewed at {k.view.shape}, not at the output shape {ctx.shape}")
-    fast = None
-    if _is_sum_of_inputs(expr):  # a concatenation fused into a kernel of its own
-        fast = prepare_padded_add(ctx)
-    elif expr.strip() == "in0" and len(ctx.inputs) == 1:  # a copy: padding, im2col, a layout change
-        fast = prepare_copy(ctx)
-    if fast is not None:
-        return fast
-    ops = [ctx.operand(i) for i in range(len(ctx.inputs))]
+    return _prepare_expression(ctx, expr)
+
+
+def _prepare_expression(ctx: KernelContext, expr: str) -> Bind:
+    ops = [operand(ctx, i) for i in range(len(ctx.inputs))]
     plan = ElementwisePlan(expr, [op.dtype for op in ops], ctx.dtype)
     n = plan.tile_elems(ctx.shape)
     regs = [ctx.scratch.add((n,), d) for d in plan.registers]
@@ -328,16 +298,16 @@ def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[sl
     return out
 
 
-def prepare_copy(ctx: KernelContext) -> Bind | None:
-    """``Elementwise in0`` of the same dtype: one strided copy of the data into the output (no tiling: there
-    are no temporaries to keep in cache) and zeros written where the view is padding, instead of gathering
-    the padded operand into scratch and copying that. None when this does not apply."""
+def prepare_copy(ctx: KernelContext) -> Bind:
+    """``Copy``: one strided copy of the data into the output (no tiling: there are no temporaries to keep in
+    cache) and zeros written where the view is padding, instead of gathering the padded operand into scratch
+    and copying that; a view that reads past its buffer is gathered (the reference reads zeros there)."""
+    if len(ctx.inputs) != 1 or tuple(ctx.inputs[0].view.shape) != ctx.shape:
+        ctx.fail("expects one input viewed at the output shape")
     k = ctx.inputs[0]
-    if k.dtype != ctx.dtype or tuple(k.view.shape) != ctx.shape:
-        return None
     part = _box(k.view)
-    if part is not None and not in_bounds(part[1], k.size):
-        return None
+    if k.dtype != ctx.dtype or (part is not None and not in_bounds(part[1], k.size)):
+        return _prepare_expression(ctx, "in0")
 
     def bind(out, flats, scratch):
         if part is None:  # all padding
@@ -354,11 +324,6 @@ def prepare_copy(ctx: KernelContext) -> Bind | None:
         return body
 
     return bind
-
-
-def _is_sum_of_inputs(expr: str) -> bool:
-    tree = parse_expr(expr)
-    return tree.op == "Add" and sorted(a.index for a in tree.args if a.op == "in") == [0, 1]
 
 
 # ---- MatMul ------------------------------------------------------------------------------------------------
@@ -395,9 +360,9 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
                        blas=True)
         b_op = Operand(_matrix(b_in.view), b_in.dtype, b_in.size, ctx.scratch, dtype=compute, blas=True)
     else:
-        a_op = ctx.operand(0, dtype=compute, blas=True)
-        b_op = ctx.operand(1, dtype=compute, blas=True)
-    bias_op = ctx.operand(2) if len(ctx.inputs) == 3 else None
+        a_op = operand(ctx, 0, dtype=compute, blas=True)
+        b_op = operand(ctx, 1, dtype=compute, blas=True)
+    bias_op = operand(ctx, 2) if len(ctx.inputs) == 3 else None
     acc = None if compute == ctx.dtype else ctx.scratch.add(ctx.shape, compute)
     ops = [a_op, b_op, bias_op]
 
@@ -431,7 +396,7 @@ def _rows_prepare(ctx: KernelContext, temps: int) -> tuple:
         ctx.fail("expects one input viewed at the output shape [..., N]")
     n = ctx.shape[-1]
     rows = math.prod(ctx.shape[:-1])
-    op = ctx.operand(0, shape=(rows, n))
+    op = operand(ctx, 0, shape=(rows, n))
     tiles = row_tiles(rows, n, ROW_TILE)
     tile_rows = max((t.stop - t.start for t in tiles), default=0)
     work = None if ctx.dtype == F32 else ctx.scratch.add((tile_rows, n), F32)
@@ -546,9 +511,9 @@ def prepare_conv2d(ctx: KernelContext) -> Bind:
     if c2 != c or ctx.shape != (nb, o, ho, wo):
         ctx.fail(f"x {ctx.inputs[0].view.shape}, w {ctx.inputs[1].view.shape}, stride {(sh, sw)} do not give "
                  f"{ctx.shape}")
-    x_op = ctx.operand(0, dtype=F32)
-    w_op = ctx.operand(1, dtype=F32, shape=(o, c * kh * kw), blas=True)
-    bias_op = ctx.operand(2) if len(ctx.inputs) == 3 else None
+    x_op = operand(ctx, 0, dtype=F32)
+    w_op = operand(ctx, 1, dtype=F32, shape=(o, c * kh * kw), blas=True)
+    bias_op = operand(ctx, 2) if len(ctx.inputs) == 3 else None
     ckk = c * kh * kw
     pointwise = kh == kw == 1 and sh == sw == 1
     tile_rows = max(1, min(ho, CONV_TILE // max(ckk * wo, 1)))
@@ -602,6 +567,8 @@ PREPARE = {
     "Scatter": prepare_scatter,
     "ScatterInPlace": prepare_scatter,
     "Elementwise": prepare_elementwise,
+    "Concat": prepare_concat,
+    "Copy": prepare_copy,
     "MatMul": prepare_matmul,
     "Softmax": prepare_softmax,
     "LayerNorm": prepare_layernorm,

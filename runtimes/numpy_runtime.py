@@ -1,35 +1,23 @@
-"""The numpy runtime (CPU): executes a Program inside one preallocated activation arena.
+"""The numpy backend (CPU): the kernels of ``numpy_kernels``/``numpy_attention``/``numpy_dequant`` and host memory.
 
-``load`` prepares every kernel (operand layouts, scratch needs), plans memory with those needs, allocates the
-arena (a single ``np.uint8`` buffer; every activation and scratch array is a typed view into it at its planned
-offset), binds the weights without copying them (memory-mapped checkpoint arrays stay memory-mapped), and
-binds every kernel to its arrays. ``run`` then copies the inputs into their slots and calls the prepared steps
-in program order; the hot loop creates no arrays beyond numpy's small internal buffers. Execution is
-single-stream and every reduction has a fixed order, so the same inputs give the same bits.
-
-With ``stream=`` (weight name -> block name), the repeated blocks' weights are not bound to the checkpoint
-but streamed through two slot buffers by a ``streaming.WeightStreamer`` (see there); ``close()`` stops its
-loader thread.
+``NumpyRuntime()`` is ``BackendRuntime(NumpyBackend())``: the generic executable (``executable.py``) over numpy
+arrays. The arena is one ``np.uint8`` buffer and every slot a typed view of it; weights and constants are bound
+without copying (memory-mapped checkpoint arrays stay memory-mapped); outputs can be handed out as views. The
+default memory budget is host RAM (``host_memory``).
 """
 
 from __future__ import annotations
 
-import tracemalloc
-from collections.abc import Mapping
+import os
+from pathlib import Path
 
 import numpy as np
 
-from luminal_recipes.graph.core import Node
-
-from .binding import check_array, check_input_names, declared_shape, fetch_weight
-from .memory import MemoryPlan, check_dims, plan_memory
+from .executable import BackendRuntime, Executable
+from .kernels import Machine
 from .numpy_attention import prepare_attention, prepare_attention_blocked
 from .numpy_dequant import prepare_dequant_matmul
-from .numpy_kernels import PREPARE, KernelContext, KernelInput
-from .program import KERNELS, Program
-from .protocol import MemoryReport, RuntimeBase
-from .streaming import WeightStreamer, stream_layout
-from .views import Scratch, gather_into, strided
+from .numpy_kernels import PREPARE
 
 NUMPY_PREPARE = {
     **PREPARE,
@@ -37,194 +25,61 @@ NUMPY_PREPARE = {
     "AttentionBlocked": prepare_attention_blocked,
     "DequantMatMul": prepare_dequant_matmul,
 }
-SOURCES = ("Input", "Constant", "Iota")  # nodes with no kernel step: bound or computed at load
+
+# cost-model constants of this CPU backend: numpy dispatch per kernel, memory bandwidth, elementwise and BLAS
+# throughput; numpy's exp2 calls libm once per element (5.6 ns vs 1.75 ns for its vectorised exp)
+CPU = Machine(launch_s=4e-6, bytes_per_s=8e9, ew_flops_per_s=1.5e9, mm_flops_per_s=4e10,
+              op_weights=(("Exp2", 3.2),))
 
 
-class NumpyRuntime(RuntimeBase):
+def host_memory() -> int:
+    """Host RAM: physical memory, or the cgroup (container) limit when that is lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+class NumpyBackend:
     name = "numpy"
     device = "cpu"
+    machine = CPU
+    kernels = NUMPY_PREPARE
+    host_arrays = True
 
-    def capabilities(self) -> set[str]:
-        return {op for op in KERNELS if op in NUMPY_PREPARE or op in SOURCES}
+    def capacity(self) -> int:
+        return host_memory()
 
-    def prepare(self, program: Program, dims: Mapping[str, int] | None = None) -> dict[int, tuple]:
-        """Per node id: ``(bind function, Scratch)``, for every node that runs a kernel."""
-        self.check_capabilities(program)
-        dims = dict(dims or {})
-        check_dims(program, dims)
-        by_id = {n.id: n for n in program.nodes}
-        prepared = {}
-        for node in program.nodes:
-            if node.op in SOURCES:
-                continue
-            scratch = Scratch()
-            inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, _numel(by_id[src], dims))
-                      for src, view in node.inputs]
-            ctx = KernelContext(node, declared_shape(node, dims), node.dtype.np, inputs, scratch)
-            prepared[node.id] = (NUMPY_PREPARE[node.op](ctx), scratch)
-        return prepared
+    def allocate(self, nbytes: int) -> np.ndarray:
+        return np.zeros(nbytes, dtype=np.uint8)
 
-    def plan(self, program: Program, dims=None, weight_bytes: int | None = None) -> MemoryPlan:
-        """The memory plan ``load`` would use (kernel scratch included), without allocating anything."""
-        prepared = self.prepare(program, dims)
-        return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+    def slot(self, buf: np.ndarray, offset: int, nbytes: int, dtype) -> np.ndarray:
+        return buf[offset : offset + nbytes].view(dtype)
 
-    def load(self, program: Program, weights=None, dims=None,
-             stream: Mapping[str, str] | None = None) -> NumpyExecutable:
-        """Bind ``program`` to its weights at ``dims``; ``stream`` (weight name -> block name) streams the
-        blocks' weights instead of binding them (``streaming``)."""
-        return NumpyExecutable(self, program, weights, dict(dims or {}), stream)
+    def upload(self, host: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(host).reshape(-1)  # a no-op for the arrays checkpoints hand out
+
+    def copy_in(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst.reshape(src.shape), src)
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src)
+
+    def download(self, src: np.ndarray) -> np.ndarray:
+        return src
+
+    def synchronize(self) -> None:
+        pass
 
 
-def _numel(node: Node, dims) -> int:
-    n = 1
-    for d in declared_shape(node, dims):
-        n *= d
-    return n
+class NumpyRuntime(BackendRuntime):
+    def __init__(self) -> None:
+        super().__init__(NumpyBackend())
 
 
-class NumpyExecutable:
-    """A Program bound to its weights, dims and arena; ``run`` executes it."""
-
-    def __init__(self, runtime: NumpyRuntime, program: Program, weights, dims: dict[str, int],
-                 stream: Mapping[str, str] | None = None):
-        self.program, self.dims = program, dims
-        prepared = runtime.prepare(program, dims)
-        self.plan = plan = plan_memory(program, dims, None,
-                                       {nid: s.nbytes for nid, (_, s) in prepared.items()})
-        self.streamer = None
-        if stream is not None:
-            self.streamer = WeightStreamer(stream_layout(program, plan, dims, stream), program, weights, dims)
-        by_id = {n.id: n for n in program.nodes}
-        self.arena = np.zeros(plan.arena_bytes, dtype=np.uint8)
-        flats: dict[int, np.ndarray] = {}
-        weight_array_bytes = 0
-        self._inputs: dict[str, tuple[Node, np.ndarray]] = {}
-        self.weights: dict[str, np.ndarray] = {}  # name -> bound array: the caller's unless non-contiguous
-        for nid in plan.order:
-            node = by_id[nid]
-            slot = self.streamer.view(nid) if self.streamer and plan.resident.get(nid) == "weight" else None
-            if slot is not None:
-                flats[nid] = slot  # filled block by block while the program runs
-            elif plan.resident.get(nid) == "weight":
-                arr = fetch_weight(weights, node.name)
-                check_array("weight", node, arr, dims)
-                arr = np.ascontiguousarray(arr)  # a no-op for the arrays checkpoints hand out
-                self.weights[node.name] = arr
-                weight_array_bytes += arr.nbytes
-                flats[nid] = arr.reshape(-1)
-            elif node.op == "Constant":
-                data = node.data if node.data is not None else np.asarray(node.attr("value"), node.dtype.np)
-                flats[nid] = np.ascontiguousarray(data, dtype=node.dtype.np).reshape(-1)
-            elif node.op == "Iota":
-                flats[nid] = np.arange(declared_shape(node, dims)[0], dtype=np.int32)
-            else:
-                flats[nid] = self._slot(plan.offsets[nid], plan.nbytes[nid], node.dtype.np)
-                if node.op == "Input":
-                    self._inputs[node.name] = (node, flats[nid].reshape(declared_shape(node, dims)))
-        steps = []
-        for position, nid in enumerate(plan.order):
-            if nid not in prepared:
-                continue
-            node = by_id[nid]
-            bind, scratch = prepared[nid]
-            region = self._slot(plan.scratch_offsets.get(nid, 0), scratch.nbytes, np.uint8)
-            out = flats[nid].reshape(declared_shape(node, dims))
-            steps.append((position, bind(out, [flats[src] for src, _ in node.inputs], scratch.carve(region))))
-        self._steps = self.streamer.interleave(steps) if self.streamer else [step for _, step in steps]
-        self._outputs = {name: (flats[src], view.bind(dims)) for name, (src, view) in program.outputs.items()}
-        self._known_inputs = {n.name for n in program.nodes if n.op == "Input" and n.attr("kind") != "weight"}
-        weight_bytes = plan.weight_bytes
-        if self.streamer:  # what is held: weights outside blocks and the two slots
-            layout = self.streamer.layout
-            weight_bytes = layout.resident_weight_bytes
-            weight_array_bytes += sum(layout.slot_bytes)
-        self._memory = MemoryReport(
-            weight_bytes=weight_bytes, weight_array_bytes=weight_array_bytes,
-            constant_bytes=plan.constant_bytes, arena_bytes=int(self.arena.nbytes),
-            planned_peak=weight_bytes + plan.constant_bytes + int(self.arena.nbytes),
-            live_peak=_live_schedule(plan, program.outputs, by_id, flats, prepared),
-        )
-
-    def close(self) -> None:
-        """Stop the weight loader (streaming only); the executable must not run afterwards."""
-        if self.streamer:
-            self.streamer.close()
-
-    def _slot(self, offset: int, nbytes: int, dtype: np.dtype) -> np.ndarray:
-        return self.arena[offset : offset + nbytes].view(dtype)
-
-    @property
-    def memory(self) -> MemoryReport:
-        return self._memory
-
-    def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True,
-            trace: bool = False) -> dict[str, np.ndarray]:
-        """Execute once. Outputs are fresh arrays; with ``copy_outputs=False`` they are read-only views of
-        the arena, valid until the next run (no copy in a loop that consumes them at once). ``trace=True``
-        measures allocations made outside the arena (``memory.transient_peak``; slower)."""
-        inputs = dict(inputs or {})
-        check_input_names(inputs, sorted(self._inputs), self._known_inputs)
-        for name, (node, slot) in self._inputs.items():
-            arr = np.asarray(inputs[name])
-            check_array("input", node, arr, self.dims)
-            np.copyto(slot, arr)
-        if trace:
-            tracemalloc.start()
-        try:
-            with np.errstate(all="ignore"):
-                for step in self._steps:
-                    step()
-            if trace:
-                self._memory.transient_peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            if trace:
-                tracemalloc.stop()
-        return {name: _read(flat, bv, copy_outputs) for name, (flat, bv) in self._outputs.items()}
-
-
-def _read(flat: np.ndarray, bv, copy: bool) -> np.ndarray:
-    view = strided(flat, bv)
-    if view is not None:
-        return np.array(view, copy=True) if copy else view
-    out = np.empty(bv.shape, flat.dtype)
-    gather_into(out, flat, bv)
-    return out
-
-
-def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], flats: dict,
-                   prepared: dict) -> int:
-    """The most bytes held at one step by live activation arrays and kernel scratch, summed over the arrays
-    actually bound (unaligned): a check on the plan, which must be at least this large."""
-    step_of = {nid: i for i, nid in enumerate(plan.order)}
-    end = len(plan.order)
-    last: dict[int, int] = {}
-    for nid in plan.order:
-        for src, _ in by_id[nid].inputs:
-            last[src] = max(last.get(src, -1), step_of[nid])
-    for src, _ in outputs.values():
-        last[src] = end
-    spans: dict[int, list[int]] = {}  # in-place chains share one buffer: keyed by the chain's root
-    for nid in plan.order:
-        if nid in plan.resident:
-            continue
-        root = nid
-        while root in plan.aliases:
-            root = plan.aliases[root]
-        start = 0 if by_id[nid].op == "Input" else step_of[nid] + 1
-        stop = last.get(nid, step_of[nid]) + 1
-        lo, hi = spans.get(root, [start, stop])
-        spans[root] = [min(lo, start), max(hi, stop)]
-    delta = [0] * (end + 3)
-    for root, (lo, hi) in spans.items():
-        delta[lo] += flats[root].nbytes
-        delta[hi + 1] -= flats[root].nbytes
-    for nid, (_, scratch) in prepared.items():
-        if nid in step_of and scratch.nbytes:
-            delta[step_of[nid] + 1] += scratch.nbytes
-            delta[step_of[nid] + 2] -= scratch.nbytes
-    live = peak = 0
-    for d in delta:
-        live += d
-        peak = max(peak, live)
-    return peak
+NumpyExecutable = Executable  # the executable of every backend

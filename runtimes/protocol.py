@@ -1,6 +1,8 @@
-"""The Runtime protocol: what the compiler and the pipeline may ask of any backend (numpy, CuPy...).
+"""The Runtime protocol: what the compiler and the pipeline may ask of any runtime (``executable.BackendRuntime``
+over a numpy, CUDA... ``Backend``).
 
-A runtime says which kernels it has (``capabilities``), plans a program's memory (``plan``), loads a program
+A runtime says which kernels it has (``capabilities``) and how much memory its device has (``capacity``: the
+default budget), plans a program's memory (``plan``), loads a program
 with its weights and dims into an ``Executable`` (binding weights, planning memory, preallocating every
 buffer), and times a program for the compiler's search (``time``: median of ``repeats`` runs after one warm-up
 run).
@@ -45,6 +47,7 @@ class MemoryReport:
     planned_peak: int
     live_peak: int | None = None
     transient_peak: int | None = None
+    state_bytes: int = 0  # state buffers (kept across runs), included in planned_peak
 
 
 @runtime_checkable
@@ -66,6 +69,8 @@ class Runtime(Protocol):
     device: str
 
     def capabilities(self) -> set[str]: ...
+
+    def capacity(self) -> int: ...  # the default memory budget: this runtime's device memory
 
     def plan(self, program: Program, dims: Mapping[str, int] | None = None,
              weight_bytes: int | None = None) -> MemoryPlan: ...

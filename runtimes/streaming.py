@@ -28,11 +28,11 @@ import numpy as np
 from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.symbolic import evaluate
 
-from .binding import check_array, declared_shape, fetch_weight
+from .binding import check_array, fetch_weight
 from .file_pages import PageDropper, will_need
+from .kernels.context import aligned
 from .memory import MemoryPlan
 from .program import Program
-from .views import aligned
 
 SLOTS = 2  # the block computing and the block being prefetched
 
@@ -129,13 +129,14 @@ class StreamStats:
 class WeightStreamer:
     """Owns the slots and the loader thread of one loaded program (see the module docstring)."""
 
-    def __init__(self, layout: StreamLayout, program: Program, weights, dims: Mapping[str, int]):
+    def __init__(self, layout: StreamLayout, program: Program, weights, dims: Mapping[str, int], backend):
         self.layout = layout
+        self._backend = backend
         self.stats = StreamStats()
         self._by_id = {n.id: n for n in program.nodes}
         self._source = weights
         self._dims = dict(dims)
-        self._slots = [np.empty(n, np.uint8) for n in layout.slot_bytes]
+        self._slots = [backend.allocate(n) for n in layout.slot_bytes]
         self._place = {nid: (b, off) for b, block in enumerate(layout.blocks)
                        for nid, off in zip(block.weights, block.offsets)}
         self._holds: list[int | None] = [None] * layout.slots  # block each slot holds or is being filled with
@@ -151,7 +152,7 @@ class WeightStreamer:
         b, off = self._place[nid]
         node = self._by_id[nid]
         slot = self._slots[b % len(self._slots)]
-        return slot[off : off + _array_bytes(node, self._dims)].view(node.dtype.np)
+        return self._backend.slot(slot, off, _array_bytes(node, self._dims), node.dtype.np)
 
     def interleave(self, steps: Iterable[tuple[int, Callable[[], None]]]) -> list[Callable[[], None]]:
         """The program's steps (``(position in plan order, step)``) with the loads and waits inserted: start
@@ -208,9 +209,7 @@ class WeightStreamer:
             will_need(array)
         for node, off, array in zip(nodes, block.offsets, arrays):
             check_array("weight", node, array, self._dims)
-            target = buffer[off : off + array.nbytes].view(node.dtype.np)
-            target = target.reshape(declared_shape(node, self._dims))
-            np.copyto(target, array)
+            self._backend.copy_in(self._backend.slot(buffer, off, array.nbytes, node.dtype.np), array)
             self.stats.bytes_copied += array.nbytes
             self.stats.bytes_dropped += self._pages.drop(array)
         self.stats.loads += 1

@@ -16,11 +16,7 @@ import numpy as np
 
 from luminal_recipes.graph.view import BoundView, View
 
-ALIGNMENT = 64  # bytes; every arena buffer and scratch array starts on a cache line
-
-
-def aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+from .kernels.context import KernelContext, Scratch
 
 
 def in_bounds(bv: BoundView, size: int) -> bool:
@@ -114,31 +110,6 @@ def blas_compatible(bv: BoundView) -> bool:
     return (sc == 1 and sr >= max(c, 1)) or (sr == 1 and sc >= max(r, 1))
 
 
-class Scratch:
-    """The scratch arrays one kernel asks for, in order; the memory planner places them in the arena."""
-
-    def __init__(self) -> None:
-        self.specs: list[tuple[tuple[int, ...], np.dtype]] = []
-
-    def add(self, shape, dtype) -> int:
-        self.specs.append((tuple(int(d) for d in shape), np.dtype(dtype)))
-        return len(self.specs) - 1
-
-    @property
-    def nbytes(self) -> int:
-        return sum(aligned(math.prod(shape) * dtype.itemsize) for shape, dtype in self.specs)
-
-    def carve(self, region: np.ndarray) -> list[np.ndarray]:
-        """Typed arrays for every spec, laid out one after another in ``region`` (a uint8 slice of the
-        arena)."""
-        out, at = [], 0
-        for shape, dtype in self.specs:
-            n = math.prod(shape) * dtype.itemsize
-            out.append(region[at : at + n].view(dtype).reshape(shape))
-            at += aligned(n)
-        return out
-
-
 class Operand:
     """How a kernel reads one input edge.
 
@@ -190,3 +161,9 @@ def row_tiles(rows: int, row_elems: int, budget: int) -> list[slice]:
     """Split ``rows`` rows of ``row_elems`` elements into slices of at most ``budget`` elements (>= 1 row)."""
     step = max(1, budget // max(row_elems, 1))
     return [slice(r, min(r + step, rows)) for r in range(0, rows, step)] or [slice(0, 0)]
+
+
+def operand(ctx: KernelContext, i: int, **kw) -> Operand:
+    """How a numpy kernel reads input ``i`` of its node (``Operand``'s keywords: dtype, shape, blas)."""
+    k = ctx.inputs[i]
+    return Operand(k.view, k.dtype, k.size, ctx.scratch, **kw)

@@ -106,6 +106,24 @@ class Graph:
         """A named weight, bound lazily by the runtime (e.g. from a memory-mapped checkpoint)."""
         return self._source("weight", name, shape, dtype, "weight")
 
+    def state(self, name: str, shape, dtype="f32") -> Tensor:
+        """A state buffer (e.g. a KV cache): it lives in the executable across runs, starts at zero, and its new
+        value is the output of the same name (``update_state``). The reference interpreter takes its current
+        value as an input of that name."""
+        return self._source("state", name, shape, dtype, "state")
+
+    def update_state(self, name: str, t: Tensor) -> Tensor:
+        """Declare ``t`` the new value of state ``name`` after a run (an output of the same name)."""
+        node = self._inputs_by_name.get(name)
+        if node is None or self.nodes[node].attr("kind") != "state":
+            raise GraphError(f"update_state: '{name}' is not a state of this graph; declare it with state()")
+        src = self.nodes[node]
+        if not (t.dtype == src.dtype and len(t.shape) == len(src.shape)
+                and all(dims_equal(a, b) for a, b in zip(t.shape, src.shape))):
+            raise ShapeError(f"update_state: state '{name}' is {src.dtype}{shape_str(src.shape)}, its new value "
+                             f"{t.dtype}{shape_str(t.shape)}")
+        return self.mark_output(name, t)
+
     def constant(self, value, dtype="f32") -> Tensor:
         """A constant: a Python scalar (shape ``()``, deduplicated) or a small numpy array (stored in the graph)."""
         dtype = to_dtype(dtype)

@@ -66,6 +66,11 @@ _BITS = {
 }
 _FLOATS = {DType.F32, DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2, DType.F4E2M1}
 
+# The 16 values of the E2M1 (FP4) codes 0..15, as ml_dtypes decodes them: bit 3 = sign, bits 2-1 = exponent
+# (bias 1), bit 0 = mantissa; no inf/nan. The one table every part of the project uses (NVFP4 decoding).
+E2M1_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+E2M1_VALUES.flags.writeable = False
+
 # safetensors dtype names -> graph dtypes (the checkpoint loader's vocabulary)
 SAFETENSORS_NAMES = {
     "F32": DType.F32, "F16": DType.F16, "BF16": DType.BF16, "F8_E4M3": DType.F8E4M3, "F8_E5M2": DType.F8E5M2,

@@ -79,9 +79,11 @@ def structural_hash(graph: Graph) -> str:
     return h.hexdigest()
 
 
-def to_json(graph: Graph) -> dict:
-    nodes = []
-    for n in graph.nodes:
+def nodes_to_json(nodes, outputs: dict) -> dict:
+    """Nodes (any op names: graphs' primitives or programs' kernels) and named outputs as JSON-ready data; the
+    one serialiser of graphs and compiled programs (``runtimes.program.Program.to_json``)."""
+    items = []
+    for n in nodes:
         item = {
             "op": n.op,
             "dtype": str(n.dtype),
@@ -91,28 +93,39 @@ def to_json(graph: Graph) -> dict:
         if n.attrs:
             item["attrs"] = dict(n.attrs)
         if n.data is not None:
-            item["data"] = base64.b64encode(n.data.tobytes()).decode()
-        nodes.append(item)
-    outputs = {k: [src, v.to_json()] for k, (src, v) in graph.outputs.items()}
-    return {"format": "luminal-recipes/hlir", "version": 1, "nodes": nodes, "outputs": outputs}
+            item["data"] = base64.b64encode(np.ascontiguousarray(n.data).tobytes()).decode()
+        items.append(item)
+    return {"nodes": items, "outputs": {k: [src, v.to_json()] for k, (src, v) in outputs.items()}}
 
 
-def from_json(data: dict) -> Graph:
-    g = Graph()
-    for item in data["nodes"]:
+def nodes_from_json(data: dict) -> tuple[list[Node], dict]:
+    """The inverse of ``nodes_to_json``: nodes numbered in order, and the outputs."""
+    nodes = []
+    for i, item in enumerate(data["nodes"]):
         dtype = to_dtype(item["dtype"])
         shape = tuple(to_dim(d) for d in item["shape"])
-        attrs = item.get("attrs", {})
         arr = None
         if "data" in item:
             arr = np.frombuffer(base64.b64decode(item["data"]), dtype=dtype.np).reshape(
                 tuple(int(d) for d in shape)).copy()
-        inputs = [(src, View.from_json(v)) for src, v in item["inputs"]]
-        node = g.add_node(item["op"], inputs, shape, dtype, attrs, data=arr)
+        inputs = tuple((src, View.from_json(v)) for src, v in item["inputs"])
+        nodes.append(Node(i, item["op"], inputs, shape, dtype, tuple(sorted(item.get("attrs", {}).items())), arr))
+    outputs = {k: (src, View.from_json(v)) for k, (src, v) in data["outputs"].items()}
+    return nodes, outputs
+
+
+def to_json(graph: Graph) -> dict:
+    return {"format": "luminal-recipes/hlir", "version": 1, **nodes_to_json(graph.nodes, graph.outputs)}
+
+
+def from_json(data: dict) -> Graph:
+    nodes, outputs = nodes_from_json(data)
+    g = Graph()
+    for n in nodes:  # add_node checks that every op is a primitive
+        node = g.add_node(n.op, n.inputs, n.shape, n.dtype, dict(n.attrs), data=n.data)
         if node.op == "Input":
-            g._inputs_by_name[attrs["name"]] = node.id
-    for k, (src, v) in data["outputs"].items():
-        g.outputs[k] = (src, View.from_json(v))
+            g._inputs_by_name[node.name] = node.id
+    g.outputs.update(outputs)
     return g
 
 

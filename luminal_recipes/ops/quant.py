@@ -6,15 +6,12 @@ The packed bytes stay packed in the graph: nibbles are split with Mod, decoded t
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import QuantizationError
 from ..graph import DType, Tensor, cast, gather
+from ..graph.dtypes import E2M1_VALUES
 from ..graph.symbolic import dims_equal, shape_str
 from .shape import stack
 
-E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-                       dtype=np.float32)
 NVFP4_BLOCK = 16
 LAYOUTS = ("modelopt", "comfy")
 

@@ -29,6 +29,7 @@ from ..recipe.params import ParamResolver
 from ..recipe.paths import checkpoint_roots, confined
 from ..recipe.safe_eval import ExprError, evaluate, names_in, parse, unwrap, wrap_config
 from ..recipe.schema import PipelineRecipe, StageSpec
+from ..runtimes.registry import get_runtime
 from . import peak_rss
 from .engine import ModelEngine
 from .plan import StagePlan, check_budget, plan_stages
@@ -53,7 +54,7 @@ class Pipeline:
     def __init__(self, path: str | Path, weights: str | Path | None = None, sets: Iterable[str] | Mapping = (),
                  budget_bytes: int | None = None, compile: bool = True,
                  progress: Callable[[str, int, int], None] | None = None,
-                 set_sources: Mapping[str, str] | None = None, allow_nonfinite: bool = False):
+                 set_sources: Mapping[str, str] | None = None, allow_nonfinite: bool = False, runtime=None):
         self.recipe: LoadedRecipe = load_recipe(path)
         if not isinstance(self.recipe.doc, PipelineRecipe):
             raise RecipeError(f"{path}: this is a model recipe; `run` needs a pipeline recipe (kind: pipeline)")
@@ -66,7 +67,8 @@ class Pipeline:
         self.allow_nonfinite = allow_nonfinite  # else a non-finite stage output stops the run, naming the stage
         self._weights_arg = weights
         self._checkpoint: Path | None = None
-        self.budget_bytes = budget_bytes
+        self.budget_bytes = budget_bytes  # bytes of the runtime's device memory (None: unbounded)
+        self.runtime = get_runtime(runtime)  # a name or a Runtime (default numpy)
         self.compile = compile
         self.progress = progress
         self._configs: dict[str, dict] | None = None
@@ -205,7 +207,7 @@ class Pipeline:
         weight is read; raises ``BudgetError`` otherwise. ``run`` calls it first."""
         if self.plans is None:
             self.context  # noqa: B018 - the tokenizer and scheduler paths are checked before any work
-            plans = plan_stages(self, self.budget_bytes, compile=self.compile, from_checkpoint=True,
+            plans = plan_stages(self, self.budget_bytes, self.runtime, compile=self.compile, from_checkpoint=True,
                                 progress=self.progress)
             self._models.clear()  # built from headers to plan; rebuilt (cheaply) by the stage that runs them
             check_budget(plans, self.budget_bytes)
@@ -284,8 +286,8 @@ class Pipeline:
                 raise PipelineError(f"{self.path}: {where}: unknown model '{stage.model}'")
             if stage.model not in engines:
                 plans = [p for p in self.plans or () if p.model == stage.model]
-                engines[stage.model] = ModelEngine(self.model(stage.model), budget_bytes=self.budget_bytes,
-                                                   compile=self.compile, plans=plans)
+                engines[stage.model] = ModelEngine(self.model(stage.model), self.runtime,
+                                                   budget_bytes=self.budget_bytes, compile=self.compile, plans=plans)
             arrays = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
                       for k, v in args.items()}
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below, by stage

@@ -1,12 +1,15 @@
-"""Runs one built model: binds its symbolic dims from the inputs, plans and compiles once per dims, executes
-on a runtime within the memory budget.
+"""Runs one built model: binds its symbolic dims from the inputs, plans and compiles once per size bucket,
+executes on a runtime within the memory budget.
 
-A ``ModelEngine`` is what a pipeline stage holds while it runs. For each dims it uses a plan made before
-anything was loaded (``plan.StagePlan``, when its dims match) or makes one (``plan.plan_model``), and
-refuses to load a plan that does not fit the budget. A streamed plan loads with its blocks' weights streamed
-(``runtimes.streaming``). ``release()`` drops the compiled program, the loaded executable (its activation
-arena, its streaming slots and loader thread) and the checkpoint mappings, so at most one large model is
-resident.
+A ``ModelEngine`` is what a pipeline stage holds while it runs. Dims are served by size buckets: a plan made
+before anything was loaded (``plan.StagePlan``) whose dims cover them (each at least as large; the smallest such),
+else the bucket of the dims (``bucket_dims``: each rounded up to the next power of two, or to a declared size),
+planned then (``plan.plan_model``; the plan cache is keyed on the bucket's dims). One executable is loaded per
+bucket and re-bound to each exact length (``Executable.bind``: no reload, no allocation), so a new length
+neither re-plans nor reloads. A plan that does not fit the budget is refused before loading. A streamed plan
+loads with its blocks' weights streamed (``runtimes.streaming``). ``release()`` drops the compiled programs, the
+loaded executables (their activation arenas, streaming slots and loader threads) and the checkpoint mappings, so
+at most one large model is resident.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 from ..errors import InputError
 from ..graph.symbolic import Expr, evaluate, shape_str
 from ..recipe.builder import BuiltModel
+from ..runtimes.registry import get_runtime
 from .plan import StagePlan, check_budget, plan_model
 
 
@@ -35,15 +39,29 @@ class StageStats:
     transient_peak: int | None = None  # allocations outside the arena during the first run (tracemalloc)
     stream: dict | None = None  # streaming's loads, bytes copied/dropped, seconds loading and waiting
     search: str | None = None
+    loads: int = 0  # executables loaded (one per size bucket)
+    rebinds: int = 0  # re-bindings to another exact length within a bucket, and their seconds
+    rebind_s: float = 0.0
 
     def memory(self) -> dict:
         """Planned and measured figures, JSON-ready."""
         out = self.plan.summary() if self.plan else {}
         out.update({"loaded_peak_bytes": self.planned_peak, "live_peak_bytes": self.live_peak,
-                    "transient_peak_bytes": self.transient_peak})
+                    "transient_peak_bytes": self.transient_peak, "loads": self.loads, "rebinds": self.rebinds,
+                    "rebind_seconds": round(self.rebind_s, 4)})
         if self.stream is not None:
             out["stream"] = self.stream
         return out
+
+
+def bucket_dims(dims: Mapping[str, int], sizes: Mapping[str, Sequence[int]] | None = None) -> dict[str, int]:
+    """The size bucket of ``dims``: each value rounded up to the smallest declared size that holds it
+    (``sizes[name]``), else to the next power of two."""
+    out = {}
+    for name, value in dims.items():
+        declared = sorted(v for v in (sizes or {}).get(name, ()) if v >= value)
+        out[name] = declared[0] if declared else 1 << max(0, int(value) - 1).bit_length()
+    return out
 
 
 def infer_dims(model: BuiltModel, inputs: Mapping[str, np.ndarray]) -> dict[str, int]:
@@ -73,36 +91,54 @@ class ModelEngine:
     """Plan, compile and run one model of a pipeline within ``budget_bytes`` (None: unbounded)."""
 
     def __init__(self, model: BuiltModel, runtime=None, budget_bytes: int | None = None, compile: bool = True,
-                 plans: Sequence[StagePlan] = ()):
-        from ..runtimes.numpy_runtime import NumpyRuntime
-
+                 plans: Sequence[StagePlan] = (), buckets: Mapping[str, Sequence[int]] | None = None):
         self.model = model
-        self.runtime = runtime or NumpyRuntime()
+        self.runtime = get_runtime(runtime)  # a name or a Runtime (default numpy)
         self.budget_bytes = budget_bytes
         self.compile = compile
-        self.plans = list(plans)  # made in advance (``plan.plan_stages``); used when their dims match
+        self.plans = list(plans)  # made in advance (``plan.plan_stages``); used when their dims cover the inputs'
+        self.buckets = dict(buckets or {})  # dim name -> declared bucket sizes (else powers of two)
         self.stats = StageStats()
         self._executables: dict[tuple, object] = {}
 
     def _weights(self):
         return self.model.load_weight
 
-    def _plan(self, dims: dict[str, int], inputs: Mapping[str, np.ndarray]) -> StagePlan:
+    def bucket(self, dims: Mapping[str, int]) -> dict[str, int]:
+        """The dims the executable serving ``dims`` is loaded for: the smallest loaded executable or advance plan
+        whose dims cover them (each at least as large), else their bucket."""
+        def covers(candidate: Mapping[str, int]) -> bool:
+            return set(candidate) == set(dims) and all(candidate[k] >= v for k, v in dims.items())
+
+        loaded = [dict(key) for key in self._executables if covers(dict(key))]
+        planned = [dict(p.dims) for p in self.plans if p.program is not None and covers(p.dims)]
+        if loaded or planned:
+            return min(loaded + planned, key=lambda d: sorted(d.values()))
+        return bucket_dims(dims, self.buckets)
+
+    def _plan(self, target: dict[str, int], dims: dict[str, int], inputs: Mapping[str, np.ndarray]) -> StagePlan:
         for plan in self.plans:
-            if plan.dims == dims and plan.program is not None:
+            if plan.dims == target and plan.program is not None:
                 return plan
-        return plan_model(self.model, dims, self.budget_bytes, self.runtime, self.compile,
-                          inputs=dict(inputs), weights=self._weights())
+        # the inputs only serve the compiler's timing, which needs them at the bucket's own dims
+        timing = dict(inputs) if target == dims else None
+        return plan_model(self.model, target, self.budget_bytes, self.runtime, self.compile,
+                          inputs=timing, weights=self._weights())
 
     def executable(self, dims: dict[str, int], inputs: Mapping[str, np.ndarray]):
-        key = tuple(sorted(dims.items()))
+        target = self.bucket(dims)
+        key = tuple(sorted(target.items()))
         if key not in self._executables:
             t0 = time.perf_counter()
-            plan = self._plan(dims, inputs)
+            plan = self._plan(target, dims, inputs)
+            if not plan.fits and target != dims:  # the bucket is too large for the budget: these dims alone
+                target, key = dict(dims), tuple(sorted(dims.items()))
+                plan = self._plan(target, dims, inputs)
             check_budget([plan], self.budget_bytes)  # before a single weight is read
             extra = {"stream": plan.stream} if plan.streamed else {}
-            exe = self.runtime.load(plan.program, self._weights(), dims, **extra)
+            exe = self.runtime.load(plan.program, self._weights(), target, **extra)
             self.stats.compile_s += time.perf_counter() - t0
+            self.stats.loads += 1
             self.stats.plan = plan
             self.stats.search = str(plan.program.meta.get("selected_by", ""))
             mem = exe.memory
@@ -111,7 +147,12 @@ class ModelEngine:
             self.stats.arena_bytes = mem.arena_bytes
             self.stats.live_peak = mem.live_peak
             self._executables[key] = exe
-        return self._executables[key]
+        exe = self._executables[key]
+        before = exe.stats.rebinds, exe.stats.rebind_seconds
+        exe.bind(dims)  # the exact lengths, within the bucket: no reload, no allocation
+        self.stats.rebinds += exe.stats.rebinds - before[0]
+        self.stats.rebind_s += exe.stats.rebind_seconds - before[1]
+        return exe
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         inputs = {k: np.ascontiguousarray(v) for k, v in inputs.items()}

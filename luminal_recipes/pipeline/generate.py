@@ -6,8 +6,8 @@ timings (the whole command and its compile share) and memory (planned and measur
 The parameters the run itself reads (steps, seed, width, height, guidance) are only used when the pipeline
 declares them; a flag setting one it does not declare is an error naming the flag.
 
-The budget is ``--max-memory``, or by default what the machine has (``plan.machine_memory``: physical memory
-from ``os.sysconf``, or the container's limit when lower)."""
+The budget is ``--max-memory``, or by default what the runtime's device has (``Runtime.capacity()``; for numpy,
+physical memory from ``os.sysconf``, or the container's limit when lower)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from ..recipe.loader import load_recipe
 from ..recipe.params import parse_sets
 from ..recipe.schema import PipelineRecipe
 from ..recipe.suggest import did_you_mean, one_of
+from ..runtimes.registry import get_runtime
 from .driver import Pipeline
 from .image_io import generation_text
 from .latents import PIXELS_PER_TOKEN, check_seed, latent_grid, load_init_latents
@@ -38,7 +39,6 @@ from .outputs import (
     write_numbered,
 )
 from .outputs import write as write_output
-from .plan import machine_memory
 from .scheduler import check_steps
 from .tokenize import check_prompt
 
@@ -79,6 +79,7 @@ class GenerateRequest:
     overwrite: bool = False  # an existing --output may be replaced
     allow_nonfinite: bool = False  # write the outputs even when a stage output holds NaN or infinity
     started: float | None = None  # time.perf_counter() when the command started (default: when generate does)
+    runtime: str = "numpy"  # the runtime (device) to run on; the budget is its device's memory
 
 
 # the flags `run` maps onto pipeline parameters of the same name; each needs the parameter declared
@@ -163,7 +164,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     sets, sources = _check_arguments(req)
     given = {"steps": req.steps, "guidance": req.guidance, "width": req.width, "height": req.height,
              "seed": req.seed}
-    budget = req.max_memory if req.max_memory is not None else machine_memory()
+    runtime = get_runtime(req.runtime)
+    budget = req.max_memory if req.max_memory is not None else runtime.capacity()
     doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
     if isinstance(doc, PipelineRecipe):
         for name in PARAM_FLAGS:
@@ -171,7 +173,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
                 raise PipelineError(f"--{name}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
                                     f"{did_you_mean(name, doc.params)}; its parameters: {one_of(doc.params)}")
     pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
-                    progress=progress, set_sources=sources, allow_nonfinite=req.allow_nonfinite)
+                    progress=progress, set_sources=sources, allow_nonfinite=req.allow_nonfinite, runtime=runtime)
     p = pipe.params
     declared = _declared_outputs(pipe)
     _check_inputs(pipe, req)
@@ -244,7 +246,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
             "rss": report.rss,
         })
     memory = {"budget_bytes": budget, "budget_from": "--max-memory" if req.max_memory is not None else
-              "machine memory", "plans": {plan.model: plan.summary() for plan in pipe.prepare()}}
+              "machine memory", "runtime": runtime.name, "device": runtime.device,
+              "plans": {plan.model: plan.summary() for plan in pipe.prepare()}}
     total = time.perf_counter() - started
     timing = {"total_seconds": round(total, 3), "compile_seconds": round(compile_seconds, 3),
               "compile_share": round(compile_seconds / total, 4) if total > 0 else 0.0}

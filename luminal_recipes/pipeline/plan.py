@@ -12,19 +12,17 @@ weights + constants + activation arena. Under a budget the plan is chosen in thi
    as it counts every weight);
 5. else the stage cannot fit: ``check_budget`` raises ``BudgetError`` saying what the leanest plan needs.
 
-So a stage whose weights exceed the budget streams its blocks. The default budget (``machine_memory``) is
-the machine's physical memory (``os.sysconf``: page size x physical pages), or the container's memory limit
-when that is lower.
+So a stage whose weights exceed the budget streams its blocks. Budgets are per device: the runtime's
+(``Runtime.capacity()``, the default budget) - host RAM for numpy (``machine_memory``: physical memory, or the
+container's limit when that is lower), device memory for a GPU backend.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..errors import BudgetError, PipelineError
 from ..graph.core import Graph
@@ -35,6 +33,7 @@ from ..recipe.safe_eval import names_in, parse, unwrap
 from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.memory import format_bytes, plan_memory
 from ..runtimes.program import Program
+from ..runtimes.registry import get_runtime
 from ..runtimes.streaming import stream_layout
 
 
@@ -54,6 +53,8 @@ class StagePlan:
     smallest_peak: int  # what the leanest plan the search found needs (streamed when that helps)
     unbounded_peak: int  # the unbounded run's plan: best program, every weight resident
     compile_seconds: float = 0.0
+    runtime: str = "numpy"  # the runtime the plan is for, and the device whose memory the budget counts
+    device: str = "cpu"
     program: Program | None = field(default=None, repr=False, compare=False)
     stream: dict[str, str] | None = field(default=None, repr=False, compare=False)  # for runtime.load
 
@@ -67,7 +68,8 @@ class StagePlan:
 
     def summary(self) -> dict:
         """The plan's figures as JSON-ready numbers."""
-        return {"stage": self.stage, "dims": dict(self.dims), "weight_bytes": self.weight_bytes,
+        return {"stage": self.stage, "runtime": self.runtime, "device": self.device, "dims": dict(self.dims),
+                "weight_bytes": self.weight_bytes,
                 "resident_weight_bytes": self.resident_weight_bytes, "constant_bytes": self.constant_bytes,
                 "activation_bytes": self.activation_peak, "planned_peak_bytes": self.planned_peak,
                 "streamed": self.streamed, "largest_block_bytes": self.largest_block_bytes,
@@ -75,16 +77,10 @@ class StagePlan:
 
 
 def machine_memory() -> int:
-    """The default budget: physical memory, or the cgroup (container) limit when that is lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
-        try:
-            text = limit.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
+    """The numpy runtime's default budget: physical memory, or the cgroup (container) limit when lower."""
+    from ..runtimes.numpy_runtime import host_memory
+
+    return host_memory()
 
 
 def weight_blocks(graph: Graph) -> dict[str, str]:
@@ -100,11 +96,10 @@ def weight_blocks(graph: Graph) -> dict[str, str]:
 
 def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, runtime=None,
                compile: bool = True, stage: str | None = None, inputs=None, weights=None) -> StagePlan:
-    """The plan of one model at ``dims`` under ``budget`` (see the module docstring for the order tried).
-    ``inputs``/``weights`` only serve the compiler's timing of candidates."""
-    from ..runtimes.numpy_runtime import NumpyRuntime
-
-    runtime = runtime or NumpyRuntime()
+    """The plan of one model at ``dims`` under ``budget`` (see the module docstring for the order tried) on
+    ``runtime`` (a name or a Runtime; default numpy). ``inputs``/``weights`` only serve the compiler's timing
+    of candidates."""
+    runtime = get_runtime(runtime)
     dims = dict(dims)
     blocks = weight_blocks(model.graph)
     t0 = time.perf_counter()
@@ -133,7 +128,8 @@ def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, r
         held = layout.resident_weight_bytes if streamed else weight_bytes
         return StagePlan(stage or model.name, model.name, dims, budget, weight_bytes, constant_bytes,
                          activations, streamed, held, layout.largest_block_bytes, len(layout.blocks), 0, 0,
-                         time.perf_counter() - t0, program, blocks if streamed else None)
+                         time.perf_counter() - t0, runtime.name, runtime.device, program,
+                         blocks if streamed else None)
 
     figures: dict[int, tuple] = {}  # id(program) -> (sizes, stream layout): planning is not free
     best = compiled(None)
@@ -213,10 +209,12 @@ def check_io_fits(model: BuiltModel, dims: Mapping[str, int], budget: int | None
 def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool = True,
                 from_checkpoint: bool | None = None, progress=None) -> list[StagePlan]:
     """Plans for every model stage of a ``driver.Pipeline``, in stage order (a model used by several stages
-    with the same dims is planned once). ``from_checkpoint``: build each model against its checkpoint
+    with the same dims is planned once) on ``runtime`` (default: the pipeline's). ``from_checkpoint``: build
+    each model against its checkpoint
     (headers only; the default when the checkpoint is a local folder) rather than from shapes alone.
     ``progress(name, done, total)`` is told after each stage is planned."""
     doc: PipelineRecipe = pipeline.doc
+    runtime = get_runtime(runtime if runtime is not None else getattr(pipeline, "runtime", None))
     if from_checkpoint is None:
         source = pipeline._weights_arg if pipeline._weights_arg is not None else doc.weights
         from_checkpoint = source is not None and not str(source).startswith("hf://")
@@ -267,7 +265,7 @@ def check_budget(plans: list[StagePlan], budget: int | None) -> None:
 
 def format_plans(plans: list[StagePlan], budget: int | None) -> str:
     """The per-stage plan table `inspect` prints: sizes, the unbounded run's peak, and the plan under
-    ``budget`` (weights held, planned peak, whether blocks stream)."""
+    ``budget`` (weights held, planned peak, whether blocks stream), and the device the budget is for."""
     lines = [f"{'stage':<14}{'weights':>11}{'activations':>13}{'unbounded peak':>16}{'held weights':>14}"
              f"{'planned peak':>14}  plan under the budget"]
     for p in plans:
@@ -280,8 +278,10 @@ def format_plans(plans: list[StagePlan], budget: int | None) -> str:
                      f"  {note}")
     lines.append("dims: " + "; ".join(f"{p.stage} {_dims(p.dims)}" for p in plans))
     peak = max((p.planned_peak for p in plans), default=0)
-    lines.append(f"budget: {_gib(budget) if budget else 'none (every weight resident)'}; the pipeline's "
-                 f"peak is its largest stage's, {_gib(peak)}: each stage releases everything when it ends")
+    where = f"{plans[0].device} memory ({plans[0].runtime} runtime)" if plans else "memory"
+    lines.append(f"budget: {_gib(budget) if budget else 'none (every weight resident)'} of {where}; the "
+                 f"pipeline's peak is its largest stage's, {_gib(peak)}: each stage releases everything when it "
+                 f"ends")
     return "\n".join(lines)
 
 
@@ -304,3 +304,28 @@ def _gib(n: int | None) -> str:
 
 def _dims(dims: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.items())
+
+
+def inspect_memory(recipe, weights, sets, max_memory: int | None, runtime=None) -> list[str]:
+    """What `inspect` prints for a pipeline's memory: the per-stage plans on ``runtime`` (default numpy), from
+    the checkpoint's headers when it is local (or given), else from the pipeline's `configs:` folder (shapes
+    only: nothing is downloaded). ``recipe`` is the loaded pipeline recipe (``recipe.loader.LoadedRecipe``)."""
+    from .driver import Pipeline
+
+    doc = recipe.doc
+    source = str(weights) if weights is not None else doc.weights
+    local = source is not None and not source.startswith("hf://")
+    if not local and doc.configs is None:
+        return ["memory plan: the checkpoint is remote and the pipeline has no `configs:` folder; pass "
+                "--weights FOLDER to plan memory"]
+    runtime = get_runtime(runtime)
+    pipeline = Pipeline(recipe.path, weights=weights, sets=sets, budget_bytes=max_memory, runtime=runtime)
+    plans = plan_stages(pipeline, max_memory, from_checkpoint=local)
+    origin = f"checkpoint {pipeline.checkpoint}" if local else \
+        f"sizes from {doc.configs}/ (config.json files; no weights read)"
+    lines = [f"memory plan per model stage ({origin}):", format_plans(plans, max_memory)]
+    if max_memory is None:
+        lines.append(f"`run` plans under the {runtime.device} memory of the {runtime.name} runtime by default "
+                     f"({format_bytes(runtime.capacity())}); pass --max-memory SIZE to see the plan under a "
+                     f"budget")
+    return lines

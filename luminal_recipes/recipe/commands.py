@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,9 @@ from .safe_eval import is_wrapped
 from .schema import ModelRecipe, ModuleLibrary, PipelineRecipe
 
 ALL_KINDS = ("model", "pipeline", "modules")
+
+# (pipeline recipe, weights, sets, budget) -> the lines of its memory plan
+MemoryPlanLines = Callable[[LoadedRecipe, "str | Path | None", Any, "int | None"], list[str]]
 
 
 @dataclass
@@ -199,18 +202,21 @@ def inspect(
     sets: Iterable[str] | Mapping[str, Any] = (),
     config: str | Path | Mapping[str, Any] | None = None,
     max_memory: int | None = None,
+    memory_plan: MemoryPlanLines | None = None,
 ) -> str:
     """A printable summary: resolved parameters, modules, weights by dtype, graph size.
 
     Without ``weights``, a ``config`` (config.json path or mapping) gives the sizes; the graph is built from
     shapes alone; with neither, only what the recipe says without sizes is shown. For a pipeline, also the
-    memory plan of every model stage under ``max_memory`` bytes (None: unbounded).
+    memory plan of every model stage under ``max_memory`` bytes (None: unbounded), as the ``memory_plan``
+    callable prints it (``pipeline.plan.inspect_memory``: planning needs the compiler and a runtime, which a
+    recipe does not know).
     """
     recipe = load_recipe(path, allowed=ALL_KINDS)
     if isinstance(recipe.doc, ModuleLibrary):
         return _library_summary(recipe)
     if isinstance(recipe.doc, PipelineRecipe):
-        return _inspect_pipeline(recipe, weights, sets, max_memory)
+        return _inspect_pipeline(recipe, weights, sets, max_memory, memory_plan)
     check_recipe(recipe)
     if weights is not None or (config is None and _local_source(recipe)):
         return summary(_build_with_weights(recipe, weights, sets))
@@ -303,7 +309,7 @@ def _library_summary(recipe: LoadedRecipe) -> str:
 
 
 def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: Any,
-                      max_memory: int | None = None) -> str:
+                      max_memory: int | None = None, memory_plan: MemoryPlanLines | None = None) -> str:
     report = validate(recipe.path, weights, sets)
     doc = recipe.doc
     assert isinstance(doc, PipelineRecipe)
@@ -314,7 +320,8 @@ def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: An
         lines += ["", f"[{name}]", summary(model)]
     if not report.models:
         lines.append("(pass --weights for per-model weights and graph sizes)")
-    lines += ["", *_memory_plan(recipe, weights, sets, max_memory)]
+    if memory_plan is not None:
+        lines += ["", *memory_plan(recipe, weights, sets, max_memory)]
     return "\n".join(lines)
 
 
@@ -354,31 +361,6 @@ def _loop_count(over: Any, params: Mapping[str, Any]) -> str:
         return "iterations known when it runs"
     shown = f" ({over} = {value})" if isinstance(over, str) and str(value) != over else ""
     return f"{count} iteration{'s' if count != 1 else ''}{shown}"
-
-
-def _memory_plan(recipe: LoadedRecipe, weights: str | Path | None, sets: Any,
-                 max_memory: int | None) -> list[str]:
-    """The per-stage memory plan, from the checkpoint's headers when it is local (or given), else from the
-    pipeline's `configs:` folder (shapes only: nothing is downloaded)."""
-    from ..pipeline.driver import Pipeline
-    from ..pipeline.plan import format_plans, machine_memory, plan_stages
-
-    doc = recipe.doc
-    assert isinstance(doc, PipelineRecipe)
-    source = str(weights) if weights is not None else doc.weights
-    local = source is not None and not source.startswith("hf://")
-    if not local and doc.configs is None:
-        return ["memory plan: the checkpoint is remote and the pipeline has no `configs:` folder; pass "
-                "--weights FOLDER to plan memory"]
-    pipeline = Pipeline(recipe.path, weights=weights, sets=sets, budget_bytes=max_memory)
-    plans = plan_stages(pipeline, max_memory, from_checkpoint=local)
-    origin = f"checkpoint {pipeline.checkpoint}" if local else \
-        f"sizes from {doc.configs}/ (config.json files; no weights read)"
-    lines = [f"memory plan per model stage ({origin}):", format_plans(plans, max_memory)]
-    if max_memory is None:
-        lines.append(f"`run` plans under this machine's memory by default ({_bytes(machine_memory())}); pass "
-                     f"--max-memory SIZE to see the plan under a budget")
-    return lines
 
 
 def _bytes(n: int) -> str:

@@ -41,15 +41,12 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import QuantizationError
+from ..graph.dtypes import E2M1_VALUES
 
 NVFP4_BLOCK = 16
 FP4_E2M1_MAX = 6.0
 FP8_E4M3_MAX = 448.0
 
-# E2M1: bit 3 = sign, bits 2-1 = exponent (bias 1), bit 0 = mantissa; no inf/nan.
-E2M1_VALUES = np.array(
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=np.float32
-)
 
 NibbleOrder = Literal["low_first", "high_first"]
 _ROWS_PER_CHUNK = 1024  # bounds the f32 temporaries while quantizing large matrices

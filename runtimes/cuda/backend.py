@@ -19,15 +19,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from luminal_recipes.runtimes.binding import check_array, check_input_names, declared_shape, fetch_weight
-from luminal_recipes.runtimes.memory import MemoryPlan, check_dims, plan_memory
-from luminal_recipes.runtimes.numpy_kernels import KernelContext, KernelInput
-from luminal_recipes.runtimes.program import KERNELS, Program
-from luminal_recipes.runtimes.protocol import MemoryReport, RuntimeBase
-from luminal_recipes.runtimes.views import Scratch, aligned, gather_into, strided
 
 from luminal_recipes.errors import InputError, LuminalError
 from luminal_recipes.graph.core import Node
+from luminal_recipes.runtimes.binding import check_array, check_input_names, declared_shape, fetch_weight
+from luminal_recipes.runtimes.kernels.context import KernelContext, KernelInput, Scratch, aligned
+from luminal_recipes.runtimes.memory import MemoryPlan, check_dims, plan_memory
+from luminal_recipes.runtimes.program import KERNELS, Program
+from luminal_recipes.runtimes.protocol import MemoryReport, RuntimeBase
+from luminal_recipes.runtimes.views import gather_into, strided
 
 from . import gemm as gemm_mod
 from .module import module_source

@@ -19,11 +19,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from luminal_recipes.runtimes import expr as _expr
-from luminal_recipes.runtimes.expr import Expr, parse
 
 from luminal_recipes.graph.dtypes import DType, to_dtype
 from luminal_recipes.graph.view import BoundView
+from luminal_recipes.runtimes import expr as _expr
+from luminal_recipes.runtimes.expr import Expr, parse
 
 # storage dtype -> C type of a buffer element (common.cuh's typedefs)
 STORAGE = {

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from luminal_recipes.compiler.search import SearchOptions, search_segment
 from luminal_recipes.compiler.segments import Segment, assemble, split
-from luminal_recipes.runtimes.program import Program
-
 from luminal_recipes.graph import DType, Graph, run_reference
 from luminal_recipes.graph.symbolic import evaluate
+from luminal_recipes.runtimes.program import Program
 
 
 def graph_values(graph: Graph, seed: int = 0, dims=None) -> tuple[dict, dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
 
 

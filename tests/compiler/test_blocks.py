@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from compiler_helpers import check_program
-from luminal_recipes.compiler import SearchOptions, compile_graph, search
-from luminal_recipes.compiler.segments import split
 
 from luminal_recipes import ops
+from luminal_recipes.compiler import SearchOptions, compile_graph, search
+from luminal_recipes.compiler.segments import split
 from luminal_recipes.graph import Graph
 
 

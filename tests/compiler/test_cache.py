@@ -7,13 +7,14 @@ import base64
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
 from compiler_helpers import check_program
-from luminal_recipes.compiler import SearchOptions, cache, compile_graph, search
 
 from luminal_recipes import ops
+from luminal_recipes.compiler import SearchOptions, cache, compile_graph, search
 from luminal_recipes.graph import Graph
 
 
@@ -160,3 +161,59 @@ def test_unwritable_entry_means_no_cache_not_a_crash(runtime, private_cache, mon
     with pytest.warns(UserWarning, match="cannot write the plan cache entry"):
         assert compile_graph(small_graph(), runtime, options=OPTS).report["cache"] == "miss"
     assert [p.name for p in private_cache.iterdir()] == [entry.name]  # no temporary file left
+# ---- the key covers the rules and the kernels --------------------------------------------------------------
+def _edited_rules(tmp_path, monkeypatch, family: str, old: str, new: str):
+    from luminal_recipes.compiler import rules
+
+    folder = tmp_path / "rules"
+    shutil.copytree(rules.rules_dir(), folder)
+    path = folder / f"{family}.egg"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    monkeypatch.setattr(rules, "rules_dir", lambda: folder)
+
+
+def test_editing_a_rule_file_never_reuses_a_stale_plan(runtime, tmp_path, monkeypatch, private_cache,
+                                                       assert_close):
+    """One cache for both compiles: the edited rule text is a new key (and a different program), not a hit."""
+    first = compile_graph(small_graph(), runtime, options=OPTS)
+    assert first.report["cache"] == "miss" and "Softmax" in first.program.kernel_counts()
+    assert compile_graph(small_graph(), runtime, options=OPTS).report["cache"] == "hit"
+    # the softmax rule now looks for a different constant: it no longer fires
+    _edited_rules(tmp_path, monkeypatch, "softmax", "1.4426950408889634", "1.5")
+    edited = compile_graph(small_graph(), runtime, options=OPTS)
+    assert edited.report["cache"] == "miss" and "Softmax" not in edited.program.kernel_counts()
+    check_program(small_graph(), edited.program, runtime, assert_close)
+    assert len(list(private_cache.glob("*.json"))) == 2
+
+
+def test_keys_differ_under_two_rule_texts_and_two_kernel_versions(runtime, tmp_path, monkeypatch):
+    import dataclasses
+
+    from luminal_recipes.compiler.fingerprint import plan_fingerprints
+    from luminal_recipes.runtimes import kernels
+
+    base = plan_fingerprints(runtime)
+    with pytest.MonkeyPatch.context() as patch:
+        _edited_rules(tmp_path, patch, "cleanup", "x*1", "x times one")  # a rule's name only
+        assert plan_fingerprints(runtime)["rules"] != base["rules"]
+    assert plan_fingerprints(runtime) == base
+    spec = kernels.REGISTRY["Softmax"]
+    monkeypatch.setitem(kernels.REGISTRY, "Softmax", dataclasses.replace(spec, version="2"))
+    assert plan_fingerprints(runtime)["kernels"] != base["kernels"]
+
+
+def test_editing_a_kernel_implementation_changes_the_key(runtime, tmp_path, monkeypatch):
+    from luminal_recipes.compiler import fingerprint
+
+    copies = []
+    for path in fingerprint.implementation_sources(runtime):
+        copy = tmp_path / f"{len(copies)}-{path.name}"
+        copy.write_bytes(path.read_bytes())
+        copies.append(copy)
+    monkeypatch.setattr(fingerprint, "implementation_sources", lambda rt: copies)
+    before = fingerprint.plan_fingerprints(runtime)["implementation"]
+    kernel = next(c for c in copies if c.name.endswith("numpy_kernels.py"))
+    kernel.write_text(kernel.read_text().replace("ROW_TILE = 1 << 16", "ROW_TILE = 1 << 15"))
+    assert fingerprint.plan_fingerprints(runtime)["implementation"] != before

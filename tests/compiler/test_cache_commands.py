@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import time
 
-from luminal_recipes.compiler import SearchOptions, cache, compile_graph
 from typer.testing import CliRunner
 
 from luminal_recipes import ops
 from luminal_recipes.cli import app
+from luminal_recipes.compiler import SearchOptions, cache, compile_graph
 from luminal_recipes.graph import Graph
 
 

@@ -4,12 +4,12 @@ terms, rules loaded by family name."""
 from __future__ import annotations
 
 import pytest
+
+from luminal_recipes import ops
 from luminal_recipes.compiler.extract import Snapshot
 from luminal_recipes.compiler.lower import canonical_strides, lower, row_major
 from luminal_recipes.compiler.rules import FAMILIES, program_text, rule_text
 from luminal_recipes.compiler.saturate import new_egraph, saturate, scratch_egraph
-
-from luminal_recipes import ops
 from luminal_recipes.errors import LuminalError
 from luminal_recipes.graph import Graph
 from luminal_recipes.graph.symbolic import to_dim

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from compiler_helpers import check_program
-from luminal_recipes.compiler import SearchOptions, compile_graph
 
 from luminal_recipes import ops
+from luminal_recipes.compiler import SearchOptions, compile_graph
 from luminal_recipes.graph import Graph
 
 

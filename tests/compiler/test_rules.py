@@ -3,6 +3,7 @@ the reference interpreter, and the rule leaves look-alike patterns that are not 
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from compiler_helpers import cheapest, check_program, kernels, search
@@ -124,6 +125,53 @@ def test_fusion_stops_at_a_non_identity_view(runtime, assert_close):
     check_program(g, program, runtime, assert_close, family="elementwise")
 
 
+def test_constant_subexpressions_fold_in_the_rules(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (3, 5))
+    quarter = ops.recip(ops.sqrt(g.constant(16.0).broadcast_to(x.shape)))  # 1 / sqrt(16), all constant
+    g.mark_output("y", ops.exp2(x) * quarter * 2.0)
+    program = cheapest(g, runtime)
+    (kernel,) = compute(program)
+    assert "Recip" not in kernel.attr("expr") and "Sqrt" not in kernel.attr("expr")
+    assert "(Const 0.5)" in kernel.attr("expr")
+    check_program(g, program, runtime, assert_close, family="elementwise")
+
+
+def test_exp2_of_a_scaled_input_becomes_exp(runtime, assert_close):
+    from luminal_recipes.runtimes.expr import ElementwisePlan
+
+    g = Graph()
+    x = g.input("x", (4, 8))
+    g.mark_output("y", ops.exp(x))  # the op library's exp: Exp2(x * log2(e))
+    program = cheapest(g, runtime)
+    (kernel,) = compute(program)
+    assert kernel.attr("expr") == "(Exp in0)"
+    assert [i.fn for i in ElementwisePlan("(Exp in0)", [np.float32], np.float32).instrs] == [np.exp]
+    check_program(g, program, runtime, assert_close, family="elementwise")
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.5, np.log2(np.e), -np.log2(np.e)])
+def test_exp2_through_exp_stays_within_a_few_ulps(scale, runtime):
+    """Whether the machine's weights pick Exp or Exp2, 2^(x * scale) stays within 1e-5 over f32's whole range
+    of 2^z, and the special values come out exactly."""
+    from luminal_recipes.compiler import SearchOptions, compile_graph
+    from luminal_recipes.graph import run_reference
+
+    z = np.linspace(-125.9, 127.9, 20001)
+    xv = np.concatenate([z / scale, [np.inf, -np.inf, np.nan]]).astype(np.float32)
+    g = Graph()
+    x = g.input("x", (xv.size,))
+    g.mark_output("y", ops.exp2(x * float(scale)) if scale != 1.0 else ops.exp2(x))
+    program = compile_graph(g, runtime, options=SearchOptions(use_cache=False, time_top=0)).program
+    assert "(Exp " in str([n.attrs for n in program.nodes])  # numpy's machine weighs Exp2 above Exp + Mul
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = runtime.run(program, {"x": xv})["y"]
+        want = run_reference(g, {"x": xv}, mode="f64")["y"]
+    n = z.size
+    assert (np.abs(out[:n] - want[:n]) / want[:n]).max() <= 1e-5
+    assert np.array_equal(out[n:], want[n:].astype(np.float32), equal_nan=True)
+
+
 # ---- softmax and norms -------------------------------------------------------------------------------------
 def test_softmax(runtime, assert_close):
     g = Graph()
@@ -205,6 +253,16 @@ def test_conv2d_with_padding_stride_and_bias(runtime, assert_close):
     check_program(g, program, runtime, assert_close)
 
 
+def test_conv2d_without_bias_is_an_output_of_its_own_shape(runtime, assert_close):
+    g = Graph()
+    x = g.input("x", (2, 3, 9, 8))
+    g.mark_output("y", ops.conv2d(x, g.weight("w", (4, 3, 3, 3)), stride=2, padding=1))
+    program = cheapest(g, runtime)
+    (conv,) = compute(program)  # the rule gives the kernel its [N, O, Ho, Wo] e-class; no shape patch
+    assert conv.op == "Conv2d" and tuple(conv.shape) == (2, 4, 5, 4)
+    check_program(g, program, runtime, assert_close)
+
+
 def test_pointwise_conv_is_a_matmul(runtime, assert_close):
     g = Graph()
     x = g.input("x", (1, 6, 4, 4))
@@ -245,6 +303,17 @@ def test_nvfp4_dequant_matmul_keeps_weights_packed(layout, n, k, runtime, assert
     assert node.op == "DequantMatMul" and node.attr("format") == "nvfp4" and node.attr("layout") == layout
     assert [program.nodes[src].attr("name") for src, _ in node.inputs[1:]] == ["w", "s", "s2"]
     check_program(g, program, runtime, assert_close)
+
+
+def test_the_e2m1_rule_matches_the_one_e2m1_table():
+    from luminal_recipes.compiler.lower import values_text
+    from luminal_recipes.compiler.rules import rule_text
+    from luminal_recipes.graph.dtypes import E2M1_VALUES
+
+    # lowering shows small constants' values to the rules; the dequant rule's literal is that table's text
+    assert f'(ConstArr i "{values_text(E2M1_VALUES)}")' in rule_text("dequant")
+    assert values_text(E2M1_VALUES.astype(ml_dtypes.bfloat16)) == values_text(E2M1_VALUES)  # a bf16 table too
+    assert values_text(np.abs(E2M1_VALUES)) != values_text(E2M1_VALUES)  # -0.0 is not 0.0
 
 
 # ---- gather and scatter ------------------------------------------------------------------------------------

@@ -10,15 +10,15 @@ import sys
 
 import pytest
 from compiler_helpers import check_program, graph_values, kernels
+
+from luminal_recipes import ops
 from luminal_recipes.compiler import SearchOptions, compile_graph
 from luminal_recipes.compiler.saturate import Limits
 from luminal_recipes.compiler.search import search_segment
 from luminal_recipes.compiler.segments import split
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
-
-from luminal_recipes import ops
 from luminal_recipes.errors import BudgetError
 from luminal_recipes.graph import PRIMITIVE_OPS, Graph
+from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
 
 
 def attention_block() -> Graph:

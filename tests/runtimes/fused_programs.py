@@ -7,9 +7,8 @@ hand, the way the compiler's extraction emits them.
 
 from __future__ import annotations
 
-from luminal_recipes.runtimes.program import Program
-
 from luminal_recipes.graph import Graph, Node, Tensor, View, to_dtype
+from luminal_recipes.runtimes.program import Program
 
 
 class Fused:

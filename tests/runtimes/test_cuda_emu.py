@@ -12,12 +12,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 from fused_programs import Fused
-from luminal_recipes.runtimes.cuda import CudaEmuBackend, CudaOptions, CudaRuntime
-from luminal_recipes.runtimes.program import Program
 
 from luminal_recipes import ops
 from luminal_recipes.errors import InputError
 from luminal_recipes.graph import Graph, View, cast, run_reference
+from luminal_recipes.runtimes.cuda import CudaEmuBackend, CudaOptions, CudaRuntime
+from luminal_recipes.runtimes.program import Program
 
 pytestmark = pytest.mark.skipif(not __import__("shutil").which("g++"), reason="cuda-emu needs g++")
 

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 from fused_programs import Fused
+
 from luminal_recipes.compiler.search import SearchOptions, compile_graph
+from luminal_recipes.graph import DType, Graph
+from luminal_recipes.recipe.builder import build
 from luminal_recipes.runtimes.cuda.backend import prepare_program
 from luminal_recipes.runtimes.cuda.module import module_source
 from luminal_recipes.runtimes.cuda.nodes import CudaOptions
 from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
 from luminal_recipes.runtimes.program import Program
-
-from luminal_recipes.graph import DType, Graph
-from luminal_recipes.recipe.builder import build
 
 nvrtc = pytest.importorskip("luminal_recipes.runtimes.cuda.nvrtc")
 try:

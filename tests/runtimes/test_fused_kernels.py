@@ -13,11 +13,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 from fused_programs import Fused
-from luminal_recipes.runtimes import expr as expr_module
-from luminal_recipes.runtimes import numpy_attention, numpy_dequant, numpy_kernels
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, View, cast
+from luminal_recipes.runtimes import expr as expr_module
+from luminal_recipes.runtimes import numpy_attention, numpy_dequant, numpy_kernels
 
 
 def randn(rng, *shape, dtype=np.float32):

@@ -7,13 +7,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from fused_programs import Fused
-from luminal_recipes.runtimes import memory
-from luminal_recipes.runtimes.memory import plan_memory
-from luminal_recipes.runtimes.program import Program
 
 from luminal_recipes import ops
 from luminal_recipes.errors import UnboundDimError
 from luminal_recipes.graph import Graph, run_reference
+from luminal_recipes.runtimes import memory
+from luminal_recipes.runtimes.memory import plan_memory
+from luminal_recipes.runtimes.program import Program
 
 
 def randn(rng, *shape, dtype=np.float32):

@@ -7,10 +7,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from luminal_recipes.runtimes.program import Program
 
 from luminal_recipes import ops
 from luminal_recipes.graph import DType, Graph, cast
+from luminal_recipes.runtimes.program import Program
 
 
 def randn(rng, *shape, dtype=np.float32):

@@ -1,5 +1,5 @@
-"""The Runtime protocol on the numpy runtime: determinism, zero-copy weights, no allocation in the hot loop,
-the timing hook, and clear errors for bad programs, inputs, weights and dims."""
+"""The Runtime protocol on every registered runtime: determinism, the timing hook, clear errors for bad programs,
+inputs, weights and dims; and, on numpy, zero-copy weights and outputs and no allocation in the hot loop."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 from fused_programs import Fused
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
-from luminal_recipes.runtimes.program import Program
-from luminal_recipes.runtimes.protocol import Executable, Runtime, UnsupportedKernelError
 
 from luminal_recipes import ops
 from luminal_recipes.errors import InputError, LuminalError, UnboundDimError
 from luminal_recipes.graph import Graph
+from luminal_recipes.runtimes.executable import BackendRuntime
+from luminal_recipes.runtimes.program import Program
+from luminal_recipes.runtimes.protocol import Executable, Runtime, UnsupportedKernelError
+from luminal_recipes.runtimes.registry import runtime_names
 
 
 def randn(rng, *shape, dtype=np.float32):
@@ -45,7 +46,8 @@ def block_weights(rng, width: int = 64):
 
 def test_runtime_and_executable_follow_the_protocol(runtime, rng):
     assert isinstance(runtime, Runtime)
-    assert runtime.name == "numpy" and runtime.device == "cpu"
+    assert runtime.name in runtime_names() and runtime.device == runtime.backend.device
+    assert runtime.capacity() > 0
     exe = runtime.load(Program.from_graph(block_graph()), block_weights(rng), {"s": 3})
     assert isinstance(exe, Executable)
 
@@ -56,11 +58,11 @@ def test_same_inputs_same_bits(runtime, rng):
     exe = runtime.load(program, weights, {"s": 7})
     first = exe.run({"x": x})["y"]
     again = exe.run({"x": x})["y"]
-    other = NumpyRuntime().load(program, weights, {"s": 7}).run({"x": x})["y"]
+    other = BackendRuntime(runtime.backend).load(program, weights, {"s": 7}).run({"x": x})["y"]
     assert first.tobytes() == again.tobytes() == other.tobytes()
 
 
-def test_weights_from_a_memory_mapped_checkpoint_are_not_copied(runtime, rng, tmp_path):
+def test_weights_from_a_memory_mapped_checkpoint_are_not_copied(numpy_runtime, rng, tmp_path):
     import json
 
     from luminal_recipes.weights.safetensors_io import Checkpoint
@@ -74,7 +76,7 @@ def test_weights_from_a_memory_mapped_checkpoint_are_not_copied(runtime, rng, tm
     header += b" " * (-len(header) % 8)
     (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + w.tobytes())
     with Checkpoint.open(tmp_path / "model.safetensors") as ckpt:
-        exe = runtime.load(Program.from_graph(g), ckpt)
+        exe = numpy_runtime.load(Program.from_graph(g), ckpt)
         bound = exe.weights["w"]
         assert _is_mapped(bound)  # the runtime reads the file's pages, it holds no copy
         assert np.array_equal(bound, w)
@@ -92,24 +94,24 @@ def _is_mapped(arr: np.ndarray) -> bool:
     return False
 
 
-def test_caller_weights_are_bound_zero_copy(runtime, rng):
+def test_caller_weights_are_bound_zero_copy(numpy_runtime, rng):
     g = Graph()
     x = g.input("x", (2, 16))
     g.mark_output("y", ops.linear(x, g.weight("w", (8, 16))))
     w = randn(rng, 8, 16)
-    exe = runtime.load(Program.from_graph(g), lambda name: {"w": w}[name])
+    exe = numpy_runtime.load(Program.from_graph(g), lambda name: {"w": w}[name])
     assert np.shares_memory(exe.weights["w"], w)
     assert not np.shares_memory(exe.arena, w)
 
 
-def test_the_hot_loop_does_not_allocate(runtime, rng):
+def test_the_hot_loop_does_not_allocate(numpy_runtime, rng):
     """Beyond numpy's own iterator buffers (``np.getbufsize()`` elements per operand, for strided or broadcast
     operands), a run allocates nothing: every activation lives in the arena, whatever the sequence length."""
     g = block_graph(128)
     weights = block_weights(rng, 128)
     numpy_buffers = 4 * np.getbufsize() * 8 + 16 * 1024
     for s in (32, 128):
-        exe = runtime.load(Program.from_graph(g), weights, {"s": s})
+        exe = numpy_runtime.load(Program.from_graph(g), weights, {"s": s})
         x = randn(rng, s, 128)
         exe.run({"x": x})
         exe.run({"x": x}, trace=True)
@@ -171,12 +173,12 @@ def test_unbound_dims_are_reported_before_anything_runs(runtime):
         runtime.load(Program.from_graph(g), dims={})
 
 
-def test_outputs_can_be_read_in_place(runtime, rng):
+def test_outputs_can_be_read_in_place(numpy_runtime, rng):
     """``copy_outputs=False`` hands out read-only views of the arena: no copy, overwritten by the next run."""
     g = Graph()
     x = g.input("x", (3, 5))
     g.mark_output("y", x * 2.0)
-    exe = runtime.load(Program.from_graph(g))
+    exe = numpy_runtime.load(Program.from_graph(g))
     first_x, second_x = randn(rng, 3, 5), randn(rng, 3, 5)
     view = exe.run({"x": first_x}, copy_outputs=False)["y"]
     assert np.shares_memory(view, exe.arena) and not view.flags.writeable

@@ -11,16 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from luminal_recipes.compiler.search import SearchOptions, compile_graph
-from luminal_recipes.runtimes.file_pages import PageDropper, file_span
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
-from luminal_recipes.runtimes.program import Program
 
+from luminal_recipes.compiler.search import SearchOptions, compile_graph
 from luminal_recipes.errors import InputError
 from luminal_recipes.graph.symbolic import evaluate
 from luminal_recipes.pipeline.engine import ModelEngine
 from luminal_recipes.pipeline.plan import plan_model, weight_blocks
 from luminal_recipes.recipe.builder import build
+from luminal_recipes.runtimes.file_pages import PageDropper, file_span
+from luminal_recipes.runtimes.program import Program
 from luminal_recipes.weights.safetensors_io import Checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,17 +44,16 @@ def random_inputs(model, dims, seed=0):
     return out
 
 
-def program_of(model, dims, kind: str) -> Program:
+def program_of(model, dims, kind: str, runtime) -> Program:
     if kind == "naive":
         return Program.from_graph(model.graph)
     options = SearchOptions(time_top=0, use_cache=False)  # fused kernels (MatMul, attention) read the slots
-    return compile_graph(model.graph, NumpyRuntime(), dims, options=options).program
+    return compile_graph(model.graph, runtime, dims, options=options).program
 
 
 @pytest.mark.parametrize("kind", ["naive", "compiled"])
-def test_streamed_flux2_transformer_is_bit_identical(transformer, kind):
-    program = program_of(transformer, DIMS, kind)
-    runtime = NumpyRuntime()
+def test_streamed_flux2_transformer_is_bit_identical(transformer, kind, runtime):
+    program = program_of(transformer, DIMS, kind, runtime)
     unbounded = runtime.load(program, transformer.load_weight, DIMS)
     streamed = runtime.load(program, transformer.load_weight, DIMS, stream=weight_blocks(transformer.graph))
     try:
@@ -83,9 +81,9 @@ def test_streamed_flux2_transformer_is_bit_identical(transformer, kind):
         streamed.close()
 
 
-def test_layout_blocks_are_ordered_and_disjoint(transformer):
+def test_layout_blocks_are_ordered_and_disjoint(transformer, runtime):
     program = Program.from_graph(transformer.graph)
-    exe = NumpyRuntime().load(program, transformer.load_weight, DIMS, stream=weight_blocks(transformer.graph))
+    exe = runtime.load(program, transformer.load_weight, DIMS, stream=weight_blocks(transformer.graph))
     try:
         blocks = exe.streamer.layout.blocks
         assert all(a.last < b.first for a, b in zip(blocks, blocks[1:]))
@@ -96,7 +94,7 @@ def test_layout_blocks_are_ordered_and_disjoint(transformer):
         exe.close()
 
 
-def test_loader_errors_reach_the_caller(transformer):
+def test_loader_errors_reach_the_caller(transformer, runtime):
     program = Program.from_graph(transformer.graph)
     blocks = weight_blocks(transformer.graph)
     victim = sorted(name for name, block in blocks.items() if block == "single_transformer_blocks.1")[0]
@@ -105,7 +103,7 @@ def test_loader_errors_reach_the_caller(transformer):
         array = transformer.load_weight(name)
         return array.astype(np.float64) if name == victim else array
 
-    exe = NumpyRuntime().load(program, weights, DIMS, stream=blocks)
+    exe = runtime.load(program, weights, DIMS, stream=blocks)
     try:
         with pytest.raises(InputError, match=victim):
             exe.run(random_inputs(transformer, DIMS))
@@ -145,18 +143,18 @@ def save_llama(folder: Path, layers: int):
 
 
 @pytest.mark.parametrize("layers", [3, 6])
-def test_llama_under_a_budget_below_its_weights_is_bit_identical(tmp_path, layers):
+def test_llama_under_a_budget_below_its_weights_is_bit_identical(tmp_path, layers, runtime):
     save_llama(tmp_path, layers)
     model = build(ROOT / "recipes" / "llama.yaml", weights=tmp_path)
     dims = {"batch": 1, "seq": 6}
-    full = plan_model(model, dims, None, compile=False)
-    lean = plan_model(model, dims, full.planned_peak - 1, compile=False)
+    full = plan_model(model, dims, None, runtime, compile=False)
+    lean = plan_model(model, dims, full.planned_peak - 1, runtime, compile=False)
     assert lean.streamed and lean.fits and lean.blocks == layers
     budget = lean.planned_peak
     if layers > 3:
         assert budget < full.weight_bytes  # the whole stage runs in less memory than its weights
-    unbounded = ModelEngine(model, compile=False)
-    bounded = ModelEngine(model, budget_bytes=budget, compile=False)
+    unbounded = ModelEngine(model, runtime, compile=False)
+    bounded = ModelEngine(model, runtime, budget_bytes=budget, compile=False)
     try:
         for seed in range(2):
             inputs = random_inputs(model, dims, seed)

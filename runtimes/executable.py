@@ -1,0 +1,390 @@
+"""The one executable every backend runs Programs with, and the runtime that pairs it with a backend.
+
+``BackendRuntime(backend)`` is a ``Runtime``: ``load`` prepares every kernel with the backend's implementations
+(operand layouts, scratch needs), plans memory with those needs, allocates one activation arena
+(``backend.allocate``; every activation and scratch array is a typed slot of it at its planned offset), binds the
+weights (``backend.upload``: the numpy backend keeps memory-mapped checkpoint arrays memory-mapped), and binds
+every kernel to its arrays. ``Executable.run`` then copies the inputs into their slots (``backend.copy_in``),
+calls the prepared steps in program order and hands the outputs back; the hot loop allocates nothing. Execution is
+single-stream and every reduction has a fixed order, so the same inputs give the same bits.
+
+With ``stream=`` (weight name -> block name), the repeated blocks' weights are not bound to the checkpoint but
+streamed through two slot buffers by a ``streaming.WeightStreamer``; ``close()`` stops its loader thread.
+``stats`` counts the bytes each run moved between host and device.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import tracemalloc
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from luminal_recipes.errors import GraphError, InputError, UnboundDimError
+from luminal_recipes.graph.core import Node
+from luminal_recipes.graph.symbolic import shape_str
+
+from .backend import Array, Backend
+from .binding import check_array, check_input_names, declared_shape, fetch_weight
+from .kernels import REGISTRY, SOURCES
+from .kernels.context import KernelContext, KernelInput, Scratch
+from .memory import MemoryPlan, check_dims, plan_memory
+from .memory import state_updates as updates_of
+from .program import Program
+from .protocol import MemoryReport, RuntimeBase
+from .streaming import WeightStreamer, stream_layout
+from .views import gather_into, strided
+
+
+class BackendRuntime(RuntimeBase):
+    """A ``Runtime``: a backend's kernels and memory, run by the generic ``Executable``."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.name, self.device, self.machine = backend.name, backend.device, backend.machine
+
+    def capabilities(self) -> set[str]:
+        return {op for op in REGISTRY if op in self.backend.kernels or op in SOURCES}
+
+    def capacity(self) -> int:
+        """The default memory budget of this runtime's device (bytes)."""
+        return self.backend.capacity()
+
+    def prepare(self, program: Program, dims: Mapping[str, int] | None = None) -> dict[int, tuple]:
+        """Per node id: ``(bind function, Scratch)``, for every node that runs a kernel."""
+        self.check_capabilities(program)
+        dims = dict(dims or {})
+        check_dims(program, dims)
+        by_id = {n.id: n for n in program.nodes}
+        prepared = {}
+        for node in program.nodes:
+            if node.op in SOURCES:
+                continue
+            scratch = Scratch()
+            inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, _numel(by_id[src], dims))
+                      for src, view in node.inputs]
+            ctx = KernelContext(node, declared_shape(node, dims), node.dtype.np, inputs, scratch)
+            prepared[node.id] = (self.backend.kernels[node.op](ctx), scratch)
+        return prepared
+
+    def plan(self, program: Program, dims=None, weight_bytes: int | None = None) -> MemoryPlan:
+        """The memory plan ``load`` would use (kernel scratch included), without allocating anything."""
+        prepared = self.prepare(program, dims)
+        return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+
+    def load(self, program: Program, weights=None, dims=None,
+             stream: Mapping[str, str] | None = None) -> Executable:
+        """Bind ``program`` to its weights at ``dims``; ``stream`` (weight name -> block name) streams the
+        blocks' weights instead of binding them (``streaming``)."""
+        return Executable(self, program, weights, dict(dims or {}), stream)
+
+
+def _numel(node: Node, dims) -> int:
+    n = 1
+    for d in declared_shape(node, dims):
+        n *= d
+    return n
+
+
+@dataclass
+class TransferStats:
+    """Bytes one run moved: host -> device (inputs), device -> host (outputs), device -> device."""
+
+    runs: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    bytes_device: int = 0
+    rebinds: int = 0  # re-bindings to other dims (``Executable.bind``), their total seconds, and the arenas they
+    rebind_seconds: float = 0.0  # had to allocate (none when loaded for the largest dims)
+    arena_allocations: int = 0
+
+
+class Executable:
+    """A Program bound to its weights, dims and arena on one backend; ``run`` executes it.
+
+    Loaded for ``dims`` (e.g. a size bucket: the largest lengths it will see), it can be re-bound to other dims
+    (``bind``, or ``run(..., dims=)``) without loading again: the weights, constants, states and arena stay; the
+    kernels are prepared and the memory planned for the new dims, and the steps are bound to new slots of the same
+    arena (a new arena only if the new plan needs more than the loaded one).
+    """
+
+    def __init__(self, runtime: BackendRuntime, program: Program, weights, dims: dict[str, int],
+                 stream: Mapping[str, str] | None = None):
+        self.runtime, self.backend = runtime, runtime.backend
+        self.program, self.dims = program, dict(dims)
+        self.loaded_dims = dict(dims)
+        self.stats = TransferStats()
+        self._by_id = {n.id: n for n in program.nodes}
+        backend = self.backend
+        prepared, plan = self._plan(self.dims)
+        self.streamer = None
+        if stream is not None:
+            self.streamer = WeightStreamer(stream_layout(program, plan, dims, stream), program, weights, dims,
+                                           backend)
+        self.arena = backend.allocate(plan.arena_bytes)
+        # bound once, whatever the dims: weights, constants, Iota (its prefix serves shorter lengths), states
+        self._fixed: dict[int, Array] = {}
+        self._states: dict[str, tuple[Node, Array]] = {}  # name -> (state input, its buffer): kept across runs
+        self.weights: dict[str, Array] = {}  # name -> bound array: the caller's on a host backend
+        self._weight_array_bytes = 0
+        for nid in plan.order:
+            node = self._by_id[nid]
+            kind = plan.resident.get(nid)
+            slot = self.streamer.view(nid) if self.streamer and kind == "weight" else None
+            if slot is not None:
+                self._fixed[nid] = slot  # filled block by block while the program runs
+            elif kind == "state" and node.op == "Input":
+                buf = backend.slot(backend.allocate(plan.nbytes[nid]), 0, plan.nbytes[nid], node.dtype.np)
+                self._fixed[nid] = buf
+                self._states[node.name] = (node, buf)
+            elif kind == "weight":
+                arr = fetch_weight(weights, node.name)
+                check_array("weight", node, arr, dims)
+                self._fixed[nid] = backend.upload(arr)
+                self.weights[node.name] = self._fixed[nid].reshape(arr.shape)
+                self._weight_array_bytes += self._fixed[nid].nbytes
+            elif node.op == "Constant":
+                data = node.data if node.data is not None else np.asarray(node.attr("value"), node.dtype.np)
+                self._fixed[nid] = backend.upload(np.ascontiguousarray(data, dtype=node.dtype.np).reshape(-1))
+            elif node.op == "Iota":
+                self._fixed[nid] = backend.upload(np.arange(declared_shape(node, dims)[0], dtype=np.int32))
+        self._known_inputs = {n.name for n in program.nodes if n.op == "Input"
+                              and n.attr("kind") not in ("weight", "state")}
+        self._bind(self.dims, prepared, plan)
+
+    def _plan(self, dims: Mapping[str, int]) -> tuple[dict, MemoryPlan]:
+        prepared = self.runtime.prepare(self.program, dims)
+        plan = plan_memory(self.program, dims, None, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+        return prepared, plan
+
+    def bind(self, dims: Mapping[str, int]) -> None:
+        """Re-bind to other values of the symbolic dims (within what was loaded: weights and states must keep
+        their shapes, an Iota may only get shorter). Allocates nothing unless the new plan's arena is larger."""
+        dims = {**self.dims, **dims}
+        if dims == self.dims:
+            return
+        t0 = time.perf_counter()
+        for nid, buf in self._fixed.items():
+            node = self._by_id[nid]
+            kind = node.attr("kind") if node.op == "Input" else None
+            if kind in ("weight", "state") and declared_shape(node, dims) != declared_shape(node, self.dims):
+                raise UnboundDimError(
+                    f"{kind} '{node.name}' has shape {shape_str(node.shape)}: it cannot change with the dims "
+                    f"(loaded for {self.loaded_dims}, asked {dims}); load the program again for these dims")
+            if node.op == "Iota" and declared_shape(node, dims)[0] > buf.size:
+                raise UnboundDimError(
+                    f"Iota #{nid} of length {shape_str(node.shape)} = {declared_shape(node, dims)[0]} exceeds the "
+                    f"{buf.size} it was loaded for (dims {self.loaded_dims}); load the program for a larger bucket")
+        prepared, plan = self._plan(dims)
+        if plan.arena_bytes > self.arena.nbytes:  # not expected when loaded for the largest dims of a bucket
+            self.arena = self.backend.allocate(plan.arena_bytes)
+            self.stats.arena_allocations += 1
+        self._bind(dims, prepared, plan)
+        self.stats.rebinds += 1
+        self.stats.rebind_seconds += time.perf_counter() - t0
+
+    def _bind(self, dims: dict[str, int], prepared: dict, plan: MemoryPlan) -> None:
+        """Every activation slot, kernel step, input and output at ``dims``."""
+        backend, program, by_id = self.backend, self.program, self._by_id
+        self.dims, self.plan = dims, plan
+        flats: dict[int, Array] = {}
+        self._inputs: dict[str, tuple[Node, Array]] = {}
+        for nid in plan.order:
+            node = by_id[nid]
+            if nid in self._fixed:
+                flats[nid] = self._fixed[nid]
+                if node.op == "Iota":
+                    flats[nid] = flats[nid][: declared_shape(node, dims)[0]]
+            elif plan.resident.get(nid) == "state":  # computes the state's new value in its buffer (in place)
+                flats[nid] = self._fixed[plan.states[nid]]
+            else:
+                flats[nid] = backend.slot(self.arena, plan.offsets[nid], plan.nbytes[nid], node.dtype.np)
+                if node.op == "Input":
+                    self._inputs[node.name] = (node, flats[nid])
+        steps = []
+        for position, nid in enumerate(plan.order):
+            if nid not in prepared:
+                continue
+            node = by_id[nid]
+            bind, scratch = prepared[nid]
+            base = plan.scratch_offsets.get(nid, 0)
+            arrays = [backend.slot(self.arena, base + at, n, dtype).reshape(shape)
+                      for at, n, shape, dtype in scratch.layout()]
+            out = flats[nid].reshape(declared_shape(node, dims))
+            steps.append((position, bind(out, [flats[src] for src, _ in node.inputs], arrays)))
+        self._steps = self.streamer.interleave(steps) if self.streamer else [step for _, step in steps]
+        self._outputs = {name: (flats[src], view.bind(dims)) for name, (src, view) in program.outputs.items()
+                         if name not in self._states}
+        # a state's new value computed elsewhere (not in place) is copied into its buffer after each run
+        self._write_back = []
+        for name, (node, buf) in self._states.items():
+            if name not in program.outputs:
+                continue
+            src, view = program.outputs[name]
+            if plan.states.get(src) == node.id:
+                continue  # updated in place
+            if src not in updates_of(program, dims):
+                raise GraphError(f"state '{name}': its new value (the output '{name}') must be a tensor of the "
+                                 f"state's shape read whole, in order; make it contiguous first")
+            self._write_back.append((buf, flats[src]))
+        weight_bytes, weight_array_bytes = plan.weight_bytes, self._weight_array_bytes
+        if self.streamer:  # what is held: weights outside blocks and the two slots
+            layout = self.streamer.layout
+            weight_bytes = layout.resident_weight_bytes
+            weight_array_bytes += sum(layout.slot_bytes)
+        self._memory = MemoryReport(
+            weight_bytes=weight_bytes, weight_array_bytes=weight_array_bytes,
+            constant_bytes=plan.constant_bytes, arena_bytes=int(self.arena.nbytes),
+            planned_peak=weight_bytes + plan.constant_bytes + plan.state_bytes + int(self.arena.nbytes),
+            live_peak=_live_schedule(plan, program.outputs, by_id, flats, prepared), state_bytes=plan.state_bytes,
+        )
+
+    # ---- inputs and states ---------------------------------------------------------------------------------
+    def input(self, name: str) -> Array:
+        """Input ``name``'s slot, at its shape: data written there and passed to ``run`` as that input is not
+        copied (bound in place)."""
+        node, slot = self._inputs[name]
+        return slot.reshape(declared_shape(node, self.dims))
+
+    def state(self, name: str) -> np.ndarray:
+        """A host copy of state ``name``'s current value."""
+        node, buf = self._state(name)
+        return np.array(self.backend.download(buf), copy=True).reshape(declared_shape(node, self.dims))
+
+    def set_state(self, name: str, value: np.ndarray | None = None) -> None:
+        """Set state ``name`` to ``value`` (zeros when None)."""
+        node, buf = self._state(name)
+        if value is None:
+            value = np.zeros(declared_shape(node, self.dims), node.dtype.np)
+        value = np.asarray(value)
+        check_array("state", node, value, self.dims)
+        self.backend.copy_in(buf, value)
+
+    def _state(self, name: str) -> tuple[Node, Array]:
+        if name not in self._states:
+            raise InputError(f"no state '{name}'; the program's states are {', '.join(self._states) or 'none'}")
+        return self._states[name]
+
+    def close(self) -> None:
+        """Stop the weight loader (streaming only); the executable must not run afterwards."""
+        if self.streamer:
+            self.streamer.close()
+
+    @property
+    def memory(self) -> MemoryReport:
+        return self._memory
+
+    def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True,
+            trace: bool = False, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Execute once (at ``dims``, re-binding first if they differ). Outputs are fresh host arrays; with
+        ``copy_outputs=False`` a host backend hands out read-only views of the arena instead, valid until the
+        next run (no copy in a loop that consumes them at once). ``trace=True`` measures allocations made
+        outside the arena (``memory.transient_peak``)."""
+        if dims is not None:
+            self.bind(dims)
+        inputs = dict(inputs or {})
+        for name in inputs:
+            if name in self._states:
+                raise InputError(f"'{name}' is a state of this program: it persists across runs; set it with "
+                                 f"set_state('{name}', value), not as an input")
+        check_input_names(inputs, sorted(self._inputs), self._known_inputs)
+        stats = self.stats
+        stats.runs += 1
+        stats.bytes_in = stats.bytes_out = stats.bytes_device = 0
+        for name, (node, slot) in self._inputs.items():
+            given = inputs[name]
+            if _same_memory(given, slot):
+                continue  # written in its slot by the caller (``input(name)``): bound without a copy
+            arr = np.asarray(given)
+            check_array("input", node, arr, self.dims)
+            self.backend.copy_in(slot, arr)
+            stats.bytes_in += arr.nbytes
+        if trace:
+            tracemalloc.start()
+        try:
+            with np.errstate(all="ignore"):
+                for step in self._steps:
+                    step()
+            for buf, value in self._write_back:
+                self.backend.copy(buf, value)
+                stats.bytes_device += value.nbytes
+            self.backend.synchronize()
+            if trace:
+                self._memory.transient_peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            if trace:
+                tracemalloc.stop()
+        return {name: self._read(flat, bv, copy_outputs) for name, (flat, bv) in self._outputs.items()}
+
+    def _read(self, flat: Array, bv, copy: bool) -> np.ndarray:
+        if not self.backend.host_arrays:
+            flat = self.backend.download(flat)
+            self.stats.bytes_out += flat.nbytes
+            copy = False  # already a fresh host array
+        view = strided(flat, bv)
+        if view is not None:
+            if copy:
+                view = np.array(view, copy=True)
+                self.stats.bytes_out += view.nbytes
+            return view
+        out = np.empty(bv.shape, flat.dtype)
+        gather_into(out, flat, bv)
+        if self.backend.host_arrays:
+            self.stats.bytes_out += out.nbytes
+        return out
+
+
+def _address(arr) -> tuple | None:
+    for attr in ("__array_interface__", "__cuda_array_interface__"):
+        info = getattr(arr, attr, None)
+        if info is not None:
+            return info["data"][0], tuple(arr.shape), info.get("strides"), str(arr.dtype)
+    return None
+
+
+def _same_memory(given, slot) -> bool:
+    """``given`` is exactly the slot's memory: same address, contiguous, same size and dtype."""
+    a, b = _address(given), _address(slot)
+    return (a is not None and b is not None and a[0] == b[0] and a[2] is None and a[3] == b[3]
+            and math.prod(a[1]) == math.prod(b[1]))
+
+
+def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], flats: dict,
+                   prepared: dict) -> int:
+    """The most bytes held at one step by live activation arrays and kernel scratch, summed over the arrays
+    actually bound (unaligned): a check on the plan, which must be at least this large."""
+    step_of = {nid: i for i, nid in enumerate(plan.order)}
+    end = len(plan.order)
+    last: dict[int, int] = {}
+    for nid in plan.order:
+        for src, _ in by_id[nid].inputs:
+            last[src] = max(last.get(src, -1), step_of[nid])
+    for src, _ in outputs.values():
+        last[src] = end
+    spans: dict[int, list[int]] = {}  # in-place chains share one buffer: keyed by the chain's root
+    for nid in plan.order:
+        if nid in plan.resident:
+            continue
+        root = nid
+        while root in plan.aliases:
+            root = plan.aliases[root]
+        start = 0 if by_id[nid].op == "Input" else step_of[nid] + 1
+        stop = last.get(nid, step_of[nid]) + 1
+        lo, hi = spans.get(root, [start, stop])
+        spans[root] = [min(lo, start), max(hi, stop)]
+    delta = [0] * (end + 3)
+    for root, (lo, hi) in spans.items():
+        delta[lo] += flats[root].nbytes
+        delta[hi + 1] -= flats[root].nbytes
+    for nid, (_, scratch) in prepared.items():
+        if nid in step_of and scratch.nbytes:
+            delta[step_of[nid] + 1] += scratch.nbytes
+            delta[step_of[nid] + 2] -= scratch.nbytes
+    live = peak = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak
