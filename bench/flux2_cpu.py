@@ -118,7 +118,7 @@ def folder_bytes(folder: Path) -> int:
 
 
 def initial_latents(cfg: BenchConfig) -> np.ndarray:
-    from luminal_recipes.pipeline.latents import initial_noise
+    from luminal_recipes.tasks.flux2.latents import initial_noise
 
     return initial_noise(cfg.seed, cfg.height, cfg.width)
 
@@ -327,7 +327,7 @@ def print_table(compute: Timings, wall: Timings, theirs: Timings, repeats: int) 
 def bench_config(cfg: BenchConfig, workdir: Path, repeats: int, threads: int, memory: bool) -> None:
     import torch
 
-    from luminal_recipes.pipeline.image_io import to_uint8
+    from luminal_recipes.image_io import to_uint8
 
     folder = checkpoint_for(cfg, workdir)
     transformer_bytes = folder_bytes(folder / "transformer")

@@ -120,8 +120,8 @@ def save_diffusers_transformer(folder: Path, cfg: TransformerConfig, seed: int):
 
 def step_inputs(cfg: TransformerConfig, axes_dims, theta: float, seed: int) -> dict[str, np.ndarray]:
     """One denoising step's transformer inputs, as the pipeline makes them (rope tables in f64, then f32)."""
-    from luminal_recipes.pipeline.latents import latent_ids, text_ids
-    from luminal_recipes.pipeline.steps import rope_tables
+    from luminal_recipes.tasks.flux2.latents import latent_ids, text_ids
+    from luminal_recipes.tasks.flux2.steps import rope_tables
 
     rng = np.random.default_rng(seed)
     h, w = cfg.grid
@@ -141,7 +141,7 @@ def torch_step(model, cfg: TransformerConfig, inputs: dict[str, np.ndarray]):
     """A no-argument callable running diffusers' forward once on ``inputs``; returns the velocity (numpy)."""
     import torch
 
-    from luminal_recipes.pipeline.latents import latent_ids, text_ids
+    from luminal_recipes.tasks.flux2.latents import latent_ids, text_ids
 
     h, w = cfg.grid
     args = dict(

@@ -675,8 +675,8 @@ def transformer_inputs(c: Check, cfg: dict, img_hw: tuple[int, int], txt: int) -
     import ml_dtypes
     import numpy as np
 
-    from luminal_recipes.pipeline.latents import latent_ids, text_ids
-    from luminal_recipes.pipeline.steps import rope_tables
+    from luminal_recipes.tasks.flux2.latents import latent_ids, text_ids
+    from luminal_recipes.tasks.flux2.steps import rope_tables
 
     h, w = img_hw
     rng = np.random.default_rng(1)
@@ -695,7 +695,7 @@ def transformer(c: Check) -> dict:
     import numpy as np
     import torch
 
-    from luminal_recipes.pipeline.latents import latent_ids, text_ids
+    from luminal_recipes.tasks.flux2.latents import latent_ids, text_ids
 
     cfg = model_config(c, "transformer")
     hw, txt = ((4, 4), 8) if c.dry else ((64, 64), 512)  # 1024x1024: 64 x 64 latent tokens, 512 text tokens
@@ -891,20 +891,20 @@ def tiny_pipeline(c: Check) -> dict:
     """recipes/flux2-tiny.yaml end to end on our runtime vs the numpy runtime's golden image."""
     import inspect
 
+    from luminal_recipes.image_io import read_png, to_uint8
     from luminal_recipes.pipeline.driver import Pipeline
     from luminal_recipes.pipeline.golden import load_manifest, psnr
-    from luminal_recipes.pipeline.image_io import read_png, to_uint8
-    from luminal_recipes.pipeline.latents import initial_noise
+    from luminal_recipes.tasks.flux2.latents import initial_noise
 
     recipe, cases = load_manifest(ROOT / "tests" / "golden" / "goldens.yaml")
     case = next(k for k in cases if k.file.name.startswith("city"))  # 64x64, 2 steps
     if "runtime" not in inspect.signature(Pipeline).parameters:
         raise RuntimeError("Pipeline has no runtime= yet (the backend-neutral executable, issue 9)")
-    sets = [f"seed={case.seed}", f"steps={case.steps}", f"width={case.width}", f"height={case.height}",
-            f"guidance={case.guidance}"]
+    p = case.params
+    sets = [f"{k}={v}" for k, v in p.items()]
     pipe = Pipeline(recipe, sets=sets, runtime=c.runtime)
     t0 = time.perf_counter()
-    report = pipe.run({"prompt": case.prompt, "init_latents": initial_noise(case.seed, case.height, case.width)})
+    report = pipe.run({"prompt": case.prompt, "init_latents": initial_noise(p["seed"], p["height"], p["width"])})
     seconds = time.perf_counter() - t0
     image = to_uint8(report.values["image"])
     golden, _ = read_png(case.file)

@@ -60,3 +60,7 @@ class BudgetError(LuminalError):
 
 class PipelineError(LuminalError):
     """A pipeline run got bad arguments (size, steps, prompt file, output path...)."""
+
+
+class PluginError(LuminalError):
+    """A task plug-in (``luminal_recipes/tasks/``) is malformed, or two plug-ins define the same step."""

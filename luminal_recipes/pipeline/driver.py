@@ -1,13 +1,14 @@
 """The pipeline driver: runs a ``kind: pipeline`` recipe's stages in order.
 
-Values live in one environment (parameters, pipeline inputs, stage outputs). A stage either runs a built-in step
-(``run:``, see ``steps.py``), runs a model (``model:``: built from its recipe and the checkpoint subfolder, compiled
-once, released when the stage ends), or loops (``loop:``) over its ``steps``; a model inside a loop is compiled
-once and kept until the loop ends. Before the first stage runs, every model stage is planned under the memory
-budget (``plan.py``): a budget no plan meets fails then, before any weight is read, and stages whose weights
-do not fit stream them block by block. Each top-level stage's resident-memory peak is measured
-(``peak_rss``). Stage ``inputs`` are expressions over the environment; ``outputs`` name where
-results go. The driver owns nothing numerical beyond what a recipe names.
+Values live in one environment (parameters, pipeline inputs, stage outputs). A stage either runs a host step of
+a task plug-in (``run:``; the plug-ins in ``luminal_recipes/tasks/``, found by ``plugins.py``), runs a model
+(``model:``: built from its recipe and the checkpoint subfolder, compiled once, released when the stage ends),
+or loops (``loop:``) over its ``steps``; a model inside a loop is compiled once and kept until the loop ends.
+Before the first stage runs, every model stage is planned under the memory budget (``plan.py``): a budget no
+plan meets fails then, before any weight is read, and stages whose weights do not fit stream them block by
+block. Each top-level stage's resident-memory peak is measured (``peak_rss``). Stage ``inputs`` are expressions
+over the environment; ``outputs`` name where results go. The driver owns nothing numerical beyond what a recipe
+names.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..runtimes.registry import get_runtime
 from . import peak_rss
 from .engine import ModelEngine
 from .plan import StagePlan, check_budget, plan_stages
-from .steps import STEPS, StepContext
+from .plugins import StepContext, check_steps_known, steps
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Pipeline:
         self.doc: PipelineRecipe = self.recipe.doc
         self.path = Path(path)
         # set_sources: how a value was given when not by --set (e.g. {"steps": "--steps 4"}), for messages
+        check_steps_known(self.recipe)  # every `run:` names a step of a task plug-in
         self._resolver = ParamResolver(self.recipe.params, None, sets, override_origins=set_sources)
         self.resolved = self._resolver.resolve_all()
         self.params = self.resolved.values
@@ -85,14 +87,15 @@ class Pipeline:
 
     @property
     def context(self) -> StepContext:
+        """What steps read besides their arguments; the checkpoint files the recipe names for them (the
+        tokenizer folder, the scheduler config) are checked to lie inside the checkpoint first."""
         if self._context is None:
             tok, sched = self.doc.tokenizer, self.doc.scheduler
             if tok is not None:
                 self._inside_checkpoint(("tokenizer", "path"), tok.path)
             if sched is not None and sched.config is not None:
                 self._inside_checkpoint(("scheduler", "config"), sched.config)
-            self._context = StepContext(self.checkpoint, tok.path if tok else None, sched.config if sched else None,
-                                        tok.chat_template if tok else None, tok.system if tok else None)
+            self._context = StepContext(self.checkpoint, self.doc)
         return self._context
 
     def _inside_checkpoint(self, where: tuple, relative: str) -> Path:
@@ -135,7 +138,7 @@ class Pipeline:
         if missing:
             raise PipelineError(
                 f"checkpoint {folder} has no {', '.join(missing)} folder(s); a {self.doc.name} checkpoint needs "
-                f"{', '.join(m.weights for m in self.doc.models.values() if m.weights)} (diffusers layout)"
+                f"{', '.join(m.weights for m in self.doc.models.values() if m.weights)}"
             )
         return folder
 
@@ -273,12 +276,9 @@ class Pipeline:
             return
         args = {k: self._eval(v, env, f"{where} inputs.{k}") for k, v in stage.inputs.items()}
         if stage.run is not None:
-            if stage.run not in STEPS:
-                raise PipelineError(f"{self.path}: {where}: unknown step '{stage.run}'; built-in steps are "
-                                    f"{', '.join(sorted(STEPS))}")
             try:
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below, by stage
-                    result = STEPS[stage.run](self.context, **args)
+                    result = steps()[stage.run](self.context, **args)
             except TypeError as exc:
                 raise PipelineError(f"{self.path}: {where}: step '{stage.run}' {exc}") from None
         else:
@@ -312,9 +312,9 @@ def _check_finite(value: Any, what: str) -> None:
         return
     nan, inf = int(np.isnan(value).sum()), int(np.isinf(value).sum())
     raise PipelineError(
-        f"{what} holds non-finite values ({nan} NaN, {inf} infinite of {value.size}); the image would be garbage. "
-        f"Check the checkpoint's weights and the parameters (--guidance, --set ...), or pass --allow-nonfinite "
-        f"to write it anyway."
+        f"{what} holds non-finite values ({nan} NaN, {inf} infinite of {value.size}); the outputs would be "
+        f"garbage. Check the checkpoint's weights and the parameters (flags, --set ...), or pass --allow-nonfinite "
+        f"to write them anyway."
     )
 
 

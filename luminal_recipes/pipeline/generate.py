@@ -3,8 +3,11 @@ budget (failing before any weight is read if a stage cannot fit), load the pipel
 each declared output by its type (``outputs.py``: image -> PNG, array -> .npy, text -> .txt), and summarise
 timings (the whole command and its compile share) and memory (planned and measured, per stage).
 
-The parameters the run itself reads (steps, seed, width, height, guidance) are only used when the pipeline
-declares them; a flag setting one it does not declare is an error naming the flag.
+A flag for a parameter (``--steps``, ``--seed``...) sets the pipeline parameter of that name and is an error when
+the pipeline declares none. What a value may be is the task plug-ins' to say (``plugins.py``): the plug-ins whose
+steps the pipeline runs check its parameters (``PARAM_CHECKS``), read the inputs given on the command line (the
+prompts, ``--init-latents``: ``INPUTS``) and describe the run in the files it writes (``DESCRIBE``), all before
+any work.
 
 The budget is ``--max-memory``, or by default what the runtime's device has (``Runtime.capacity()``; for numpy,
 physical memory from ``os.sysconf``, or the container's limit when lower)."""
@@ -12,12 +15,12 @@ physical memory from ``os.sysconf``, or the container's limit when lower)."""
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import PipelineError, RecipeError
 from ..recipe.loader import load_recipe
@@ -26,8 +29,6 @@ from ..recipe.schema import PipelineRecipe
 from ..recipe.suggest import did_you_mean, one_of
 from ..runtimes.registry import get_runtime
 from .driver import Pipeline
-from .image_io import generation_text
-from .latents import PIXELS_PER_TOKEN, check_seed, latent_grid, load_init_latents
 from .outputs import (
     DEFAULT_OUTPUT_DIR,
     EXTENSIONS,
@@ -36,11 +37,11 @@ from .outputs import (
     check_output_folder,
     convert,
     output_stem,
+    run_text,
     write_numbered,
 )
 from .outputs import write as write_output
-from .scheduler import check_steps
-from .tokenize import check_prompt
+from .plugins import Task, tasks_of
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -65,12 +66,10 @@ def parse_size(text: str | None) -> int | None:
 class GenerateRequest:
     recipe: Path
     prompts: list[str]
-    seed: int | None = None
-    steps: int | None = None
-    guidance: float | None = None
-    width: int | None = None
-    height: int | None = None
-    init_latents: Path | None = None
+    # pipeline parameters given by flags of their own name (--steps 4: {"steps": 4}); None: the flag was not given
+    params: dict[str, Any] = field(default_factory=dict)
+    # pipeline inputs `run` reads from files (--init-latents x.npy: {"init_latents": Path("x.npy")}); None: not given
+    files: dict[str, Path | None] = field(default_factory=dict)
     output: Path | None = None
     weights: str | None = None
     sets: list[str] = field(default_factory=list)
@@ -82,10 +81,9 @@ class GenerateRequest:
     runtime: str = "numpy"  # the runtime (device) to run on; the budget is its device's memory
 
 
-# the flags `run` maps onto pipeline parameters of the same name; each needs the parameter declared
-PARAM_FLAGS = ("steps", "guidance", "width", "height", "seed")
-# the pipeline inputs `run` can provide, and the flag that provides each
-RUN_INPUTS = {"prompt": "--prompt", "init_latents": "--init-latents"}
+def flag(name: str) -> str:
+    """The command-line flag of a parameter or input: ``init_latents`` -> ``--init-latents``."""
+    return "--" + name.replace("_", "-")
 
 
 def _declared_outputs(pipe: Pipeline) -> dict[str, Output]:
@@ -100,20 +98,21 @@ def _declared_outputs(pipe: Pipeline) -> dict[str, Output]:
 def _check_inputs(pipe: Pipeline, req: GenerateRequest) -> None:
     """Every input the pipeline needs is one `run` provides, and every input given is one it takes."""
     inputs = pipe.doc.inputs
+    provided = {"prompt": "--prompt", **{name: flag(name) for name in req.files}}
     for name, spec in inputs.items():
-        if name not in RUN_INPUTS and not spec.optional:
+        if name not in provided and not spec.optional:
             raise pipe.recipe.origin("inputs", name).error(
                 f"pipeline input '{name}' ({spec.type}) is required, but `luminal-recipe run` only provides "
-                f"{', '.join(f'{k} ({flag})' for k, flag in RUN_INPUTS.items())}; make it optional or derive it "
+                f"{', '.join(f'{k} ({f})' for k, f in provided.items())}; make it optional or derive it "
                 f"from a parameter (--set)", key=True)
     if req.prompts and "prompt" not in inputs:
         raise PipelineError(f"--prompt: pipeline '{pipe.doc.name}' ({req.recipe}) takes no `prompt` input; "
                             f"run it without --prompt/--prompts-file")
     if not req.prompts and "prompt" in inputs and not inputs["prompt"].optional:
         raise PipelineError("no prompt: pass --prompt TEXT (repeatable) or --prompts-file FILE")
-    if req.init_latents is not None and "init_latents" not in inputs:
-        raise PipelineError(f"--init-latents: pipeline '{pipe.doc.name}' ({req.recipe}) takes no `init_latents` "
-                            f"input")
+    for name, path in req.files.items():
+        if path is not None and name not in inputs:
+            raise PipelineError(f"{flag(name)}: pipeline '{pipe.doc.name}' ({req.recipe}) takes no `{name}` input")
 
 
 def _check_explicit(path: Path, only: Output, overwrite: bool) -> None:
@@ -127,54 +126,47 @@ def _check_explicit(path: Path, only: Output, overwrite: bool) -> None:
     check_explicit_output(path, next(k for k in kinds if EXTENSIONS[k] == suffix), overwrite)
 
 
-def _check_arguments(req: GenerateRequest) -> tuple[list[str], dict[str, str]]:
-    """Every flag, --set and prompt checked before anything is loaded; the ``--set`` list the flags add to,
-    and how each flag's value was given (for messages)."""
-    for index, prompt in enumerate(req.prompts):
-        try:
-            check_prompt(prompt)
-        except PipelineError as exc:
-            where = f"prompt {index + 1} of {len(req.prompts)}" if len(req.prompts) > 1 else "the prompt"
-            raise PipelineError(f"{where}: {exc}") from None
-    if req.steps is not None:
-        check_steps(req.steps, f"--steps {req.steps}")
-    if req.guidance is not None and not math.isfinite(req.guidance):
-        raise PipelineError(f"--guidance {req.guidance}: the guidance scale must be a finite number, e.g. 4.0")
-    if req.seed is not None:
-        check_seed(req.seed, f"--seed {req.seed}")
-    if req.width is not None or req.height is not None:
-        latent_grid(req.height if req.height is not None else PIXELS_PER_TOKEN,
-                    req.width if req.width is not None else PIXELS_PER_TOKEN)
-    given = parse_sets(req.sets)  # malformed or repeated --set refused here
+def _flag_sets(req: GenerateRequest) -> tuple[list[str], dict[str, str]]:
+    """The ``--set`` list the parameter flags add to, and how each flag's value was given (for messages);
+    malformed or repeated ``--set`` values, and a flag and a ``--set`` for one parameter, are refused."""
+    given = parse_sets(req.sets)
     sets, sources = list(req.sets), {}
-    for name in PARAM_FLAGS:
-        value = getattr(req, name)
+    for name, value in req.params.items():
         if value is None:
             continue
         if name in given:
-            raise PipelineError(f"--{name} {value} and --set {name}={given[name][0]} both set '{name}'; give it "
-                                f"once.")
+            raise PipelineError(f"{flag(name)} {value} and --set {name}={given[name][0]} both set '{name}'; give "
+                                f"it once.")
         sets.append(f"{name}={value}")
-        sources[name] = f"--{name} {value}"
+        sources[name] = f"{flag(name)} {value}"
     return sets, sources
+
+
+def _read_input(tasks: list[Task], name: str, value: Any, params: Mapping[str, Any]) -> Any:
+    """``value`` as the plug-ins that read input ``name`` make it (each in turn; none: as given)."""
+    readers = [task.inputs[name] for task in tasks if name in task.inputs]
+    if not readers and isinstance(value, Path):
+        raise PipelineError(f"{flag(name)}: no task plug-in of this pipeline reads input '{name}' from a file")
+    for read in readers:
+        value = read(value, params)
+    return value
 
 
 def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | None = None) -> dict:
     started = req.started if req.started is not None else time.perf_counter()
-    sets, sources = _check_arguments(req)
-    given = {"steps": req.steps, "guidance": req.guidance, "width": req.width, "height": req.height,
-             "seed": req.seed}
+    sets, sources = _flag_sets(req)
     runtime = get_runtime(req.runtime)
     budget = req.max_memory if req.max_memory is not None else runtime.capacity()
     doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
     if isinstance(doc, PipelineRecipe):
-        for name in PARAM_FLAGS:
-            if given[name] is not None and name not in doc.params:
-                raise PipelineError(f"--{name}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
+        for name, value in req.params.items():
+            if value is not None and name not in doc.params:
+                raise PipelineError(f"{flag(name)}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
                                     f"{did_you_mean(name, doc.params)}; its parameters: {one_of(doc.params)}")
     pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
                     progress=progress, set_sources=sources, allow_nonfinite=req.allow_nonfinite, runtime=runtime)
     p = pipe.params
+    tasks = tasks_of(pipe.doc)
     declared = _declared_outputs(pipe)
     _check_inputs(pipe, req)
     prompts: list[str | None] = list(req.prompts) if "prompt" in pipe.doc.inputs and req.prompts else [None]
@@ -184,24 +176,25 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     if req.output is not None and len(declared) > 1:
         raise PipelineError(f"--output names one file, but pipeline '{pipe.doc.name}' writes {len(declared)} "
                             f"outputs ({', '.join(declared)}); omit --output to get them in outputs/")
-    for name, check in (("steps", check_steps), ("seed", check_seed)):
-        if name in p:
-            check(p[name], pipe.resolved.set_by.get(name) or f"{name}={p[name]!r} (the recipe's default)")
-    if isinstance(p.get("guidance"), float) and not math.isfinite(p["guidance"]):
-        raise PipelineError(f"guidance={p['guidance']}: the guidance scale must be a finite number")
-    if "height" in p and "width" in p:
-        latent_grid(int(p["height"]), int(p["width"]))
-    init = None
-    if req.init_latents is not None:
-        if "height" not in p or "width" not in p:
-            raise PipelineError(f"--init-latents: pipeline '{pipe.doc.name}' has no width/height parameters to "
-                                f"check the latents' shape against")
-        init = load_init_latents(req.init_latents, int(p["height"]), int(p["width"]))
+    for task in tasks:  # every parameter the pipeline's plug-ins check, however it was given
+        for name, check in task.param_checks.items():
+            if name in p:
+                check(p[name], pipe.resolved.set_by.get(name) or f"{name}={p[name]!r} (the recipe's default)")
+    for index, prompt in enumerate(prompts):
+        if prompt is None:
+            continue
+        try:
+            prompts[index] = _read_input(tasks, "prompt", prompt, p)
+        except PipelineError as exc:
+            where = f"prompt {index + 1} of {len(prompts)}" if len(prompts) > 1 else "the prompt"
+            raise PipelineError(f"{where}: {exc}") from None
+    given = {name: path for name, path in req.files.items() if path is not None}
+    file_inputs = {name: _read_input(tasks, name, path, p) for name, path in given.items()}
     if req.output is not None:
         _check_explicit(req.output, next(iter(declared.values())), req.overwrite)
     else:
         check_output_folder()
-    recipe_hash = hashlib.sha256(req.recipe.read_bytes()).hexdigest()[:16]
+    recipe_hash = _recipe_hash(pipe.recipe.files)
     seed = int(p["seed"]) if "seed" in p else None
     t_prepare = time.perf_counter()
     pipe.prepare()  # every stage compiled and planned under the budget before any weight is read
@@ -209,16 +202,16 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     runs = []
     for prompt in prompts:
         t0 = time.perf_counter()
-        inputs = {"init_latents": init} if "init_latents" in pipe.doc.inputs else {}
+        inputs = {name: file_inputs.get(name) for name in req.files if name in pipe.doc.inputs}
         if prompt is not None:
             inputs["prompt"] = prompt
         report = pipe.run(inputs)
         values = {name: convert(out, pipe.output_value(name, report.values)) for name, out in declared.items()}
-        meta = {k: p[k] for k in ("steps", "guidance", "width", "height") if k in p}
-        if seed is not None:
-            meta["seed"] = None if init is not None else seed
-        text = generation_text(prompt=prompt, recipe=pipe.doc.name, recipe_hash=recipe_hash,
-                               init_latents=str(req.init_latents) if req.init_latents else None, **meta)
+        settings = {}
+        for task in tasks:
+            if task.describe is not None:
+                settings.update(task.describe(p, dict(given, prompt=prompt)))
+        text = run_text(prompt, pipe.doc.name, recipe_hash, settings)
         if req.output is not None:
             ((name, (kind, value)),) = values.items()
             if EXTENSIONS[kind] != req.output.suffix.lower():  # an undeclared type, known from the value
@@ -253,3 +246,11 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
               "compile_share": round(compile_seconds / total, 4) if total > 0 else 0.0}
     return {"recipe": pipe.doc.name, "recipe_hash": recipe_hash, "params": dict(p), "memory": memory,
             "timing": timing, "runs": runs}
+
+
+def _recipe_hash(files: list[Path]) -> str:
+    """The first 16 hex digits of a SHA-256 over the pipeline recipe file and every file it extends."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:16]

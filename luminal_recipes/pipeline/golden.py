@@ -1,24 +1,26 @@
 """Golden-image checks: regenerate the images a manifest lists and compare them with the committed PNGs.
 
-A manifest (``goldens.yaml``) names a pipeline recipe (relative to the manifest) and, per image, the PNG file
-and the settings that made it. ``check`` fails an image whose PSNR against its golden is below the threshold
-(writing ``<name>.diff.png`` next to it: the amplified absolute difference) or that is (nearly) constant;
-``update`` rewrites the goldens.
+A manifest (``goldens.yaml``) names a pipeline recipe (relative to the manifest) and, per image, the PNG file,
+its prompt, and the pipeline parameters that made it (every other key: ``seed: 0, steps: 4, width: 80``...,
+each set as with ``--set``). The image is the pipeline's one output of type ``image`` (or the one the manifest
+names with ``output:``). ``check`` fails an image whose PSNR against its golden is below the threshold (writing
+``<name>.diff.png`` next to it: the amplified absolute difference) or that is (nearly) constant; ``update``
+rewrites the goldens.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
 
 from ..errors import PipelineError
 from ..files import MAX_JSON_BYTES, read_regular_text
+from ..image_io import read_png, to_uint8, write_png
 from .driver import Pipeline
-from .image_io import read_png, to_uint8, write_png
-from .latents import initial_noise
 
 MIN_PSNR_DB = 45.0
 MIN_STD = 2.0  # 8-bit levels: below this an image is treated as constant
@@ -27,12 +29,9 @@ MIN_STD = 2.0  # 8-bit levels: below this an image is treated as constant
 @dataclass
 class GoldenCase:
     file: Path
-    prompt: str
-    seed: int
-    steps: int
-    width: int
-    height: int
-    guidance: float = 4.0
+    prompt: str | None
+    params: dict[str, Any] = field(default_factory=dict)  # pipeline parameters, set as with --set
+    output: str | None = None  # the pipeline output that is the image (None: its one image output)
 
 
 @dataclass
@@ -56,23 +55,39 @@ def load_manifest(path: Path) -> tuple[Path, list[GoldenCase]]:
     try:
         data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
         recipe = (path.parent / data["recipe"]).resolve()
-        cases = [GoldenCase(path.parent / item["file"], str(item["prompt"]), int(item["seed"]),
-                            int(item["steps"]), int(item["width"]), int(item["height"]),
-                            float(item.get("guidance", 4.0))) for item in data["images"]]
+        output = data.get("output")
+        cases = []
+        for item in data["images"]:
+            params = {k: v for k, v in item.items() if k not in ("file", "prompt")}
+            prompt = item.get("prompt")
+            cases.append(GoldenCase(path.parent / item["file"], None if prompt is None else str(prompt), params,
+                                    output))
     except FileNotFoundError:
         raise PipelineError(f"{path}: golden manifest not found") from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as exc:
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError, AttributeError) as exc:
         raise PipelineError(f"{path}: invalid golden manifest ({exc}); it needs `recipe:` and `images:` entries "
-                            f"with file, prompt, seed, steps, width, height") from None
+                            f"with a file, the prompt and the pipeline parameters (seed, steps...)") from None
     return recipe, cases
 
 
+def _image_output(pipe: Pipeline, case: GoldenCase) -> str:
+    images = [name for name, out in pipe.doc.outputs.items() if out.type == "image"]
+    if case.output is not None:
+        if case.output not in pipe.doc.outputs:
+            raise PipelineError(f"golden manifest: output '{case.output}' is not an output of pipeline "
+                                f"'{pipe.doc.name}' ({', '.join(pipe.doc.outputs) or 'none'})")
+        return case.output
+    if len(images) != 1:
+        raise PipelineError(f"golden manifest: pipeline '{pipe.doc.name}' has {len(images)} outputs of type image; "
+                            f"name the one to compare with `output:`")
+    return images[0]
+
+
 def render(recipe: Path, case: GoldenCase, weights: str | None = None) -> np.ndarray:
-    sets = [f"seed={case.seed}", f"steps={case.steps}", f"width={case.width}", f"height={case.height}",
-            f"guidance={case.guidance}"]
-    pipe = Pipeline(recipe, weights=weights, sets=sets)
-    latents = initial_noise(case.seed, case.height, case.width)
-    return to_uint8(pipe.run({"prompt": case.prompt, "init_latents": latents}).values["image"])
+    pipe = Pipeline(recipe, weights=weights, sets=[f"{k}={v}" for k, v in case.params.items()])
+    name = _image_output(pipe, case)
+    values = pipe.run({"prompt": case.prompt} if case.prompt is not None else {}).values
+    return to_uint8(pipe.output_value(name, values))
 
 
 def compare(case: GoldenCase, pixels: np.ndarray, min_psnr: float = MIN_PSNR_DB) -> GoldenResult:
@@ -109,5 +124,6 @@ def update(manifest: Path, weights: str | None = None) -> list[Path]:
         pixels = render(recipe, case, weights)
         if is_near_constant(pixels):
             raise PipelineError(f"{case.file}: the regenerated image is (nearly) constant; not writing a golden")
-        written.append(write_png(case.file, pixels, {"prompt": case.prompt, "seed": str(case.seed)}))
+        text = {"prompt": case.prompt} if case.prompt is not None else {}
+        written.append(write_png(case.file, pixels, text | {k: str(v) for k, v in case.params.items()}))
     return written

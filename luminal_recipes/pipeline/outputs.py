@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import __version__
 from ..errors import PipelineError
+from ..image_io import save_image, slugify
 from .atomic_file import OutputExistsError, atomic_write
-from .image_io import save_image, slugify
 
 DEFAULT_OUTPUT_DIR = Path("outputs")
 EXTENSIONS = {"image": ".png", "array": ".npy", "text": ".txt"}
@@ -42,6 +43,16 @@ class Output:
 
     def resolved_type(self, value: Any) -> str:
         return self.type or ("text" if isinstance(value, str) else "array")
+
+
+def run_text(prompt: str | None, recipe: str, recipe_hash: str, settings: Mapping[str, str]) -> dict[str, str]:
+    """What an output file records about the run that made it (PNG text chunks): the prompt, the settings the
+    task plug-ins describe (seed, steps, size...), the recipe and its hash, and the version."""
+    text = {"prompt": prompt} if prompt is not None else {}
+    text.update(settings)
+    text.update({"recipe": recipe, "recipe_hash": recipe_hash, "version": __version__,
+                 "Software": f"luminal-recipes {__version__}"})
+    return text
 
 
 def output_stem(recipe: str, seed: int | None, prompt: str | None, output: str | None = None) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import BudgetError, PipelineError
@@ -187,9 +187,11 @@ def stage_dims(pipeline, at: tuple, stage: StageSpec) -> dict[str, int]:
     return dims
 
 
-def check_io_fits(model: BuiltModel, dims: Mapping[str, int], budget: int | None, stage: str) -> None:
+def check_io_fits(model: BuiltModel, dims: Mapping[str, int], budget: int | None, stage: str,
+                  sized_by: Iterable[str] = ()) -> None:
     """Before compiling: the model's inputs and outputs alone at ``dims`` must fit the budget (any plan holds
-    them), so an absurd size fails here, in arithmetic, rather than inside the planner's allocations."""
+    them), so an absurd size fails here, in arithmetic, rather than inside the planner's allocations.
+    ``sized_by``: the parameters the dims are computed from, for the message."""
     if budget is None:
         return
     parts = [(f"input '{name}'", tensor.shape, tensor.dtype) for name, tensor in model.inputs.items()]
@@ -202,7 +204,7 @@ def check_io_fits(model: BuiltModel, dims: Mapping[str, int], budget: int | None
         raise BudgetError(
             f"stage '{stage}' at {_dims(dims)} needs {_gib(total)} for its inputs and outputs alone (the largest, "
             f"{largest[0]}, is {largest[1]} {largest[2]}), more than the memory budget of {_gib(budget)}; choose "
-            f"smaller sizes (--width/--height, max_sequence_length) or raise --max-memory."
+            f"smaller sizes ({', '.join(sized_by) or 'the parameters its dims come from'}) or raise --max-memory."
         )
 
 
@@ -231,7 +233,7 @@ def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool
         if stage.model not in models:
             models[stage.model] = pipeline.model(stage.model) if from_checkpoint else \
                 _shape_model(pipeline, stage.model)
-        check_io_fits(models[stage.model], dims, budget, stage.name)
+        check_io_fits(models[stage.model], dims, budget, stage.name, _sized_by(stage, pipeline.params))
     for k, (stage, dims) in enumerate(stages):
         key = (stage.model, tuple(sorted(dims.items())))
         if key not in done:
@@ -259,7 +261,7 @@ def check_budget(plans: list[StagePlan], budget: int | None) -> None:
     raise BudgetError(
         f"--max-memory {_gib(budget)} is too small even with weights streamed block by block: "
         + "; ".join(lines) + f". Raise --max-memory to at least {_gib(needed)}, or shrink the activations "
-        f"(smaller --width/--height, or a shorter max_sequence_length with --set)."
+        f"(smaller values of the parameters the stages' dims come from, with their flags or --set)."
     )
 
 
@@ -283,6 +285,12 @@ def format_plans(plans: list[StagePlan], budget: int | None) -> str:
                  f"pipeline's peak is its largest stage's, {_gib(peak)}: each stage releases everything when it "
                  f"ends")
     return "\n".join(lines)
+
+
+def _sized_by(stage: StageSpec, params: Mapping) -> list[str]:
+    """The pipeline parameters the stage's ``dims:`` expressions read, sorted."""
+    names = {n.id for text in stage.dims.values() if isinstance(text, str) for n in names_in(parse(unwrap(text)))}
+    return sorted(names & set(params))
 
 
 def _shape_model(pipeline, name: str) -> BuiltModel:

@@ -1,4 +1,4 @@
-"""Progress output for `run`: one bar per stage and per denoising step (rich), on stderr."""
+"""Progress output for `run`: one bar per stage, advanced per loop iteration (rich), on stderr."""
 
 from __future__ import annotations
 

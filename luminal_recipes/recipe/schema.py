@@ -537,7 +537,8 @@ class LoopSpec(Strict):
 class StageSpec(Strict):
     name: str
     model: str | None = Field(None, description="a key of `models` to run")
-    run: str | None = Field(None, description="a built-in step of the driver (tokenize, scheduler_step, ...)")
+    run: str | None = Field(None, description="a host step of a task plug-in (luminal_recipes/tasks/): tokenize, "
+                            "euler_step, full, ...")
     loop: LoopSpec | None = None
     steps: list[StageSpec] = Field(default_factory=list, description="the loop body")
     inputs: dict[str, ExprField] = Field(

@@ -24,10 +24,10 @@ import pytest
 import torch
 from diffusers import Flux2Pipeline
 
+from luminal_recipes.image_io import to_uint8
 from luminal_recipes.pipeline.driver import Pipeline
 from luminal_recipes.pipeline.engine import ModelEngine
-from luminal_recipes.pipeline.image_io import to_uint8
-from luminal_recipes.pipeline.latents import initial_noise, latent_ids, text_ids
+from luminal_recipes.tasks.flux2.latents import initial_noise, latent_ids, text_ids
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "flux2-tiny.yaml"
@@ -132,7 +132,9 @@ class Case:
 
 def test_text_features_match_encode_prompt(case):
     prompt = "a lighthouse on a cliff at dusk, oil painting"
-    tok = case.ours.context.tokenizer(prompt, 64)
+    from luminal_recipes.tasks.flux2.steps import tokenizer
+
+    tok = tokenizer(case.ours.context)(prompt, 64)
     engine = ModelEngine(case.ours.model("text_encoder"))
     got = engine({"tokens": tok.input_ids, "attention_mask": tok.attention_mask})["prompt_embeds"]
     with torch.no_grad():
@@ -148,7 +150,7 @@ def test_transformer_velocity_matches_diffusers(case):
     x = rng.standard_normal((1, h * w, cfg.in_channels)).astype(np.float32)
     c = rng.standard_normal((1, t, cfg.joint_attention_dim)).astype(np.float32)
     ids = np.concatenate([text_ids(t), latent_ids(h, w)]).astype(np.float64)
-    from luminal_recipes.pipeline.steps import rope_tables
+    from luminal_recipes.tasks.flux2.steps import rope_tables
 
     rope = rope_tables(None, ids, list(cfg.axes_dims_rope), cfg.rope_theta)
     timestep, guidance = np.float32([0.73]), np.float32([4.0])

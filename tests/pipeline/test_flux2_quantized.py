@@ -27,13 +27,13 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from luminal_recipes.errors import CheckpointError, QuantizationError
+from luminal_recipes.image_io import to_uint8
 from luminal_recipes.pipeline.driver import Pipeline
 from luminal_recipes.pipeline.engine import ModelEngine
-from luminal_recipes.pipeline.image_io import to_uint8
-from luminal_recipes.pipeline.latents import initial_noise, latent_ids, text_ids
-from luminal_recipes.pipeline.steps import rope_tables
 from luminal_recipes.recipe.builder import build
 from luminal_recipes.recipe.loader import load_recipe
+from luminal_recipes.tasks.flux2.latents import initial_noise, latent_ids, text_ids
+from luminal_recipes.tasks.flux2.steps import rope_tables
 from luminal_recipes.weights.formats import dequantize_fp8, dequantize_nvfp4
 from luminal_recipes.weights.quantize import quantize_checkpoint
 from luminal_recipes.weights.safetensors_io import Checkpoint

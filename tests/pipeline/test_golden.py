@@ -12,9 +12,9 @@ import torch
 import yaml
 from diffusers import Flux2Pipeline
 
+from luminal_recipes.image_io import read_png, write_png
 from luminal_recipes.pipeline.golden import MIN_PSNR_DB, check, compare, is_near_constant, load_manifest, psnr
-from luminal_recipes.pipeline.image_io import read_png, write_png
-from luminal_recipes.pipeline.latents import initial_noise
+from luminal_recipes.tasks.flux2.latents import initial_noise
 
 MANIFEST = Path(__file__).resolve().parents[1] / "golden" / "goldens.yaml"
 
@@ -39,9 +39,10 @@ def test_goldens_match_diffusers():
     checkpoint = recipe.parent / "flux2-tiny" / "checkpoint"
     pipe = Flux2Pipeline.from_pretrained(checkpoint)
     for case in cases:
-        latents = torch.tensor(initial_noise(case.seed, case.height, case.width))
-        ref = pipe(prompt=case.prompt, height=case.height, width=case.width, num_inference_steps=case.steps,
-                   guidance_scale=case.guidance, latents=latents, output_type="np").images[0]
+        p = dict({"guidance": 4.0}, **case.params)  # flux2-tiny.yaml's default guidance unless the case sets it
+        latents = torch.tensor(initial_noise(p["seed"], p["height"], p["width"]))
+        ref = pipe(prompt=case.prompt, height=p["height"], width=p["width"], num_inference_steps=p["steps"],
+                   guidance_scale=p["guidance"], latents=latents, output_type="np").images[0]
         golden, _ = read_png(case.file)
         assert psnr(golden, (ref * 255).round().astype(np.uint8)) >= 40.0, case.file
 
@@ -89,5 +90,5 @@ def test_a_one_level_difference_passes_by_psnr(tmp_path):
     far = np.clip(pixels.astype(np.int16) + 40, 0, 255).astype(np.uint8)
     copy = tmp_path / case.file.name
     shutil.copy(case.file, copy)
-    failed = compare(type(case)(copy, case.prompt, case.seed, case.steps, case.width, case.height), far)
+    failed = compare(type(case)(copy, case.prompt, case.params), far)
     assert not failed.ok and copy.with_suffix(".diff.png").exists()

@@ -12,11 +12,11 @@ import torch
 from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor
 from PIL import Image
 
-from luminal_recipes import __version__
+from luminal_recipes import __version__, image_io
 from luminal_recipes.errors import PipelineError
-from luminal_recipes.pipeline import image_io
 from luminal_recipes.pipeline.atomic_file import OutputExistsError
-from luminal_recipes.pipeline.outputs import numbered, output_stem
+from luminal_recipes.pipeline.outputs import numbered, output_stem, run_text
+from luminal_recipes.tasks.flux2 import describe
 
 
 def vae_like_output(height=24, width=40, seed=0) -> np.ndarray:
@@ -40,16 +40,8 @@ def test_postprocess_matches_diffusers():
 
 def test_round_trip_with_metadata(tmp_path):
     image = vae_like_output()
-    text = image_io.generation_text(
-        prompt="ein Fuchs 🦊 im Schnee",
-        seed=7,
-        steps=4,
-        guidance=2.5,
-        width=40,
-        height=24,
-        recipe="flux2-tiny",
-        recipe_hash="abc123",
-    )
+    settings = describe({"seed": 7, "steps": 4, "guidance": 2.5, "width": 40, "height": 24}, {})
+    text = run_text("ein Fuchs 🦊 im Schnee", "flux2-tiny", "abc123", settings)
     path = image_io.save_image(tmp_path / "sub" / "dir" / "out.png", image, text)
     pixels, chunks = image_io.read_png(path)
     np.testing.assert_array_equal(pixels, image_io.to_uint8(image))

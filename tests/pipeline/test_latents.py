@@ -12,7 +12,7 @@ from diffusers import Flux2Pipeline
 from safetensors.torch import save_file
 
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.pipeline import latents as L
+from luminal_recipes.tasks.flux2 import latents as L
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "recipes" / "flux2-tiny" / "checkpoint"
 

@@ -19,9 +19,9 @@ import tokenizers
 from typer.testing import CliRunner
 
 from luminal_recipes.cli import app
+from luminal_recipes.image_io import read_png
 from luminal_recipes.pipeline import outputs as outputs_module
 from luminal_recipes.pipeline.driver import Pipeline
-from luminal_recipes.pipeline.image_io import read_png
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"

@@ -12,7 +12,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline
 from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu as diffusers_mu
 
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.pipeline.scheduler import Flux2Schedule, compute_empirical_mu
+from luminal_recipes.tasks.flux2.scheduler import Flux2Schedule, compute_empirical_mu
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "recipes" / "flux2-tiny" / "checkpoint"
 FLUX2_DEV_CONFIG = json.loads((CHECKPOINT / "scheduler" / "scheduler_config.json").read_text())

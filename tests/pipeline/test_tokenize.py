@@ -17,7 +17,7 @@ from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE as DIFFUSER
 from transformers import PreTrainedTokenizerFast
 
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.pipeline.tokenize import SYSTEM_MESSAGE, Flux2Tokenizer
+from luminal_recipes.tasks.flux2.tokenize import SYSTEM_MESSAGE, Flux2Tokenizer
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "recipes" / "flux2-tiny" / "checkpoint"
 
@@ -98,7 +98,7 @@ def test_template_rendering_matches_the_checkpoint_template(ours, hf_tokenizer):
 
 
 def test_long_prompt_is_truncated_with_a_warning(ours, hf_tokenizer, caplog):
-    with caplog.at_level(logging.WARNING, logger="luminal_recipes.pipeline.tokenize"):
+    with caplog.at_level(logging.WARNING, logger="luminal_recipes.tasks.flux2.tokenize"):
         tokenized = ours(LONG_PROMPT, max_sequence_length=512)
     assert_same(tokenized, diffusers_ids(hf_tokenizer, LONG_PROMPT, 512))
     assert tokenized.num_tokens == 512 and tokenized.num_truncated > 0
@@ -109,7 +109,7 @@ def test_long_prompt_is_truncated_with_a_warning(ours, hf_tokenizer, caplog):
         and f"{tokenized.num_truncated} tokens were cut off" in caplog.text
     )
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="luminal_recipes.pipeline.tokenize"):
+    with caplog.at_level(logging.WARNING, logger="luminal_recipes.tasks.flux2.tokenize"):
         ours("a cat")
     assert caplog.text == ""
 
@@ -348,7 +348,7 @@ def test_template_errors_name_the_template(tmp_path, template, message):
 
 def test_no_template_falls_back_with_a_warning(tmp_path, caplog):
     folder = tokenizer_folder(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="luminal_recipes.pipeline.tokenize"):
+    with caplog.at_level(logging.WARNING, logger="luminal_recipes.tasks.flux2.tokenize"):
         ours = Flux2Tokenizer.from_pretrained(folder)
     assert "has no chat template" in caplog.text and "FLUX.2-dev (Mistral-Small-3.2) format" in caplog.text
     assert ours.format("a [IMG]cat") == f"<s>[SYSTEM_PROMPT]{SYSTEM_MESSAGE}[/SYSTEM_PROMPT][INST]a cat[/INST]"
@@ -416,6 +416,7 @@ def test_processor_templates_and_model_index(tmp_path):
 
 def test_pipeline_recipe_tokenizer_fields_reach_the_tokenizer(tmp_path):
     from luminal_recipes.pipeline.driver import Pipeline
+    from luminal_recipes.tasks.flux2.steps import tokenizer
 
     recipes = CHECKPOINT.parents[1]
     for path in recipes.glob("*.yaml"):
@@ -427,6 +428,6 @@ def test_pipeline_recipe_tokenizer_fields_reach_the_tokenizer(tmp_path):
         "%}<{{ m['content'][0]['text'] }}>{% endfor %}\"",
     )
     pipeline.write_text(text)
-    tok = Pipeline(pipeline, weights=CHECKPOINT).context.tokenizer
+    tok = tokenizer(Pipeline(pipeline, weights=CHECKPOINT).context)
     assert tok.system_message == "Paint it." and tok.format("a cat") == "<s><Paint it.><a cat>"
     assert tok.template_source == "the pipeline recipe's tokenizer.chat_template"

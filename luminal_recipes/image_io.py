@@ -1,4 +1,4 @@
-"""Decoded image -> PNG file: diffusers' post-processing, atomic writes, generation metadata, file-name slugs.
+"""Decoded image -> PNG file: diffusers' post-processing, atomic writes with text chunks, file-name slugs.
 
 The VAE decodes to float pixels in about [-1, 1]. diffusers' ``VaeImageProcessor.postprocess`` maps them with
 ``(x * 0.5 + 0.5).clamp(0, 1)`` and, for PIL output, ``(x * 255).round()`` to uint8; both are reproduced here
@@ -17,10 +17,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, PngImagePlugin
 
-from luminal_recipes import __version__
 from luminal_recipes.errors import PipelineError
-
-from .atomic_file import atomic_write
+from luminal_recipes.pipeline.atomic_file import atomic_write
 
 _SLUG_MAX_CHARS = 48
 
@@ -53,39 +51,6 @@ def slugify(text: str, max_chars: int = _SLUG_MAX_CHARS) -> str:
         cut = slug[: max_chars + 1]
         slug = cut.rsplit("-", 1)[0] if "-" in cut else cut[:max_chars]
     return slug.strip("-")
-
-
-_ABSENT = object()  # a setting the pipeline does not have (omitted), unlike seed=None ("none": --init-latents)
-
-
-def generation_text(
-    *,
-    prompt: str | None = None,
-    seed: int | None | object = _ABSENT,
-    steps: int | None = None,
-    guidance: float | None = None,
-    width: int | None = None,
-    height: int | None = None,
-    recipe: str,
-    recipe_hash: str,
-    init_latents: str | None = None,
-) -> dict[str, str]:
-    """The PNG text chunks that record how an image was made; settings the pipeline does not have are left
-    out (``seed=None`` records "none": the run started from given latents)."""
-    text = {"prompt": prompt} if prompt is not None else {}
-    if seed is not _ABSENT:
-        text["seed"] = "none" if seed is None else str(seed)
-    if steps is not None:
-        text["steps"] = str(steps)
-    if guidance is not None:
-        text["guidance"] = repr(float(guidance))
-    if width is not None and height is not None:
-        text["size"] = f"{width}x{height}"
-    text.update({"recipe": recipe, "recipe_hash": recipe_hash, "version": __version__,
-                 "Software": f"luminal-recipes {__version__}"})
-    if init_latents is not None:
-        text["init_latents"] = init_latents
-    return text
 
 
 def png_text(value: str) -> str:

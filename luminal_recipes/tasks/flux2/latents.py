@@ -29,18 +29,23 @@ PIXELS_PER_TOKEN = 16  # VAE downsampling (8) x the 2x2 patch folded into channe
 LATENT_CHANNELS = 128  # transformer in_channels: 32 VAE channels x 2 x 2
 
 
+def check_side(flag: str, value: int) -> None:
+    """One side of the image (``--width`` or ``--height``) is a positive multiple of 16 pixels."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise PipelineError(f"{flag} must be an integer number of pixels, got {value!r}.")
+    if value < PIXELS_PER_TOKEN or value % PIXELS_PER_TOKEN:
+        lower = max(PIXELS_PER_TOKEN, value - value % PIXELS_PER_TOKEN)
+        raise PipelineError(
+            f"{flag} {value} is not a positive multiple of {PIXELS_PER_TOKEN}: FLUX.2 latents cover "
+            f"{PIXELS_PER_TOKEN}x{PIXELS_PER_TOKEN} pixels each. Use e.g. {flag} {lower} or "
+            f"{lower + PIXELS_PER_TOKEN}."
+        )
+
+
 def latent_grid(height: int, width: int) -> tuple[int, int]:
     """``(H / 16, W / 16)``, the transformer's latent grid; the size must be a positive multiple of 16."""
     for flag, value in (("--height", height), ("--width", width)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise PipelineError(f"{flag} must be an integer number of pixels, got {value!r}.")
-        if value < PIXELS_PER_TOKEN or value % PIXELS_PER_TOKEN:
-            lower = max(PIXELS_PER_TOKEN, value - value % PIXELS_PER_TOKEN)
-            raise PipelineError(
-                f"{flag} {value} is not a positive multiple of {PIXELS_PER_TOKEN}: FLUX.2 latents cover "
-                f"{PIXELS_PER_TOKEN}x{PIXELS_PER_TOKEN} pixels each. Use e.g. {flag} {lower} or "
-                f"{lower + PIXELS_PER_TOKEN}."
-            )
+        check_side(flag, value)
     return int(height) // PIXELS_PER_TOKEN, int(width) // PIXELS_PER_TOKEN
 
 

@@ -1,57 +1,46 @@
-"""Built-in pipeline steps: the host-side glue a pipeline recipe names with ``run: STEP``.
+"""FLUX.2's host steps: the glue diffusers' Flux2Pipeline runs on the host between its models (tokenizing,
+starting noise, position tables, the flow-match schedule and its Euler step, unpacking the latents).
 
-Each step is a plain function of keyword arguments (evaluated from the stage's ``inputs`` expressions) returning a
-dict of named results (mapped to values by the stage's ``outputs``). They hold no model-specific numerics beyond
-what the referenced diffusers pipeline does on the host (tokenizing, noise, position ids, schedule, Euler step).
+Each step is a function of keyword arguments (evaluated from the stage's ``inputs`` expressions) returning a dict
+of named results (mapped to values by the stage's ``outputs``); ``ctx`` is the driver's ``StepContext``. They
+hold no numerics beyond what the referenced diffusers pipeline does on the host.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import PipelineError
+from luminal_recipes.errors import PipelineError
+from luminal_recipes.pipeline.plugins import StepContext
+
 from . import latents as L
 from .scheduler import Flux2Schedule
 from .tokenize import Flux2Tokenizer
 
 
-class StepContext:
-    """What steps may read besides their arguments: the checkpoint folder and the pipeline's tokenizer/scheduler."""
+def tokenizer(ctx: StepContext) -> Flux2Tokenizer:
+    """The pipeline's tokenizer: the checkpoint's ``tokenizer.path`` folder (default ``tokenizer``), with the
+    recipe's ``tokenizer.chat_template`` and ``tokenizer.system`` when given."""
+    spec = ctx.recipe.tokenizer
+    return ctx.shared("flux2.tokenizer", lambda: Flux2Tokenizer.from_pretrained(
+        ctx.checkpoint / (spec.path if spec else "tokenizer"),
+        chat_template=spec.chat_template if spec else None,
+        system_message=spec.system if spec else None,
+    ))
 
-    def __init__(self, checkpoint: Path, tokenizer_path: str | None, scheduler_config: str | None,
-                 chat_template: str | None = None, system_message: str | None = None):
-        self.checkpoint = checkpoint
-        self._tokenizer_path = tokenizer_path
-        self._scheduler_config = scheduler_config
-        self._chat_template = chat_template  # the pipeline recipe's tokenizer.chat_template / tokenizer.system
-        self._system_message = system_message
-        self._tokenizer: Flux2Tokenizer | None = None
-        self._schedule: Flux2Schedule | None = None
 
-    @property
-    def tokenizer(self) -> Flux2Tokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = Flux2Tokenizer.from_pretrained(
-                self.checkpoint / (self._tokenizer_path or "tokenizer"),
-                chat_template=self._chat_template,
-                system_message=self._system_message,
-            )
-        return self._tokenizer
-
-    @property
-    def schedule(self) -> Flux2Schedule:
-        if self._schedule is None:
-            if self._scheduler_config is None:
-                raise PipelineError("this pipeline recipe names no scheduler config (scheduler.config)")
-            self._schedule = Flux2Schedule.from_config(self.checkpoint / self._scheduler_config)
-        return self._schedule
+def schedule_of(ctx: StepContext) -> Flux2Schedule:
+    """The pipeline's schedule: the checkpoint's ``scheduler.config`` file."""
+    spec = ctx.recipe.scheduler
+    if spec is None or spec.config is None:
+        raise PipelineError("this pipeline recipe names no scheduler config (scheduler.config)")
+    return ctx.shared("flux2.schedule", lambda: Flux2Schedule.from_config(ctx.checkpoint / spec.config))
 
 
 def tokenize(ctx: StepContext, text: str, max_length: int) -> dict:
-    tok = ctx.tokenizer(text, int(max_length))
+    tok = tokenizer(ctx)(text, int(max_length))
     return {"input_ids": tok.input_ids, "attention_mask": tok.attention_mask, "num_tokens": tok.num_tokens}
 
 
@@ -65,7 +54,7 @@ def detokenize(ctx: StepContext, input_ids: np.ndarray, attention_mask: np.ndarr
         if mask.shape != ids.shape:
             raise PipelineError(f"detokenize: attention_mask has {mask.size} entries for {ids.size} tokens")
         ids = ids[mask != 0]
-    text = ctx.tokenizer.backend.decode([int(i) for i in ids], skip_special_tokens=bool(skip_special_tokens))
+    text = tokenizer(ctx).decode(ids, skip_special_tokens=bool(skip_special_tokens))
     return {"text": text}
 
 
@@ -86,7 +75,7 @@ def initial_latents(ctx: StepContext, seed: int, height: int, width: int, channe
 def rope_tables(ctx: StepContext, ids: np.ndarray, axes_dims: list[int], theta: float) -> dict:
     """Multi-axis rotary tables for position ``ids [S, n_axes]``: per axis, cos/sin of ``pos * theta^(-2i/d)``
     in f64, each frequency repeated for an adjacent pair, axes concatenated (diffusers ``Flux2PosEmbed``)."""
-    from ..ops.attention import rope_tables as one_axis
+    from luminal_recipes.ops.attention import rope_tables as one_axis
 
     cos_parts, sin_parts = [], []
     for axis, dim in enumerate(axes_dims):
@@ -103,21 +92,16 @@ def flux2_positions(ctx: StepContext, text_len: int, h: int, w: int, axes_dims: 
 
 
 def schedule(ctx: StepContext, steps: int, image_seq_len: int) -> dict:
-    sigmas, timesteps = ctx.schedule.timesteps(int(steps), int(image_seq_len))
+    sigmas, timesteps = schedule_of(ctx).timesteps(int(steps), int(image_seq_len))
     return {"sigmas": sigmas, "timesteps": timesteps}
 
 
 def euler_step(ctx: StepContext, velocity: np.ndarray, latents: np.ndarray, sigmas: np.ndarray, i: int) -> dict:
-    return {"latents": ctx.schedule.step(velocity, float(sigmas[i]), float(sigmas[i + 1]), latents)}
+    return {"latents": schedule_of(ctx).step(velocity, float(sigmas[i]), float(sigmas[i + 1]), latents)}
 
 
 def unpack_latents(ctx: StepContext, tokens: np.ndarray, h: int, w: int) -> dict:
     return {"latents": L.unpack_latents(tokens, int(h), int(w))}
-
-
-def full(ctx: StepContext, value: float, n: int = 1) -> dict:
-    """A float32 vector of ``n`` copies of ``value`` (per-batch scalars such as the timestep or guidance)."""
-    return {"value": np.full((int(n),), float(value), dtype=np.float32)}
 
 
 STEPS: dict[str, Callable] = {
@@ -129,5 +113,4 @@ STEPS: dict[str, Callable] = {
     "schedule": schedule,
     "euler_step": euler_step,
     "unpack_latents": unpack_latents,
-    "full": full,
 }

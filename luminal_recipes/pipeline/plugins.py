@@ -1,0 +1,140 @@
+"""Task plug-ins: the host steps a pipeline recipe runs with ``run: STEP``, found in ``luminal_recipes/tasks/``.
+
+Every package ``luminal_recipes/tasks/<task>/`` is a plug-in; nothing lists them. Its ``__init__`` defines:
+
+``STEPS``         step name -> ``step(ctx: StepContext, **inputs) -> dict`` of named results. The stage's
+                  ``inputs`` expressions give the keyword arguments; its ``outputs`` map the results. A task that
+                  runs its models itself rather than as pipeline stages (text generation) may define none.
+``PARAM_CHECKS``  parameter name -> ``check(value, given)``: refuses a bad value of the pipeline parameter of
+                  that name (``given`` says where the value came from: ``--steps 0``, ``--set steps=0``,
+                  ``steps=0 (the recipe's default)``) with a ``LuminalError``.
+``INPUTS``        input name -> ``read(value, params) -> value``: turns what ``run`` was given for the pipeline
+                  input of that name (a prompt's text, a file's path) into the value the pipeline receives,
+                  refusing a bad one; ``params`` are the pipeline's resolved parameters.
+``DESCRIBE``      ``describe(params, given) -> {key: text}``: what an output file records about a run besides
+                  the prompt and the recipe (``given``: the inputs ``run`` was given, as given).
+
+The checks, readers and description of a plug-in apply to a pipeline that runs at least one of its steps, before
+any work. Step names are one namespace: two plug-ins defining the same step is an error naming both.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import PipelineError, PluginError
+from ..recipe.schema import PipelineRecipe, StageSpec
+from ..recipe.suggest import did_you_mean
+
+T = TypeVar("T")
+TASKS_PACKAGE = "luminal_recipes.tasks"
+
+
+class StepContext:
+    """What a step may read besides its arguments: the checkpoint folder, the pipeline recipe (its ``tokenizer``
+    and ``scheduler`` sections, whose paths the driver has checked to lie inside the checkpoint), and objects
+    the pipeline's steps share (a tokenizer, a schedule), made once per pipeline by ``shared``."""
+
+    def __init__(self, checkpoint: Path, recipe: PipelineRecipe):
+        self.checkpoint = checkpoint
+        self.recipe = recipe
+        self._shared: dict[str, Any] = {}
+
+    def shared(self, key: str, make: Callable[[], T]) -> T:
+        """The object stored under ``key`` (a plug-in prefixes its keys with its name), made on first use."""
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One plug-in package, as ``discover`` reads it."""
+
+    name: str
+    steps: Mapping[str, Callable[..., dict]]
+    param_checks: Mapping[str, Callable[[Any, str], None]] = field(default_factory=dict)
+    inputs: Mapping[str, Callable[[Any, Mapping[str, Any]], Any]] = field(default_factory=dict)
+    describe: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, str]] | None = None
+
+
+def _read(name: str, module) -> Task:
+    tables = {table: getattr(module, table, {}) for table in ("STEPS", "PARAM_CHECKS", "INPUTS")}
+    for table, entries in tables.items():
+        if not isinstance(entries, Mapping) or not all(isinstance(k, str) and callable(v) for k, v in entries.items()):
+            raise PluginError(f"task plug-in '{name}': {table} must map names to functions")
+    describe = getattr(module, "DESCRIBE", None)
+    if describe is not None and not callable(describe):
+        raise PluginError(f"task plug-in '{name}': DESCRIBE must be a function")
+    return Task(name, dict(tables["STEPS"]), dict(tables["PARAM_CHECKS"]), dict(tables["INPUTS"]), describe)
+
+
+def build_registry(tasks: list[Task]) -> dict[str, Task]:
+    """Step name -> the plug-in defining it; a step defined by two plug-ins is an error naming both."""
+    owners: dict[str, Task] = {}
+    for task in tasks:
+        for step in task.steps:
+            if step in owners:
+                raise PluginError(f"step '{step}' is defined by two task plug-ins, '{owners[step].name}' and "
+                                  f"'{task.name}'; step names are one namespace: rename one of them")
+            owners[step] = task
+    return owners
+
+
+@cache
+def discover() -> tuple[Task, ...]:
+    """Every plug-in package under ``luminal_recipes/tasks/``, in name order."""
+    package = importlib.import_module(TASKS_PACKAGE)
+    found = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.ispkg and not info.name.startswith("_"):
+            found.append(_read(info.name, importlib.import_module(f"{TASKS_PACKAGE}.{info.name}")))
+    return tuple(found)
+
+
+@cache
+def registry() -> dict[str, Task]:
+    """Step name -> its plug-in, over every discovered plug-in."""
+    return build_registry(list(discover()))
+
+
+def steps() -> dict[str, Callable[..., dict]]:
+    """Step name -> step function."""
+    return {name: task.steps[name] for name, task in registry().items()}
+
+
+def run_steps(stages: list[StageSpec], at: tuple = ("stages",)) -> Iterator[tuple[tuple, StageSpec]]:
+    """Every ``run:`` stage, loops included, with its key path in the recipe (for located errors)."""
+    for index, stage in enumerate(stages):
+        if stage.run is not None:
+            yield at + (index,), stage
+        yield from run_steps(stage.steps, at + (index, "steps"))
+
+
+def check_steps_known(recipe) -> None:
+    """Every ``run:`` stage of a loaded pipeline recipe names a step some plug-in defines; a located error
+    otherwise."""
+    known = registry()
+    for at, stage in run_steps(recipe.doc.stages):
+        if stage.run not in known:
+            raise recipe.origin(*at, "run").error(
+                f"stage '{stage.name}' runs unknown step '{stage.run}'{did_you_mean(stage.run, known)}; the "
+                f"steps of the task plug-ins are {', '.join(sorted(known))}")
+
+
+def tasks_of(doc: PipelineRecipe) -> list[Task]:
+    """The plug-ins whose steps the pipeline runs, in the order it first runs them."""
+    known = registry()
+    used: dict[str, Task] = {}
+    for _, stage in run_steps(doc.stages):
+        task = known.get(stage.run)
+        if task is None:
+            raise PipelineError(f"stage '{stage.name}': unknown step '{stage.run}'")
+        used.setdefault(task.name, task)
+    return list(used.values())

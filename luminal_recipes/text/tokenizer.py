@@ -1,0 +1,263 @@
+"""A checkpoint's tokenizer as transformers loads it: ``tokenizer.json`` (with the ``tokenizers`` package), the
+options of ``tokenizer_config.json`` (padding and truncation sides, special tokens, ``split_special_tokens``), the
+chat templates wherever transformers finds them (``chat_template.py``), and whether the pipeline loads the folder
+as a processor (``model_index.json``), which changes when special tokens are added.
+
+Shared by the tasks that turn text into token ids and back: FLUX.2's text encoder (``tasks/flux2/tokenize.py``
+builds diffusers' conversation on it) and text generation. ``encode`` pads and truncates the way transformers'
+``TokenizersBackend.__call__`` does, with the backend's own padding and truncation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+
+from luminal_recipes.errors import CheckpointError, PipelineError
+from luminal_recipes.files import MAX_JSON_BYTES, not_regular, read_regular_text
+
+from .chat_template import SPECIAL_TOKEN_NAMES, find_chat_templates, render_chat
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One text's token ids and attention mask (1 on real tokens), and its ids before truncation and padding."""
+
+    ids: list[int]
+    attention_mask: list[int]
+    untruncated: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.attention_mask))
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """What a tokenizer folder holds, read as transformers reads it (``read_tokenizer``)."""
+
+    tokenizer: tokenizers.Tokenizer
+    chat_template: str | None  # None: the folder has none and no override was given
+    template_source: str | None
+    special_tokens: dict[str, str]
+    padding_side: str
+    truncation_side: str
+    processor: bool
+    source: str
+
+
+def read_tokenizer(folder: str | PathLike, chat_template: str | None = None,
+                   processor: bool | None = None) -> TokenizerFiles:
+    """Read a checkpoint's ``tokenizer/`` folder (or the checkpoint folder that contains it).
+
+    ``chat_template`` replaces the checkpoint's template (a Jinja template, or the name of one of its named
+    templates). ``processor``: whether the pipeline loads this folder as a processor (default: as
+    model_index.json next to it says).
+    """
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file() and (folder / "tokenizer" / "tokenizer.json").is_file():
+        folder = folder / "tokenizer"
+    path = folder / "tokenizer.json"
+    kind = not_regular(path)
+    if kind is not None:
+        raise CheckpointError(f"{path}: the tokenizer must be a regular file, but this is {kind}.")
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path}: file not found; a checkpoint keeps its tokenizer in tokenizer/tokenizer.json (download the "
+            "checkpoint's tokenizer folder, e.g. huggingface-cli download REPO --include 'tokenizer/*')."
+        )
+    try:
+        tokenizer = tokenizers.Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers package raises a bare Exception on malformed files
+        raise CheckpointError(
+            f"{path}: not a valid tokenizers file ({exc}); restore it from the checkpoint."
+        ) from None
+    options = read_tokenizer_config(folder / "tokenizer_config.json")
+    if options.get("split_special_tokens"):
+        raise CheckpointError(
+            f"{folder / 'tokenizer_config.json'}: split_special_tokens is true (special tokens in the text are "
+            "encoded as plain text), which this pipeline does not implement; set it to false."
+        )
+    if processor is None:
+        processor = _loaded_as_processor(folder)
+    # tokenizer.json's own padding/truncation settings are defaults that tokenizer_config.json overrides
+    padding = tokenizer.padding or {}
+    truncation = tokenizer.truncation or {}
+    special = special_tokens(folder, options)
+    if "pad_token" not in special and padding.get("pad_token"):
+        special["pad_token"] = padding["pad_token"]
+    templates = find_chat_templates(folder, options, processor)
+    if chat_template is None and templates.templates is None:
+        template, template_source = None, None
+    else:
+        template, template_source = templates.choose(chat_template)
+    return TokenizerFiles(
+        tokenizer=tokenizer,
+        chat_template=template,
+        template_source=template_source,
+        special_tokens=special,
+        padding_side=options.get("padding_side") or padding.get("direction") or "right",
+        truncation_side=options.get("truncation_side") or truncation.get("direction") or "right",
+        processor=processor,
+        source=str(folder),
+    )
+
+
+class Tokenizer:
+    """A checkpoint's tokenizer: its chat template, special tokens, padding and truncation sides."""
+
+    def __init__(
+        self,
+        tokenizer: tokenizers.Tokenizer,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
+        padding_side: str = "right",
+        truncation_side: str = "right",
+        processor: bool = False,
+        source: str = "tokenizer",
+        template_source: str | None = None,
+    ):
+        self._tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.source = source
+        self.template_source = template_source or source
+        self.special_tokens = dict(special_tokens or {})
+        self.padding_side = padding_side
+        self.truncation_side = truncation_side
+        self.processor = processor
+        for side, value in (("padding_side", padding_side), ("truncation_side", truncation_side)):
+            if value not in ("left", "right"):
+                raise CheckpointError(f"{source}: {side} is {value!r}; it must be 'left' or 'right'.")
+        self.pad_token = self.special_tokens.get("pad_token")
+        self.pad_token_id = None if self.pad_token is None else tokenizer.token_to_id(self.pad_token)
+        self.bos_token = self.special_tokens.get("bos_token")
+
+    @classmethod
+    def from_pretrained(cls, folder: str | PathLike, chat_template: str | None = None,
+                        processor: bool | None = None) -> Tokenizer:
+        """Load from a checkpoint's ``tokenizer/`` folder (see ``read_tokenizer``)."""
+        files = read_tokenizer(folder, chat_template, processor)
+        return cls(files.tokenizer, chat_template=files.chat_template, special_tokens=files.special_tokens,
+                   padding_side=files.padding_side, truncation_side=files.truncation_side,
+                   processor=files.processor, source=files.source, template_source=files.template_source)
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._tokenizer
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+        """The chat template rendered for ``messages``, as ``apply_chat_template(..., tokenize=False)``."""
+        if self.chat_template is None:
+            raise CheckpointError(
+                f"{self.source}: the tokenizer has no chat template (chat_template.jinja, or chat_template in "
+                "tokenizer_config.json); add the checkpoint's template, or set tokenizer.chat_template in the "
+                "pipeline recipe."
+            )
+        return render_chat(self.chat_template, messages, self.special_tokens, self.template_source,
+                           add_generation_prompt)
+
+    def add_special_tokens(self, text: str) -> bool:
+        """A tokenizer's apply_chat_template never adds special tokens; a processor's adds them unless the
+        rendered text already starts with the BOS token (transformers' ProcessorMixin.apply_chat_template)."""
+        return self.processor and not (self.bos_token is not None and text.startswith(self.bos_token))
+
+    def encode(self, text: str, length: int | None = None, add_special_tokens: bool = False) -> Encoded:
+        """Token ids of ``text``; with ``length``, truncated and padded to it on the configured sides (padding
+        needs a pad token)."""
+        backend = self._tokenizer
+        backend.no_padding()
+        backend.no_truncation()
+        full = backend.encode(text, add_special_tokens=add_special_tokens)
+        if length is None:
+            return Encoded(list(full.ids), list(full.attention_mask), list(full.ids))
+        if self.pad_token_id is None:
+            raise CheckpointError(f"{self.source}: the tokenizer names no pad token, so it cannot pad to {length} "
+                                  "tokens.")
+        # transformers pads and truncates with the backend's own settings (TokenizersBackend.__call__)
+        backend.enable_truncation(length, stride=0, strategy="longest_first", direction=self.truncation_side)
+        backend.enable_padding(direction=self.padding_side, pad_id=self.pad_token_id, pad_token=self.pad_token,
+                               length=length)
+        try:
+            encoding = backend.encode(text, add_special_tokens=add_special_tokens)
+        finally:
+            backend.no_padding()
+            backend.no_truncation()
+        return Encoded(list(encoding.ids), list(encoding.attention_mask), list(full.ids))
+
+    def dropped(self, encoded: Encoded, length: int) -> list[int]:
+        """The ids that truncating to ``length`` tokens cut off ``encoded`` (on the truncation side)."""
+        full = encoded.untruncated
+        return full[length:] if self.truncation_side == "right" else full[:-length]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self._tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)],
+                                      skip_special_tokens=bool(skip_special_tokens))
+
+
+def check_length(value, name: str) -> int:
+    """A token count (``max_sequence_length``...) is a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise PipelineError(f"{name} must be an integer, got {value!r}.")
+    if value < 1:
+        raise PipelineError(f"{name} must be positive, got {value}.")
+    return int(value)
+
+
+def _loaded_as_processor(folder: Path) -> bool:
+    """Whether the pipeline's model_index.json loads this folder as a processor (e.g. ``PixtralProcessor``)."""
+    index = folder.parent / "model_index.json"
+    if not index.is_file():
+        return False
+    try:
+        entry = json.loads(index.read_text(encoding="utf-8")).get(folder.name)
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return False
+    return isinstance(entry, list) and len(entry) == 2 and str(entry[1]).endswith("Processor")
+
+
+def special_tokens(folder: Path, options: dict) -> dict[str, str]:
+    """The special tokens transformers passes to the template as variables: the named ones, other ``*_token``
+    entries and a dict of ``extra_special_tokens``, from tokenizer_config.json (and the legacy
+    special_tokens_map.json, which transformers merges over it when the config lists no added tokens)."""
+    merged = dict(options)
+    legacy = folder / "special_tokens_map.json"
+    if "added_tokens_decoder" not in options and legacy.is_file():
+        merged.update(read_tokenizer_config(legacy))
+    out: dict[str, str] = {}
+    for key, value in merged.items():
+        if key in SPECIAL_TOKEN_NAMES or key.endswith("_token"):
+            text = _token_text(value)
+            if text is not None:
+                out[key] = text
+    extra = merged.get("extra_special_tokens")
+    if isinstance(extra, dict):
+        out.update({k: t for k, v in extra.items() if (t := _token_text(v)) is not None})
+    return out
+
+
+def read_tokenizer_config(path: Path) -> dict:
+    """tokenizer_config.json (or special_tokens_map.json) as a dict; {} when the file is absent."""
+    if not path.exists():
+        return {}
+    try:
+        options = json.loads(read_regular_text(path, "the tokenizer config", MAX_JSON_BYTES, CheckpointError))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: cannot read it as JSON ({exc}); restore it from the checkpoint."
+        ) from None
+    if not isinstance(options, dict):
+        raise CheckpointError(f"{path}: expected a JSON object.")
+    return options
+
+
+def _token_text(value) -> str | None:
+    """transformers writes special tokens as plain strings or as AddedToken dicts with a ``content`` key."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
