@@ -34,6 +34,7 @@ from luminal_recipes.weights.safetensors_io import Checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 TINY = RECIPES / "flux2-tiny.yaml"
+FLUX2 = RECIPES / "flux2.yaml"  # flux2-tiny.yaml extends it: most of the tiny pipeline is written there
 CHECKPOINT = RECIPES / "flux2-tiny" / "checkpoint"
 SMALL = ["--no-compile", "--steps", "2", "--width", "32", "--height", "32", "--set", "max_sequence_length=64",
          "--quiet"]
@@ -93,12 +94,11 @@ def small(*drop: str) -> list[str]:
 
 
 def recipes_copy(tmp_path: Path, edit: tuple[str, str] | None = None, name: str = "flux2-tiny.yaml") -> Path:
-    """The shipped recipes copied into ``tmp_path/recipes``, ``name`` with one text replacement."""
+    """The shipped recipes (and their module libraries) copied into ``tmp_path/recipes``, ``name`` with one
+    text replacement."""
     folder = tmp_path / "recipes"
     if not folder.exists():
-        folder.mkdir()
-        for recipe in RECIPES.glob("*.yaml"):
-            shutil.copy(recipe, folder / recipe.name)
+        shutil.copytree(RECIPES, folder, ignore=shutil.ignore_patterns("flux2-tiny", "flux2-dev-configs", "*.md"))
     if edit is not None:
         path = folder / name
         text = path.read_text()
@@ -166,10 +166,11 @@ def refused_in_subprocess(*args: object, words: tuple[str, ...], timeout: float 
     (("weights: vae}", "weights: ../../vae}"), "climbs out of the checkpoint"),
 ], ids=["scheduler-absolute", "tokenizer-absolute", "scheduler-dotdot", "model-folder-dotdot"])
 def test_pipeline_paths_stay_in_the_checkpoint(tmp_path, no_work, edit, words):
-    recipe = recipes_copy(tmp_path, edit)
-    line = line_of(recipe, edit[1])
+    base = recipes_copy(tmp_path, edit, "flux2.yaml")  # written in the base: the error points there
+    recipe = base.parent / "flux2-tiny.yaml"
+    line = line_of(base, edit[1])
     for command in (["validate", recipe], ["run", recipe, "--weights", CHECKPOINT, *SMALL, "-p", "fox"]):
-        refused(cli(*command), words, f"flux2-tiny.yaml:{line}:")
+        refused(cli(*command), words, f"/flux2.yaml:{line}:")
 
 
 def test_pipeline_weights_folder_stays_in_the_recipe_tree(tmp_path, no_work):
@@ -199,7 +200,7 @@ def test_symlink_out_of_a_recipe_checkpoint_is_refused_before_any_work(tmp_path,
     out = tmp_path / "never.png"
     message = refused(cli("run", recipe, *SMALL, "-p", "fox", "-o", out),
                       "resolves to /etc/passwd through a symbolic link", out=out)
-    assert f"flux2-tiny.yaml:{line_of(recipe, 'scheduler_config.json')}:" in message
+    assert f"/flux2.yaml:{line_of(recipe.parent / 'flux2.yaml', 'scheduler_config.json')}:" in message
     config = checkpoint / "vae" / "config.json"
     config.unlink()
     config.symlink_to(CHECKPOINT / "vae" / "config.json")  # a file outside the recipe's tree
@@ -292,7 +293,7 @@ def test_huge_image_is_refused_before_planning(no_work):
     message = refused(cli("run", TINY, *small("--width", "--height"), "--width", "100000", "--height", "100000",
                           "-p", "fox", "-o", out),
                       "dim img", "--width 100000", out=out)
-    assert f"flux2-tiny.yaml:{line_of(TINY, 'img: (height // 16)')}:" in message
+    assert f"recipes/flux2.yaml:{line_of(FLUX2, 'img: (height // 16)')}:" in message
 
 
 def test_inputs_and_outputs_over_the_budget_fail_before_compiling(no_work):

@@ -101,9 +101,11 @@ def _validate_loaded(
     check_recipe(recipe)
     ParamResolver(recipe.params, None, sets).check_static()
     prefix = f"{label}: " if label else ""
+    includes = recipe.files[1 + len(recipe.extends):]
     report.checks.append(
         f"{prefix}schema, parameters, expressions and forwards are valid"
-        + (f" (includes: {', '.join(p.name for p in recipe.files[1:])})" if len(recipe.files) > 1 else "")
+        + (f" (extends: {' -> '.join(p.name for p in recipe.extends)})" if recipe.extends else "")
+        + (f" (includes: {', '.join(p.name for p in includes)})" if includes else "")
     )
     if isinstance(recipe.doc, PipelineRecipe):
         _validate_pipeline(recipe, weights, sets, report)
@@ -314,7 +316,8 @@ def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: An
     doc = recipe.doc
     assert isinstance(doc, PipelineRecipe)
     params = ParamResolver(recipe.params, None, sets).resolve_all().values
-    lines = [f"pipeline '{doc.name}' ({recipe.source.display})", "stages:"]
+    based = f", extends {' -> '.join(p.name for p in recipe.extends)}" if recipe.extends else ""
+    lines = [f"pipeline '{doc.name}' ({recipe.source.display}{based})", "stages:"]
     lines += _stage_lines(doc.stages, params, "  ")
     for name, model in report.models.items():
         lines += ["", f"[{name}]", summary(model)]

@@ -1,8 +1,14 @@
-"""Load a recipe file: safe YAML, schema validation with located errors, includes, module reference checks.
+"""Load a recipe file: safe YAML, schema validation with located errors, extends, includes, module reference
+checks.
 
-Includes (``include: [blocks.yaml]``) and a pipeline's model recipes may only name files inside the folder
-tree of the recipe that was opened: ``../`` escapes, absolute paths elsewhere and symlinks pointing out are
-rejected. Modules of included files are merged into one table; a name defined twice, a submodule naming an
+A pipeline recipe may ``extends: base.yaml``, another pipeline recipe in its own folder: the two documents are
+merged before validation (``yaml_source.merge_sources``: mappings key by key, anything else replaced whole), so
+the recipe states only what differs; every value keeps the position of the file that wrote it. Bases may extend
+further; a cycle is an error.
+
+Includes (``include: [blocks.yaml]``), bases and a pipeline's model recipes may only name files inside the
+folder tree of the recipe that was opened: ``../`` escapes, absolute paths elsewhere and symlinks pointing out
+are rejected. Modules of included files are merged into one table; a name defined twice, a submodule naming an
 unknown module, and modules that contain each other (a cycle) are errors with their positions.
 """
 
@@ -21,7 +27,7 @@ from .located import Located, Origin
 from .paths import check_written, is_local
 from .schema import DOCUMENT_KINDS, ModelRecipe, ModuleLibrary, ModuleSpec, ParamSpec, PipelineRecipe
 from .suggest import did_you_mean, one_of
-from .yaml_source import YamlSource, load_yaml
+from .yaml_source import YamlSource, load_yaml, merge_sources
 
 
 @dataclass
@@ -33,7 +39,8 @@ class LoadedRecipe:
     doc: ModelRecipe | PipelineRecipe | ModuleLibrary
     modules: dict[str, Located[ModuleSpec]] = field(default_factory=dict)
     params: dict[str, Located[ParamSpec]] = field(default_factory=dict)
-    files: list[Path] = field(default_factory=list)  # this file and every include
+    files: list[Path] = field(default_factory=list)  # this file, the files it extends and every include
+    extends: list[Path] = field(default_factory=list)  # the pipeline recipes it extends, nearest first
     # what the recipe (and its includes) do with each config.json field; None: no `config:` section anywhere
     config_fields: dict[str, FieldRule] | None = None
     tree: Path | None = None  # the folder tree its includes and local paths must stay in (resolved)
@@ -61,10 +68,10 @@ def load_recipe(
     """Load and check a recipe (model or pipeline; ``allowed`` may add ``modules``, a library of shared modules
     as `include:` reads it). ``tree_root`` bounds includes (default: its folder)."""
     path = Path(path)
-    source = load_yaml(path)
     root = (tree_root or path.parent).resolve()
+    source, bases = _extended(load_yaml(path), root, [path.resolve()])
     doc = validate_document(source, allowed=allowed)
-    loaded = LoadedRecipe(path=path, source=source, doc=doc, files=[path], tree=root)
+    loaded = LoadedRecipe(path=path, source=source, doc=doc, files=[path, *bases], extends=bases, tree=root)
     _check_paths_as_written(loaded)
     if isinstance(doc, (ModelRecipe, ModuleLibrary)):
         _merge(loaded, doc, source)
@@ -78,6 +85,35 @@ def load_recipe(
         for name, model in doc.models.items():
             inside_tree(Origin(source, ("models", name, "recipe")), path.parent, model.recipe, root)
     return loaded
+
+
+def _extended(source: YamlSource, root: Path, chain: list[Path]) -> tuple[YamlSource, list[Path]]:
+    """``source`` merged over the pipeline recipes it extends (nearest first), and their paths."""
+    data = source.data
+    if not isinstance(data, dict) or "extends" not in data:
+        return source, []
+    origin = Origin(source, ("extends",))
+    relative = data["extends"]
+    if not isinstance(relative, str) or not relative:
+        raise origin.error(f"`extends` names one pipeline recipe file (e.g. extends: flux2.yaml), got "
+                           f"{relative!r}.")
+    if data.get("kind", "pipeline") != "pipeline":
+        raise origin.error(f"`extends` is for pipeline recipes; a `kind: {data.get('kind')}` file shares modules "
+                           f"with `include:` instead.")
+    target = inside_tree(origin, source.file.parent, relative, root)
+    if target.parent != source.file.resolve().parent:
+        raise origin.error(f"'{relative}' is not in this recipe's folder; a recipe extends one beside it, so that "
+                           f"the paths written in either mean the same files. Copy it into the folder.")
+    if target in chain:
+        cycle = " -> ".join(p.name for p in chain[chain.index(target):] + [target])
+        raise origin.error(f"extends cycle: {cycle}; remove one of these `extends`.")
+    base = load_yaml(target)
+    kind = base.data.get("kind") if isinstance(base.data, dict) else None
+    if kind != "pipeline":
+        raise origin.error(f"'{relative}' is {f'a `kind: {kind}` recipe' if kind else 'not a recipe'}; `extends` "
+                           f"takes a pipeline recipe (kind: pipeline).")
+    base, further = _extended(base, root, chain + [target])
+    return merge_sources(base, source), [target, *further]
 
 
 def inside_tree(origin: Origin, folder: Path, relative: str, root: Path) -> Path:

@@ -38,6 +38,7 @@ class _NodeInfo:
     line: int  # 0-based, as yaml marks are
     col: int
     style: str | None  # scalar style: None (plain), "'", '"', '|', '>'
+    file: YamlSource | None = field(default=None, compare=False, repr=False)  # None: the source holding it
 
 
 # Limits on what a recipe file may be: recipes are small hand-written trees (the largest shipped one is 8 KB).
@@ -104,12 +105,16 @@ class YamlSource:
         path = tuple(path)
         if path in table:
             info = table[path]
-            return Loc(self.display, info.line + 1, info.col + 1)
+            return Loc(self._file(info).display, info.line + 1, info.col + 1)
         for cut in range(len(path) - 1, -1, -1):
             if path[:cut] in self.values:
                 info = self.values[path[:cut]]
-                return Loc(self.display, info.line + 1, info.col + 1)
+                return Loc(self._file(info).display, info.line + 1, info.col + 1)
         return Loc(self.display, 1, 1)
+
+    def _file(self, info: _NodeInfo) -> YamlSource:
+        """The file a node was written in: this one, or, in a recipe merged with what it extends, another."""
+        return info.file if info.file is not None else self
 
     def has(self, path: Path_) -> bool:
         return tuple(path) in self.values
@@ -120,16 +125,17 @@ class YamlSource:
         info = self.values.get(path)
         if info is None:
             return self.loc(path)
+        file = self._file(info)
         if info.style == "|":
             # Content starts on the line after the indicator; leading blank lines are kept in the string.
             first = info.line + lineno
-            indent = self._block_indent(info.line)
-            return Loc(self.display, first + 1, indent + col_offset + 1)
+            indent = file._block_indent(info.line)
+            return Loc(file.display, first + 1, indent + col_offset + 1)
         if info.style in (None, "'", '"') and lineno == 1:
             quote = 0 if info.style is None else 1
-            return Loc(self.display, info.line + 1, info.col + quote + col_offset + 1)
+            return Loc(file.display, info.line + 1, info.col + quote + col_offset + 1)
         # Folded or multi-line flow scalars lose their line structure: point at the scalar itself.
-        return Loc(self.display, info.line + 1, info.col + 1)
+        return Loc(file.display, info.line + 1, info.col + 1)
 
     def _block_indent(self, indicator_line: int) -> int:
         for raw in self.lines[indicator_line + 1 :]:
@@ -139,6 +145,47 @@ class YamlSource:
 
     def error(self, path: Path_, message: str, *, key: bool = False) -> RecipeError:
         return RecipeError(f"{self.loc(path, key=key)}: {message}")
+
+
+def merge_sources(base: YamlSource, child: YamlSource) -> YamlSource:
+    """``child`` laid over ``base`` (``extends:``): mappings merge key by key (the base's keys in its order, then
+    the child's new ones); any other value the child gives (a list, a scalar, null) replaces the base's whole.
+    Every node keeps the position of the file that wrote it, so errors point into that file."""
+    merged = YamlSource(file=child.file, display=child.display, data=None, lines=child.lines)
+
+    def take(source: YamlSource, path: Path_) -> None:
+        """The positions of the node at ``path`` and of everything below it, from ``source``."""
+        for table, out in ((source.values, merged.values), (source.keys, merged.keys)):
+            for where, info in table.items():
+                if where[: len(path)] == path:
+                    out[where] = _own(info, source)
+
+    def merge(old: Any, new: Any, path: Path_) -> Any:
+        if not (isinstance(old, dict) and isinstance(new, dict)):
+            take(child, path)
+            return new
+        merged.values[path] = _own(child.values[path], child)
+        if path:
+            merged.keys[path] = _own(child.keys[path], child)
+        out = {}
+        for key, value in old.items():
+            if key in new:
+                out[key] = merge(value, new[key], path + (key,))
+            else:
+                out[key] = value
+                take(base, path + (key,))
+        for key, value in new.items():
+            if key not in old:
+                out[key] = value
+                take(child, path + (key,))
+        return out
+
+    merged.data = merge(base.data, child.data, ())
+    return merged
+
+
+def _own(info: _NodeInfo, source: YamlSource) -> _NodeInfo:
+    return info if info.file is not None else _NodeInfo(info.line, info.col, info.style, source)
 
 
 def display_name(file: Path) -> str:

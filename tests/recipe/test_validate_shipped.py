@@ -132,7 +132,7 @@ def test_a_model_recipe_with_a_local_source_is_checked_by_default(tmp_path):
 
 def test_a_missing_local_pipeline_checkpoint_is_a_located_error(tmp_path):
     text = (RECIPES / "flux2-tiny.yaml").read_text().replace("weights: flux2-tiny/checkpoint", "weights: nowhere")
-    for name in ("flux2-tiny.yaml", "mistral3-text-encoder.yaml", "flux2-transformer.yaml",
+    for name in ("flux2-tiny.yaml", "flux2.yaml", "mistral3-text-encoder.yaml", "flux2-transformer.yaml",
                  "flux2-transformer-modules.yaml", "flux2-vae-decoder.yaml"):
         (tmp_path / name).write_text((RECIPES / name).read_text())
     (tmp_path / "flux2-tiny.yaml").write_text(text)
