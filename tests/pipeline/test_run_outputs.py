@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +70,7 @@ def workdir(tmp_path, monkeypatch):
     """A folder holding the test's pipelines (and the model recipe they use); the working directory, so the
     default outputs/ folder lands in it."""
     (tmp_path / "mistral3-text-encoder.yaml").write_text((RECIPES / "mistral3-text-encoder.yaml").read_text())
+    shutil.copytree(RECIPES / "lib", tmp_path / "lib")  # the module library it includes
     (tmp_path / "embed.yaml").write_text(EMBED)
     (tmp_path / "show-tokens.yaml").write_text(TEXT)
     monkeypatch.chdir(tmp_path)

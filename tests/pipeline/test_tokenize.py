@@ -421,6 +421,7 @@ def test_pipeline_recipe_tokenizer_fields_reach_the_tokenizer(tmp_path):
     recipes = CHECKPOINT.parents[1]
     for path in recipes.glob("*.yaml"):
         shutil.copy(path, tmp_path / path.name)
+    shutil.copytree(recipes / "lib", tmp_path / "lib")  # the module library the text encoder includes
     pipeline = tmp_path / "flux2-tiny.yaml"
     text = pipeline.read_text() + (  # flux2-tiny.yaml extends flux2.yaml: these keys merge into its tokenizer:
         "tokenizer:\n  system: Paint it.\n  chat_template: \"{{ bos_token }}{% for m in messages "

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from luminal_recipes.recipe.commands import _stage_lines
@@ -32,6 +33,7 @@ def test_a_loop_over_a_run_time_value_says_so(tmp_path):
     for name in ("mistral3-text-encoder.yaml", "flux2-transformer.yaml", "flux2-transformer-modules.yaml",
                  "flux2-vae-decoder.yaml"):
         (tmp_path / name).write_text((TINY.parent / name).read_text())
+    shutil.copytree(TINY.parent / "lib", tmp_path / "lib")  # the module library the text encoder includes
     path = tmp_path / "flux2.yaml"
     path.write_text(text)
     line = next(s for s in stage_lines(path) if s.startswith("  denoise:"))

@@ -135,8 +135,25 @@ def test_a_missing_local_pipeline_checkpoint_is_a_located_error(tmp_path):
     for name in ("flux2-tiny.yaml", "flux2.yaml", "mistral3-text-encoder.yaml", "flux2-transformer.yaml",
                  "flux2-transformer-modules.yaml", "flux2-vae-decoder.yaml"):
         (tmp_path / name).write_text((RECIPES / name).read_text())
+    shutil.copytree(RECIPES / "lib", tmp_path / "lib")  # the module library the text encoder includes
     (tmp_path / "flux2-tiny.yaml").write_text(text)
     result = cli("validate", tmp_path / "flux2-tiny.yaml")
     assert result.exit_code == 2 and "Traceback" not in result.output
     line = next(i for i, s in enumerate(text.splitlines(), 1) if s.startswith("weights:"))
     assert f"flux2-tiny.yaml:{line}:" in result.stderr and "'nowhere' does not exist" in result.stderr
+
+
+def test_no_module_is_written_twice():
+    """A module two shipped recipes need lives in one module library (recipes/lib/) that both include."""
+    import yaml
+
+    seen: dict[str, str] = {}
+    for path in SHIPPED:
+        modules = (yaml.safe_load(path.read_text()) or {}).get("modules") or {}
+        for name, spec in modules.items():
+            body = " ".join(str(spec.get("forward", "")).split())
+            where = f"{path.relative_to(RECIPES)}:{name}"
+            assert body not in seen, f"{where} repeats {seen[body]}; move it to a library in recipes/lib/"
+            seen[body] = where
+    library = yaml.safe_load((RECIPES / "lib" / "decoder.yaml").read_text())["modules"]
+    assert {"split_half_rotary", "rmsnorm", "gqa_attention", "swiglu_mlp"} <= set(library)
