@@ -162,8 +162,14 @@ def validate(
 ) -> None:
     """Check a recipe (schema, expressions, forwards) and its checkpoint: the recipe's own when it is a local
     folder, or --weights (a Hub checkpoint is only downloaded and checked when passed as --weights)."""
+    from .pipeline.plugins import check_steps_known
     from .recipe import validate as validate_recipe
+    from .recipe.commands import ALL_KINDS
+    from .recipe.loader import load_recipe
 
+    loaded = load_recipe(recipe, allowed=ALL_KINDS)
+    if loaded.kind == "pipeline":
+        check_steps_known(loaded)  # every `run:` names a step of a task plug-in (the recipe layer knows none)
     typer.echo(validate_recipe(recipe, weights, set_).render(verbose))
 
 

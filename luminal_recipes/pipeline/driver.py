@@ -34,7 +34,7 @@ from ..runtimes.registry import get_runtime
 from . import peak_rss
 from .engine import ModelEngine
 from .plan import StagePlan, check_budget, plan_stages
-from .plugins import StepContext, check_steps_known, steps
+from .plugins import StepContext, check_steps_known, steps, tasks_of
 
 
 @dataclass
@@ -95,7 +95,7 @@ class Pipeline:
                 self._inside_checkpoint(("tokenizer", "path"), tok.path)
             if sched is not None and sched.config is not None:
                 self._inside_checkpoint(("scheduler", "config"), sched.config)
-            self._context = StepContext(self.checkpoint, self.doc)
+            self._context = StepContext(self.checkpoint, self.doc, self.recipe.origin)
         return self._context
 
     def _inside_checkpoint(self, where: tuple, relative: str) -> Path:
@@ -209,7 +209,10 @@ class Pipeline:
         """Plan every model stage under the budget (compiling each once) and check that all fit, before any
         weight is read; raises ``BudgetError`` otherwise. ``run`` calls it first."""
         if self.plans is None:
-            self.context  # noqa: B018 - the tokenizer and scheduler paths are checked before any work
+            context = self.context  # the tokenizer and scheduler paths are checked before any work
+            for task in tasks_of(self.doc):  # and what the steps will read is loaded and checked
+                if task.prepare is not None:
+                    task.prepare(context)
             plans = plan_stages(self, self.budget_bytes, self.runtime, compile=self.compile, from_checkpoint=True,
                                 progress=self.progress)
             self._models.clear()  # built from headers to plan; rebuilt (cheaply) by the stage that runs them
@@ -223,6 +226,14 @@ class Pipeline:
             if name not in inputs and not spec.optional:
                 raise self.recipe.origin("inputs", name).error(
                     f"pipeline '{self.doc.name}' needs input '{name}' ({spec.type}); none was given", key=True)
+            if inputs.get(name) is not None and not _is_of_type(inputs[name], spec.type):
+                raise self.recipe.origin("inputs", name).error(
+                    f"pipeline '{self.doc.name}' input '{name}' is declared {spec.type}, but was given "
+                    f"{type(inputs[name]).__name__}", key=True)
+            if name in inputs and inputs[name] is None and not spec.optional:
+                raise self.recipe.origin("inputs", name).error(
+                    f"pipeline '{self.doc.name}' input '{name}' ({spec.type}) is not optional; it was given null",
+                    key=True)
         self.prepare()
         env: dict[str, Any] = {name: None for name in self.doc.inputs}
         env.update(inputs)
@@ -300,6 +311,20 @@ class Pipeline:
                 action = f"model {stage.model}" if stage.model else f"step {stage.run}"
                 _check_finite(result[key], f"{where} ({loop}{action}) output '{key}'")
             env[target] = result[key]
+
+
+def _is_of_type(value: Any, declared: str) -> bool:
+    """Whether ``value`` is of a pipeline input's declared type (``PipelineInput.type``)."""
+    if declared.startswith("list["):
+        return isinstance(value, list | tuple) and all(_is_of_type(v, declared[5:-1]) for v in value)
+    checks = {
+        "str": lambda v: isinstance(v, str),
+        "bool": lambda v: isinstance(v, bool | np.bool_),
+        "int": lambda v: isinstance(v, int | np.integer) and not isinstance(v, bool),
+        "float": lambda v: isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool),
+        "array": lambda v: isinstance(v, np.ndarray),
+    }
+    return checks[declared](value)
 
 
 def _check_finite(value: Any, what: str) -> None:

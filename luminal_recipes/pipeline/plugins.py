@@ -13,6 +13,8 @@ Every package ``luminal_recipes/tasks/<task>/`` is a plug-in; nothing lists them
                   refusing a bad one; ``params`` are the pipeline's resolved parameters.
 ``DESCRIBE``      ``describe(params, given) -> {key: text}``: what an output file records about a run besides
                   the prompt and the recipe (``given``: the inputs ``run`` was given, as given).
+``PREPARE``       ``prepare(ctx)``: called once before any model is planned, to load and check what the steps
+                  will read (a tokenizer, a scheduler config), so a bad file fails before any work.
 
 The checks, readers and description of a plug-in apply to a pipeline that runs at least one of its steps, before
 any work. Step names are one namespace: two plug-ins defining the same step is an error naming both.
@@ -39,12 +41,18 @@ TASKS_PACKAGE = "luminal_recipes.tasks"
 class StepContext:
     """What a step may read besides its arguments: the checkpoint folder, the pipeline recipe (its ``tokenizer``
     and ``scheduler`` sections, whose paths the driver has checked to lie inside the checkpoint), and objects
-    the pipeline's steps share (a tokenizer, a schedule), made once per pipeline by ``shared``."""
+    the pipeline's steps share (a tokenizer, a schedule), made once per pipeline by ``shared``. ``where(*path)``
+    names a place in the recipe for messages (``flux2.yaml:26:14: scheduler.options``)."""
 
-    def __init__(self, checkpoint: Path, recipe: PipelineRecipe):
+    def __init__(self, checkpoint: Path, recipe: PipelineRecipe, origin: Callable[..., Any] | None = None):
         self.checkpoint = checkpoint
         self.recipe = recipe
+        self._origin = origin  # LoadedRecipe.origin: key path -> Origin
         self._shared: dict[str, Any] = {}
+
+    def where(self, *path: Any) -> str:
+        dotted = ".".join(map(str, path))
+        return f"{self._origin(*path).loc()}: {dotted}" if self._origin is not None else dotted
 
     def shared(self, key: str, make: Callable[[], T]) -> T:
         """The object stored under ``key`` (a plug-in prefixes its keys with its name), made on first use."""
@@ -62,6 +70,7 @@ class Task:
     param_checks: Mapping[str, Callable[[Any, str], None]] = field(default_factory=dict)
     inputs: Mapping[str, Callable[[Any, Mapping[str, Any]], Any]] = field(default_factory=dict)
     describe: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, str]] | None = None
+    prepare: Callable[[StepContext], None] | None = None
 
 
 def _read(name: str, module) -> Task:
@@ -69,10 +78,12 @@ def _read(name: str, module) -> Task:
     for table, entries in tables.items():
         if not isinstance(entries, Mapping) or not all(isinstance(k, str) and callable(v) for k, v in entries.items()):
             raise PluginError(f"task plug-in '{name}': {table} must map names to functions")
-    describe = getattr(module, "DESCRIBE", None)
-    if describe is not None and not callable(describe):
-        raise PluginError(f"task plug-in '{name}': DESCRIBE must be a function")
-    return Task(name, dict(tables["STEPS"]), dict(tables["PARAM_CHECKS"]), dict(tables["INPUTS"]), describe)
+    hooks = {hook: getattr(module, hook, None) for hook in ("DESCRIBE", "PREPARE")}
+    for hook, function in hooks.items():
+        if function is not None and not callable(function):
+            raise PluginError(f"task plug-in '{name}': {hook} must be a function")
+    return Task(name, dict(tables["STEPS"]), dict(tables["PARAM_CHECKS"]), dict(tables["INPUTS"]),
+                hooks["DESCRIBE"], hooks["PREPARE"])
 
 
 def build_registry(tasks: list[Task]) -> dict[str, Task]:

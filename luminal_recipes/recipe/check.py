@@ -201,10 +201,50 @@ def _check_stages(
             _check_reference(origin.at("inputs", arg), value, known, f"stage '{stage.name}' input '{arg}'")
         if stage.loop is not None:
             _check_reference(origin.at("loop", "over"), stage.loop.over, known, "loop")
-            inner = known | {stage.loop.var} | set(stage.loop.carry)
-            _check_stages(recipe, doc, stage.steps, path + (index, "steps"), inner)
-            known |= {v for s in stage.steps for v in s.outputs.values()} | set(stage.loop.carry)
+            _check_carry(origin, stage, known)
+            _check_stages(recipe, doc, stage.steps, path + (index, "steps"), known | {stage.loop.var})
+            known |= _writes(stage.steps)
         known |= set(stage.outputs.values())
+
+
+def _writes(stages: list[StageSpec]) -> set[str]:
+    """The values the stages (loop bodies included) write."""
+    return {v for s in stages for v in [*s.outputs.values(), *_writes(s.steps)]}
+
+
+def _reads(stage: StageSpec) -> set[str]:
+    """The value names a stage (a loop: its count and its body) reads."""
+    texts = [*stage.inputs.values(), *stage.dims.values(), *([stage.loop.over] if stage.loop else [])]
+    names = {n.id for text in texts if isinstance(text, str) for n in names_in(parse(unwrap(text)))}
+    for sub in stage.steps:
+        names |= _reads(sub)
+    return names
+
+
+def _check_carry(origin: Origin, loop: StageSpec, known: set[str]) -> None:
+    """``loop.carry`` lists exactly the values the body reads from the previous iteration: each is made before
+    the loop and rewritten by the body, and a value the body reads before rewriting it is carried."""
+    carry, written = loop.loop.carry, _writes(loop.steps)
+    for k, name in enumerate(carry):
+        at = list_item_origin(origin.at("loop"), "carry", k)
+        if name not in known:
+            raise at.error(f"loop '{loop.name}' carries '{name}', which has no value before the loop starts; a "
+                           f"carried value is made before the loop and rewritten by its body"
+                           f"{did_you_mean(name, known)}")
+        if name not in written:
+            raise at.error(f"loop '{loop.name}' carries '{name}', but no stage of its body rewrites it; remove it "
+                           f"from carry")
+    seen: set[str] = set()
+    for index, stage in enumerate(loop.steps):
+        # values made before the loop (others are the stage checks' "not defined before this point")
+        late = sorted((_reads(stage) & written & known) - seen - set(carry) - {loop.loop.var})
+        if late:
+            writer = next(s.name for s in loop.steps[index:] if late[0] in _writes([s]))
+            when = "and then rewrites it" if writer == stage.name else f"before stage '{writer}' rewrites it"
+            raise origin.at("steps", index).error(
+                f"stage '{stage.name}' of loop '{loop.name}' reads '{late[0]}' {when}, so each iteration reads the "
+                f"previous one's value: add it to the loop's carry (carry: [{', '.join([*carry, late[0]])}])")
+        seen |= _writes([stage])
 
 
 def _check_reference(origin: Origin, value: object, known: set[str], what: str) -> None:

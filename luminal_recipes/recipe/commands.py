@@ -247,15 +247,26 @@ def _local_source(recipe: LoadedRecipe) -> bool:
     return bool(source) and not source.startswith("hf://") and (recipe.folder / source).exists()
 
 
+def _about(doc: str | None) -> list[str]:
+    """A recipe's `doc:` under its title line."""
+    return [f"  {doc}"] if doc else []
+
+
+def _param_doc(recipe: LoadedRecipe, name: str) -> str:
+    doc = recipe.params[name].value.doc if name in recipe.params else None
+    return f"  # {' '.join(doc.split())}" if doc else ""
+
+
 def summary(model: BuiltModel) -> str:
     recipe = model.recipe
-    lines = [f"model '{model.name}' ({recipe.source.display})"]
+    lines = [f"model '{model.name}' ({recipe.source.display})", *_about(recipe.doc.doc)]
     if model.checkpoint_root:
         lines.append(f"checkpoint: {model.checkpoint_root}")
     lines.append("parameters:")
     for name, value in model.params.values.items():
         origin = model.params.origins[name]
-        lines.append(f"  {name:<22} = {value!r:<14} {str(model.params.types[name]):<10} ({origin})")
+        lines.append(f"  {name:<22} = {value!r:<14} {str(model.params.types[name]):<10} ({origin})"
+                     + _param_doc(recipe, name))
     lines.append("modules (instances, graph nodes each instance adds, constants aside):")
     per_module: dict[str, list[int]] = {}
     for call in model.calls:  # scalar constants are shared between instances: count the other nodes
@@ -269,7 +280,9 @@ def summary(model: BuiltModel) -> str:
             if nodes and min(nodes) == max(nodes)
             else (f"{min(nodes)}-{max(nodes)}" if nodes else "-")
         )
-        lines.append(f"  {name:<22} x{counts.get(name, 0):<4} {size} nodes")
+        doc = recipe.modules[name].value.doc
+        lines.append(f"  {name:<22} x{counts.get(name, 0):<4} {size} nodes"
+                     + (f"  # {' '.join(doc.split())}" if doc else ""))
     by_dtype = model.weight_bytes_by_dtype()
     count_by_dtype = Counter(str(b.dtype) for b in model.weights.values())
     total = sum(by_dtype.values())
@@ -281,30 +294,44 @@ def summary(model: BuiltModel) -> str:
     lines.append(f"graph: {len(graph)} nodes ({', '.join(f'{op} {n}' for op, n in ops.most_common())})")
     inputs = ", ".join(f"{n} {list(map(str, t.shape))} {t.dtype}" for n, t in model.inputs.items())
     lines.append(f"inputs: {inputs}; outputs: {', '.join(model.outputs)}")
+    lines += _input_docs(recipe)
     return "\n".join(lines)
+
+
+def _input_docs(recipe: LoadedRecipe) -> list[str]:
+    """One line per input that has a `doc:`."""
+    return [f"  {name}: {' '.join(spec.doc.split())}" for name, spec in recipe.doc.inputs.items() if spec.doc]
 
 
 def _static_summary(recipe: LoadedRecipe) -> str:
     doc = recipe.doc
     assert isinstance(doc, ModelRecipe)
-    lines = [f"model '{doc.name}' ({recipe.source.display})", "parameters (unresolved):"]
+    lines = [f"model '{doc.name}' ({recipe.source.display})", *_about(doc.doc), "parameters (unresolved):"]
     for name, located in recipe.params.items():
-        lines.append(f"  {name:<22} = {located.value.default!r}")
+        lines.append(f"  {name:<22} = {located.value.default!r}" + _param_doc(recipe, name))
     lines.append(f"modules: {', '.join(recipe.modules)} (root: {doc.root})")
+    if doc.inputs:
+        lines.append(f"inputs: {', '.join(doc.inputs)}")
+        lines += _input_docs(recipe)
     return "\n".join(lines)
 
 
 def _library_summary(recipe: LoadedRecipe) -> str:
     expected = check_library(recipe)
     lines = [f"module library '{recipe.path.stem}' ({recipe.source.display}): shared modules for `include:`",
-             "parameters (unresolved):"]
-    lines += [f"  {name:<22} = {located.value.default!r}" for name, located in recipe.params.items()]
+             *_about(recipe.doc.doc)]
+    if recipe.params:
+        lines.append("parameters (unresolved):")
+        lines += [f"  {name:<22} = {located.value.default!r}" + _param_doc(recipe, name)
+                  for name, located in recipe.params.items()]
     lines.append("modules:")
     for name, located in recipe.modules.items():
         spec = located.value
         subs = ", ".join(f"{k}: {v.module}" for k, v in spec.submodules.items())
         lines.append(f"  {name:<22} inputs ({', '.join(spec.inputs)}), {len(spec.weights)} weights"
                      + (f", submodules {subs}" if subs else ""))
+        if spec.doc:
+            lines.append(f"  {'':<22} {' '.join(spec.doc.split())}")
     if expected:
         lines.append(f"expects from the including recipe: {', '.join(expected)}")
     return "\n".join(lines)
@@ -317,7 +344,12 @@ def _inspect_pipeline(recipe: LoadedRecipe, weights: str | Path | None, sets: An
     assert isinstance(doc, PipelineRecipe)
     params = ParamResolver(recipe.params, None, sets).resolve_all().values
     based = f", extends {' -> '.join(p.name for p in recipe.extends)}" if recipe.extends else ""
-    lines = [f"pipeline '{doc.name}' ({recipe.source.display}{based})", "stages:"]
+    lines = [f"pipeline '{doc.name}' ({recipe.source.display}{based})", *_about(doc.doc), "parameters:"]
+    lines += [f"  {name:<22} = {value!r}" + _param_doc(recipe, name) for name, value in params.items()]
+    lines.append("inputs:")
+    lines += [f"  {name:<22} {spec.type}{' (optional)' if spec.optional else ''}"
+              + (f"  # {' '.join(spec.doc.split())}" if spec.doc else "") for name, spec in doc.inputs.items()]
+    lines.append("stages:")
     lines += _stage_lines(doc.stages, params, "  ")
     for name, model in report.models.items():
         lines += ["", f"[{name}]", summary(model)]

@@ -196,7 +196,7 @@ def schema_error(source: YamlSource, exc: ValidationError) -> RecipeError:
     for path, errors in grouped.items():
         err = errors[0]
         kind = err["type"]
-        if kind == "unknown_key":
+        if kind in ("unknown_key", "removed_key"):
             key_path = path + (err["ctx"]["key"],)
             parts.append(f"{source.loc(key_path, key=True)}: {err['msg']}.")
         elif kind == "missing":

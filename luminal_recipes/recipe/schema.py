@@ -13,7 +13,7 @@ Unknown keys are rejected everywhere, with the closest allowed key suggested.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -27,13 +27,16 @@ ValueField = int | float | bool | str | list | None  # a YAML value; "${...}" st
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DOTTED = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 PARAM_TYPE = re.compile(r"^(int|float|bool|str|list\[(int|float|bool|str)\])(\s*\|\s*None)?$")
+INPUT_TYPE = re.compile(r"^(int|float|bool|str|array|list\[(int|float|bool|str)\])$")
 DTYPES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f4e2m1", "i32", "u8", "bool")
 
 
 class Strict(BaseModel):
-    """Base of every schema object: unknown keys are errors, with a suggestion."""
+    """Base of every schema object: unknown keys are errors, with a suggestion; a key an older version read
+    (``REMOVED``) is an error saying what to write instead."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=False, validate_default=False)
+    REMOVED: ClassVar[dict[str, str]] = {}  # key -> why it is gone and what to write instead
 
     @model_validator(mode="before")
     @classmethod
@@ -41,6 +44,10 @@ class Strict(BaseModel):
         if isinstance(data, dict):
             allowed = [f.alias or name for name, f in cls.model_fields.items()]
             for key in data:
+                if key in cls.REMOVED:
+                    raise PydanticCustomError(
+                        "removed_key", "key '{key}' is no longer read: {why}", {"key": str(key),
+                                                                               "why": cls.REMOVED[key]})
                 if key not in allowed:
                     raise PydanticCustomError(
                         "unknown_key",
@@ -152,7 +159,8 @@ class WeightSpec(Strict):
     when: ExprField | None = Field(
         None, description="the weight exists only when this expression is true (e.g. an optional bias)"
     )
-    doc: str | None = None
+    REMOVED: ClassVar[dict[str, str]] = {
+        "doc": "nothing showed a weight's doc; say what the weight is in a YAML comment (# ...) beside it"}
 
     @field_validator("dtype")
     @classmethod
@@ -496,15 +504,34 @@ class TokenizerSpec(Strict):
 
 
 class SchedulerSpec(Strict):
-    name: str = Field(description="scheduler implementation, e.g. flow_match_euler")
-    config: str | None = Field(None, description="its config file inside the checkpoint")
-    options: dict[str, ValueField] = Field(default_factory=dict)
+    """The checkpoint's scheduler, as the pipeline's schedule and step steps (``run: schedule``...) read it."""
+
+    config: str | None = Field(None, description="its config file inside the checkpoint (scheduler_config.json)")
+    options: dict[str, ValueField] = Field(
+        default_factory=dict,
+        description="values that replace the config file's (as diffusers' Scheduler.from_config(config, "
+        "**options)), e.g. {shift: 3.0}; each must be an option the scheduler reads",
+    )
+    REMOVED: ClassVar[dict[str, str]] = {
+        "name": "the scheduler is what the pipeline's steps implement (schedule, euler_step: flow-match Euler) "
+        "and the checkpoint's scheduler config names its class (_class_name, checked); delete the key"}
 
 
 class PipelineInput(Strict):
-    type: str = Field(description="str, int, float, list[str], array, ... as the driver defines")
+    type: str = Field(description="what the pipeline is given: str, int, float, bool, array (a numpy array) or "
+                      "list[str|int|float|bool]; checked when it runs")
     doc: str | None = None
-    optional: bool = False
+    optional: bool = Field(False, description="the input may be left out (its value is then null)")
+
+    @field_validator("type")
+    @classmethod
+    def _known_type(cls, value: str) -> str:
+        if not INPUT_TYPE.match(value.strip()):
+            raise ValueError(
+                f"unknown input type '{value}'; use str, int, float, bool, array, list[str], list[int], "
+                f"list[float] or list[bool]"
+            )
+        return value.strip()
 
 
 OUTPUT_TYPES = ("image", "array", "text")
@@ -526,7 +553,11 @@ class PipelineOutput(Strict):
 class LoopSpec(Strict):
     over: ExprField = Field(description="a value name (e.g. timesteps) or a count expression (e.g. steps)")
     var: str = Field("i", description="loop variable visible to the loop's steps")
-    carry: list[str] = Field(default_factory=list, description="values updated by each iteration")
+    carry: list[str] = Field(
+        default_factory=list,
+        description="values each iteration reads from the one before (made before the loop, rewritten by a stage "
+        "of its body); a body that reads a value before rewriting it must declare it here",
+    )
 
     @field_validator("var")
     @classmethod

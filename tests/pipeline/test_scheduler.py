@@ -159,3 +159,45 @@ def test_dynamic_shift_needs_mu_and_stochastic_needs_noise():
     x = np.zeros((1, 4, 128), np.float32)
     with pytest.raises(PipelineError, match="stochastic_sampling"):
         stochastic.step(x, 1.0, 0.5, x)
+
+
+def test_recipe_scheduler_options_replace_config_values_as_diffusers_from_config(tmp_path):
+    """`scheduler: {options: ...}` in a pipeline recipe: FlowMatchEulerDiscreteScheduler.from_config(config,
+    **options), as the pipeline's schedule step runs it; unknown or ill-typed options are refused before any
+    work, at the recipe's line."""
+    import shutil
+
+    from luminal_recipes.errors import CheckpointError
+    from luminal_recipes.pipeline import plan
+    from luminal_recipes.pipeline.driver import Pipeline
+    from luminal_recipes.tasks.flux2.steps import schedule_of
+
+    recipes = CHECKPOINT.parents[1]
+    shutil.copytree(recipes, tmp_path / "r", ignore=shutil.ignore_patterns("flux2-tiny", "flux2-dev-configs"))
+    options = {"shift": 3.0, "use_dynamic_shifting": False, "shift_terminal": 0.2}
+    (tmp_path / "r" / "shifted.yaml").write_text(
+        "kind: pipeline\nextends: flux2-tiny.yaml\nname: shifted\n"
+        f"scheduler:\n  options: {json.dumps(options)}\n")
+    pipe = Pipeline(tmp_path / "r" / "shifted.yaml", weights=CHECKPOINT)
+    ours = schedule_of(pipe.context).timesteps(4, 15)
+    scheduler = FlowMatchEulerDiscreteScheduler.from_config(FLUX2_DEV_CONFIG, **options)
+    scheduler.set_timesteps(4, sigmas=np.linspace(1.0, 1 / 4, 4), mu=diffusers_mu(15, 4))
+    assert_schedule_equal(ours, (scheduler.sigmas.numpy(), scheduler.timesteps.numpy()))
+    plain = Flux2Schedule.from_config(FLUX2_DEV_CONFIG).timesteps(4, 15)
+    assert not np.allclose(plain[0], ours[0])  # the options changed the schedule
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("a model was planned before the scheduler options were checked")
+
+    for bad, words in (({"shfit": 2.0}, "'shfit' is not an option of the FLUX.2 flow-match schedule"),
+                       ({"shift": "abc"}, "shift is 'abc'; it must be a finite number")):
+        (tmp_path / "r" / "bad.yaml").write_text(
+            f"kind: pipeline\nextends: flux2-tiny.yaml\nname: bad\nscheduler:\n  options: {json.dumps(bad)}\n")
+        pipe = Pipeline(tmp_path / "r" / "bad.yaml", weights=CHECKPOINT)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(plan, "plan_model", no_work)
+            with pytest.raises((PipelineError, CheckpointError), match=r"bad\.yaml:5:\d+: scheduler\.options"):
+                pipe.prepare()
+        with pytest.raises((PipelineError, CheckpointError)) as info:
+            schedule_of(Pipeline(tmp_path / "r" / "bad.yaml", weights=CHECKPOINT).context)
+        assert words in str(info.value)

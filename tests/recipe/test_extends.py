@@ -1,5 +1,6 @@
 """`extends:` for pipeline recipes: the shipped FLUX.2 variants state only what differs from flux2.yaml and load to
-exactly the documents they were before (tests/recipe/expanded/ holds those, verbatim); mappings merge key by key,
+exactly the documents they were before (tests/recipe/expanded/ holds those, verbatim but for the scheduler's
+`name`, a key no longer read); mappings merge key by key,
 lists and other values are replaced whole; every error points into the file that wrote the value; cycles, bases
 outside the recipe's folder and bases that are no pipeline are refused; validate, inspect and schema know it."""
 

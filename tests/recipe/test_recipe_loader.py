@@ -206,9 +206,10 @@ models:
 inputs:
   prompt: {type: str}
 tokenizer: {path: tokenizer, chat_template: "[INST]{{ messages[-1]['content'][0]['text'] }}[/INST]", system: Be brief.}
-scheduler: {name: flow_match_euler, config: scheduler/scheduler_config.json}
+scheduler: {config: scheduler/scheduler_config.json}
 stages:
   - {name: encode, run: tokenize, inputs: {text: prompt}, outputs: {ids: tokens}}
+  - {name: noise, run: full, inputs: {value: 0.0}, outputs: {value: latents}}
   - name: denoise
     loop: {over: steps, var: t, carry: [latents]}
     steps:

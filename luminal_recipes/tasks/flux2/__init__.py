@@ -14,7 +14,7 @@ from luminal_recipes.errors import PipelineError
 
 from .latents import check_seed, check_side, load_init_latents
 from .scheduler import check_steps
-from .steps import STEPS
+from .steps import STEPS, prepare
 from .tokenize import check_prompt
 
 
@@ -63,4 +63,5 @@ PARAM_CHECKS = {
 }
 INPUTS = {"prompt": read_prompt, "init_latents": read_init_latents}
 DESCRIBE = describe
-__all__ = ["DESCRIBE", "INPUTS", "PARAM_CHECKS", "STEPS"]
+PREPARE = prepare
+__all__ = ["DESCRIBE", "INPUTS", "PARAM_CHECKS", "PREPARE", "STEPS"]

@@ -58,8 +58,16 @@ class Flux2Schedule:
     use_flow_sigmas: bool = False
 
     @classmethod
-    def from_config(cls, config: str | PathLike | Mapping) -> Flux2Schedule:
-        """Read a diffusers scheduler config: a ``scheduler_config.json`` path, its folder, or the dict."""
+    def options(cls) -> list[str]:
+        """The config entries this schedule reads (what ``from_config``'s ``options`` may replace)."""
+        return list(vars(cls()))
+
+    @classmethod
+    def from_config(cls, config: str | PathLike | Mapping, options: Mapping | None = None,
+                    options_origin: str = "scheduler.options") -> Flux2Schedule:
+        """Read a diffusers scheduler config: a ``scheduler_config.json`` path, its folder, or the dict.
+        ``options`` replace its entries, as ``Scheduler.from_config(config, **options)`` does in diffusers;
+        each must be one this schedule reads (``options_origin`` names where they were written)."""
         where = "scheduler config"
         if not isinstance(config, Mapping):
             path = Path(config)
@@ -77,6 +85,15 @@ class Flux2Schedule:
                 raise CheckpointError(f"{where}: cannot read it as JSON ({exc}); restore the file.") from None
             if not isinstance(config, Mapping):
                 raise CheckpointError(f"{where}: expected a JSON object, found {type(config).__name__}.")
+        if options:
+            unknown = sorted(set(options) - set(cls.options()))
+            if unknown:
+                raise PipelineError(
+                    f"{options_origin}: {', '.join(map(repr, unknown))} is not an option of the FLUX.2 flow-match "
+                    f"schedule; it reads {', '.join(cls.options())}"
+                )
+            config = {**config, **options}
+            where = f"{where} with {options_origin}"
         class_name = config.get("_class_name", SCHEDULER_CLASS)
         if class_name != SCHEDULER_CLASS:
             raise CheckpointError(
@@ -109,6 +126,13 @@ class Flux2Schedule:
             )
         if not (isinstance(self.num_train_timesteps, int) and self.num_train_timesteps > 0):
             raise CheckpointError(f"{where}: num_train_timesteps must be a positive integer.")
+        for name, value in vars(self).items():  # the types diffusers' constructor arguments have
+            default = getattr(type(self)(), name)
+            if isinstance(default, bool) and not isinstance(value, bool):
+                raise CheckpointError(f"{where}: {name} is {value!r}; it must be true or false.")
+            if name in ("shift", "shift_terminal", "sigma_min", "sigma_max") and value is not None and (
+                    isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)):
+                raise CheckpointError(f"{where}: {name} is {value!r}; it must be a finite number.")
 
     # -- the grid before shifting ----------------------------------------------------------------------------
     def _train_sigma_range(self) -> tuple[float, float]:

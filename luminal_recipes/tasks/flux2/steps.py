@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from luminal_recipes.errors import PipelineError
-from luminal_recipes.pipeline.plugins import StepContext
+from luminal_recipes.pipeline.plugins import StepContext, run_steps
 
 from . import latents as L
 from .scheduler import Flux2Schedule
@@ -32,11 +32,22 @@ def tokenizer(ctx: StepContext) -> Flux2Tokenizer:
 
 
 def schedule_of(ctx: StepContext) -> Flux2Schedule:
-    """The pipeline's schedule: the checkpoint's ``scheduler.config`` file."""
+    """The pipeline's schedule: the checkpoint's ``scheduler.config`` file, with ``scheduler.options`` replacing
+    its entries."""
     spec = ctx.recipe.scheduler
     if spec is None or spec.config is None:
         raise PipelineError("this pipeline recipe names no scheduler config (scheduler.config)")
-    return ctx.shared("flux2.schedule", lambda: Flux2Schedule.from_config(ctx.checkpoint / spec.config))
+    return ctx.shared("flux2.schedule", lambda: Flux2Schedule.from_config(
+        ctx.checkpoint / spec.config, spec.options, ctx.where("scheduler", "options")))
+
+
+def prepare(ctx: StepContext) -> None:
+    """Load the tokenizer and the schedule the pipeline's steps will use, so a bad file fails before any work."""
+    used = {stage.run for _, stage in run_steps(ctx.recipe.stages)}
+    if used & {"tokenize", "detokenize"}:
+        tokenizer(ctx)
+    if used & {"schedule", "euler_step"}:
+        schedule_of(ctx)
 
 
 def tokenize(ctx: StepContext, text: str, max_length: int) -> dict:
