@@ -212,8 +212,8 @@ def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_
         spans[r] = [min(lo, start), max(hi, end)]
     buffers = [Buffer(r, aligned(nbytes[r]), lo, hi) for r, (lo, hi) in spans.items()]
     scratch_bytes: dict[int, int] = {}
-    for nid in order:
-        if nid in resident or by_id[nid].op == "Input":
+    for nid in order:  # a kernel computing a state in place still needs its scratch in the arena
+        if resident.get(nid) in ("weight", "constant") or by_id[nid].op == "Input":
             continue
         s = _scratch_of(scratch, by_id[nid])
         if s:

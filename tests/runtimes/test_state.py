@@ -93,3 +93,32 @@ def test_update_state_checks_what_it_is_given():
         g.update_state("other", cache)
     with pytest.raises(GraphError, match="its new value"):
         g.update_state("cache", cache.slice(0, 0, 2))
+
+
+def test_a_kernel_writing_a_state_in_place_has_its_scratch_planned(runtime):
+    """Regression: the memory plan skipped the scratch of kernels whose output is a state (ScatterInPlace's
+    index copy), which then landed at arena offset 0 over a live input: two cache writes sharing their
+    positions with an attention mask corrupted the second operand."""
+    g = Graph()
+    heads, dim, rows = 2, 8, 32
+    kc, vc = g.state("kc", ("cache", 1, heads, dim)), g.state("vc", ("cache", 1, heads, dim))
+    q, k, v = (g.input(n, (1, heads, "seq", dim)) for n in "qkv")
+    pos = g.input("positions", ("seq",), "i32")
+    keys, values = ops.update_cache(kc, pos, k, "ctx"), ops.update_cache(vc, pos, v, "ctx")
+    g.mark_output("o", ops.scaled_dot_product_attention(q, keys, values, causal=True, positions=pos))
+    dims = {"seq": 1, "ctx": 16, "cache": rows}
+    program = compiled(g, runtime, dims)
+    exe = runtime.load(program, dims=dims)
+    prepared = runtime.prepare(program, dims)
+    with_scratch = {nid for nid, (_, scratch) in prepared.items() if scratch.nbytes}
+    assert with_scratch <= set(exe.plan.scratch_offsets)
+    rng = np.random.default_rng(0)
+    caches = {n: rng.standard_normal((rows, 1, heads, dim)).astype(np.float32) for n in ("kc", "vc")}
+    inputs = {n: rng.standard_normal((1, heads, 1, dim)).astype(np.float32) for n in "qkv"}
+    inputs["positions"] = np.array([8], np.int32)
+    for name, value in caches.items():
+        exe.set_state(name, value)
+    want = run_reference(g, {**inputs, **caches}, dims=dims)
+    got = exe.run(inputs)
+    np.testing.assert_allclose(got["o"], want["o"], rtol=1e-5, atol=1e-6)
+    assert np.array_equal(exe.state("kc"), want["kc"]) and np.array_equal(exe.state("vc"), want["vc"])
