@@ -76,10 +76,11 @@ class BackendRuntime(RuntimeBase):
         return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
 
     def load(self, program: Program, weights=None, dims=None,
-             stream: Mapping[str, str] | None = None) -> Executable:
+             stream: Mapping[str, str] | None = None, states_from: Executable | None = None) -> Executable:
         """Bind ``program`` to its weights at ``dims``; ``stream`` (weight name -> block name) streams the
-        blocks' weights instead of binding them (``streaming``)."""
-        return Executable(self, program, weights, dict(dims or {}), stream)
+        blocks' weights instead of binding them (``streaming``); ``states_from``: share that executable's state
+        buffers (a prefill and a decode program of one model writing one KV cache) instead of allocating."""
+        return Executable(self, program, weights, dict(dims or {}), stream, states_from)
 
 
 def _numel(node: Node, dims) -> int:
@@ -112,13 +113,15 @@ class Executable:
     """
 
     def __init__(self, runtime: BackendRuntime, program: Program, weights, dims: dict[str, int],
-                 stream: Mapping[str, str] | None = None):
+                 stream: Mapping[str, str] | None = None, states_from: Executable | None = None):
         self.runtime, self.backend = runtime, runtime.backend
         self.program, self.dims = program, dict(dims)
         self.loaded_dims = dict(dims)
         self.stats = TransferStats()
         self._by_id = {n.id: n for n in program.nodes}
         backend = self.backend
+        if states_from is not None and states_from.backend is not backend:
+            raise InputError("states are shared only between executables of one runtime (one device)")
         prepared, plan = self._plan(self.dims)
         self.streamer = None
         if stream is not None:
@@ -137,7 +140,8 @@ class Executable:
             if slot is not None:
                 self._fixed[nid] = slot  # filled block by block while the program runs
             elif kind == "state" and node.op == "Input":
-                buf = backend.slot(backend.allocate(plan.nbytes[nid]), 0, plan.nbytes[nid], node.dtype.np)
+                buf = _shared_state(states_from, node, plan.nbytes[nid]) if states_from is not None else \
+                    backend.slot(backend.allocate(plan.nbytes[nid]), 0, plan.nbytes[nid], node.dtype.np)
                 self._fixed[nid] = buf
                 self._states[node.name] = (node, buf)
             elif kind == "weight":
@@ -335,6 +339,18 @@ class Executable:
         if self.backend.host_arrays:
             self.stats.bytes_out += out.nbytes
         return out
+
+
+def _shared_state(other: Executable, node: Node, nbytes: int) -> Array:
+    """``other``'s buffer of state ``node.name``: it must exist there with the same dtype and size."""
+    if node.name in other._states:
+        theirs, buf = other._states[node.name]
+        if theirs.dtype == node.dtype and buf.nbytes == nbytes:
+            return buf
+        raise InputError(f"state '{node.name}' is {node.dtype} of {nbytes} bytes here but {theirs.dtype} of "
+                         f"{buf.nbytes} bytes in the executable it is shared with; load both at the same dims")
+    raise InputError(f"state '{node.name}' is not a state of the executable it should be shared with (its "
+                     f"states: {', '.join(other._states) or 'none'})")
 
 
 def _address(arr) -> tuple | None:

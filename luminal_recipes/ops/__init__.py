@@ -55,7 +55,7 @@ from .elementwise import (
     tanh,
     where,
 )
-from .indexing import argmax, embedding, topk, write_rows
+from .indexing import argmax, embedding, topk, update_cache, write_rows
 from .linalg import bmm, linear, matmul
 from .norm import group_norm, layer_norm, log_softmax, rms_norm, softmax
 from .quant import dequant_fp8, dequant_nvfp4, unpack_fp4_codes, unswizzle_scales

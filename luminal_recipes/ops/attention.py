@@ -67,14 +67,19 @@ def _neg(dtype: DType) -> float:
 
 
 def attention_mask(
-    g, s, t, causal: bool = False, window: int | None = None, key_mask: Tensor | None = None, batch=None
+    g, s, t, causal: bool = False, window: int | None = None, key_mask: Tensor | None = None, batch=None,
+    positions: Tensor | None = None,
 ):
-    """Boolean "may attend" mask ``[B or 1, 1, S, T]``; queries sit at the last S of T key positions."""
+    """Boolean "may attend" mask ``[B or 1, 1, S, T]``. Keys sit at positions 0..T-1; queries at the last S of
+    them, or at ``positions`` (i32 ``[S]``, absolute: a KV cache attended over a bucket of T >= filled keys)."""
     allowed = None
     if causal or window is not None:
-        # absolute query positions t-s..t-1 as a slice of iota(t): exact also when t - s is symbolic (a KV cache
-        # of p + 1 keys), where adding the offset as a scalar constant is impossible
-        q_abs = g.iota(t).slice(0, t - s, t).expand(1, t)
+        if positions is not None:
+            q_abs = (positions if positions.dtype == DType.I32 else cast(positions, DType.I32)).expand(1, t)
+        else:
+            # absolute query positions t-s..t-1 as a slice of iota(t): exact also when t - s is symbolic (a KV
+            # cache of p + 1 keys), where adding the offset as a scalar constant is impossible
+            q_abs = g.iota(t).slice(0, t - s, t).expand(1, t)
         k_pos = g.iota(t).expand(0, s)
         if causal:
             allowed = logical_not(q_abs < k_pos)  # k <= q
@@ -100,13 +105,16 @@ def scaled_dot_product_attention(
     window: int | None = None,
     key_mask: Tensor | None = None,
     scale: float | None = None,
+    positions: Tensor | None = None,
 ) -> Tensor:
     """softmax(q k^T * scale + bias) v for ``q [B, H, S, D]``, ``k, v [B, Hkv, T, D]`` (grouped-query when
     Hkv < H: each kv head serves H/Hkv query heads, by broadcasting, never by copying).
 
     ``mask``: bool ``[B|1, 1|H, S, T]`` (True = attend) or an additive float bias of that shape;
-    ``causal``/``window``: built-in masks (queries are the last S of T positions); ``key_mask`` ``[B, T]``:
-    padding (True/1 = real token).
+    ``causal``/``window``: built-in masks (key j may be seen by query i when ``j <= pos_i`` and ``pos_i - j <
+    window``; queries are the last S of T positions, or at ``positions`` (i32 ``[S]``) when given: a KV cache
+    whose first T rows are attended, the ones past the filled prefix masked); ``key_mask`` ``[B, T]``: padding
+    (True/1 = real token).
     """
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ShapeError(
@@ -128,7 +136,9 @@ def scaled_dot_product_attention(
     k5 = k.unsqueeze(2).broadcast_to((b, hkv, rep, t, d))
     v5 = v.unsqueeze(2).broadcast_to((b, hkv, rep, t, v.shape[3]))
     scores = matmul(q5, k5.transpose(-1, -2)) * scale  # [B, Hkv, rep, S, T]
-    allowed = attention_mask(q.graph, s, t, causal, window, key_mask)
+    if positions is not None and not (positions.ndim == 1 and dims_equal(positions.shape[0], s)):
+        raise ShapeError(f"attention: positions must be [S] = [{s}] (one per query), got {shape_str(positions.shape)}")
+    allowed = attention_mask(q.graph, s, t, causal, window, key_mask, positions=positions)
     if mask is not None and mask.dtype == DType.BOOL:
         if allowed is None:
             allowed = mask

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import ShapeError
+from ..errors import GraphError, ShapeError
+from ..graph.symbolic import dims_equal, shape_str
 from ..graph import DType, Tensor, cast, gather, reduce, scatter
 from .elementwise import equal, where
 from .shape import concat
@@ -56,3 +57,24 @@ def write_rows(cache: Tensor, positions: Tensor, rows: Tensor) -> Tensor:
     if positions.dtype != DType.I32:
         positions = cast(positions, DType.I32)
     return scatter(cache, positions, rows)
+
+
+def update_cache(cache: Tensor, positions: Tensor, x: Tensor, length) -> Tensor:
+    """Write ``x`` ``[B, H, S, D]`` into the KV-cache state ``cache`` ``[C, B, H, D]`` at rows ``positions``
+    (i32 ``[S]``, absolute), declare the result the state's new value, and return its first ``length`` rows as
+    ``[B, H, length, D]`` (a view: the compiler writes the rows in the state's own buffer, nothing is copied)."""
+    graph = cache.graph
+    node = graph.nodes[cache.node]
+    if node.op != "Input" or node.attr("kind") != "state" or not cache.view.is_contiguous() \
+            or not all(dims_equal(a, b) for a, b in zip(cache.shape, node.shape)):
+        raise GraphError("update_cache: the first argument must be a state as declared (self.k_cache under the "
+                         "module's `states:`), not a value computed from one")
+    if cache.ndim != 4 or x.ndim != 4:
+        raise ShapeError(f"update_cache: expects the cache as [C, B, H, D] and x as [B, H, S, D]; got "
+                         f"{shape_str(cache.shape)} and {shape_str(x.shape)}")
+    rows = x.permute(2, 0, 1, 3)  # [S, B, H, D]: one cache row per new position
+    if rows.dtype != cache.dtype:
+        rows = cast(rows, cache.dtype)
+    new = write_rows(cache, positions, rows)
+    graph.update_state(node.name, new)
+    return new.slice(0, 0, length).permute(1, 2, 0, 3)

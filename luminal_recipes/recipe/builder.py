@@ -202,7 +202,7 @@ def build_model(
 def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: Mapping[str, Callable]) -> BuiltModel:
     doc = recipe.doc
     assert isinstance(doc, ModelRecipe)
-    root = Instantiator(recipe, params.values).root()
+    root = Instantiator(recipe, params.values, {d: Expr.symbol(d) for d in doc.dims}).root()
     decls = [w for inst in root.walk() for w in inst.weights.values()]
     quant = doc.weights.quantization
     quantized = {d.name for d in decls if _is_quantized(d, quant)} if quant else set()
@@ -213,7 +213,9 @@ def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: M
     graph = Graph()
     factory = _WeightFactory(graph, doc, mapped, quantized)
     policy = doc.weights.dtype
-    interpreter = Interpreter(graph, ops, factory.tensor, policy.compute, policy.per_op)
+    states: dict[str, Tensor] = {}
+    interpreter = Interpreter(graph, ops, factory.tensor, policy.compute, policy.per_op,
+                              state=lambda inst, local: _state_tensor(graph, states, inst, local, policy.compute))
     inputs = _graph_inputs(recipe, root, params, graph)
     result = interpreter.call(root, list(inputs.values()), {})
     outputs = _mark_outputs(recipe, graph, result)
@@ -229,6 +231,14 @@ def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: M
         interpreter.calls,
         getattr(checkpoint, "root", None),
     )
+
+
+def _state_tensor(graph: Graph, made: dict[str, Tensor], instance: Instance, local: str, compute: str) -> Tensor:
+    """The graph state of ``instance``'s state ``local`` (its value before this run; made on first use)."""
+    decl = instance.states[local]
+    if decl.name not in made:
+        made[decl.name] = graph.state(decl.name, decl.shape, compute if decl.dtype == "compute" else decl.dtype)
+    return made[decl.name]
 
 
 def with_quantization(recipe: LoadedRecipe, quantization: QuantizationSpec) -> LoadedRecipe:

@@ -63,9 +63,17 @@ def check_recipe(recipe: LoadedRecipe, ops: Mapping[str, Callable] | None = None
             check_field_names(
                 size, recipe.origin("weights", "split", index, "sizes", i), global_params, "split size"
             )
-    for module_name, located in recipe.modules.items():
-        _check_module(recipe, module_name, located.value, located.origin, ops, global_params)
+    for module_name, located in recipe.modules.items():  # dims are visible by name in modules (symbolic sizes)
+        _check_module(recipe, module_name, located.value, located.origin, ops, global_params | set(doc.dims))
+    _check_generation(recipe, global_params)
     check_config_reads(recipe)
+
+
+def _check_generation(recipe: LoadedRecipe, params: set[str]) -> None:
+    doc = recipe.doc
+    if doc.generation is None:
+        return
+    check_field_names(doc.generation.context, recipe.origin("generation", "context"), params, "generation.context")
 
 
 def _check_module(
@@ -91,6 +99,10 @@ def _check_module(
             )
         if wspec.when is not None:
             check_field_names(wspec.when, w_origin.at("when"), scope, "when")
+    for local, sspec in spec.states.items():
+        st_origin = origin.at("states", local)
+        for index, expr in enumerate(sspec.shape):
+            check_field_names(expr, list_item_origin(st_origin, "shape", index), scope, f"shape of state '{local}'")
     for sub_name, sub in spec.submodules.items():
         s_origin = origin.at("submodules", sub_name)
         child = recipe.modules[sub.module].value
@@ -114,6 +126,12 @@ def _check_module(
                     f"`with: {{{key}: ...}}` here.",
                     key=True,
                 )
+    clash = set(spec.states) & (set(spec.submodules) | {w.split(".")[0] for w in spec.weights})
+    if clash:
+        name = sorted(clash)[0]
+        raise origin.at("states", name).error(
+            f"'{name}' is both a state and a weight or submodule of module '{module_name}'; rename one.", key=True
+        )
     overlap = set(spec.submodules) & {w.split(".")[0] for w in spec.weights}
     if overlap:
         name = sorted(overlap)[0]

@@ -519,11 +519,11 @@ class _NameCheck:
         module = base.module
         assert module is not None
         prefix = f"{base.prefix}{attr}"
-        if prefix in module.weights:
+        if prefix in module.weights or (not base.prefix and prefix in module.states):
             return _Member("weight", module, prefix=prefix)
         if any(w.startswith(prefix + ".") for w in module.weights):
             return _Member("namespace", module, prefix=prefix + ".")
-        members = set(module.submodules) | {
+        members = set(module.submodules) | (set() if base.prefix else set(module.states)) | {
             w[len(base.prefix) :].split(".")[0] for w in module.weights if w.startswith(base.prefix)
         }
         owner = "self" if base.module is self.scope.module and not base.prefix else ast.unparse(node.value)

@@ -78,6 +78,15 @@ class WeightDecl:
 
 
 @dataclass
+class StateDecl:
+    name: str  # full name, by the instance path (model.layers.3.self_attn.k_cache)
+    local: str
+    shape: tuple  # ints and symbolic dims
+    dtype: str  # a graph dtype name, or "compute"
+    origin: Origin
+
+
+@dataclass
 class Instance:
     module_name: str
     spec: ModuleSpec
@@ -86,6 +95,7 @@ class Instance:
     scope: dict[str, Any]  # parameter values visible in this instance
     forward: Forward
     weights: dict[str, WeightDecl] = field(default_factory=dict)
+    states: dict[str, StateDecl] = field(default_factory=dict)
     children: dict[str, Instance | list[Instance] | None] = field(default_factory=dict)
     repeated: bool = False  # one of a `repeat:` list: its calls are marked as graph blocks (searched once)
 
@@ -108,9 +118,10 @@ MAX_INSTANCES = 100_000  # module instances in one model (FLUX.2-dev has about a
 
 
 class Instantiator:
-    def __init__(self, recipe: LoadedRecipe, params: Mapping[str, Any]):
+    def __init__(self, recipe: LoadedRecipe, params: Mapping[str, Any], dims: Mapping[str, Any] | None = None):
         self.recipe = recipe
-        self.params = dict(params)
+        # the recipe's symbolic dims are visible everywhere by name (state shapes, forwards), params win
+        self.params = {**(dims or {}), **params}
         self.forwards: dict[str, Forward] = {}
         self.count = 0  # instances made so far
 
@@ -172,6 +183,19 @@ class Instantiator:
             instance.weights[local] = WeightDecl(
                 name, local, tuple(dims), wspec.dtype, w_origin, tuple(dim_origins)
             )
+        for local, sspec in spec.states.items():
+            st_origin = origin.at("states", local)
+            shape = []
+            for index, expr in enumerate(sspec.shape):
+                d_origin = list_item_origin(st_origin, "shape", index)
+                value = eval_field(expr, d_origin, scope, f"shape of state '{local}'")
+                if isinstance(value, bool) or not (isinstance(value, int) and value >= 0 or _is_dim(value)):
+                    raise d_origin.error(
+                        f"shape of state '{local}': dimension {index} is {value!r}; use non-negative integers, "
+                        f"parameters or `dims`."
+                    )
+                shape.append(value)
+            instance.states[local] = StateDecl(join(path, local), local, tuple(shape), sspec.dtype, st_origin)
         for sub_name, sub in spec.submodules.items():
             s_origin = origin.at("submodules", sub_name)
             if sub.when is not None and not self._flag(sub.when, s_origin.value_origin("when"), scope):
@@ -216,6 +240,12 @@ class Instantiator:
         if not isinstance(value, (bool, int)) and value is not None:
             raise origin.error(f"`when` must be true or false, got {value!r}")
         return bool(value)
+
+
+def _is_dim(value: Any) -> bool:
+    from ..graph.symbolic import Expr
+
+    return isinstance(value, Expr)
 
 
 def instance_error(instance: Instance, message: str) -> RecipeError:

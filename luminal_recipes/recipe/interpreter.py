@@ -89,8 +89,10 @@ class Interpreter:
         weight: Callable[[Instance, str], Tensor],
         compute_dtype: str = "f32",
         per_op: Mapping[str, str] | None = None,
+        state: Callable[[Instance, str], Tensor] | None = None,
     ):
         self.graph = graph
+        self.state = state  # (instance, local state name) -> graph state tensor
         self.compute_dtype = compute_dtype
         self.per_op = dict(per_op or {})
         self.functions = {**movement_functions(graph), **ops}
@@ -385,6 +387,8 @@ class Interpreter:
         owner, local = path.owner, path.local
         if local in owner.weights:
             return self.weight(owner, local)
+        if local in owner.states and self.state is not None:
+            return self.state(owner, local)
         if any(name.startswith(local + ".") for name in owner.spec.weights):
             return path
         why = (

@@ -168,6 +168,23 @@ class WeightSpec(Strict):
         return _check_dtype(value, allow_checkpoint=True)
 
 
+class StateSpec(Strict):
+    """A persistent state of a module (a KV cache): lives in the executable across runs, starts at zero, and is
+    written with ``update_cache``. Short form ``name: [dims...]``."""
+
+    shape: list[ExprField] = Field(
+        description="one expression per dimension, over params and symbolic `dims` (e.g. [cache, batch, "
+        "kv_heads, head_dim])"
+    )
+    dtype: str = Field("compute", description="its dtype; 'compute' (default) is weights.dtype.compute")
+    doc: str | None = None
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        return value if value == "compute" else _check_dtype(value, allow_checkpoint=False)
+
+
 class SubmoduleSpec(Strict):
     """A child module instance. Short form ``name: module_name``."""
 
@@ -205,10 +222,14 @@ class ModuleSpec(Strict):
         default_factory=dict, description="keyword arguments of forward with their default values"
     )
     weights: dict[str, WeightSpec] = Field(default_factory=dict)
+    states: dict[str, StateSpec] = Field(
+        default_factory=dict,
+        description="persistent states (KV caches), named by the instance path like weights; read as self.NAME",
+    )
     submodules: dict[str, SubmoduleSpec] = Field(default_factory=dict)
     forward: str = Field(description="statements of the expression language; must end with `return`")
 
-    @field_validator("weights", mode="before")
+    @field_validator("weights", "states", mode="before")
     @classmethod
     def _weights_short_form(cls, value: Any) -> Any:
         if isinstance(value, dict):
@@ -227,6 +248,13 @@ class ModuleSpec(Strict):
     def _inputs(cls, value: list[str]) -> list[str]:
         for name in value:
             _check_ident(name, "input")
+        return value
+
+    @field_validator("states")
+    @classmethod
+    def _state_names(cls, value: dict[str, StateSpec]) -> dict[str, StateSpec]:
+        for name in value:
+            _check_ident(name, "state")
         return value
 
     @field_validator("weights")
@@ -415,6 +443,17 @@ class WeightsSection(Strict):
     quantization: QuantizationSpec | None = None
 
 
+class GenerationSpec(Strict):
+    """Marks a decoder as a language model that `run` generates text with (recipes/README.md, "Language
+    models"): the inputs `tokens`/`positions`, the output `logits` and the dims `seq ctx cache keep` are fixed
+    names."""
+
+    context: ExprField = Field(
+        description="the longest sequence (prompt + generated tokens) the model takes, an expression over params "
+        "(e.g. max_positions, a param read from config.max_position_embeddings)"
+    )
+
+
 class ModelRecipe(Strict):
     kind: Literal["model"]
     name: str
@@ -432,6 +471,9 @@ class ModelRecipe(Strict):
     weights: WeightsSection = Field(default_factory=WeightsSection)
     config: ConfigFields | None = Field(
         None, description="what the recipe does with each field of config.json: read, require values, ignore"
+    )
+    generation: GenerationSpec | None = Field(
+        None, description="present on a language model: `run` generates text with it"
     )
 
     @field_validator("params", mode="before")

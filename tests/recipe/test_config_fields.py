@@ -68,9 +68,11 @@ REFUSED = [
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "act_fn", "relu"),
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "patch_size", [1, 1]),
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "up_block_types", ["AttnUpDecoderBlock2D"] * 4),
-    ("llama.yaml", LLAMA_CONFIG, "rope_parameters.rope_type", "llama3"),
+    ("llama.yaml", LLAMA_CONFIG, "rope_parameters.rope_type", "yarn"),
     ("llama.yaml", LLAMA_CONFIG, "hidden_act", "gelu"),
-    ("llama.yaml", LLAMA_CONFIG, "rope_scaling", {"rope_type": "dynamic", "factor": 4.0}),
+    ("llama.yaml", LLAMA_CONFIG, "rope_scaling.rope_type", "dynamic"),
+    ("llama.yaml", LLAMA_CONFIG, "rope_scaling.type", "linear"),
+    ("llama.yaml", LLAMA_CONFIG, "rope_parameters.partial_rotary_factor", 0.5),
 ]
 
 
@@ -102,6 +104,7 @@ def test_all_refused_fields_are_reported_at_once():
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "text_config.sliding_window", 4096),  # implemented
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "vision_config.hidden_act", "relu"),  # vision tower never runs
         ("llama.yaml", LLAMA_CONFIG, "attention_bias", True),  # implemented (optional biases)
+        ("llama.yaml", LLAMA_CONFIG, "rope_parameters.rope_type", "llama3"),  # implemented (Llama 3.1 scaling)
     ],
 )
 def test_irrelevant_or_implemented_values_are_accepted(recipe, config, path, value):

@@ -12,10 +12,22 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from luminal_recipes.graph import run_reference  # noqa: E402
+from luminal_recipes.graph.symbolic import evaluate  # noqa: E402
 from luminal_recipes.recipe.builder import build  # noqa: E402
 from luminal_recipes.recipe.commands import validate  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "llama.yaml"
+
+
+def full_forward(model, tokens: np.ndarray) -> np.ndarray:
+    """Logits at every position of ``tokens`` [batch, seq] (transformers' forward): the whole sequence as new
+    tokens at positions 0..seq-1 over an empty KV cache of its length, every position's logits kept."""
+    batch, seq = tokens.shape
+    dims = {"batch": batch, "seq": seq, "ctx": seq, "cache": seq, "keep": seq}
+    states = {n.name: np.zeros([int(evaluate(d, dims)) for d in n.shape], n.dtype.np)
+              for n in model.graph.inputs("state")}
+    inputs = {"tokens": tokens, "positions": np.arange(seq, dtype=np.int32), **states}
+    return run_reference(model.graph, inputs, model.load_weight, dims)["logits"]
 
 
 def save_tiny_llama(folder: Path, seed: int, **overrides) -> transformers.LlamaForCausalLM:
@@ -40,6 +52,10 @@ def save_tiny_llama(folder: Path, seed: int, **overrides) -> transformers.LlamaF
     [
         (0, {}),
         (1, {"tie_word_embeddings": True, "attention_bias": True, "rope_theta": 500000.0}),
+        # Llama 3.1's frequency scaling: wavelengths of the 16 frequencies span all three branches
+        (4, {"max_position_embeddings": 64, "rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}}),
     ],
 )
 def test_logits_match_transformers(tmp_path, seed, overrides):
@@ -50,10 +66,9 @@ def test_logits_match_transformers(tmp_path, seed, overrides):
     rng = np.random.default_rng(seed)
     for batch, seq in ((1, 7), (2, 3)):
         tokens = rng.integers(0, 256, size=(batch, seq), dtype=np.int32)
-        ours = run_reference(model.graph, {"tokens": tokens}, model.load_weight, {"batch": batch, "seq": seq})
+        logits = full_forward(model, tokens)
         with torch.no_grad():
             expected = reference(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
-        logits = ours["logits"]
         assert logits.shape == expected.shape == (batch, seq, 256)
         rel = np.abs(logits - expected).max() / np.abs(expected).max()
         assert rel <= 1e-4, f"relative error {rel:.2e} (batch {batch}, seq {seq})"
@@ -66,9 +81,7 @@ def test_bf16_checkpoint_stays_bf16_and_computes_in_f32(tmp_path):
     assert {str(b.dtype) for b in model.weights.values()} == {"bf16"}
     assert str(model.graph.tensor("logits").dtype) == "f32"
     tokens = np.array([[7, 8, 9, 10]], dtype=np.int32)
-    logits = run_reference(model.graph, {"tokens": tokens}, model.load_weight, {"batch": 1, "seq": 4})[
-        "logits"
-    ]
+    logits = full_forward(model, tokens)
     with torch.no_grad():
         expected = reference(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
     assert np.abs(logits - expected).max() / np.abs(expected).max() <= 1e-4
