@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..errors import GraphError, ShapeError
-from ..graph.symbolic import dims_equal, shape_str
 from ..graph import DType, Tensor, cast, gather, reduce, scatter
+from ..graph.symbolic import dims_equal, shape_str
 from .elementwise import equal, where
 from .shape import concat
 
