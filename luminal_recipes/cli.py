@@ -72,10 +72,11 @@ RUNTIME_HELP = "the runtime (device) to run on, e.g. numpy; the memory budget is
 @app.command()
 @user_errors
 def run(
-    recipe: Path = typer.Argument(..., help="a pipeline recipe, e.g. recipes/flux2.yaml"),
-    prompt: list[str] = typer.Option([], "--prompt", "-p", help="text prompt (repeatable: one image each)"),
+    recipe: Path = typer.Argument(..., help="a pipeline recipe (recipes/flux2.yaml) or a language model "
+                                  "(recipes/llama.yaml)"),
+    prompt: list[str] = typer.Option([], "--prompt", "-p", help="text prompt (repeatable: one output each)"),
     prompts_file: Path | None = typer.Option(None, help="a file with one prompt per line"),
-    seed: int | None = typer.Option(None, help="seed of the initial noise"),
+    seed: int | None = typer.Option(None, help="seed of the initial noise (language models: of the sampling)"),
     steps: int | None = typer.Option(None, help="denoising steps"),
     guidance: float | None = typer.Option(None, help="guidance scale"),
     width: int | None = typer.Option(None, help="image width (multiple of 16)"),
@@ -100,10 +101,31 @@ def run(
         False, "--allow-nonfinite", help="write the image even when a stage output holds NaN or infinity"
     ),
     runtime: str = typer.Option("numpy", "--runtime", help=RUNTIME_HELP),
-    as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary"),
+    as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary (language models: one "
+                                 "JSON object per prompt, one per line)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only text outputs (no progress, no summary)"),
+    max_new_tokens: int | None = typer.Option(
+        None, help="language models: the longest reply in tokens (default: $GEN_TOKENS, else 256)"),
+    temperature: float | None = typer.Option(None, help="language models: sampling temperature (0 = greedy, the "
+                                             "default)"),
+    top_k: int | None = typer.Option(None, help="language models: sample among the k most likely tokens (0 = off)"),
+    top_p: float | None = typer.Option(None, help="language models: nucleus sampling, in (0, 1] (1 = off)"),
+    repetition_penalty: float | None = typer.Option(None, help="language models: penalise tokens already seen "
+                                                    "(> 0; 1 = off)"),
+    chat: bool | None = typer.Option(None, "--chat/--no-chat", help="language models: apply the checkpoint's chat "
+                                     "template (the default when it has one); --no-chat encodes the prompt as "
+                                     "tokenizer(prompt) does, special tokens included"),
+    system: str | None = typer.Option(None, help="language models: a system message before the prompt (chat)"),
+    chat_var: list[str] = typer.Option([], "--chat-var", help="language models: a variable the chat template reads, "
+                                       "NAME=VALUE (e.g. enable_thinking=false; repeatable)"),
+    stop: list[str] = typer.Option([], "--stop", help="language models: end the reply at this text (repeatable)"),
+    context: int | None = typer.Option(None, help="language models: plan the KV cache for this many tokens (prompt "
+                                       "+ reply; default: what the prompts need)"),
+    stdio: bool = typer.Option(False, "--stdio", help="language models: serve the benchmark protocol on stdin/"
+                               "stdout (READY, then TOK lines and EOQ per prompt line)"),
 ) -> None:
-    """Run a pipeline recipe; write its outputs (images as PNG, arrays as .npy, text as .txt) for each prompt."""
+    """Run a recipe: a pipeline writes its outputs (images as PNG, arrays as .npy, text as .txt) for each prompt;
+    a language model (a model recipe with `generation:`) streams its reply to each prompt."""
     started = _started_at if _started_at is not None else time.perf_counter()
     from .errors import PipelineError
     from .files import read_regular_text
@@ -117,6 +139,25 @@ def run(
         except OSError as exc:
             raise PipelineError(f"--prompts-file {prompts_file}: {exc.strerror or exc}") from None
         prompts += [line.strip() for line in text.splitlines() if line.strip()]
+    text_flags = {"--max-new-tokens": max_new_tokens, "--temperature": temperature, "--top-k": top_k,
+                  "--top-p": top_p, "--repetition-penalty": repetition_penalty, "--chat/--no-chat": chat,
+                  "--system": system, "--chat-var": chat_var, "--stop": stop, "--context": context, "--stdio": stdio}
+    if _is_language_model(recipe):
+        from .tasks.generation.cli import TextRequest, parse_chat_vars, refuse, run_command
+
+        refuse({"--steps": steps, "--guidance": guidance, "--width": width, "--height": height,
+                "--init-latents": init_latents, "--output": output, "--overwrite": overwrite,
+                "--allow-nonfinite": allow_nonfinite}, "a language model (they belong to pipelines)")
+        run_command(TextRequest(
+            recipe, prompts, weights, list(set_), parse_size(max_memory), runtime, not no_compile, max_new_tokens,
+            0.0 if temperature is None else temperature, top_k or 0, 1.0 if top_p is None else top_p,
+            1.0 if repetition_penalty is None else repetition_penalty, 0 if seed is None else seed, list(stop), chat,
+            system, parse_chat_vars(chat_var), context, started), stdio, as_json, quiet)
+        return
+    from .tasks.generation.cli import refuse
+
+    refuse(text_flags, f"{recipe}, which is not a language model (text generation runs a model recipe with a "
+                       f"`generation:` section)")
     req = GenerateRequest(
         recipe,
         prompts,
@@ -148,6 +189,20 @@ def run(
         timing = summary["timing"]
         typer.echo(f"done in {timing['total_seconds']:.1f} s, of which compiling and planning "
                    f"{timing['compile_seconds']:.1f} s ({100 * timing['compile_share']:.0f}%)")
+
+
+def _is_language_model(recipe: Path) -> bool:
+    """A model recipe runs as a language model (it is refused, located, when it lacks `generation:`)."""
+    from .recipe.loader import load_recipe
+    from .recipe.schema import ModelRecipe
+
+    loaded = load_recipe(recipe)
+    if isinstance(loaded.doc, ModelRecipe):
+        from .tasks.generation.contract import check_static
+
+        check_static(loaded)
+        return True
+    return False
 
 
 @app.command()

@@ -202,14 +202,34 @@ def _compile(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
+_REFUSED_HINT = ("the template does not accept a system message followed by a text user message. Replace it with "
+                 "tokenizer.chat_template in the pipeline recipe")
+
+
+def template_variables(template: str, source: str) -> set[str]:
+    """The names ``template`` reads that nothing inside it defines (what ``apply_chat_template``'s extra keyword
+    arguments may set, besides messages and the special tokens)."""
+    import jinja2.meta
+
+    try:
+        return set(jinja2.meta.find_undeclared_variables(_compile(template).environment.parse(template)))
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise CheckpointError(
+            f"{source}: the chat template is not valid Jinja (line {exc.lineno}: {exc.message}); fix or replace it."
+        ) from None
+
+
 def render_chat(
     template: str,
     messages: list[dict],
     special_tokens: dict[str, str],
     source: str,
     add_generation_prompt: bool = False,
+    variables: dict | None = None,
+    refused_hint: str = _REFUSED_HINT,
 ) -> str:
-    """``template`` rendered for one conversation, as ``apply_chat_template(..., tokenize=False)`` does."""
+    """``template`` rendered for one conversation, as ``apply_chat_template(..., tokenize=False, **variables)``
+    does."""
     try:
         compiled = _compile(template)
     except jinja2.exceptions.TemplateSyntaxError as exc:
@@ -222,13 +242,10 @@ def render_chat(
             tools=None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            **special_tokens,
+            **{**special_tokens, **(variables or {})},
         )
     except jinja2.exceptions.TemplateError as exc:  # raise_exception, sandbox refusals, undefined calls...
-        raise CheckpointError(
-            f"{source}: the chat template refused the conversation ({exc}); the template does not accept a "
-            "system message followed by a text user message. Replace it with tokenizer.chat_template in the "
-            "pipeline recipe."
-        ) from None
+        raise CheckpointError(f"{source}: the chat template refused the conversation ({exc}); {refused_hint}.") \
+            from None
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError) as exc:
         raise CheckpointError(f"{source}: rendering the chat template failed ({type(exc).__name__}: {exc}).") from None

@@ -1,0 +1,364 @@
+"""A language-model recipe, compiled and loaded for text generation: prefill, decode, sampling, streaming text.
+
+One graph serves both phases (recipes/README.md, "Language models"): the **prefill** program runs the prompt at
+once (seq = ctx = n, a symbolic length: one executable per power-of-two bucket of prompt lengths, re-bound to the
+exact length), the **decode** program one token at a time (seq = 1). Both are loaded with the same KV cache:
+the decode executable owns the states (``cache`` rows, allocated once for the context a run needs) and the
+prefill executable shares them (``states_from``), so the prompt's keys and values are where decoding reads them,
+never copied. Decoding attends to a power-of-two bucket of the cache (``ctx``; the rows past the filled prefix
+are masked by the recipe's causal mask), so the executable is re-bound only when the reply crosses a bucket,
+never per token, and each step's work grows with the filled length, not the allocated one.
+
+Memory is planned before any weight is read: weights + the KV cache for the context + both programs' arenas
+must fit the budget (``--max-memory``; default the runtime's device memory), else ``BudgetError``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import BudgetError, InputError
+from ...graph.symbolic import evaluate
+from ...recipe.builder import BuiltModel, build
+from ...recipe.instances import eval_field
+from ...recipe.loader import load_recipe
+from ...runtimes.memory import format_bytes
+from ...runtimes.program import Program
+from ...runtimes.registry import get_runtime
+from . import contract
+from .detokenize import IncrementalDetokenizer, StopStrings
+from .sampling import Sampler, SamplingSettings
+from .tokenizer import TextTokenizer, eos_token_ids
+
+MIN_BUCKET = 64  # the smallest prompt-length, cache and attended-prefix bucket
+COMPILE_PREFILL = 128  # dims the two programs are compiled at (the plan cache serves every later run)
+COMPILE_DECODE = 256
+
+
+def bucket(n: int, limit: int) -> int:
+    """The power of two >= n (at least MIN_BUCKET), capped at ``limit``."""
+    return min(limit, max(MIN_BUCKET, 1 << max(0, n - 1).bit_length()))
+
+
+@dataclass
+class Generation:
+    """One reply: its ids (the EOS token included when it ended the reply), text and timings."""
+
+    prompt_ids: list[int]
+    ids: list[int]
+    text: str
+    finish_reason: str  # "eos" (an EOS token), "stop" (a --stop string) or "length" (max tokens or the context)
+    prefill_s: float
+    first_token_s: float  # prompt in -> first token chosen (prefill + sampling)
+    decode_s: float  # the decode steps (after the first token)
+    peak_memory_bytes: int | None = None
+
+    @property
+    def decode_steps(self) -> int:
+        return max(0, len(self.ids) - 1)
+
+    @property
+    def time_per_output_token_ms(self) -> float | None:
+        return 1000 * self.decode_s / self.decode_steps if self.decode_steps else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return self.decode_steps / self.decode_s if self.decode_steps and self.decode_s > 0 else None
+
+    def summary(self) -> dict:
+        def r(x, n=3):
+            return None if x is None else round(x, n)
+
+        return {"prompt_token_ids": self.prompt_ids, "generated_token_ids": self.ids, "text": self.text,
+                "finish_reason": self.finish_reason, "prompt_tokens": len(self.prompt_ids),
+                "generated_tokens": len(self.ids), "time_to_first_token_ms": r(1000 * self.first_token_s),
+                "prefill_ms": r(1000 * self.prefill_s), "time_per_output_token_ms": r(self.time_per_output_token_ms),
+                "decode_tokens_per_s": r(self.decode_tokens_per_s, 2), "peak_memory_bytes": self.peak_memory_bytes}
+
+
+@dataclass
+class LoadStats:
+    build_s: float = 0.0
+    compile_s: float = 0.0  # compiling (or loading plans from the cache) and memory planning
+    load_s: float = 0.0  # binding weights, allocating arenas and the KV cache
+    rebinds: int = 0
+    plans: dict = field(default_factory=dict)  # role -> memory figures
+
+
+class _Session:
+    """The executables of one KV-cache length: decode (owns the states) and the current prefill bucket."""
+
+    def __init__(self, cache: int, decode, prefill, prefill_len: int):
+        self.cache, self.decode, self.prefill, self.prefill_len = cache, decode, prefill, prefill_len
+
+
+class LanguageModel:
+    """A language-model recipe with its checkpoint: ``generate`` replies, ``logits`` scores a sequence.
+
+    ``recipe``: a model recipe with a `generation:` section; ``weights``: its checkpoint folder (or
+    ``hf://org/repo``; default the recipe's ``weights.source``), which must hold the tokenizer; ``sets``: parameter
+    overrides; ``runtime``: a runtime name or object (default numpy); ``max_memory``: the budget in bytes (default
+    the runtime's device memory); ``compile=False`` runs the naive primitive program; ``context``: the longest
+    prompt + reply to plan the KV cache for (default: what each call needs, at most the model's context);
+    ``chat_template``: replaces the checkpoint's template (a Jinja text, or the name of one of its templates).
+    """
+
+    def __init__(self, recipe: str | Path, weights: str | Path | None = None, sets: Iterable[str] | Mapping = (),
+                 runtime: Any = None, max_memory: int | None = None, compile: bool = True,
+                 context: int | None = None, chat_template: str | None = None):
+        t0 = time.perf_counter()
+        loaded = load_recipe(recipe)
+        contract.check_static(loaded)
+        self.model: BuiltModel = build(recipe, weights=weights, sets=sets)
+        contract.check_built(self.model)
+        self.name = self.model.name
+        spec = loaded.doc.generation
+        value = eval_field(spec.context, loaded.origin("generation", "context"), self.model.params.values,
+                           "generation.context")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise loaded.origin("generation", "context").error(
+                f"generation.context is {value!r}; it must be a positive whole number (the model's longest sequence)")
+        self.max_context = value
+        if context is not None:
+            if isinstance(context, bool) or not isinstance(context, int) or context < 2:
+                raise InputError(f"--context {context}: must be a whole number >= 2")
+            if context > self.max_context:
+                raise InputError(f"--context {context} is longer than the model's context of {self.max_context} "
+                                 f"tokens ({loaded.source.display} generation.context)")
+        self.context = context
+        self.checkpoint = Path(self.model.checkpoint_root)
+        self.tokenizer = TextTokenizer.from_checkpoint(self.checkpoint, chat_template)
+        self.eos_ids = eos_token_ids(self.checkpoint)
+        self.runtime = get_runtime(runtime)
+        self.budget = int(max_memory) if max_memory is not None else self.runtime.capacity()
+        self.compile = compile
+        self.stats = LoadStats(build_s=time.perf_counter() - t0)
+        self._programs: dict[str, Program] = {}
+        self._session: _Session | None = None
+        self._vocab = int(self.model.graph.tensor("logits").shape[2])
+        self._states = [n for n in self.model.graph.inputs("state")]
+
+    # ---- planning and loading ------------------------------------------------------------------------------
+    def _dims(self, seq: int, ctx: int, cache: int, keep: int = 1) -> dict[str, int]:
+        dims = {"batch": 1, "seq": seq, "ctx": ctx, "cache": cache, "keep": keep}
+        return {k: v for k, v in dims.items() if k in self.model.recipe.doc.dims}
+
+    def _state_bytes(self, cache: int) -> int:
+        dims = self._dims(1, cache, cache)
+        return sum(n.dtype.nbytes(math.prod(int(evaluate(d, dims)) for d in n.shape)) for n in self._states)
+
+    def _weight_bytes(self) -> int:
+        return sum(b.nbytes for b in self.model.weights.values())
+
+    def _program(self, role: str) -> Program:
+        if role not in self._programs:
+            t0 = time.perf_counter()
+            if not self.compile:
+                program = Program.from_graph(self.model.graph)
+            else:
+                from ...compiler.search import compile_graph
+
+                n = min(COMPILE_PREFILL if role == "prefill" else COMPILE_DECODE, self.max_context)
+                dims = self._dims(n if role == "prefill" else 1, n, n)
+                program = compile_graph(self.model.graph, self.runtime, dims, weights=self.model.load_weight).program
+            self._programs[role] = program
+            self.stats.compile_s += time.perf_counter() - t0
+        return self._programs[role]
+
+    def plan(self, cache: int, prompt_len: int) -> dict:
+        """Memory figures of a session with a KV cache of ``cache`` rows and a prompt bucket of ``prompt_len``;
+        raises BudgetError when they exceed the budget. Nothing is loaded."""
+        weights, states = self._weight_bytes(), self._state_bytes(cache)
+        if weights + states > self.budget:  # before compiling (whose timing may read weights)
+            raise self._too_small(weights, states, 0, cache)
+        t0 = time.perf_counter()
+        decode = self.runtime.plan(self._program("decode"), self._dims(1, cache, cache))
+        prefill = self.runtime.plan(self._program("prefill"), self._dims(prompt_len, prompt_len, cache))
+        self.stats.compile_s += time.perf_counter() - t0
+        activations = decode.arena_bytes + prefill.arena_bytes + decode.constant_bytes + prefill.constant_bytes
+        figures = {"weight_bytes": weights, "kv_cache_bytes": states, "activation_bytes": activations,
+                   "planned_peak_bytes": weights + states + activations, "budget_bytes": self.budget,
+                   "cache_tokens": cache, "prompt_bucket": prompt_len, "runtime": self.runtime.name,
+                   "device": self.runtime.device}
+        if figures["planned_peak_bytes"] > self.budget:
+            raise self._too_small(weights, states, activations, cache)
+        self.stats.plans = figures
+        return figures
+
+    def _too_small(self, weights: int, states: int, activations: int, cache: int) -> BudgetError:
+        need = weights + states + activations
+        return BudgetError(
+            f"the memory budget of {format_bytes(self.budget)} ({self.runtime.device} memory of the "
+            f"{self.runtime.name} runtime) is too small for {self.name}: weights {format_bytes(weights)} + KV cache "
+            f"for {cache} tokens {format_bytes(states)}"
+            + (f" + activations {format_bytes(activations)}" if activations else "")
+            + f" = {format_bytes(need)}. Raise --max-memory, or plan a shorter context (--max-new-tokens, "
+            f"--context, a shorter prompt).")
+
+    def _ensure(self, needed: int, prompt_len: int) -> _Session:
+        """A session whose cache holds ``needed`` tokens and whose prefill executable takes ``prompt_len``."""
+        limit = self.context or self.max_context
+        cache = bucket(max(needed, self.context or 0), limit)
+        session = self._session
+        if session is not None and session.cache >= needed and session.cache >= (self.context or 0):
+            cache = session.cache
+        pbucket = bucket(prompt_len, cache)
+        if session is None or session.cache != cache:
+            self.plan(cache, pbucket)
+            self.release()
+            t0 = time.perf_counter()
+            decode = self.runtime.load(self._program("decode"), self.model.load_weight, self._dims(1, cache, cache))
+            prefill = self.runtime.load(self._program("prefill"), decode.weights,
+                                        self._dims(pbucket, pbucket, cache), states_from=decode)
+            self._session = session = _Session(cache, decode, prefill, pbucket)
+            self.stats.load_s += time.perf_counter() - t0
+        elif prompt_len > session.prefill_len:
+            self.plan(cache, pbucket)
+            t0 = time.perf_counter()
+            session.prefill = self.runtime.load(self._program("prefill"), session.decode.weights,
+                                                self._dims(pbucket, pbucket, cache), states_from=session.decode)
+            session.prefill_len = pbucket
+            self.stats.load_s += time.perf_counter() - t0
+        return session
+
+    def release(self) -> None:
+        """Drop the loaded executables (weights bindings, arenas, KV cache)."""
+        if self._session is not None:
+            for exe in (self._session.prefill, self._session.decode):
+                exe.close()
+            self._session = None
+
+    def prepare(self, prompt_tokens: int = 1, max_new_tokens: int = 256) -> None:
+        """Compile, plan and load for a prompt of ``prompt_tokens`` and a reply of ``max_new_tokens`` (what
+        ``generate`` does on its first call); raises BudgetError before any weight is read if it cannot fit."""
+        self._ensure(min(prompt_tokens + max_new_tokens, self.max_context), prompt_tokens)
+
+    # ---- prompts -------------------------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int], chat: bool | None = None, system: str | None = None,
+               chat_vars: Mapping[str, Any] | None = None) -> list[int]:
+        """Token ids of a prompt: a list of ids is used as is; text goes through the chat template (the default
+        when the checkpoint has one) or, with ``chat=False``, is encoded as ``tokenizer(prompt)``."""
+        if not isinstance(prompt, str):
+            ids = [int(i) for i in prompt]
+            if not ids or any(i < 0 or i >= self._vocab for i in ids):
+                raise InputError(f"prompt ids must be a non-empty list of ids in 0..{self._vocab - 1}")
+            return ids
+        if not prompt:
+            raise InputError("the prompt is empty; pass some text with --prompt")
+        if chat is None:
+            chat = self.tokenizer.chat_template is not None
+        ids = self.tokenizer.prompt_ids(prompt, chat, system, dict(chat_vars or {}))
+        if not ids:
+            raise InputError(f"the prompt {prompt!r} encodes to no tokens")
+        return ids
+
+    # ---- running -------------------------------------------------------------------------------------------
+    def _reset(self, session: _Session) -> None:
+        for node in self._states:
+            session.decode.set_state(node.name)
+
+    def _step(self, exe, tokens: np.ndarray, positions: np.ndarray, dims: dict[str, int]) -> np.ndarray:
+        before = exe.stats.rebinds
+        out = exe.run({"tokens": tokens, "positions": positions}, copy_outputs=False, dims=dims)["logits"]
+        self.stats.rebinds += exe.stats.rebinds - before
+        return out[0, -1]
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
+                 stop: Sequence[str] = (), chat: bool | None = None, system: str | None = None,
+                 chat_vars: Mapping[str, Any] | None = None, on_text: Callable[[str], None] | None = None,
+                 on_token: Callable[[int, str], None] | None = None) -> Generation:
+        """Reply to ``prompt`` (text, or token ids). Greedy by default (``temperature=0``); stops at an EOS id
+        of the checkpoint, a ``stop`` string, ``max_new_tokens`` or the context. ``on_text(piece)`` receives the
+        text as it is decoded (never half a character, never part of a stop string); ``on_token(id, piece)`` each
+        token with the text it released."""
+        settings = SamplingSettings(float(temperature), int(top_k), float(top_p), float(repetition_penalty),
+                                    int(seed))
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InputError(f"--max-new-tokens {max_new_tokens}: must be a whole number >= 1")
+        ids = self.encode(prompt, chat, system, chat_vars)
+        n = len(ids)
+        limit = self.context or self.max_context
+        if n >= limit:
+            raise InputError(f"the prompt is {n} tokens long; {self.name} takes at most {limit} tokens of prompt and "
+                             f"reply together ({'--context' if self.context else 'its generation.context'}), which "
+                             f"leaves no room for a reply. Shorten the prompt.")
+        budget_tokens = min(max_new_tokens, limit - n)
+        session = self._ensure(n + budget_tokens, n)
+        self._reset(session)
+        sampler = Sampler(settings)
+        detok = IncrementalDetokenizer(self.tokenizer.decode)
+        stops = StopStrings(stop)
+        seen = list(ids)
+        out_ids: list[int] = []
+        pieces: list[str] = []
+        eos = set(self.eos_ids)
+
+        def emit(token: int | None, text: str) -> None:
+            if text:
+                pieces.append(text)
+                if on_text is not None:
+                    on_text(text)
+            if on_token is not None and token is not None:
+                on_token(token, text)
+
+        t0 = time.perf_counter()
+        logits = self._step(session.prefill, np.asarray([ids], np.int32), np.arange(n, dtype=np.int32),
+                            self._dims(n, n, session.cache))
+        prefill_s = time.perf_counter() - t0
+        finish, first_s, t1 = "length", 0.0, 0.0
+        position = n
+        while True:
+            token = sampler(logits, np.asarray(seen))
+            if not out_ids:
+                t1 = time.perf_counter()
+                first_s = t1 - t0
+            out_ids.append(token)
+            seen.append(token)
+            if token in eos:
+                finish = "eos"
+                emit(token, "")
+                break
+            text, stopped = stops.feed(detok.push(token))
+            emit(token, text)
+            if stopped:
+                finish = "stop"
+                break
+            if len(out_ids) >= budget_tokens:
+                break
+            ctx = bucket(position + 1, session.cache)
+            logits = self._step(session.decode, np.asarray([[token]], np.int32),
+                                np.asarray([position], np.int32), self._dims(1, ctx, session.cache))
+            position += 1
+        decode_s = time.perf_counter() - t1 if out_ids else 0.0
+        if finish != "stop":
+            tail, stopped = stops.feed(detok.flush())
+            tail += "" if stopped else stops.flush()
+            finish = "stop" if stopped else finish
+            emit(None, tail)
+        from ...pipeline import peak_rss
+
+        return Generation(ids, out_ids, "".join(pieces), finish, prefill_s, first_s, decode_s, peak_rss.peak())
+
+    def logits(self, prompt: str | Sequence[int], chat: bool = False) -> np.ndarray:
+        """Next-token logits at every position of ``prompt`` ([n, vocab], float32): transformers'
+        ``model(ids).logits[0]``. Text is encoded as ``tokenizer(prompt)`` unless ``chat=True``."""
+        ids = self.encode(prompt, chat)
+        n = len(ids)
+        if n > self.max_context:
+            raise InputError(f"the sequence is {n} tokens long, more than the model's context of {self.max_context}")
+        dims = self._dims(n, n, n, n)
+        program = self._program("prefill")
+        exe = self.runtime.load(program, self.model.load_weight, dims)
+        try:
+            out = exe.run({"tokens": np.asarray([ids], np.int32), "positions": np.arange(n, dtype=np.int32)})
+        finally:
+            exe.close()
+        return out["logits"][0]
