@@ -6,3 +6,18 @@ try:
     __version__ = version("luminal-recipes")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
+
+
+def load_recipe(recipe, weights=None, **options):
+    """A language-model recipe with its checkpoint, ready to ``.generate(prompt, ...)`` replies and score
+    ``.logits(prompt)`` (``luminal_recipes.tasks.generation.LanguageModel``; ``options``: ``sets``, ``runtime``,
+    ``max_memory`` (bytes), ``compile``, ``context``, ``chat_template``). Compiling and loading happen on the first
+    call (or ``.prepare()``)::
+
+        from luminal_recipes import load_recipe
+        lm = load_recipe("recipes/llama.yaml", weights="path/to/Llama-3.2-1B-Instruct")
+        print(lm.generate("Name three rivers.", max_new_tokens=64).text)
+    """
+    from .tasks.generation import LanguageModel
+
+    return LanguageModel(recipe, weights=weights, **options)

@@ -108,9 +108,10 @@ def check_request(model, req: TextRequest) -> list[list[int]]:
     return encoded
 
 
-def run_text(req: TextRequest, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr, as_json: bool = False,
+def run_text(req: TextRequest, out: IO[str] | None = None, err: IO[str] | None = None, as_json: bool = False,
              quiet: bool = False) -> list[dict]:
     """Generate a reply per prompt: streamed to ``out`` (or one JSON object per line with ``as_json``)."""
+    out, err = out or sys.stdout, err or sys.stderr
     def log(message: str) -> None:
         if not quiet and not as_json:
             print(message, file=err, flush=True)
@@ -149,9 +150,10 @@ def run_text(req: TextRequest, out: IO[str] = sys.stdout, err: IO[str] = sys.std
     return results
 
 
-def serve_stdio(req: TextRequest, stdin: IO[str] = sys.stdin, out: IO[str] = sys.stdout,
-                err: IO[str] = sys.stderr) -> int:
+def serve_stdio(req: TextRequest, stdin: IO[str] | None = None, out: IO[str] | None = None,
+                err: IO[str] | None = None) -> int:
     """The benchmark protocol (module docstring). Returns the number of prompts served."""
+    stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
     from .sampling import SamplingSettings
 
     SamplingSettings(req.temperature, req.top_k, req.top_p, req.repetition_penalty, req.seed)
