@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
-from transformers import LlamaConfig, Mistral3Config
+from transformers import LlamaConfig, Mistral3Config, MistralConfig
 from typer.testing import CliRunner
 
 from luminal_recipes.cli import app
@@ -144,6 +144,7 @@ def reference_fields() -> dict[str, dict]:
     return {
         "mistral3-text-encoder.yaml": Mistral3Config().to_dict(),
         "llama.yaml": LlamaConfig().to_dict(),
+        "mistral.yaml": MistralConfig().to_dict(),
         "flux2-transformer.yaml": init_defaults(Flux2Transformer2DModel),
         "flux2-transformer-bfl.yaml": init_defaults(Flux2Transformer2DModel),
         "flux2-vae-decoder.yaml": init_defaults(AutoencoderKLFlux2),

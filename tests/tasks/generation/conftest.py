@@ -27,3 +27,13 @@ def llama_lm(llama):
     model = LanguageModel(RECIPES / "llama.yaml", weights=llama[0])
     yield model
     model.release()
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    """(checkpoint folder, transformers model): a 2-layer Mistral with an 8-position sliding window and the Tekken
+    tokenizer."""
+    from generation_checkpoints import save_mistral
+
+    folder = tmp_path_factory.mktemp("mistral")
+    return folder, save_mistral(folder, seed=1)

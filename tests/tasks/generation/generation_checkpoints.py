@@ -72,3 +72,29 @@ def save_llama(folder: Path, seed: int = 0, layers: int = 2, **overrides):
 
 
 RECIPES = Path(__file__).resolve().parents[3] / "recipes"
+
+
+TEKKEN = RECIPES / "flux2-tiny" / "checkpoint" / "tokenizer"  # mistral-common's Tekken, converted by transformers
+
+
+def save_mistral(folder: Path, seed: int = 0, sliding_window: int | None = 8):
+    """A tiny MistralForCausalLM (tied embeddings, a short sliding window) with Mistral's real Tekken tokenizer
+    and the Mistral-Small-3.2 chat template, saved by transformers; returns the model (eval mode)."""
+    import shutil
+
+    import torch
+    import transformers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(TEKKEN / name, folder / name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(seed)
+    config = transformers.MistralConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
+        max_position_embeddings=512, sliding_window=sliding_window, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = transformers.MistralForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    return model
