@@ -274,40 +274,61 @@ def quantize(
     typer.echo(str(quantize_checkpoint(src, dst, format, layout, exclude, fp8_scale)))
 
 
-golden_app = typer.Typer(help="Golden-image checks: regenerate and compare with committed PNGs.", no_args_is_help=True,
-                         rich_markup_mode=None)
+golden_app = typer.Typer(help="Golden checks: regenerate images and replies and compare with what was recorded.",
+                         no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(golden_app, name="golden")
 GOLDEN_MANIFEST = Path("tests/golden/goldens.yaml")
+TEXT_MANIFEST = Path("tests/golden/texts.yaml")
+MANIFEST_HELP = ("a golden manifest: images (goldens.yaml) or replies of language models (texts.yaml); default: "
+                 f"{GOLDEN_MANIFEST} and {TEXT_MANIFEST}")
+
+
+def _manifests(manifest: Path | None) -> list[Path]:
+    return [manifest] if manifest is not None else [GOLDEN_MANIFEST, TEXT_MANIFEST]
 
 
 @golden_app.command("check")
 @user_errors
 def golden_check(
-    manifest: Path = typer.Argument(GOLDEN_MANIFEST, help="golden manifest (goldens.yaml)"),
-    min_psnr: float = typer.Option(45.0, help="minimum PSNR in dB against each golden"),
-    weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
+    manifest: Path | None = typer.Argument(None, help=MANIFEST_HELP),
+    min_psnr: float = typer.Option(45.0, help="minimum PSNR in dB against each golden image"),
+    weights: str | None = typer.Option(None, help=WEIGHTS_HELP + "; images only"),
 ) -> None:
-    """Regenerate every golden image and compare; a failing one gets a .diff.png beside it (exit 1)."""
+    """Regenerate every golden image (a failing one gets a .diff.png beside it) and every golden reply (token ids
+    exact on tiny checkpoints, concept groups on real ones; skipped when the weights are not here); exit 1 on a
+    failure."""
     from .pipeline.golden import check
+    from .tasks.generation import golden as text_golden
 
-    results = check(manifest, min_psnr, weights)
-    for r in results:
-        typer.echo(f"{'ok  ' if r.ok else 'FAIL'} {r.case.file}: {r.message}")
-    if not all(r.ok for r in results):
+    failed = False
+    for path in _manifests(manifest):
+        if text_golden.is_text_manifest(path):
+            for t in text_golden.check(path):
+                typer.echo(f"{t.status:<4} {t.case.name}: {t.message}")
+                failed |= not t.ok
+            continue
+        for r in check(path, min_psnr, weights):
+            typer.echo(f"{'ok  ' if r.ok else 'FAIL'} {r.case.file}: {r.message}")
+            failed |= not r.ok
+    if failed:
         raise typer.Exit(1)
 
 
 @golden_app.command("update")
 @user_errors
 def golden_update(
-    manifest: Path = typer.Argument(GOLDEN_MANIFEST, help="golden manifest (goldens.yaml)"),
-    weights: str | None = typer.Option(None, help=WEIGHTS_HELP),
+    manifest: Path | None = typer.Argument(None, help=MANIFEST_HELP),
+    weights: str | None = typer.Option(None, help=WEIGHTS_HELP + "; images only"),
 ) -> None:
-    """Rewrite the golden images from the current code (review the change before committing it)."""
+    """Rewrite the golden images and recorded token ids from the current code (review the change before
+    committing it)."""
     from .pipeline.golden import update
+    from .tasks.generation import golden as text_golden
 
-    for path in update(manifest, weights):
-        typer.echo(f"wrote {path}")
+    for path in _manifests(manifest):
+        written = text_golden.update(path) if text_golden.is_text_manifest(path) else update(path, weights)
+        for out in written:
+            typer.echo(f"wrote {out}")
 
 
 cache_app = typer.Typer(

@@ -37,6 +37,7 @@ from .detokenize import IncrementalDetokenizer, StopStrings
 from .sampling import Sampler, SamplingSettings
 from .tokenizer import TextTokenizer, eos_token_ids
 
+HUB_PATTERNS = ("*.json", "*.safetensors", "*.jinja")  # weights, configs, tokenizer.json and chat templates
 MIN_BUCKET = 64  # the smallest prompt-length, cache and attended-prefix bucket
 COMPILE_PREFILL = 128  # dims the two programs are compiled at (the plan cache serves every later run)
 COMPILE_DECODE = 256
@@ -116,6 +117,11 @@ class LanguageModel:
         t0 = time.perf_counter()
         loaded = load_recipe(recipe)
         contract.check_static(loaded)
+        source = weights if weights is not None else loaded.doc.weights.source
+        if source is not None and str(source).startswith("hf://"):  # the tokenizer and its template come too
+            from ...weights.sources import resolve_source
+
+            weights = resolve_source(str(source), HUB_PATTERNS)
         self.model: BuiltModel = build(recipe, weights=weights, sets=sets)
         contract.check_built(self.model)
         self.name = self.model.name

@@ -1,0 +1,166 @@
+"""Golden-text checks: regenerate the replies a manifest lists and compare them with what was recorded.
+
+A text manifest (``tests/golden/texts.yaml``) lists ``texts:``, each with a ``name``, the ``recipe`` and
+``weights`` (relative to the manifest, or ``hf://...``), the ``prompt`` and the generation settings (``chat``,
+``system``, ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``,
+``stop``). A case is checked in one or both ways:
+
+- **token ids** (``ids: true``; the tiny checkpoints): the reply's ids must equal those recorded in
+  ``<manifest folder>/texts/<name>.json`` exactly (greedy decoding on one machine and program is exact);
+  ``update`` rewrites that file.
+- **concept groups** (``concepts: [[paris], [france, french]]``; real models): every group must have at least one
+  of its terms in the normalised reply (ANSI escapes stripped, whitespace collapsed, case-folded); a failure lists
+  the groups expected and the ones missing.
+
+A case whose weights cannot be had here (a Hub checkpoint offline) is reported as skipped, not passed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ...errors import CheckpointError, LuminalError, PipelineError
+from ...files import MAX_JSON_BYTES, read_regular_text
+from ...pipeline.atomic_file import atomic_write
+
+SETTINGS = ("chat", "system", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+@dataclass
+class TextCase:
+    name: str
+    recipe: Path
+    weights: str
+    prompt: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    ids: bool = False
+    concepts: list[list[str]] = field(default_factory=list)
+    record: Path | None = None  # where the expected ids are kept
+
+
+@dataclass
+class TextResult:
+    case: TextCase
+    status: str  # "ok" | "FAIL" | "skip"
+    message: str
+    ids: list[int] | None = None
+    text: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "FAIL"
+
+
+def normalise(text: str) -> str:
+    return " ".join(ANSI.sub("", text).split()).casefold()
+
+
+def missing_concepts(text: str, groups: list[list[str]]) -> list[list[str]]:
+    """The groups none of whose terms appears in the normalised ``text``."""
+    norm = normalise(text)
+    return [g for g in groups if not any(normalise(term) in norm for term in g)]
+
+
+def is_text_manifest(path: Path) -> bool:
+    try:
+        data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "texts" in data
+
+
+def load_manifest(path: Path) -> list[TextCase]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
+        cases = []
+        for item in data["texts"]:
+            unknown = set(item) - {"name", "recipe", "weights", "prompt", "ids", "concepts", *SETTINGS}
+            if unknown:
+                raise ValueError(f"entry '{item.get('name')}' has unknown keys {sorted(unknown)}")
+            weights = str(item["weights"])
+            if not weights.startswith("hf://"):
+                weights = str((path.parent / weights).resolve())
+            concepts = [[str(t) for t in (g if isinstance(g, list) else [g])] for g in item.get("concepts", [])]
+            case = TextCase(str(item["name"]), (path.parent / item["recipe"]).resolve(), weights, str(item["prompt"]),
+                            {k: item[k] for k in SETTINGS if k in item}, bool(item.get("ids", False)), concepts,
+                            path.parent / "texts" / f"{item['name']}.json")
+            if not case.ids and not case.concepts:
+                raise ValueError(f"entry '{case.name}' checks nothing: give `ids: true` or `concepts:`")
+            cases.append(case)
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: golden manifest not found") from None
+    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as exc:
+        raise PipelineError(f"{path}: invalid text golden manifest ({exc}); it needs `texts:` entries with name, "
+                            f"recipe, weights, prompt and `ids: true` or `concepts:`") from None
+    return cases
+
+
+def generate(case: TextCase, models: dict) -> tuple[list[int], str]:
+    from .model import LanguageModel
+
+    key = (str(case.recipe), case.weights)
+    if key not in models:
+        models[key] = LanguageModel(case.recipe, weights=case.weights)
+    settings = dict(case.settings)
+    settings.setdefault("max_new_tokens", 32)
+    reply = models[key].generate(case.prompt, **settings)
+    return reply.ids, reply.text
+
+
+def _unavailable(case: TextCase, exc: LuminalError) -> bool:
+    return case.weights.startswith("hf://") and isinstance(exc, CheckpointError)
+
+
+def check(manifest: Path) -> list[TextResult]:
+    models: dict = {}
+    results = []
+    for case in load_manifest(manifest):
+        try:
+            ids, text = generate(case, models)
+        except LuminalError as exc:
+            if _unavailable(case, exc):
+                results.append(TextResult(case, "skip", f"weights not available here ({str(exc)[:120]})"))
+                continue
+            raise
+        problems = []
+        if case.ids:
+            if not case.record.exists():
+                problems.append(f"no recorded ids ({case.record}); run `luminal-recipe golden update`")
+            else:
+                want = json.loads(case.record.read_text())["ids"]
+                if ids != want:
+                    at = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+                    problems.append(f"token ids differ from {case.record.name} at position {at} (got {ids[at:at + 4]}, "
+                                    f"expected {want[at:at + 4]}; {len(ids)} vs {len(want)} tokens)")
+        missing = missing_concepts(text, case.concepts)
+        if missing:
+            problems.append(f"concept groups missing: {missing} (expected all of {case.concepts}) in {text[:200]!r}")
+        ok_message = ", ".join(filter(None, [f"{len(ids)} token ids identical" if case.ids else "",
+                                             f"{len(case.concepts)} concept groups present" if case.concepts else ""]))
+        results.append(TextResult(case, "FAIL" if problems else "ok", "; ".join(problems) or ok_message, ids, text))
+    return results
+
+
+def update(manifest: Path) -> list[Path]:
+    """Record the current replies' ids of the ``ids: true`` cases."""
+    models: dict = {}
+    written = []
+    for case in load_manifest(manifest):
+        if not case.ids:
+            continue
+        ids, text = generate(case, models)
+        case.record.parent.mkdir(parents=True, exist_ok=True)
+        data = json.dumps({"prompt": case.prompt, "settings": case.settings, "ids": ids, "text": text},
+                          ensure_ascii=False) + "\n"
+        atomic_write(case.record, lambda handle, data=data: handle.write(data.encode("utf-8")), overwrite=True,
+                     what="golden")
+        written.append(case.record)
+    return written
