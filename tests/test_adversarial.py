@@ -493,8 +493,8 @@ def test_output_that_is_a_folder_is_refused_before_any_work(tmp_path, no_work):
 
 # ---- messages ----------------------------------------------------------------------------------------------------
 def test_forward_error_is_reported_on_its_own_line(tmp_path):
-    recipe = recipes_copy(tmp_path, ("      h = x + self.self_attn(self.input_layernorm(x), cos, sin)\n",
-                                     "      h = x + self.self_attn(self.input_layernorm(x), cos, sin)\n"
+    recipe = recipes_copy(tmp_path, ("      h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions)\n",
+                                     "      h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions)\n"
                                      "      y = 1 in (1, 2)\n"), "llama.yaml")
     refused(cli("validate", recipe), f"llama.yaml:{line_of(recipe, 'y = 1 in')}:11:", "'in' is not allowed")
 

@@ -4,7 +4,8 @@ executes on a runtime within the memory budget.
 A ``ModelEngine`` is what a pipeline stage holds while it runs. Dims are served by size buckets: a plan made
 before anything was loaded (``plan.StagePlan``) whose dims cover them (each at least as large; the smallest such),
 else the bucket of the dims (``bucket_dims``: each rounded up to the next power of two, or to a declared size),
-planned then (``plan.plan_model``; the plan cache is keyed on the bucket's dims). One executable is loaded per
+planned then (``plan.plan_model``; the plan cache is keyed on the bucket's dims); a dim that sizes a state (a
+KV cache's length) is never rounded up, since a loaded state keeps its shape. One executable is loaded per
 bucket and re-bound to each exact length (``Executable.bind``: no reload, no allocation), so a new length
 neither re-plans nor reloads. A plan that does not fit the budget is refused before loading. A streamed plan
 loads with its blocks' weights streamed (``runtimes.streaming``). ``release()`` drops the compiled programs, the
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from ..graph.symbolic import Expr, evaluate, shape_str
+from ..graph.symbolic import Expr, evaluate, free_symbols, shape_str
 from ..recipe.builder import BuiltModel
 from ..runtimes.registry import get_runtime
 from .plan import StagePlan, check_budget, plan_model
@@ -100,6 +101,8 @@ class ModelEngine:
         self.buckets = dict(buckets or {})  # dim name -> declared bucket sizes (else powers of two)
         self.stats = StageStats()
         self._executables: dict[tuple, object] = {}
+        # dims that size a state (a KV cache's length) are never bucketed: a loaded state keeps its shape
+        self._exact = set().union(*(free_symbols(n.shape) for n in model.graph.inputs("state")))
 
     def _weights(self):
         return self.model.load_weight
@@ -108,13 +111,15 @@ class ModelEngine:
         """The dims the executable serving ``dims`` is loaded for: the smallest loaded executable or advance plan
         whose dims cover them (each at least as large), else their bucket."""
         def covers(candidate: Mapping[str, int]) -> bool:
-            return set(candidate) == set(dims) and all(candidate[k] >= v for k, v in dims.items())
+            return set(candidate) == set(dims) and all(
+                candidate[k] == v if k in self._exact else candidate[k] >= v for k, v in dims.items())
 
         loaded = [dict(key) for key in self._executables if covers(dict(key))]
         planned = [dict(p.dims) for p in self.plans if p.program is not None and covers(p.dims)]
         if loaded or planned:
             return min(loaded + planned, key=lambda d: sorted(d.values()))
-        return bucket_dims(dims, self.buckets)
+        free = {k: v for k, v in dims.items() if k not in self._exact}
+        return {**dims, **bucket_dims(free, self.buckets)}
 
     def _plan(self, target: dict[str, int], dims: dict[str, int], inputs: Mapping[str, np.ndarray]) -> StagePlan:
         for plan in self.plans:
@@ -154,9 +159,11 @@ class ModelEngine:
         self.stats.rebind_s += exe.stats.rebind_seconds - before[1]
         return exe
 
-    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def __call__(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None = None
+                 ) -> dict[str, np.ndarray]:
+        """Run on ``inputs``; ``dims`` gives the symbolic dims no input shape binds (a KV cache's length)."""
         inputs = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
-        dims = infer_dims(self.model, inputs)
+        dims = {**infer_dims(self.model, inputs), **(dims or {})}
         exe = self.executable(dims, inputs)
         first = self.stats.transient_peak is None  # measure allocations outside the arena once
         t0 = time.perf_counter()

@@ -57,10 +57,11 @@ class StagePlan:
     device: str = "cpu"
     program: Program | None = field(default=None, repr=False, compare=False)
     stream: dict[str, str] | None = field(default=None, repr=False, compare=False)  # for runtime.load
+    state_bytes: int = 0  # states kept across runs (a KV cache), outside the arena
 
     @property
     def planned_peak(self) -> int:
-        return self.resident_weight_bytes + self.constant_bytes + self.activation_peak
+        return self.resident_weight_bytes + self.constant_bytes + self.state_bytes + self.activation_peak
 
     @property
     def fits(self) -> bool:
@@ -71,7 +72,8 @@ class StagePlan:
         return {"stage": self.stage, "runtime": self.runtime, "device": self.device, "dims": dict(self.dims),
                 "weight_bytes": self.weight_bytes,
                 "resident_weight_bytes": self.resident_weight_bytes, "constant_bytes": self.constant_bytes,
-                "activation_bytes": self.activation_peak, "planned_peak_bytes": self.planned_peak,
+                "activation_bytes": self.activation_peak, "state_bytes": self.state_bytes,
+                "planned_peak_bytes": self.planned_peak,
                 "streamed": self.streamed, "largest_block_bytes": self.largest_block_bytes,
                 "unbounded_peak_bytes": self.unbounded_peak}
 
@@ -118,18 +120,19 @@ def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, r
         if id(program) not in figures:
             if row is not None and row.get("peak") is not None:  # the search planned it with the runtime
                 memory = plan_memory(program, dims)  # order, residency and sizes for the stream layout
-                sizes = row["weight_bytes"], row["peak"] - row["weight_bytes"] - row["activation_peak"], \
-                    row["activation_peak"]
+                sizes = row["weight_bytes"], \
+                    row["peak"] - row["weight_bytes"] - row["activation_peak"] - memory.state_bytes, \
+                    row["activation_peak"], memory.state_bytes
             else:
                 memory = runtime.plan(program, dims)
-                sizes = memory.weight_bytes, memory.constant_bytes, memory.activation_peak
+                sizes = memory.weight_bytes, memory.constant_bytes, memory.activation_peak, memory.state_bytes
             figures[id(program)] = sizes, stream_layout(program, memory, dims, blocks)
-        (weight_bytes, constant_bytes, activations), layout = figures[id(program)]
+        (weight_bytes, constant_bytes, activations, states), layout = figures[id(program)]
         held = layout.resident_weight_bytes if streamed else weight_bytes
         return StagePlan(stage or model.name, model.name, dims, budget, weight_bytes, constant_bytes,
                          activations, streamed, held, layout.largest_block_bytes, len(layout.blocks), 0, 0,
                          time.perf_counter() - t0, runtime.name, runtime.device, program,
-                         blocks if streamed else None)
+                         blocks if streamed else None, states)
 
     figures: dict[int, tuple] = {}  # id(program) -> (sizes, stream layout): planning is not free
     best = compiled(None)
@@ -137,7 +140,7 @@ def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, r
     resident, streamed = assess(best, False), assess(best, True)
     # the leanest candidate's constants + activations (the chosen program's when the search had no others)
     leanest = min([r["peak"] - r["weight_bytes"] for r in candidates if r.get("peak") is not None]
-                  + [resident.constant_bytes + resident.activation_peak])
+                  + [resident.constant_bytes + resident.state_bytes + resident.activation_peak])
     least_weights = min(resident.weight_bytes, streamed.resident_weight_bytes)
     if budget is None or resident.planned_peak <= budget:
         choice = resident

@@ -98,7 +98,7 @@ def llama_program(tmp_path_factory) -> tuple[Program, dict]:
     spec.loader.exec_module(mod)
     folder = tmp_path_factory.mktemp("llama")
     mod.save_tiny_llama(folder, 0)
-    return compiled("llama.yaml", folder, {"batch": 1, "seq": 7})
+    return compiled("llama.yaml", folder, {"batch": 1, "seq": 7, "ctx": 7, "cache": 7, "keep": 7})
 
 
 @pytest.fixture(scope="module")

@@ -146,7 +146,7 @@ def save_llama(folder: Path, layers: int):
 def test_llama_under_a_budget_below_its_weights_is_bit_identical(tmp_path, layers, runtime):
     save_llama(tmp_path, layers)
     model = build(ROOT / "recipes" / "llama.yaml", weights=tmp_path)
-    dims = {"batch": 1, "seq": 6}
+    dims = {"batch": 1, "seq": 6, "ctx": 6, "cache": 6, "keep": 6}  # the whole sequence over an empty KV cache
     full = plan_model(model, dims, None, runtime, compile=False)
     lean = plan_model(model, dims, full.planned_peak - 1, runtime, compile=False)
     assert lean.streamed and lean.fits and lean.blocks == layers
@@ -157,8 +157,9 @@ def test_llama_under_a_budget_below_its_weights_is_bit_identical(tmp_path, layer
     bounded = ModelEngine(model, runtime, budget_bytes=budget, compile=False)
     try:
         for seed in range(2):
-            inputs = random_inputs(model, dims, seed)
-            want, got = unbounded(inputs)["logits"], bounded(inputs)["logits"]
+            inputs = dict(random_inputs(model, dims, seed), positions=np.arange(6, dtype=np.int32))
+            extra = {"ctx": 6, "cache": 6, "keep": 6}
+            want, got = unbounded(inputs, extra)["logits"], bounded(inputs, extra)["logits"]
             assert np.array_equal(got, want)
         assert bounded.stats.plan.streamed and bounded.stats.planned_peak <= budget
     finally:
