@@ -9,8 +9,10 @@ never copied. Decoding attends to a power-of-two bucket of the cache (``ctx``; t
 are masked by the recipe's causal mask), so the executable is re-bound only when the reply crosses a bucket,
 never per token, and each step's work grows with the filled length, not the allocated one.
 
-Memory is planned before any weight is read: weights + the KV cache for the context + both programs' arenas
-must fit the budget (``--max-memory``; default the runtime's device memory), else ``BudgetError``.
+Memory is planned before the weights are loaded: weights + the KV cache for the context + both programs'
+arenas must fit the budget (``--max-memory``; default the runtime's device memory), else ``BudgetError``. (The
+weights and the KV cache are checked before compiling; the compiler's search only times candidates that fit the
+budget on their own, on the memory-mapped weights.)
 """
 
 from __future__ import annotations
@@ -173,7 +175,9 @@ class LanguageModel:
 
                 n = min(COMPILE_PREFILL if role == "prefill" else COMPILE_DECODE, self.max_context)
                 dims = self._dims(n if role == "prefill" else 1, n, n)
-                program = compile_graph(self.model.graph, self.runtime, dims, weights=self.model.load_weight).program
+                # under the budget: a candidate the search times (running it on the memory-mapped weights) fits
+                program = compile_graph(self.model.graph, self.runtime, dims, budget_bytes=self.budget,
+                                        weights=self.model.load_weight).program
             self._programs[role] = program
             self.stats.compile_s += time.perf_counter() - t0
         return self._programs[role]
@@ -363,6 +367,10 @@ class LanguageModel:
             raise InputError(f"the sequence is {n} tokens long, more than the model's context of {self.max_context}")
         dims = self._dims(n, n, n, n)
         program = self._program("prefill")
+        plan = self.runtime.plan(program, dims)
+        if plan.peak > self.budget:
+            raise BudgetError(f"scoring {n} tokens needs {format_bytes(plan.peak)} (weights, KV cache and "
+                              f"activations), more than the memory budget of {format_bytes(self.budget)}")
         exe = self.runtime.load(program, self.model.load_weight, dims)
         try:
             out = exe.run({"tokens": np.asarray([ids], np.int32), "positions": np.arange(n, dtype=np.int32)})
