@@ -295,6 +295,10 @@ def summary(model: BuiltModel) -> str:
     inputs = ", ".join(f"{n} {list(map(str, t.shape))} {t.dtype}" for n, t in model.inputs.items())
     lines.append(f"inputs: {inputs}; outputs: {', '.join(model.outputs)}")
     lines += _input_docs(recipe)
+    states = graph.inputs("state")
+    if states:
+        shapes = sorted({f"{list(map(str, n.shape))} {n.dtype}" for n in states})
+        lines.append(f"states: {len(states)} ({', '.join(shapes)}), kept across runs (a KV cache)")
     return "\n".join(lines)
 
 
