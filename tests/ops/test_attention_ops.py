@@ -257,3 +257,26 @@ def test_sdpa_row_with_every_key_masked_averages_values(run_op):
         lambda a, b_, c, m: ops.scaled_dot_product_attention(a, b_, c, key_mask=m), q, k, v, key_mask
     )
     np.testing.assert_allclose(got[0, 0], np.broadcast_to(v[0, 0].mean(0), (2, 8)), rtol=1e-6)
+
+
+def _allowed_at(positions, t, window=None):
+    """Causal (and windowed) mask [1, 1, S, T] for queries at absolute ``positions`` over keys 0..T-1."""
+    q_pos = torch.tensor(positions)[:, None]
+    k_pos = torch.arange(t)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= q_pos - k_pos < window
+    return allowed[None, None]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("positions", [[4], [0, 1, 2], [5, 6, 7, 8]])
+def test_sdpa_at_given_positions_over_a_longer_cache(positions, window, run_op, assert_close, rng):
+    """Queries at absolute positions (a KV cache attended over T >= filled keys): keys past each query's
+    position are masked, also the not-yet-written ones at the end of the cache."""
+    s, t = len(positions), 12
+    q, k, v = _qkv(rng, h=4, hkv=2, s=s, t=t)
+    pos = np.array(positions, dtype=np.int32)
+    got = run_op(lambda a, b_, c, p: ops.scaled_dot_product_attention(a, b_, c, causal=True, window=window,
+                                                                      positions=p), q, k, v, pos)
+    assert_close("attention", got, _sdpa(q, k, v, _allowed_at(positions, t, window), gqa=True))

@@ -145,3 +145,33 @@ def test_write_rows_symbolic_step(run_op, assert_close, rng, symbolic_input):
         want = cache.copy()
         want[start : start + s] = rows
         assert_close("index", got, want)
+
+
+@pytest.mark.parametrize("positions, length", [([3], 4), ([0, 1, 2], 5), ([5, 6], 8)])
+def test_update_cache_writes_rows_and_returns_the_attended_prefix(positions, length, assert_close, rng):
+    """update_cache(state [C, B, H, D], positions, x [B, H, S, D], length): the state's new value is the cache
+    with rows ``positions`` replaced (torch index_copy), and the result its first ``length`` rows as [B, H, L, D]."""
+    from luminal_recipes.graph import Graph, run_reference
+
+    c, b, h, d = 8, 2, 3, 4
+    cache = rng.standard_normal((c, b, h, d)).astype(np.float32)
+    x = rng.standard_normal((b, h, len(positions), d)).astype(np.float32)
+    g = Graph()
+    state = g.state("cache", (c, b, h, d))
+    out = ops.update_cache(state, g.input("pos", ("s",), "i32"), g.input("x", (b, h, "s", d)), "n")
+    g.mark_output("keys", out)
+    got = run_reference(g, {"cache": cache, "pos": np.array(positions, np.int32), "x": x},
+                        dims={"s": len(positions), "n": length})
+    want = torch.from_numpy(cache).index_copy(0, torch.tensor(positions), torch.from_numpy(x).permute(2, 0, 1, 3))
+    assert_close("index", got["cache"], want)  # the state's new value (an output of the state's name)
+    assert_close("index", got["keys"], want[:length].permute(1, 2, 0, 3))
+
+
+def test_update_cache_needs_a_declared_state(rng):
+    from luminal_recipes.errors import GraphError
+    from luminal_recipes.graph import Graph
+
+    g = Graph()
+    plain = g.input("cache", (8, 1, 2, 4))
+    with pytest.raises(GraphError, match="must be a state"):
+        ops.update_cache(plain, g.input("pos", (1,), "i32"), g.input("x", (1, 2, 1, 4)), 8)
