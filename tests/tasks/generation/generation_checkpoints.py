@@ -88,13 +88,15 @@ def save_mistral(folder: Path, seed: int = 0, sliding_window: int | None = 8):
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(TEKKEN / name, folder / name)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    import tokenizers
+
+    tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))  # (transformers' loads in seconds)
     torch.manual_seed(seed)
     config = transformers.MistralConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
         max_position_embeddings=512, sliding_window=sliding_window, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+        bos_token_id=tokenizer.token_to_id("<s>"), eos_token_id=tokenizer.token_to_id("</s>"))
     model = transformers.MistralForCausalLM(config).eval()
     model.save_pretrained(folder)
     return model
