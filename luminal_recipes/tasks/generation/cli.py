@@ -1,12 +1,12 @@
 """`luminal-recipe run` for a language-model recipe: stream replies, print a JSON object per prompt, or serve the
 benchmark harness's ``--stdio`` protocol.
 
-``--stdio`` (luminal-benchmarks' protocol, byte for byte): ``READY`` once the model is loaded and compiled; then for
-every non-empty stdin line (trailing ``\\n`` then ``\\r`` removed) one ``TOK\\t<text>`` line per generated token
-other than an EOS (its text escaped: backslash, tab, newline, CR as ``\\\\ \\t \\n \\r``; a token that completes
-no character prints an empty text) and ``EOQ\\t<tokens>\\t<ms>`` (tokens generated, an EOS included; milliseconds
-from the prompt's arrival, 3 decimals). The KV cache is reset per prompt; every log goes to stderr. The
-environment variable ``GEN_TOKENS`` sets the default of ``--max-new-tokens``.
+``--stdio`` (luminal-benchmarks' protocol, byte for byte): ``READY`` once the model is loaded and compiled; then
+for every non-empty stdin line (split at ``\\n`` only; trailing ``\\n`` then ``\\r`` removed; UTF-8) one
+``TOK\\t<text>`` line per generated token other than an EOS (its text escaped: backslash, tab, newline, CR as
+``\\\\ \\t \\n \\r``; a token that completes no character prints an empty text) and ``EOQ\\t<tokens>\\t<ms>``
+(tokens generated, an EOS included; milliseconds from the prompt's arrival, 3 decimals). The KV cache is reset
+per prompt; every log goes to stderr. The environment variable ``GEN_TOKENS`` sets the default of ``--max-new-tokens``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ...errors import InputError
+from ...errors import InputError, LuminalError
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -150,41 +150,51 @@ def run_text(req: TextRequest, out: IO[str] | None = None, err: IO[str] | None =
     return results
 
 
-def serve_stdio(req: TextRequest, stdin: IO[str] | None = None, out: IO[str] | None = None,
+def serve_stdio(req: TextRequest, stdin: IO[bytes] | None = None, out: IO[bytes] | None = None,
                 err: IO[str] | None = None) -> int:
-    """The benchmark protocol (module docstring). Returns the number of prompts served."""
-    stdin, out, err = stdin or sys.stdin, out or sys.stdout, err or sys.stderr
+    """The benchmark protocol (module docstring) on binary streams (default: the process's stdin/stdout), so
+    lines end at ``\\n`` only and text is UTF-8 whatever the locale. Returns the number of prompts served."""
+    stdin = stdin or sys.stdin.buffer
+    out = out or sys.stdout.buffer
+    err = err or sys.stderr
     from .sampling import SamplingSettings
+
+    def send(line: str) -> None:
+        out.write(line.encode("utf-8") + b"\n")
+        out.flush()
 
     SamplingSettings(req.temperature, req.top_k, req.top_p, req.repetition_penalty, req.seed)
     print("loading and compiling...", file=err, flush=True)
     model = load_model(req)
     options = req.options()
     model.prepare(1, options["max_new_tokens"])
-    out.write("READY\n")
-    out.flush()
+    send("READY")
     served = 0
     sample = {k: v for k, v in options.items() if k not in ("chat", "system", "chat_vars")}
-    for raw in stdin:
-        prompt = raw.rstrip("\n").rstrip("\r")
+    while True:
+        raw = stdin.readline()
+        if not raw:
+            break
+        try:  # as the harness's Rust reader: a line that is not UTF-8 ends the session
+            prompt = raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            print(f"stdio read error: stdin is not UTF-8 ({exc})", file=err, flush=True)
+            break
         if not prompt:
             continue
         start = time.perf_counter()
 
         def tok(token: int, text: str) -> None:
             if token not in model.eos_ids:
-                out.write(f"TOK\t{escape(text)}\n")
-                out.flush()
+                send(f"TOK\t{escape(text)}")
 
         try:
             ids = model.encode(prompt, req.chat, req.system, req.chat_vars)
-            result = model.generate(ids, on_token=tok, **sample)
-            n = len(result.ids)
-        except InputError as exc:  # one bad prompt (too long...) ends that query, not the server
+            n = len(model.generate(ids, on_token=tok, **sample).ids)
+        except LuminalError as exc:  # one bad prompt (too long...) ends that query, not the server
             print(f"error: {exc}", file=err, flush=True)
             n = 0
-        out.write(f"EOQ\t{n}\t{(time.perf_counter() - start) * 1e3:.3f}\n")
-        out.flush()
+        send(f"EOQ\t{n}\t{(time.perf_counter() - start) * 1e3:.3f}")
         served += 1
     return served
 

@@ -68,10 +68,10 @@ def test_stop_strings_end_the_reply(llama, llama_lm):
 
 def test_stdio_protocol(llama, llama_lm):
     req = TextRequest(LLAMA, weights=str(llama[0]), max_new_tokens=6)
-    stdin = io.StringIO("The capital of France is\n\n\r\nÇa marche très bien! 🦊\r\n")
-    out, err = io.StringIO(), io.StringIO()
+    stdin = io.BytesIO("The capital of France is\n\n\r\nÇa marche très bien! 🦊\r\n".encode())
+    out, err = io.BytesIO(), io.StringIO()
     assert serve_stdio(req, stdin, out, err) == 2
-    lines = out.getvalue().split("\n")
+    lines = out.getvalue().decode("utf-8").split("\n")
     assert lines[0] == "READY" and lines[-1] == ""
     queries, current = [], []
     for line in lines[1:-1]:
@@ -93,6 +93,14 @@ def test_stdio_protocol(llama, llama_lm):
 
 def test_stdio_escapes():
     assert escape("a\\b\tc\nd\re") == "a\\\\b\\tc\\nd\\re"
+
+
+def test_stdio_lines_end_at_newline_only(llama):
+    """A lone CR inside a line is part of the prompt (not a line break, as text-mode stdin would make it)."""
+    req = TextRequest(LLAMA, weights=str(llama[0]), max_new_tokens=2)
+    out = io.BytesIO()
+    assert serve_stdio(req, io.BytesIO(b"one\rtwo\n"), out, io.StringIO()) == 1
+    assert out.getvalue().decode().count("EOQ\t") == 1
 
 
 def test_stdio_subprocess_keeps_stdout_for_the_protocol(llama):
