@@ -21,8 +21,8 @@ from tokenizers import processors
 
 from ...errors import CheckpointError, InputError
 from ...files import MAX_JSON_BYTES, not_regular, read_regular_text
-from ...pipeline.chat_template import find_chat_templates, render_chat, template_variables
-from ...pipeline.tokenize import _read_tokenizer_config, _special_tokens
+from ...text.chat_template import find_chat_templates, render_chat, template_variables
+from ...text.tokenizer import read_tokenizer_config, special_tokens
 
 # names every template is given by transformers; --chat-var may not set them
 RESERVED_VARIABLES = {"messages", "tools", "documents", "add_generation_prompt"}
@@ -60,8 +60,8 @@ class TextTokenizer:
         except Exception as exc:  # the tokenizers package raises a bare Exception on malformed files
             raise CheckpointError(f"{path}: not a valid tokenizers file ({exc}); restore it from the checkpoint.") \
                 from None
-        options = _read_tokenizer_config(folder / "tokenizer_config.json")
-        special = _special_tokens(folder, options)
+        options = read_tokenizer_config(folder / "tokenizer_config.json")
+        special = special_tokens(folder, options)
         backend.no_padding()
         backend.no_truncation()
         # what TokenizersBackend.__init__ does to the backend with these options

@@ -161,11 +161,18 @@ def test_budget_below_the_weights_is_refused_before_loading(llama):
     refused(run("--weights", str(llama[0]), "-p", "hi", "--max-memory", "100KiB"), "KV cache", "--max-memory")
 
 
+def recipe_copy(tmp_path: Path, text: str, name: str) -> Path:
+    """``text`` as recipe ``name`` beside a copy of the shipped module libraries it includes."""
+    shutil.copytree(RECIPES / "lib", tmp_path / "lib")
+    (tmp_path / name).write_text(text)
+    return tmp_path / name
+
+
 def test_a_model_recipe_without_generation(tmp_path, llama):
     text = LLAMA.read_text()
     start = text.index("generation:\n")
-    (tmp_path / "plain.yaml").write_text(text[:start] + text[text.index("\nweights:", start) + 1:])
-    result = CliRunner().invoke(app, ["run", str(tmp_path / "plain.yaml"), "--weights", str(llama[0]), "-p", "hi"])
+    plain = recipe_copy(tmp_path, text[:start] + text[text.index("\nweights:", start) + 1:], "plain.yaml")
+    result = CliRunner().invoke(app, ["run", str(plain), "--weights", str(llama[0]), "-p", "hi"])
     refused(result, "plain.yaml:", "without a `generation:` section", "Language models")
 
 
@@ -173,8 +180,8 @@ def test_a_recipe_missing_generation_pieces_names_them(tmp_path, llama):
     text = LLAMA.read_text().replace("dims: [batch, seq, ctx, cache, keep]", "dims: [batch, seq, ctx, cache]")
     text = text.replace("  positions: {shape: [seq], dtype: i32, doc: absolute positions of the new tokens "
                         "(past .. past + seq - 1)}\n", "")
-    (tmp_path / "broken.yaml").write_text(text)
-    result = CliRunner().invoke(app, ["run", str(tmp_path / "broken.yaml"), "--weights", str(llama[0]), "-p", "hi"])
+    broken = recipe_copy(tmp_path, text, "broken.yaml")
+    result = CliRunner().invoke(app, ["run", str(broken), "--weights", str(llama[0]), "-p", "hi"])
     refused(result, "broken.yaml", "dims lack keep", "no input 'positions'")
 
 
