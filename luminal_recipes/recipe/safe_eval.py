@@ -232,6 +232,16 @@ class ConfigView:
             )
         return wrap_config(self.data[key], self.file, f"{self.prefix}.{key}")
 
+    # a mapping of config.json reads like a dict: `list(config.per_layer_config)` its keys, `len(...)`, `'k' in ...`
+    def __iter__(self):
+        return iter(list(self.data))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
 
 def wrap_config(value: Any, file: str, prefix: str) -> Any:
     return ConfigView(value, file, prefix) if isinstance(value, Mapping) else value

@@ -25,6 +25,13 @@ def _scatter(k: KernelCall) -> Work:
     return work
 
 
+def _gather(k: KernelCall) -> Work:
+    # only the picked rows of the table are read (an embedding lookup, the experts a router chose), never the
+    # whole table; rows picked twice are read twice at most
+    rows = min(k.read(0), k.written)
+    return Work(bytes=rows + k.read(1) + k.written, ew_flops=k.out_numel)
+
+
 def _reduce_axis(literals, views) -> dict:
     # the e-graph counts reduction axes from the end of the operand (rules match trailing axes of any rank)
     return {"axis": len(views[0].shape) - 1 - literals["axis"]}
@@ -51,7 +58,7 @@ def _specs() -> list[KernelSpec]:
     specs += [
         KernelSpec("Iota", REFERENCE, {"Iota": Ctor("n:Dim")}, "none; out i32 [n] = 0..n-1", primitive=True),
         KernelSpec("Gather", REFERENCE, {"Gather": Ctor("table:Ld index:Ld")}, "table [R, ...], index (i32)",
-                   primitive=True),
+                   cost=_gather, primitive=True, version="2"),
         KernelSpec("Scatter", REFERENCE, {"Scatter": Ctor("dest:Ld index:Ld src:Ld")},
                    "dest [R, ...], index (i32) [n], src [n, ...]; out = a copy of dest with rows index <- src",
                    cost=_scatter, primitive=True),

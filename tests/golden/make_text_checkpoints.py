@@ -47,11 +47,30 @@ def make_mistral(folder: Path) -> None:
     transformers.MistralForCausalLM(config).eval().save_pretrained(folder)
 
 
-MAKERS = {"llama-tiny": make_llama, "mistral-tiny": make_mistral}
+def tiny(model_class: str, seed: int):
+    """A maker for the tiny checkpoint of one architecture of tests/recipe/llm_checkpoints.py (its parity tests'
+    sizes), saved with the test tokenizer."""
+
+    def make(folder: Path) -> None:
+        sys.path.insert(0, str(HERE.parent / "recipe"))
+        from llm_checkpoints import save_tiny
+
+        save_tiny(folder, model_class, seed=seed, tokenizer=True)
+
+    return make
+
+
+MAKERS = {"llama-tiny": make_llama, "mistral-tiny": make_mistral,
+          "qwen3-tiny": tiny("Qwen3ForCausalLM", 2), "qwen3-moe-tiny": tiny("Qwen3MoeForCausalLM", 3),
+          "gemma3-tiny": tiny("Gemma3ForCausalLM", 4), "gemma4-moe-tiny": tiny("Gemma4ForCausalLM", 5),
+          "gpt2-tiny": tiny("GPT2LMHeadModel", 6)}
 
 
 def main() -> None:
+    wanted = sys.argv[1:] or list(MAKERS)  # names: only those checkpoints
     for name, make in MAKERS.items():
+        if name not in wanted:
+            continue
         folder = HERE / "checkpoints" / name
         folder.mkdir(parents=True, exist_ok=True)
         make(folder)
