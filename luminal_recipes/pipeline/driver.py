@@ -27,8 +27,8 @@ from ..files import MAX_JSON_BYTES, read_regular_text
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.params import ParamResolver
-from ..recipe.paths import checkpoint_roots, confined
-from ..recipe.safe_eval import ExprError, evaluate, names_in, parse, unwrap, wrap_config
+from ..recipe.paths import checkpoint_roots, confined, is_local
+from ..recipe.safe_eval import ExprError, evaluate, is_wrapped, names_in, parse, unwrap, wrap_config
 from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.registry import get_runtime
 from . import peak_rss
@@ -105,7 +105,7 @@ class Pipeline:
 
     @property
     def _checkpoint_roots(self) -> list[Path] | None:
-        return checkpoint_roots(self.checkpoint, self._weights_arg is not None, self.recipe.tree)
+        return checkpoint_roots(self.checkpoint, self._weights_arg is not None, self.recipe.tree, self.doc.weights)
 
     @property
     def configs(self) -> dict[str, dict]:
@@ -129,7 +129,7 @@ class Pipeline:
             raise PipelineError(f"{self.path}: no checkpoint; pass --weights FOLDER or set `weights:` in the recipe")
         from ..weights.sources import resolve_source
 
-        if not source.startswith("hf://") and weights is None:  # the recipe's own: inside its folder tree
+        if is_local(source) and weights is None:  # the recipe's own: inside its folder tree
             source = str(confined(self.recipe.origin("weights"), self.path.parent, source, "this recipe's folder",
                                   [self.recipe.tree or self.path.parent]).resolve())
         patterns = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.txt")
@@ -172,9 +172,11 @@ class Pipeline:
         was written: the pipeline recipe's line, and the flag or ``--set`` it follows, for errors."""
         sets, origins = {}, {}
         for key, text in self.doc.models[name].set.items():
-            sets[key] = self._eval(text, {}, f"models.{name}.set.{key}") if isinstance(text, str) else text
+            # a value as written (`pooling: mean`), or `${...}` over the pipeline's parameters, as validate reads it
+            wrapped = isinstance(text, str) and is_wrapped(text)
+            sets[key] = self._eval(text, {}, f"models.{name}.set.{key}") if wrapped else text
             where = f"{self.recipe.origin('models', name, 'set', key).loc()}: models.{name}.set.{key}"
-            names = {n.id for n in names_in(parse(unwrap(text)))} if isinstance(text, str) else set()
+            names = {n.id for n in names_in(parse(unwrap(text)))} if wrapped else set()
             for ref in sorted(names & set(self._resolver.overrides)):
                 where += f" (from {self._resolver.set_by[ref]})"
             origins[key] = where

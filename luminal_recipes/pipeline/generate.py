@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import PipelineError, RecipeError
 from ..recipe.loader import load_recipe
 from ..recipe.params import parse_sets
@@ -113,6 +115,19 @@ def _check_inputs(pipe: Pipeline, req: GenerateRequest) -> None:
     for name, path in req.files.items():
         if path is not None and name not in inputs:
             raise PipelineError(f"{flag(name)}: pipeline '{pipe.doc.name}' ({req.recipe}) takes no `{name}` input")
+
+
+MAX_INLINE_ELEMENTS = 65536  # arrays up to this size (an embedding) are also given in --json, as nested lists
+
+
+def _inline(kind: str, value) -> dict:
+    """What --json shows of an output besides its file: a text's text, a small array's shape and values."""
+    if kind == "text":
+        return {"text": value}
+    if kind == "array" and np.size(value) <= MAX_INLINE_ELEMENTS:
+        array = np.asarray(value)
+        return {"shape": list(array.shape), "dtype": str(array.dtype), "values": array.tolist()}
+    return {}
 
 
 def _check_explicit(path: Path, only: Output, overwrite: bool) -> None:
@@ -223,7 +238,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
             stems = {name: output_stem(req.recipe.stem, seed, prompt, name if several else None)
                      for name in declared}
             paths = write_numbered(DEFAULT_OUTPUT_DIR, stems, values, text)
-        outputs = {name: {"type": kind, "path": str(paths[name])} | ({"text": value} if kind == "text" else {})
+        outputs = {name: {"type": kind, "path": str(paths[name])} | _inline(kind, value)
                    for name, (kind, value) in values.items()}
         runs.append({
             "prompt": prompt,

@@ -105,7 +105,7 @@ def build(
     from ..weights.safetensors_io import Checkpoint
 
     checkpoint = Checkpoint.open(folder)
-    roots = checkpoint_roots(folder, weights is not None, recipe.tree)
+    roots = checkpoint_roots(folder, weights is not None, recipe.tree, recipe.doc.weights.source)
     return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets, ops=ops)
 
 

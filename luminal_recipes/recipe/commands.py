@@ -92,7 +92,7 @@ def _validate_library(recipe: LoadedRecipe, weights: str | Path | None) -> Valid
 
 def _validate_loaded(
     recipe: LoadedRecipe, weights: str | Path | None, sets: Any, report: ValidationReport, label: str,
-    own_source: bool, user_weights: bool | None = None,
+    own_source: bool, user_weights: bool | None = None, source: str | None = None,
 ) -> None:
     """``own_source``: without ``weights``, check the checkpoint the recipe names itself when it is local
     (False for a pipeline's models, whose checkpoint is the pipeline's). ``user_weights``: whether ``weights``
@@ -123,7 +123,8 @@ def _validate_loaded(
             return
     elif weights is None:
         return  # a pipeline's model: the pipeline reports on its checkpoint
-    built = _build_with_weights(recipe, weights, sets, weights is not None if user_weights is None else user_weights)
+    built = _build_with_weights(recipe, weights, sets, weights is not None if user_weights is None else user_weights,
+                                source)
     report.models[label or recipe.doc.name] = built
     report.checks.append(
         f"{prefix}checkpoint {built.checkpoint_root} matches: {len(built.weights)} weights, "
@@ -151,6 +152,11 @@ def _validate_pipeline(
     elif doc.weights.startswith("hf://"):
         report.checks.append(f"checkpoint not checked: {doc.weights} is on the Hugging Face Hub and nothing is "
                              f"downloaded unless asked; pass --weights {doc.weights} (or a local copy) to check it")
+    elif doc.weights.startswith("python://"):
+        from ..weights.sources import resolve_source
+
+        folder = resolve_source(doc.weights)
+        report.checks.append(f"checkpoint: {folder} (the recipe's `weights:`, an installed package's folder)")
     else:
         folder = _local_pipeline_checkpoint(recipe)
         report.checks.append(f"checkpoint: {folder} (the recipe's `weights:`)")
@@ -165,11 +171,11 @@ def _validate_pipeline(
             sub = with_quantization(sub, model.quantization)
         sub_weights = None if folder is None else confined(
             recipe.origin("models", name, "weights"), Path(folder), model.weights or ".", "the checkpoint folder",
-            checkpoint_roots(Path(folder), weights is not None, recipe.tree))
+            checkpoint_roots(Path(folder), weights is not None, recipe.tree, doc.weights))
         # values written ${...} refer to the pipeline's parameters: the driver evaluates them at run time
         literal = {k: v for k, v in model.set.items() if not is_wrapped(v)}
         _validate_loaded(sub, sub_weights, literal, report, label=name, own_source=False,
-                         user_weights=weights is not None)
+                         user_weights=weights is not None, source=doc.weights)
 
 
 def _local_pipeline_checkpoint(recipe: LoadedRecipe) -> Path:
@@ -187,14 +193,16 @@ def _local_pipeline_checkpoint(recipe: LoadedRecipe) -> Path:
 
 
 def _build_with_weights(recipe: LoadedRecipe, weights: str | Path | None, sets: Any,
-                        user_weights: bool | None = None) -> BuiltModel:
+                        user_weights: bool | None = None, source: str | None = None) -> BuiltModel:
+    """``source``: where the checkpoint came from when not the recipe's own weights.source (a pipeline's)."""
     from ..weights.safetensors_io import Checkpoint
 
     folder = checkpoint_folder(recipe, weights)
     if folder is None:
         raise recipe.origin("weights").error("no checkpoint: pass --weights or set weights.source.")
     checkpoint = Checkpoint.open(folder)
-    roots = checkpoint_roots(folder, weights is not None if user_weights is None else user_weights, recipe.tree)
+    roots = checkpoint_roots(folder, weights is not None if user_weights is None else user_weights, recipe.tree,
+                             source if source is not None else recipe.doc.weights.source)
     return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets)
 
 

@@ -49,13 +49,17 @@ def confined(origin: Origin, base: Path, text: str, inside: str, roots: Iterable
     return target
 
 
-def checkpoint_roots(folder: Path, user_given: bool, tree: Path | None) -> list[Path] | None:
+def checkpoint_roots(folder: Path, user_given: bool, tree: Path | None,
+                     source: str | None = None) -> list[Path] | None:
     """Where links under a checkpoint folder may lead: anywhere (None) when the user named the folder; else
-    inside the recipe's ``tree`` (a local checkpoint the recipe names) or, for a snapshot in the hub cache
+    inside the recipe's ``tree`` (a local checkpoint the recipe names), inside the folder itself for one shipped
+    in an installed package (``source`` ``python://...``) or, for a snapshot in the hub cache
     (``models--org--name/snapshots/<rev>/...``), inside the repository's cache folder that holds ``blobs/``."""
     if user_given:
         return None
     resolved = Path(folder).resolve()
+    if source is not None and str(source).startswith("python://"):
+        return [resolved]
     for parent in resolved.parents:
         if parent.name == "snapshots" and parent.parent.name.startswith("models--"):
             return [parent.parent]
@@ -63,4 +67,7 @@ def checkpoint_roots(folder: Path, user_given: bool, tree: Path | None) -> list[
 
 
 def is_local(source: str | None) -> bool:
-    return source is not None and not str(source).startswith(HUB)
+    """A folder path (relative to the recipe), not a Hub repository or an installed package."""
+    from ..weights.sources import is_named
+
+    return source is not None and not is_named(source)

