@@ -42,14 +42,15 @@ def test_run_prints_the_embeddings_of_sentence_transformers(tmp_path, monkeypatc
 def test_encode_text_tokenizes_and_truncates_as_transformers(tmp_path):
     from transformers import AutoTokenizer
 
-    from luminal_recipes.pipeline.encode_text import encode_text
+    from luminal_recipes.pipeline.plugins import StepContext
+    from luminal_recipes.recipe import load_recipe
+    from luminal_recipes.tasks.embedding.encode_text import encode_text
 
-    class Context:
-        checkpoint = minilm.get_model_path()
+    context = StepContext(minilm.get_model_path(), load_recipe(RECIPES / "minilm.yaml").doc)
 
     reference = AutoTokenizer.from_pretrained(str(minilm.get_model_path()))
     for text, max_length in [("Naïve CAFÉ résumé, don't stop!", 32), ("word " * 40, 16)]:
-        got = encode_text(Context(), text, max_length)
+        got = encode_text(context, text, max_length)
         want = reference(text, truncation=True, max_length=max_length, padding="max_length")
         assert got["input_ids"][0].tolist() == want["input_ids"]
         assert got["attention_mask"][0].tolist() == want["attention_mask"]
