@@ -493,7 +493,7 @@ def test_output_that_is_a_folder_is_refused_before_any_work(tmp_path, no_work):
 
 # ---- messages ----------------------------------------------------------------------------------------------------
 def test_forward_error_is_reported_on_its_own_line(tmp_path):
-    line = "      h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, window=sliding_window)\n"
+    line = "      h = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, window=window)\n"
     library = recipes_copy(tmp_path, (line, line + "      y = 1 in (1, 2)\n"), "lib/causal_lm.yaml")
     refused(cli("validate", library.parents[1] / "llama.yaml"), f"causal_lm.yaml:{line_of(library, 'y = 1 in')}:11:",
             "'in' is not allowed")
