@@ -210,7 +210,9 @@ def _run_bytes(program: Program, dims) -> int:
 
 
 def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, options: SearchOptions):
-    if runtime is None or not hasattr(runtime, "time") or options.time_top <= 0:
+    # an emulator's or an offline planner's times say nothing of the device (``timed``): the cost model decides
+    if runtime is None or not hasattr(runtime, "time") or not getattr(runtime, "timed", True) \
+            or options.time_top <= 0:
         return []
     best = fitting[0][1].get("cost_s") if fitting else None
     # a candidate the cost model rates far worse is not worth whole-program runs (they dominate cold compiles)

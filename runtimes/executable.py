@@ -1,21 +1,30 @@
 """The one executable every backend runs Programs with, and the runtime that pairs it with a backend.
 
 ``BackendRuntime(backend)`` is a ``Runtime``: ``load`` prepares every kernel with the backend's implementations
-(operand layouts, scratch needs), plans memory with those needs, allocates one activation arena
+(operand layouts, scratch needs), lets the backend build what they need as a whole (``backend.build``: the CUDA
+backends compile one module of every node's kernels), plans memory with those needs, allocates one activation arena
 (``backend.allocate``; every activation and scratch array is a typed slot of it at its planned offset), binds the
-weights (``backend.upload``: the numpy backend keeps memory-mapped checkpoint arrays memory-mapped), and binds
-every kernel to its arrays. ``Executable.run`` then copies the inputs into their slots (``backend.copy_in``),
-calls the prepared steps in program order and hands the outputs back; the hot loop allocates nothing. Execution is
-single-stream and every reduction has a fixed order, so the same inputs give the same bits.
+weights (``backend.upload``: the numpy backend keeps memory-mapped checkpoint arrays memory-mapped, a GPU backend
+binds arrays already in its memory as they are), and binds every kernel to its arrays. ``Executable.run`` then
+copies the inputs into their slots (``backend.copy_in``), calls the prepared steps in program order and hands the
+outputs back; the hot loop allocates nothing. Execution is single-stream and every reduction has a fixed order, so
+the same inputs give the same bits. ``execute`` runs the kernels on inputs staged in device memory, without host
+transfers (what a benchmark times).
 
 With ``stream=`` (weight name -> block name), the repeated blocks' weights are not bound to the checkpoint but
-streamed through two slot buffers by a ``streaming.WeightStreamer``; ``close()`` stops its loader thread.
-``stats`` counts the bytes each run moved between host and device.
+streamed through two slot buffers by a ``streaming.WeightStreamer`` (on a device backend through pinned staging
+buffers of ``staging_bytes`` in all, on its copy stream); ``close()`` stops its loader thread and drops every
+buffer. ``stats`` counts the bytes each run moved between host and device.
+
+On a backend with device graphs (``backend.graphs``: CUDA), the second run at a binding records every kernel as one
+graph (``backend.capture``) and later runs replay it; steps that cannot be recorded (streamed weights, a kernel the
+device refuses to capture) run one by one, with a one-line notice.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 import tracemalloc
 from collections.abc import Mapping
@@ -27,7 +36,7 @@ from luminal_recipes.errors import GraphError, InputError, UnboundDimError
 from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.symbolic import shape_str
 
-from .backend import Array, Backend
+from .backend import Array, Backend, GraphCaptureError
 from .binding import check_array, check_input_names, declared_shape, fetch_weight
 from .kernels import REGISTRY, SOURCES
 from .kernels.context import KernelContext, KernelInput, Scratch
@@ -45,6 +54,7 @@ class BackendRuntime(RuntimeBase):
     def __init__(self, backend: Backend):
         self.backend = backend
         self.name, self.device, self.machine = backend.name, backend.device, backend.machine
+        self.timed = backend.timed  # whether the compiler may time candidates on this device
 
     def capabilities(self) -> set[str]:
         return {op for op in REGISTRY if op in self.backend.kernels or op in SOURCES}
@@ -75,12 +85,26 @@ class BackendRuntime(RuntimeBase):
         prepared = self.prepare(program, dims)
         return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
 
-    def load(self, program: Program, weights=None, dims=None,
-             stream: Mapping[str, str] | None = None, states_from: Executable | None = None) -> Executable:
+    def load(self, program: Program, weights=None, dims=None, stream: Mapping[str, str] | None = None,
+             states_from: Executable | None = None, staging_bytes: int | None = None) -> Executable:
         """Bind ``program`` to its weights at ``dims``; ``stream`` (weight name -> block name) streams the
-        blocks' weights instead of binding them (``streaming``); ``states_from``: share that executable's state
-        buffers (a prefill and a decode program of one model writing one KV cache) instead of allocating."""
-        return Executable(self, program, weights, dict(dims or {}), stream, states_from)
+        blocks' weights instead of binding them (``streaming``), staged through ``staging_bytes`` of pinned host
+        memory on a device backend (default: ``streaming.DEFAULT_STAGING``); ``states_from``: share that
+        executable's state buffers (a prefill and a decode program of one model writing one KV cache) instead of
+        allocating."""
+        return Executable(self, program, weights, dict(dims or {}), stream, states_from, staging_bytes)
+
+    def release_memory(self) -> dict | None:
+        """Give the memory the backend's allocator caches back to the device (a stage has ended and closed its
+        executables): the bytes held before and after, or None where the backend cannot tell (numpy)."""
+        if self.backend.memory_held() is None:
+            return None
+        import gc
+
+        gc.collect()  # arrays kept alive only by reference cycles
+        before = self.backend.memory_held()
+        self.backend.release_memory()
+        return {"held_before_release_bytes": before, "held_after_release_bytes": self.backend.memory_held()}
 
 
 def _numel(node: Node, dims) -> int:
@@ -113,12 +137,18 @@ class Executable:
     """
 
     def __init__(self, runtime: BackendRuntime, program: Program, weights, dims: dict[str, int],
-                 stream: Mapping[str, str] | None = None, states_from: Executable | None = None):
+                 stream: Mapping[str, str] | None = None, states_from: Executable | None = None,
+                 staging_bytes: int | None = None):
         self.runtime, self.backend = runtime, runtime.backend
         self.program, self.dims = program, dict(dims)
         self.loaded_dims = dict(dims)
         self.stats = TransferStats()
         self._by_id = {n.id: n for n in program.nodes}
+        self._closed = False
+        self._staged: list[tuple[Array, Array]] = []  # ``execute``'s inputs in device memory, and their slots
+        # device graphs: tried from the second run at a binding, unless the steps include host work (streaming)
+        self._graphs = bool(getattr(runtime.backend, "graphs", False))
+        self._replay = None
         backend = self.backend
         if states_from is not None and states_from.backend is not backend:
             raise InputError("states are shared only between executables of one runtime (one device)")
@@ -126,7 +156,10 @@ class Executable:
         self.streamer = None
         if stream is not None:
             self.streamer = WeightStreamer(stream_layout(program, plan, dims, stream), program, weights, dims,
-                                           backend)
+                                           backend, staging_bytes)
+            if self._graphs:
+                self._graphs = False
+                _notice(backend, "weights are streamed: the host loads blocks between kernels")
         self.arena = backend.allocate(plan.arena_bytes)
         # bound once, whatever the dims: weights, constants, Iota (its prefix serves shorter lengths), states
         self._fixed: dict[int, Array] = {}
@@ -162,6 +195,7 @@ class Executable:
     def _plan(self, dims: Mapping[str, int]) -> tuple[dict, MemoryPlan]:
         prepared = self.runtime.prepare(self.program, dims)
         plan = plan_memory(self.program, dims, None, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+        self.backend.build({nid: bind for nid, (bind, _) in prepared.items()})
         return prepared, plan
 
     def bind(self, dims: Mapping[str, int]) -> None:
@@ -194,6 +228,8 @@ class Executable:
         """Every activation slot, kernel step, input and output at ``dims``."""
         backend, program, by_id = self.backend, self.program, self._by_id
         self.dims, self.plan = dims, plan
+        self._replay, self._launches = None, 0  # a graph records one binding's steps
+        self._staged = []
         flats: dict[int, Array] = {}
         self._inputs: dict[str, tuple[Node, Array]] = {}
         for nid in plan.order:
@@ -273,9 +309,22 @@ class Executable:
         return self._states[name]
 
     def close(self) -> None:
-        """Stop the weight loader (streaming only); the executable must not run afterwards."""
+        """Stop the weight loader (streaming) and drop every buffer (arena, weights, states, slots, graph), so the
+        backend can free them; the executable cannot run afterwards."""
         if self.streamer:
             self.streamer.close()
+        self._closed = True
+        self._replay = None
+        self._steps, self._write_back, self._staged = [], [], []
+        self._inputs, self._outputs = {}, {}
+        self._fixed.clear()
+        self._states.clear()
+        self.weights.clear()
+        self.arena = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GraphError("this executable was closed (its buffers are released); load the program again")
 
     @property
     def memory(self) -> MemoryReport:
@@ -287,6 +336,7 @@ class Executable:
         ``copy_outputs=False`` a host backend hands out read-only views of the arena instead, valid until the
         next run (no copy in a loop that consumes them at once). ``trace=True`` measures allocations made
         outside the arena (``memory.transient_peak``)."""
+        self._check_open()
         if dims is not None:
             self.bind(dims)
         inputs = dict(inputs or {})
@@ -309,12 +359,8 @@ class Executable:
         if trace:
             tracemalloc.start()
         try:
-            with np.errstate(all="ignore"):
-                for step in self._steps:
-                    step()
-            for buf, value in self._write_back:
-                self.backend.copy(buf, value)
-                stats.bytes_device += value.nbytes
+            self._launch()
+            stats.bytes_device += sum(value.nbytes for _, value in self._write_back)
             self.backend.synchronize()
             if trace:
                 self._memory.transient_peak = tracemalloc.get_traced_memory()[1]
@@ -322,6 +368,55 @@ class Executable:
             if trace:
                 tracemalloc.stop()
         return {name: self._read(flat, bv, copy_outputs) for name, (flat, bv) in self._outputs.items()}
+
+    def execute(self, inputs: Mapping[str, np.ndarray] | None = None) -> None:
+        """Run the program once without host transfers and wait: what a benchmark times. ``inputs`` (given on
+        the first call, or to change them) are staged in device memory once (``backend.upload``); every call
+        copies them device-side into their slots (the plan may reuse an input's slot for later values) and runs
+        the kernels (one graph replay where the backend has graphs). States keep their values across calls."""
+        self._check_open()
+        if inputs is not None:
+            inputs = dict(inputs)
+            check_input_names(inputs, sorted(self._inputs), self._known_inputs)
+            staged = []
+            for name, (node, slot) in self._inputs.items():
+                given = inputs[name]
+                arr = given if hasattr(given, "__cuda_array_interface__") else np.asarray(given)
+                check_array("input", node, arr, self.dims)
+                staged.append((slot, self.backend.upload(arr)))
+            self._staged = staged
+        elif not self._staged and self._inputs:
+            names = ", ".join(repr(n) for n in self._inputs)
+            raise InputError(f"execute: no inputs are staged yet; pass them on the first call (inputs {names})")
+        for slot, value in self._staged:
+            self.backend.copy(slot, value)
+        self.stats.bytes_device = sum(value.nbytes for _, value in self._staged)
+        self._launch()
+        self.backend.synchronize()
+
+    def _launch(self) -> None:
+        """Every kernel step, then the states' write-backs, in program order: recorded as one device graph at the
+        second run of a binding where the backend has graphs, and replayed from then on."""
+        if self._replay is None and self._graphs and self._launches >= 1:
+            self._replay = self._capture()
+        self._launches += 1
+        if self._replay is not None:
+            self._replay()
+            return
+        with np.errstate(all="ignore"):
+            for step in self._steps:
+                step()
+        for buf, value in self._write_back:
+            self.backend.copy(buf, value)
+
+    def _capture(self):
+        steps = [*self._steps, *(_copy_step(self.backend, buf, value) for buf, value in self._write_back)]
+        try:
+            return self.backend.capture(steps)
+        except GraphCaptureError as exc:
+            self._graphs = False
+            _notice(self.backend, str(exc))
+            return None
 
     def _read(self, flat: Array, bv, copy: bool) -> np.ndarray:
         if not self.backend.host_arrays:
@@ -351,6 +446,16 @@ def _shared_state(other: Executable, node: Node, nbytes: int) -> Array:
                          f"{buf.nbytes} bytes in the executable it is shared with; load both at the same dims")
     raise InputError(f"state '{node.name}' is not a state of the executable it should be shared with (its "
                      f"states: {', '.join(other._states) or 'none'})")
+
+
+def _copy_step(backend: Backend, dst: Array, src: Array):
+    return lambda: backend.copy(dst, src)
+
+
+def _notice(backend: Backend, why: str) -> None:
+    """The one line saying a program runs kernel by kernel rather than as a device graph, and why."""
+    print(f"note: {backend.name}: running the program kernel by kernel, not as one device graph: {why}",
+          file=sys.stderr)
 
 
 def _address(arr) -> tuple | None:

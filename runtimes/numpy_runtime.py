@@ -51,6 +51,8 @@ class NumpyBackend:
     machine = CPU
     kernels = NUMPY_PREPARE
     host_arrays = True
+    timed = True
+    graphs = False
 
     def capacity(self) -> int:
         return host_memory()
@@ -74,6 +76,21 @@ class NumpyBackend:
         return src
 
     def synchronize(self) -> None:
+        pass
+
+    def build(self, binds) -> None:
+        pass  # numpy's kernels need nothing compiled
+
+    def copy_stream(self) -> None:
+        return None  # weights are copied straight into their slots
+
+    def capture(self, steps) -> None:
+        return None  # no device graphs
+
+    def memory_held(self) -> None:
+        return None  # host memory: the pipeline measures the process's resident set instead
+
+    def release_memory(self) -> None:
         pass
 
 

@@ -12,6 +12,12 @@ from luminal_recipes.errors import LuminalError
 
 BUILTIN: dict[str, str] = {
     "numpy": "luminal_recipes.runtimes.numpy_runtime:NumpyRuntime",
+    "cuda": "luminal_recipes.runtimes.cuda.backend:cuda_runtime",
+    "cuda-emu": "luminal_recipes.runtimes.cuda.backend:cuda_emu_runtime",
+}
+# runtimes that can plan (``inspect``) without their device: name -> factory(device description name or None)
+PLANNERS: dict[str, str] = {
+    "cuda": "luminal_recipes.runtimes.cuda.backend:planning_runtime",
 }
 _FACTORIES: dict[str, Callable[[], object]] = {}
 _INSTANCES: dict[str, object] = {}
@@ -53,10 +59,28 @@ def get_runtime(runtime=None):
         factory = _factory(name)
         try:
             _INSTANCES[name] = factory()
+        except LuminalError as exc:  # says itself what is missing (e.g. the cuda runtime without CuPy or a GPU)
+            raise type(exc)(f"runtime '{name}' cannot start on this machine: {exc}") from None
         except (ImportError, OSError, RuntimeError) as exc:
             raise LuminalError(f"runtime '{name}' cannot start on this machine: {type(exc).__name__}: {exc}") \
                 from None
     return _INSTANCES[name]
+
+
+def get_planner(runtime=None, device: str | None = None):
+    """A runtime to plan with (``inspect``): the runtime itself when it starts here, else, for a runtime that can
+    plan without its device (``PLANNERS``: cuda), one for a described device (``device``, or its default) that
+    compiles and plans but cannot run. ``device`` names a described GPU (cuda only)."""
+    if runtime is not None and not isinstance(runtime, str):
+        return runtime
+    name = runtime or DEFAULT
+    if name in PLANNERS:
+        module, _, attr = PLANNERS[name].partition(":")
+        return getattr(importlib.import_module(module), attr)(device)
+    if device is not None:
+        raise LuminalError(f"--device {device}: only the {', '.join(PLANNERS)} runtime plans for a described device; "
+                           f"the {name} runtime plans for this machine")
+    return get_runtime(name)
 
 
 def available_runtimes() -> dict[str, str | None]:

@@ -13,6 +13,15 @@ The schedule is cyclic: after the last block of a run the first blocks are prefe
 denoising loop re-runs one program per step). One loader thread runs loads in submission order, so a slot is
 never written by two loads at once, and a slot is only refilled after every kernel reading it has run. The
 kernels see the same bytes as with memory-mapped weights, so the results are bit-identical.
+
+On a device backend (one with a ``copy_stream``: cuda, cuda-emu) the slots live in device memory and a block
+travels through two pinned host staging buffers (``staging_bytes`` in all, the ``--max-host-memory`` budget): the
+loader thread fills a staging buffer from the checkpoint and queues its upload on the copy stream, while the other
+buffer's upload runs; a block larger than a buffer goes in several pieces. Events order the two streams: a slot's
+first upload waits for the event recorded on the compute stream after the last kernel reading the slot's previous
+block, the compute stream waits for a block's last upload before its first kernel (the host does not block), and
+the loader waits for a staging buffer's previous upload before refilling it. So block ``b + 1`` uploads while
+block ``b`` computes, on the GPU as on the host emulation of the same schedule.
 """
 
 from __future__ import annotations
@@ -25,16 +34,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from luminal_recipes.errors import BudgetError
 from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.symbolic import evaluate
 
 from .binding import check_array, fetch_weight
 from .file_pages import PageDropper, will_need
-from .kernels.context import aligned
+from .kernels.context import ALIGNMENT, aligned
 from .memory import MemoryPlan
 from .program import Program
 
 SLOTS = 2  # the block computing and the block being prefetched
+STAGING_BUFFERS = 2  # pinned host buffers: one being filled by the loader while the other uploads
+DEFAULT_STAGING = 512 << 20  # pinned host bytes when no --max-host-memory is given (two 256 MiB buffers)
+MIN_STAGING_BUFFER = 4096
 
 
 @dataclass(frozen=True)
@@ -124,23 +137,36 @@ class StreamStats:
     bytes_dropped: int = 0
     load_seconds: float = 0.0
     wait_seconds: float = 0.0
+    uploads: int = 0  # staged uploads queued on the copy stream (device backends)
+    staging_bytes: int = 0  # pinned host memory of the staging buffers
 
 
 class WeightStreamer:
     """Owns the slots and the loader thread of one loaded program (see the module docstring)."""
 
-    def __init__(self, layout: StreamLayout, program: Program, weights, dims: Mapping[str, int], backend):
+    def __init__(self, layout: StreamLayout, program: Program, weights, dims: Mapping[str, int], backend,
+                 staging_bytes: int | None = None):
         self.layout = layout
         self._backend = backend
         self.stats = StreamStats()
         self._by_id = {n.id: n for n in program.nodes}
         self._source = weights
         self._dims = dict(dims)
-        self._slots = [backend.allocate(n) for n in layout.slot_bytes]
         self._place = {nid: (b, off) for b, block in enumerate(layout.blocks)
                        for nid, off in zip(block.weights, block.offsets)}
         self._holds: list[int | None] = [None] * layout.slots  # block each slot holds or is being filled with
         self._pending: dict[int, Future] = {}
+        # device backends: the copy stream, its staging buffers, and per slot the events ordering the streams
+        self._copies = backend.copy_stream() if layout.blocks else None
+        self._staging: list[np.ndarray] = []
+        self._staging_done: list = [None] * STAGING_BUFFERS  # each buffer's last upload
+        self._released: list = [None] * layout.slots  # compute event: the slot's last reader has run
+        self._filled: list = [None] * layout.slots  # copy event: the slot's block has arrived
+        if self._copies is not None:
+            piece = staging_buffer_bytes(layout, staging_bytes)
+            self._staging = [self._copies.staging(piece) for _ in range(STAGING_BUFFERS)]
+            self.stats.staging_bytes = piece * STAGING_BUFFERS
+        self._slots = [backend.allocate(n) for n in layout.slot_bytes]
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weight-prefetch")
         self._pages = PageDropper()
 
@@ -176,18 +202,23 @@ class WeightStreamer:
 
     def _acquire(self, b: int) -> None:
         self._load(b)  # a no-op when the prefetch was submitted
+        slot = b % len(self._slots)
         future = self._pending.pop(b, None)
         if future is not None:
             t0 = time.perf_counter()
             try:
                 future.result()
             except BaseException:
-                self._holds[b % len(self._slots)] = None  # half-filled: load again next time
+                self._holds[slot] = None  # half-filled: load again next time
                 raise
             self.stats.wait_seconds += time.perf_counter() - t0
+        if self._copies is not None and self._filled[slot] is not None:
+            self._copies.wait(self._filled[slot])  # the block's kernels start once its last upload is done
 
     def _release(self, b: int) -> None:
         n, slots = len(self.layout.blocks), len(self._slots)
+        if self._copies is not None:  # the slot may be overwritten once the kernels issued so far have run
+            self._released[b % slots] = self._copies.record()
         following = b + slots if b + slots < n else b % slots  # the next block of this slot, cyclically
         self._load(following)
 
@@ -196,32 +227,87 @@ class WeightStreamer:
         if self._holds[slot] == b:
             return
         self._holds[slot] = b
-        self._pending[b] = self._loader.submit(self._fill, b, slot)
+        fill = self._fill if self._copies is None else self._stage
+        self._pending[b] = self._loader.submit(fill, b, slot, self._released[slot])
 
-    def _fill(self, b: int, slot: int) -> None:
-        """Loader thread: copy block ``b``'s tensors into ``slot``, then drop their file pages."""
-        t0 = time.perf_counter()
-        block = self.layout.blocks[b]
-        buffer = self._slots[slot]
+    def _arrays(self, block: StreamedBlock) -> list[tuple[Node, np.ndarray]]:
         nodes = [self._by_id[nid] for nid in block.weights]
         arrays = [fetch_weight(self._source, node.name) for node in nodes]
         for array in arrays:
             will_need(array)
-        for node, off, array in zip(nodes, block.offsets, arrays):
+        for node, array in zip(nodes, arrays):
             check_array("weight", node, array, self._dims)
+        return list(zip(nodes, arrays))
+
+    def _fill(self, b: int, slot: int, released=None) -> None:
+        """Loader thread (host backend): copy block ``b``'s tensors into ``slot``, then drop their file pages."""
+        t0 = time.perf_counter()
+        block = self.layout.blocks[b]
+        buffer = self._slots[slot]
+        for (node, array), off in zip(self._arrays(block), block.offsets):
             self._backend.copy_in(self._backend.slot(buffer, off, array.nbytes, node.dtype.np), array)
             self.stats.bytes_copied += array.nbytes
             self.stats.bytes_dropped += self._pages.drop(array)
         self.stats.loads += 1
         self.stats.load_seconds += time.perf_counter() - t0
 
+    def _stage(self, b: int, slot: int, released) -> None:
+        """Loader thread (device backend): block ``b``'s bytes, laid out as in its slot, go through the staging
+        buffers piece by piece; each piece is queued on the copy stream, the first after ``released`` (the
+        slot's previous block is no longer read). The block has arrived when its last upload has."""
+        t0 = time.perf_counter()
+        block = self.layout.blocks[b]
+        device = self._slots[slot]
+        pieces = [(off, node, np.ascontiguousarray(array).reshape(-1).view(np.uint8), array)
+                  for (node, array), off in zip(self._arrays(block), block.offsets)]
+        size = len(self._staging[0])
+        after, k, done = released, 0, None
+        for start in range(0, block.nbytes, size):
+            end = min(start + size, block.nbytes)
+            if self._staging_done[k] is not None:
+                self._copies.host_wait(self._staging_done[k])  # its previous upload has read it
+            host = self._staging[k]
+            for off, _, raw, array in pieces:  # the parts of the tensors that fall in [start, end)
+                lo, hi = max(off, start), min(off + raw.size, end)
+                if lo < hi:
+                    host[lo - start: hi - start] = raw[lo - off: hi - off]
+                    if hi == off + raw.size:  # the tensor's last byte is staged: its pages can go
+                        self.stats.bytes_copied += raw.size
+                        self.stats.bytes_dropped += self._pages.drop(array)
+            done = self._copies.upload(self._backend.slot(device, start, end - start, np.uint8),
+                                       host[: end - start], after)
+            self._staging_done[k] = done
+            self.stats.uploads += 1
+            after, k = None, (k + 1) % len(self._staging)  # the copy stream keeps its own order
+        self._filled[slot] = done
+        self.stats.loads += 1
+        self.stats.load_seconds += time.perf_counter() - t0
+
     def close(self) -> None:
-        """Wait for the loader, then release the slots and file descriptors."""
+        """Wait for the loader and the copy stream, then release the slots, staging buffers and file
+        descriptors."""
         self._loader.shutdown(wait=True, cancel_futures=True)
         self._pending.clear()
+        if self._copies is not None:
+            self._copies.close()
+            self._copies = None
+        self._staging, self._staging_done = [], [None] * STAGING_BUFFERS
+        self._released, self._filled = [None] * len(self._slots), [None] * len(self._slots)
         self._holds = [None] * len(self._slots)
         self._slots = []
         self._pages.close()
+
+
+def staging_buffer_bytes(layout: StreamLayout, staging_bytes: int | None) -> int:
+    """The size of each of the two staging buffers: the largest block (one upload per block) within
+    ``staging_bytes`` in all (``DEFAULT_STAGING`` when None), a multiple of the slot alignment."""
+    budget = DEFAULT_STAGING if staging_bytes is None else staging_bytes
+    per_buffer = budget // STAGING_BUFFERS // ALIGNMENT * ALIGNMENT
+    if per_buffer < MIN_STAGING_BUFFER:
+        raise BudgetError(f"--max-host-memory {budget} bytes is too small for the pinned staging of streamed "
+                          f"weights: it needs two buffers of at least {MIN_STAGING_BUFFER} bytes "
+                          f"({STAGING_BUFFERS * MIN_STAGING_BUFFER} bytes); give more, e.g. 1GiB")
+    return max(ALIGNMENT, min(aligned(layout.largest_block_bytes), per_buffer))
 
 
 def _bound(fn: Callable[[int], None], b: int) -> Callable[[], None]:

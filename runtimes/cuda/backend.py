@@ -1,444 +1,171 @@
-"""The two CUDA backends and the executable that runs a Program on either.
+"""The two CUDA backends of the generic executable (``runtimes.executable``), and the runtimes made of them.
 
-``CudaEmuBackend`` (name ``cuda-emu``): numpy arrays, the program's CUDA C module built by g++ (``emu.py``), GEMMs
-through the numpy model of their cuBLAS descriptor (``gemm.run_model``). Needs only g++ and numpy.
-``CudaBackend`` (name ``cuda``): CuPy device arrays, the module compiled by NVRTC (``nvrtc.py``) and loaded with
-``cupy.RawModule``, GEMMs through cuBLAS ``gemmStridedBatchedEx`` (f32 compute). Importing this module needs
+Both implement every kernel of the registry the same way: ``nodes.prepare`` turns a program node into CUDA C kernel
+sources, scratch requests and steps (launches, cuBLAS GEMMs, index checks) on refs to the node's arrays
+(``NodeKernels``, the ``prepare(ctx) -> bind`` of the backend protocol); ``build`` compiles every node's sources
+of a program into one module; binding resolves the refs to the arrays the executable hands over.
+
+``CudaEmuBackend`` (runtime ``cuda-emu``): numpy arrays (copied on upload, downloaded, as on a device), the module
+built by g++ (``emu.py``), GEMMs through the numpy model of their cuBLAS descriptor (``gemm.run_model``, which
+refuses any element outside the array it was given), streamed weights staged through a host copy stream. Needs
+only g++ and numpy; synchronous.
+``CudaBackend`` (runtime ``cuda``): one CUDA stream for every kernel, GEMM and copy; CuPy device memory, as
+``device.DeviceTensor`` slots (CuPy has no bf16/fp8 dtype); the module compiled by NVRTC (``nvrtc.py``); GEMMs
+through cuBLAS ``gemmStridedBatchedEx`` (f32 compute); streamed weights through pinned host buffers on a second,
+copy stream (``CudaCopyStream``); programs replayed as CUDA graphs (``capture``). Importing this module needs
 neither CuPy nor a GPU; ``CudaBackend()`` explains what is missing.
-
-``CudaExecutable`` prepares every node (``nodes.prepare``), plans one arena with the kernels' scratch
-(``runtimes.memory.plan_memory``), builds one module for the whole program, binds every launch's arguments once
-and runs the steps in program order. It follows the backend contract (BACKEND_CONTRACT.md) so that the generic
-executable of issue 9 can replace it: ``Backend.allocate / slot / upload / copy_in / download / synchronize``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+import functools
+import hashlib
+import weakref
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from luminal_recipes.errors import InputError, LuminalError
-from luminal_recipes.graph.core import Node
-from luminal_recipes.runtimes.binding import check_array, check_input_names, declared_shape, fetch_weight
-from luminal_recipes.runtimes.kernels.context import KernelContext, KernelInput, Scratch, aligned
+from luminal_recipes.runtimes.backend import GraphCaptureError
+from luminal_recipes.runtimes.binding import declared_shape
+from luminal_recipes.runtimes.copy_stream import HostCopyStream
+from luminal_recipes.runtimes.executable import BackendRuntime
+from luminal_recipes.runtimes.kernels import REGISTRY, SOURCES
+from luminal_recipes.runtimes.kernels.context import KernelContext, KernelInput, Scratch
 from luminal_recipes.runtimes.memory import MemoryPlan, check_dims, plan_memory
-from luminal_recipes.runtimes.program import KERNELS, Program
-from luminal_recipes.runtimes.protocol import MemoryReport, RuntimeBase
-from luminal_recipes.runtimes.views import gather_into, strided
+from luminal_recipes.runtimes.program import Program
 
 from . import gemm as gemm_mod
+from .device import DeviceTensor, twin
+from .devices import GpuDescription, describe, device_description
 from .module import module_source
 from .nodes import PREPARE, CudaOptions, SkipIfSame, prepare
 from .plan import Gemm, IndexCheck, Launch, NodePlan, Ref
 
-SOURCES = ("Input", "Constant")
+MODULES_KEPT = 32  # compiled modules kept loaded per backend (a re-bound executable may come back to one)
 
 
 class CudaUnavailableError(LuminalError):
     """The cuda runtime cannot start here (no CuPy, or no GPU); the message says which and what to install."""
 
 
-@dataclass
-class DeviceBuffer:
-    """A typed region of a backend array: ``base`` (the backend's flat uint8 array), byte ``offset``, ``dtype``
-    (numpy, ml_dtypes included), element count ``size``."""
+# ---- one node's CUDA work, bound to the executable's arrays ---------------------------------------------------
+class NodeKernels:
+    """What both CUDA backends' ``prepare(ctx)`` returns: the node's ``NodePlan`` (kernel sources, scratch, steps on
+    refs) and, called with the node's arrays (``bind(out, flats, scratch)``), its step. ``module`` (the program's
+    compiled kernels) is set by the backend's ``build`` before binding."""
 
-    base: object
-    offset: int
-    dtype: np.dtype
-    size: int
+    def __init__(self, backend, ctx: KernelContext):
+        self.backend = backend
+        self.node = ctx.node
+        self.plan: NodePlan = prepare(ctx, backend.options)
+        self.module = None
 
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
+    def __call__(self, out, flats: list, scratch: list) -> NodeStep:
+        backend = self.backend
+        arrays = {"out": [out], "in": flats, "scratch": scratch}
 
+        def at(ref: Ref) -> tuple:
+            return arrays[ref.kind][ref.index], ref.byte_offset
 
-# ---- cuda-emu -------------------------------------------------------------------------------------------------
-class CudaEmuBackend:
-    name = "cuda-emu"
-    device = "cpu (CUDA C through g++)"
+        def address(ref: Ref) -> int:
+            arr, offset = at(ref)
+            return backend.address(arr) + offset
 
-    def __init__(self, options: CudaOptions | None = None, sanitize: str | None = None):
-        self.options = options or CudaOptions(max_blocks=64)
-        self.sanitize = sanitize
-
-    def allocate(self, nbytes: int) -> np.ndarray:
-        if self.sanitize:  # exactly sized, so AddressSanitizer's red zone starts right after the last byte
-            return np.zeros(max(nbytes, 1), dtype=np.uint8)
-        raw = np.zeros(max(nbytes, 1) + 256, dtype=np.uint8)
-        skip = -raw.ctypes.data % 256  # 256-byte aligned, as cudaMalloc's
-        return raw[skip: skip + max(nbytes, 1)]
-
-    def address(self, base: np.ndarray) -> int:
-        return base.ctypes.data
-
-    def upload(self, host: np.ndarray) -> np.ndarray:
-        flat = np.ascontiguousarray(host).reshape(-1)
-        return flat.view(np.uint8) if flat.size else np.zeros(1, np.uint8)
-
-    def copy_in(self, dst: DeviceBuffer, src: np.ndarray) -> None:
-        view = dst.base[dst.offset: dst.offset + dst.nbytes]
-        view[...] = np.ascontiguousarray(src, dtype=dst.dtype).reshape(-1).view(np.uint8)
-
-    def download(self, src: DeviceBuffer) -> np.ndarray:
-        return src.base[src.offset: src.offset + src.nbytes].view(src.dtype).copy()
-
-    def copy_device(self, dst: DeviceBuffer, src) -> None:
-        dst.base[dst.offset: dst.offset + dst.nbytes] = src[: dst.nbytes]
-
-    def synchronize(self) -> None:
-        pass
-
-    def compile(self, sources, describe) -> object:
-        from .emu import compile_emu
-
-        return compile_emu(module_source(sources), self.sanitize, describe)
-
-    def launcher(self, module, source, launch: Launch, args: list):
-        return module.launcher(source.name, source.params, launch.grid, launch.block, args)
-
-    def gemm(self, desc, a: tuple, b: tuple, c: tuple):
-        def run():
-            gemm_mod.run_model(desc, a, b, c)
-
-        return run
-
-    def read_flag(self, base, offset: int) -> int:
-        return int(base[offset: offset + 4].view(np.int32)[0])
+        by_name = {s.name: s for s in self.plan.sources}
+        calls: list = []
+        for step in self.plan.steps:
+            if isinstance(step, SkipIfSame):
+                if address(step.a) == address(step.b):
+                    continue  # in place: the planner put the destination in the output buffer
+                step = step.launch
+            if isinstance(step, Launch):
+                args = [address(a) if isinstance(a, Ref) else a for a in step.args]
+                calls.append(backend.launcher(self.module, by_name[step.kernel], step, args))
+            elif isinstance(step, Gemm):
+                calls.append(backend.gemm(step.desc, at(step.a), at(step.b), at(step.c)))
+            elif isinstance(step, IndexCheck):
+                calls.append(IndexFlag(backend, *at(step.flag), step.message))
+            else:
+                raise TypeError(f"unknown step {step!r} of {self.node.op} #{self.node.id}")
+        return NodeStep(backend, calls)
 
 
-# ---- cuda (CuPy) ----------------------------------------------------------------------------------------------
-INSTALL_HINT = ('install the CUDA extra: pip install -e ".[cuda13]" (CUDA 13 drivers) or ".[cuda]" (CUDA 12); '
-                "it brings CuPy and the NVRTC/CUDA headers wheels")
+class IndexFlag:
+    """After a Gather/Scatter: the i32 flag its kernel wrote is 0, else the node's message is raised. While a
+    graph is recorded the check is deferred to after each replay (reading memory is not recordable)."""
+
+    def __init__(self, backend, array, offset: int, message: str):
+        self.backend, self.array, self.offset, self.message = backend, array, offset, message
+
+    def __call__(self) -> None:
+        if self.backend.read_flag(self.array, self.offset):
+            raise InputError(self.message)
 
 
-def require_cupy():
-    """CuPy and a visible GPU, or a CudaUnavailableError saying which is missing (one paragraph)."""
-    try:
-        import cupy
-    except ImportError as e:
-        raise CudaUnavailableError(f"the cuda runtime needs CuPy, which is not installed ({e}); {INSTALL_HINT}. "
-                                   "Without a GPU, --runtime numpy runs everything on the CPU.") from None
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # CUDARuntimeError when the driver is missing
-        raise CudaUnavailableError(f"the cuda runtime found CuPy {cupy.__version__} but no usable GPU ({e}). Run "
-                                   "on a machine with an NVIDIA GPU and driver, or use --runtime numpy.") from None
-    if count == 0:
-        raise CudaUnavailableError(f"the cuda runtime found CuPy {cupy.__version__} but no GPU (0 devices). Run on "
-                                   "a machine with an NVIDIA GPU, or use --runtime numpy.")
-    return cupy
+class NodeStep:
+    """One node's launches, GEMMs and index checks, in order."""
+
+    __slots__ = ("backend", "calls")
+
+    def __init__(self, backend, calls: list):
+        self.backend, self.calls = backend, calls
+
+    def __call__(self) -> None:
+        deferred = self.backend.deferred_checks
+        for call in self.calls:
+            if deferred is not None and isinstance(call, IndexFlag):
+                deferred.append(call)
+            else:
+                call()
 
 
-class CudaBackend:
-    name = "cuda"
-
-    def __init__(self, options: CudaOptions | None = None, device_id: int = 0):
-        cp = require_cupy()
-        self.cp = cp
-        self.dev = cp.cuda.Device(device_id)
-        props = cp.cuda.runtime.getDeviceProperties(device_id)
-        self.arch = f"sm_{props['major']}{props['minor']}"
-        self.device = f"{props['name'].decode() if isinstance(props['name'], bytes) else props['name']} " \
-                      f"({self.arch})"
-        sms = props["multiProcessorCount"]
-        self.options = options or CudaOptions(max_blocks=sms * 16)
-        self._handle = None
-
-    @property
-    def handle(self):
-        if self._handle is None:
-            from cupy_backends.cuda.libs import cublas
-
-            self._handle = cublas.create()
-            cublas.setStream(self._handle, self.cp.cuda.get_current_stream().ptr)
-        return self._handle
-
-    def allocate(self, nbytes: int):
-        return self.cp.zeros(max(nbytes, 1), dtype=self.cp.uint8)
-
-    def address(self, base) -> int:
-        return int(base.data.ptr)
-
-    def upload(self, host):
-        """A weight or constant in device memory; a device array (CuPy, ``device.DeviceTensor``, anything with
-        ``__cuda_array_interface__``) is bound as it is, without a copy."""
-        if hasattr(host, "__cuda_array_interface__"):
-            from .device import DeviceTensor
-
-            dev = self.cp.asarray(host.data if isinstance(host, DeviceTensor) else host)  # cupy's .data is a pointer
-            if not dev.flags.c_contiguous:
-                raise InputError("a device weight must be C-contiguous (bound without a copy)")
-            return dev.reshape(-1).view(self.cp.uint8) if dev.size else self.cp.zeros(1, self.cp.uint8)
-        flat = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
-        return self.cp.asarray(flat) if flat.size else self.cp.zeros(1, self.cp.uint8)
-
-    def copy_in(self, dst: DeviceBuffer, src: np.ndarray) -> None:
-        host = np.ascontiguousarray(src, dtype=dst.dtype).reshape(-1).view(np.uint8)
-        dst.base[dst.offset: dst.offset + dst.nbytes].set(host)
-
-    def download(self, src: DeviceBuffer) -> np.ndarray:
-        return self.cp.asnumpy(src.base[src.offset: src.offset + src.nbytes]).view(src.dtype)
-
-    def copy_device(self, dst: DeviceBuffer, src) -> None:
-        self.cp.copyto(dst.base[dst.offset: dst.offset + dst.nbytes], src[: dst.nbytes])
-
-    def synchronize(self) -> None:
-        self.cp.cuda.get_current_stream().synchronize()
-
-    def compile(self, sources, describe):
-        from .nvrtc import compile_cubin
-
-        cubin = compile_cubin(module_source(sources), self.arch, describe)
-        return self.cp.RawModule(code=cubin)
-
-    def launcher(self, module, source, launch: Launch, args: list):
-        fn = module.get_function(source.name)
-        packed = tuple(np.uint64(a) if p.endswith("*") else _NP_SCALAR[p.replace("const ", "").strip()](a)
-                       for p, a in zip(source.params, args, strict=True))
-        grid, block = launch.grid, launch.block
-
-        def run():
-            fn(grid, block, packed)
-
-        return run
-
-    def gemm(self, desc, a: tuple, b: tuple, c: tuple):
-        from cupy_backends.cuda.libs import cublas
-
-        alpha, beta = np.array(desc.alpha, np.float32), np.array(desc.beta, np.float32)
-        t = gemm_mod.CUDA_DATA_TYPE
-        args = (gemm_mod.CUBLAS_OP_T if desc.trans_a else gemm_mod.CUBLAS_OP_N,
-                gemm_mod.CUBLAS_OP_T if desc.trans_b else gemm_mod.CUBLAS_OP_N, desc.m, desc.n, desc.k,
-                alpha.ctypes.data, a, t[desc.a_type.name], desc.lda, desc.stride_a, b, t[desc.b_type.name], desc.ldb,
-                desc.stride_b, beta.ctypes.data, c, t[desc.c_type.name], desc.ldc, desc.stride_c, desc.batch,
-                gemm_mod.CUBLAS_COMPUTE_32F, gemm_mod.CUBLAS_GEMM_DEFAULT)
-        handle = self.handle
-
-        def run(keep=(alpha, beta)):
-            cublas.gemmStridedBatchedEx(handle, *args)
-
-        return run
-
-    def read_flag(self, base, offset: int) -> int:
-        return int(self.cp.asnumpy(base[offset: offset + 4]).view(np.int32)[0])
-
-
-_NP_SCALAR = {"int": np.int32, "unsigned": np.uint32, "long long": np.int64, "float": np.float32}
-
-
-# ---- the executable -------------------------------------------------------------------------------------------
-class CudaRuntime(RuntimeBase):
-    """``Runtime`` over a CUDA backend (cuda or cuda-emu)."""
+class _CudaKernels(Mapping):
+    """``Backend.kernels``: every kernel of ``nodes.PREPARE``, prepared into ``NodeKernels`` for ``backend``."""
 
     def __init__(self, backend):
-        self.backend = backend
-        self.name = backend.name
-        self.device = backend.device
+        self._backend = backend
 
-    def capabilities(self) -> set[str]:
-        return {op for op in KERNELS if op in PREPARE or op in SOURCES}
+    def __getitem__(self, op: str):
+        if op not in PREPARE:
+            raise KeyError(op)
+        return functools.partial(NodeKernels, self._backend)
 
-    def plan(self, program: Program, dims=None, weight_bytes=None) -> MemoryPlan:
-        prepared = prepare_program(program, dict(dims or {}), self.backend.options)
-        return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+    def __iter__(self):
+        return iter(PREPARE)
 
-    def load(self, program: Program, weights=None, dims=None) -> CudaExecutable:
-        self.check_capabilities(program)
-        return CudaExecutable(self.backend, program, weights, dict(dims or {}))
+    def __len__(self) -> int:
+        return len(PREPARE)
 
 
-def prepare_program(program: Program, dims: dict, options: CudaOptions) -> dict[int, tuple[NodePlan, Scratch]]:
-    check_dims(program, dims)
-    by_id = {n.id: n for n in program.nodes}
-    out = {}
-    for node in program.nodes:
-        if node.op in SOURCES:
-            continue
-        scratch = Scratch()
-        inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, _numel(by_id[src], dims))
-                  for src, view in node.inputs]
-        ctx = KernelContext(node, declared_shape(node, dims), node.dtype.np, inputs, scratch)
-        out[node.id] = (prepare(ctx, options), scratch)
-    return out
+class _ModuleBuilder:
+    """``build`` of both backends: every node's kernel sources in one module, compiled once per source text (and
+    cached on disk by the compiler); a compile error names the kernel and the nodes it was generated for."""
 
+    def __init__(self, compile_module):
+        self._compile = compile_module  # (source text, describe) -> module
+        self._loaded: OrderedDict[str, object] = OrderedDict()
 
-def _numel(node: Node, dims) -> int:
-    return math.prod(declared_shape(node, dims))
-
-
-class CudaExecutable:
-    def __init__(self, backend, program: Program, weights, dims: dict[str, int]):
-        self.backend, self.program, self.dims = backend, program, dims
-        prepared = prepare_program(program, dims, backend.options)
-        self.plan = plan = plan_memory(program, dims, None, {nid: s.nbytes for nid, (_, s) in prepared.items()})
-        by_id = {n.id: n for n in program.nodes}
-        self.arena = backend.allocate(plan.arena_bytes)
-        self.buffers: dict[int, DeviceBuffer] = {}
-        self._keep = []
-        self._inputs: dict[str, tuple[Node, DeviceBuffer]] = {}
-        weight_bytes = 0
-        for nid in plan.order:
-            node = by_id[nid]
-            numel = _numel(node, dims)
-            if plan.resident.get(nid) == "weight":
-                arr = fetch_weight(weights, node.name)
-                check_array("weight", node, arr, dims)
-                dev = backend.upload(arr)
-                self._keep.append(dev)
-                weight_bytes += arr.nbytes
-                self.buffers[nid] = DeviceBuffer(dev, 0, node.dtype.np, numel)
-            elif node.op == "Constant" or plan.resident.get(nid) == "constant":
-                if node.op == "Iota":
-                    data = np.arange(numel, dtype=node.dtype.np)
-                else:
-                    data = node.data if node.data is not None else np.asarray(node.attr("value"), node.dtype.np)
-                dev = backend.upload(np.ascontiguousarray(data, dtype=node.dtype.np))
-                self._keep.append(dev)
-                self.buffers[nid] = DeviceBuffer(dev, 0, node.dtype.np, numel)
-            else:
-                offset = plan.offsets[nid]
-                self.buffers[nid] = DeviceBuffer(self.arena, offset, node.dtype.np, numel)
-                if node.op == "Input":
-                    self._inputs[node.name] = (node, self.buffers[nid])
+    def __call__(self, binds: Mapping[int, object]) -> None:
+        kernels = [b for b in binds.values() if isinstance(b, NodeKernels)]
         sources, owners = [], {}
-        for nid, (np_plan, _) in prepared.items():
-            for s in np_plan.sources:
-                owners.setdefault(s.name, []).append(f"{by_id[nid].op} #{nid}")
+        for bind in kernels:
+            for s in bind.plan.sources:
+                owners.setdefault(s.name, []).append(f"{bind.node.op} #{bind.node.id}")
                 sources.append(s)
+        if not sources:
+            return
         text = module_source(sources)
-        module = backend.compile(sources, _line_owner(text, sources, owners)) if sources else None
-        by_name = {s.name: s for s in sources}
-        self._steps = []
-        base_addr = backend.address(self.arena)
-        for nid in plan.order:
-            if nid not in prepared:
-                continue
-            np_plan, scratch = prepared[nid]
-            node = by_id[nid]
-            scratch_base = base_addr + plan.scratch_offsets.get(nid, 0)
-            scratch_offsets, at = [], 0
-            for shape, dtype in scratch.specs:
-                scratch_offsets.append(at)
-                at += aligned(math.prod(shape) * dtype.itemsize)
-            out_buf = self.buffers[nid]
-            in_bufs = [self.buffers[src] for src, _ in node.inputs]
-
-            def resolve(ref: Ref, out_buf=out_buf, in_bufs=in_bufs, scratch_base=scratch_base,
-                        scratch_offsets=scratch_offsets) -> int:
-                if ref.kind == "out":
-                    buf = out_buf
-                elif ref.kind == "in":
-                    buf = in_bufs[ref.index]
-                else:
-                    return scratch_base + scratch_offsets[ref.index] + ref.byte_offset
-                return backend.address(buf.base) + buf.offset + ref.byte_offset
-
-            for step in np_plan.steps:
-                self._steps.extend(self._bind(step, module, by_name, resolve, scratch, scratch_offsets, nid))
-        self._outputs = {name: (self.buffers[src], view.bind(dims)) for name, (src, view) in program.outputs.items()}
-        self._known_inputs = {n.name for n in program.nodes if n.op == "Input" and n.attr("kind") != "weight"}
-        self._memory = MemoryReport(weight_bytes=plan.weight_bytes, weight_array_bytes=weight_bytes,
-                                    constant_bytes=plan.constant_bytes, arena_bytes=plan.arena_bytes,
-                                    planned_peak=plan.peak)
-
-    def _bind(self, step, module, by_name, resolve, scratch, scratch_offsets, nid):
-        b = self.backend
-        if isinstance(step, SkipIfSame):
-            if resolve(step.a) == resolve(step.b):
-                return []
-            step = step.launch
-        if isinstance(step, Launch):
-            args = [resolve(a) if isinstance(a, Ref) else a for a in step.args]
-            return [b.launcher(module, by_name[step.kernel], step, args)]
-        if isinstance(step, Gemm):
-            return [b.gemm(step.desc, self._operand(resolve, step.a), self._operand(resolve, step.b),
-                           self._operand(resolve, step.c))]
-        if isinstance(step, IndexCheck):
-            flag = resolve(step.flag)
-            base = self.arena
-            offset = flag - b.address(base)
-
-            def check(message=step.message, offset=offset):
-                if b.read_flag(base, offset):
-                    raise InputError(message)
-
-            return [check]
-        raise TypeError(f"unknown step {step!r}")
-
-    def _operand(self, resolve, ref: Ref):
-        """A GEMM operand: the raw address for cuBLAS, (arena-or-buffer, byte offset) for the numpy model."""
-        address = resolve(ref)
-        if isinstance(self.backend, CudaEmuBackend):
-            for base in [self.arena, *self._keep]:
-                start = base.ctypes.data
-                if start <= address < start + base.nbytes or (address == start + base.nbytes):
-                    return base, address - start
-            raise AssertionError("GEMM operand outside every buffer")
-        return address
-
-    @property
-    def memory(self) -> MemoryReport:
-        return self._memory
-
-    def execute(self, inputs: Mapping[str, np.ndarray] | None = None) -> None:
-        """Run the program's kernels once without host transfers and wait: what a benchmark times. ``inputs``
-        are uploaded once into device staging buffers; every call copies them device-side into the input slots
-        the memory plan lets later kernels reuse (the others keep their values from the previous call)."""
-        if inputs is not None:
-            check_input_names(inputs, sorted(self._inputs), self._known_inputs)
-            self._staged = []
-            reused = _reused_slots(self.plan, {n.id: n for n in self.program.nodes})
-            for name, (node, buf) in self._inputs.items():
-                arr = np.asarray(inputs[name])
-                check_array("input", node, arr, self.dims)
-                self.backend.copy_in(buf, arr)
-                if node.id in reused:
-                    staged = self.backend.upload(np.ascontiguousarray(arr, dtype=buf.dtype))
-                    self._staged.append((buf, staged))
-        for buf, staged in getattr(self, "_staged", ()):
-            self.backend.copy_device(buf, staged)
-        for step in self._steps:
-            step()
-        self.backend.synchronize()
-
-    def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True
-            ) -> dict[str, np.ndarray]:
-        inputs = dict(inputs or {})
-        check_input_names(inputs, sorted(self._inputs), self._known_inputs)
-        for name, (node, buf) in self._inputs.items():
-            arr = np.asarray(inputs[name])
-            check_array("input", node, arr, self.dims)
-            self.backend.copy_in(buf, arr)
-        for step in self._steps:
-            step()
-        self.backend.synchronize()
-        out = {}
-        for name, (buf, bv) in self._outputs.items():
-            flat = self.backend.download(buf)
-            view = strided(flat, bv)
-            if view is None:
-                view = np.empty(bv.shape, flat.dtype)
-                gather_into(view, flat, bv)
-            out[name] = np.array(view, copy=True)
-        return out
-
-
-def _reused_slots(plan: MemoryPlan, by_id: dict) -> set[int]:
-    """Input node ids whose arena bytes another buffer of the plan overlaps (the slot is reused after the
-    input's last read, so its value does not survive a run)."""
-    spans = [(plan.offsets[n], plan.offsets[n] + plan.nbytes[n], n) for n in plan.offsets]
-    out = set()
-    for nid, off in plan.offsets.items():
-        if by_id[nid].op != "Input":
-            continue
-        end = off + plan.nbytes[nid]
-        if any(o < end and off < e and n != nid for o, e, n in spans):
-            out.add(nid)
-    return out
+        key = hashlib.sha256(text.encode()).hexdigest()
+        module = self._loaded.pop(key, None)
+        if module is None:
+            module = self._compile(text, _line_owner(text, sources, owners))
+        self._loaded[key] = module
+        while len(self._loaded) > MODULES_KEPT:
+            self._loaded.popitem(last=False)
+        for bind in kernels:
+            bind.module = module
 
 
 def _line_owner(text: str, sources, owners):
@@ -456,3 +183,421 @@ def _line_owner(text: str, sources, owners):
         return ""
 
     return owner
+
+
+# ---- cuda-emu ---------------------------------------------------------------------------------------------------
+class CudaEmuBackend:
+    """The CUDA backend's kernels on the CPU (see the module docstring). ``planned_as``: the GPU whose cost
+    constants the compiler uses here, so cuda-emu runs the programs that GPU would."""
+
+    name = "cuda-emu"
+    host_arrays = False  # a device's contract: uploads copy, outputs are downloaded
+    timed = False  # the emulator's times say nothing of a GPU's: the compiler ranks by the cost model
+    graphs = False
+
+    def __init__(self, options: CudaOptions | None = None, sanitize: str | None = None,
+                 planned_as: str | None = None):
+        self.options = options or CudaOptions(max_blocks=64)
+        self.sanitize = sanitize
+        gpu = device_description(planned_as)
+        self.device = f"cpu (CUDA C through g++, planned as {gpu.name})"
+        self.machine = gpu.machine()
+        self.kernels = _CudaKernels(self)
+        self.deferred_checks = None
+        self.build = _ModuleBuilder(self._compile)
+        self._live = 0  # bytes of this backend's allocations still referenced ("device memory" held)
+
+    def capacity(self) -> int:
+        from luminal_recipes.runtimes.numpy_runtime import host_memory
+
+        return host_memory()  # the emulated device's memory is the host's
+
+    def _track(self, raw: np.ndarray) -> None:
+        self._live += raw.nbytes
+        weakref.finalize(raw, self._untrack, raw.nbytes)
+
+    def _untrack(self, nbytes: int) -> None:
+        self._live -= nbytes
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        if self.sanitize:  # exactly sized, so AddressSanitizer's red zone starts right after the last byte
+            raw = np.zeros(max(nbytes, 1), dtype=np.uint8)
+            self._track(raw)
+            return raw[:nbytes]
+        raw = np.zeros(max(nbytes, 1) + 256, dtype=np.uint8)
+        self._track(raw)
+        skip = -raw.ctypes.data % 256  # 256-byte aligned, as cudaMalloc's
+        return raw[skip: skip + nbytes]
+
+    def slot(self, buf: np.ndarray, offset: int, nbytes: int, dtype) -> np.ndarray:
+        return buf[offset: offset + nbytes].view(dtype)
+
+    def upload(self, host) -> np.ndarray:
+        flat = np.ascontiguousarray(host).reshape(-1)
+        dev = self.allocate(flat.nbytes).view(flat.dtype) if flat.nbytes else np.zeros(0, flat.dtype)
+        dev[...] = flat
+        return dev
+
+    def copy_in(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, np.ascontiguousarray(src).reshape(-1))
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src)
+
+    def download(self, src: np.ndarray) -> np.ndarray:
+        return np.array(src, copy=True)
+
+    def synchronize(self) -> None:
+        pass
+
+    def copy_stream(self) -> HostCopyStream:
+        return HostCopyStream(self.copy_in)
+
+    def capture(self, steps: Sequence) -> None:
+        return None
+
+    def memory_held(self) -> int:
+        return self._live
+
+    def release_memory(self) -> None:
+        pass  # numpy frees an allocation when its last reference goes
+
+    def address(self, arr: np.ndarray) -> int:
+        return arr.ctypes.data
+
+    def _compile(self, text: str, describe):
+        from .emu import compile_emu
+
+        return compile_emu(text, self.sanitize, describe)
+
+    def launcher(self, module, source, launch: Launch, args: list):
+        return module.launcher(source.name, source.params, launch.grid, launch.block, args)
+
+    def gemm(self, desc, a: tuple, b: tuple, c: tuple):
+        def run():
+            gemm_mod.run_model(desc, a, b, c)
+
+        return run
+
+    def read_flag(self, array: np.ndarray, offset: int) -> int:
+        return int(array.reshape(-1).view(np.uint8)[offset: offset + 4].view(np.int32)[0])
+
+
+# ---- cuda (CuPy) ------------------------------------------------------------------------------------------------
+INSTALL_HINT = ('install the CUDA extra: pip install -e ".[cuda13]" (CUDA 13 drivers) or ".[cuda]" (CUDA 12); '
+                "it brings CuPy and the NVRTC/CUDA headers wheels")
+
+
+def require_cupy():
+    """CuPy and a visible GPU, or a CudaUnavailableError saying which is missing (one paragraph)."""
+    try:
+        import cupy
+    except ImportError as e:
+        raise CudaUnavailableError(f"the cuda runtime needs CuPy, which is not installed ({e}); {INSTALL_HINT}. "
+                                   "Without a GPU, --runtime numpy runs everything on the CPU.") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDARuntimeError when the driver is missing
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CudaUnavailableError(f"the cuda runtime found CuPy {cupy.__version__} but no usable GPU ({reason}). "
+                                   "Run on a machine with an NVIDIA GPU and its driver, or use --runtime numpy "
+                                   "(inspect --runtime cuda plans for a described GPU without one: --device)."
+                                   ) from None
+    if count == 0:
+        raise CudaUnavailableError(f"the cuda runtime found CuPy {cupy.__version__} but no GPU (0 devices). Run on "
+                                   "a machine with an NVIDIA GPU, or use --runtime numpy.")
+    return cupy
+
+
+class CudaBackend:
+    """CuPy on one GPU (see the module docstring). Every kernel, GEMM and copy runs on ``self.stream``."""
+
+    name = "cuda"
+    host_arrays = False
+    timed = True
+
+    def __init__(self, options: CudaOptions | None = None, device_id: int = 0):
+        cp = require_cupy()
+        self.cp = cp
+        self.dev = cp.cuda.Device(device_id)
+        self.dev.use()
+        props = cp.cuda.runtime.getDeviceProperties(device_id)
+        self.gpu: GpuDescription = describe(props, int(cp.cuda.runtime.memGetInfo()[1]))
+        self.arch = self.gpu.arch
+        self.device = f"{self.gpu.name} ({self.arch})"
+        self.machine = self.gpu.machine()
+        self.options = options or CudaOptions(max_blocks=self.gpu.sms * 16, simt_flops=self.gpu.simt_flops,
+                                              tensor_flops=self.gpu.tensor_flops, bytes_per_s=self.gpu.bytes_per_s)
+        self.graphs = self.options.graphs
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.kernels = _CudaKernels(self)
+        self.deferred_checks = None  # set while a graph is recorded
+        self.build = _ModuleBuilder(self._compile)
+        self._handle = None
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            from cupy_backends.cuda.libs import cublas
+
+            self._handle = cublas.create()
+            cublas.setStream(self._handle, self.stream.ptr)
+        return self._handle
+
+    def capacity(self) -> int:
+        return self.gpu.memory
+
+    def allocate(self, nbytes: int):
+        with self.stream:
+            return self.cp.zeros(max(nbytes, 1), dtype=self.cp.uint8)[:nbytes]
+
+    def slot(self, buf, offset: int, nbytes: int, dtype) -> DeviceTensor:
+        return DeviceTensor(buf[offset: offset + nbytes].view(twin(dtype)), np.dtype(dtype))
+
+    def upload(self, host) -> DeviceTensor:
+        """A weight or constant in device memory; a device array (``DeviceTensor``, CuPy, anything with
+        ``__cuda_array_interface__``) is bound as it is, without a copy."""
+        if isinstance(host, DeviceTensor):
+            if not host.data.flags.c_contiguous:
+                raise InputError("a device weight must be C-contiguous (it is bound without a copy)")
+            return host.reshape(-1)
+        if hasattr(host, "__cuda_array_interface__"):
+            try:
+                dev = self.cp.asarray(host)
+            except (TypeError, ValueError) as e:
+                raise InputError(f"a device array of a dtype CuPy lacks (bf16, fp8): wrap it, e.g. "
+                                 f"runtimes.cuda.device.from_torch(tensor) ({e})") from None
+            if not dev.flags.c_contiguous:
+                raise InputError("a device weight must be C-contiguous (it is bound without a copy)")
+            return DeviceTensor(dev.reshape(-1), np.dtype(dev.dtype))
+        flat = np.ascontiguousarray(host).reshape(-1)
+        with self.stream:
+            dev = self.cp.asarray(flat.view(twin(flat.dtype)))
+        return DeviceTensor(dev, flat.dtype)
+
+    def copy_in(self, dst: DeviceTensor, src: np.ndarray) -> None:
+        dst.data.set(np.ascontiguousarray(src).reshape(-1).view(twin(dst.dtype)), stream=self.stream)
+
+    def copy(self, dst: DeviceTensor, src: DeviceTensor) -> None:
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(dst.ptr, src.ptr, dst.nbytes, rt.memcpyDeviceToDevice, self.stream.ptr)
+
+    def download(self, src: DeviceTensor) -> np.ndarray:
+        return src.data.get(stream=self.stream).view(src.dtype)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def copy_stream(self) -> CudaCopyStream:
+        return CudaCopyStream(self)
+
+    def capture(self, steps: Sequence):
+        """The steps recorded as one CUDA graph on the backend's stream; each replay launches it, then runs the
+        index checks the recording deferred."""
+        if not self.graphs:
+            return None
+        stream, failure, graph = self.stream, None, None
+        self.deferred_checks = []
+        try:
+            stream.begin_capture()
+            try:
+                for step in steps:
+                    step()
+            except Exception as exc:  # noqa: BLE001 - any failure means: run the steps one by one
+                failure = exc
+            try:
+                graph = stream.end_capture()
+            except Exception as exc:  # noqa: BLE001
+                failure = failure or exc
+        except Exception as exc:  # noqa: BLE001 - begin_capture refused
+            failure = exc
+        finally:
+            checks, self.deferred_checks = self.deferred_checks, None
+        if failure is not None or graph is None:
+            raise GraphCaptureError(f"the CUDA graph could not be recorded ({type(failure).__name__}: {failure})")
+
+        def replay():
+            graph.launch(stream)
+            for check in checks:
+                check()
+
+        return replay
+
+    def memory_held(self) -> int:
+        return int(self.cp.get_default_memory_pool().total_bytes())
+
+    def release_memory(self) -> None:
+        self.stream.synchronize()
+        self.cp.get_default_memory_pool().free_all_blocks()
+        self.cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    def address(self, arr) -> int:
+        return arr.ptr if isinstance(arr, DeviceTensor) else int(arr.data.ptr)
+
+    def _compile(self, text: str, describe):
+        from .nvrtc import compile_cubin
+
+        module = self.cp.cuda.function.Module()
+        module.load(compile_cubin(text, self.arch, describe))
+        return module
+
+    def launcher(self, module, source, launch: Launch, args: list):
+        fn = module.get_function(source.name)
+        packed = tuple(np.uint64(a) if p.endswith("*") else _NP_SCALAR[p.replace("const ", "").strip()](a)
+                       for p, a in zip(source.params, args, strict=True))
+        grid, block, stream = launch.grid, launch.block, self.stream
+
+        def run():
+            fn(grid, block, packed, stream=stream)
+
+        return run
+
+    def gemm(self, desc, a: tuple, b: tuple, c: tuple):
+        from cupy_backends.cuda.libs import cublas
+
+        alpha, beta = np.array(desc.alpha, np.float32), np.array(desc.beta, np.float32)
+        t = gemm_mod.CUDA_DATA_TYPE
+        ptr = [self.address(arr) + offset for arr, offset in (a, b, c)]
+        args = (gemm_mod.CUBLAS_OP_T if desc.trans_a else gemm_mod.CUBLAS_OP_N,
+                gemm_mod.CUBLAS_OP_T if desc.trans_b else gemm_mod.CUBLAS_OP_N, desc.m, desc.n, desc.k,
+                alpha.ctypes.data, ptr[0], t[desc.a_type.name], desc.lda, desc.stride_a, ptr[1],
+                t[desc.b_type.name], desc.ldb, desc.stride_b, beta.ctypes.data, ptr[2], t[desc.c_type.name],
+                desc.ldc, desc.stride_c, desc.batch, gemm_mod.CUBLAS_COMPUTE_32F, gemm_mod.CUBLAS_GEMM_DEFAULT)
+        handle = self.handle
+
+        def run(keep=(alpha, beta)):
+            cublas.gemmStridedBatchedEx(handle, *args)
+
+        return run
+
+    def read_flag(self, array: DeviceTensor, offset: int) -> int:
+        raw = array.data.reshape(-1).view(self.cp.uint8)[offset: offset + 4]
+        return int(raw.get(stream=self.stream).view(np.int32)[0])
+
+
+_NP_SCALAR = {"int": np.int32, "unsigned": np.uint32, "long long": np.int64, "float": np.float32}
+
+
+class CudaCopyStream:
+    """The ``CopyStream`` of the cuda backend: a second, non-blocking CUDA stream, page-locked staging buffers
+    from CuPy's pinned pool, CUDA events. Uploads are queued from the weight loader's thread."""
+
+    def __init__(self, backend: CudaBackend):
+        self.cp, self.backend = backend.cp, backend
+        with backend.dev:
+            self.stream = self.cp.cuda.Stream(non_blocking=True)
+        self._pinned: list = []
+
+    def staging(self, nbytes: int) -> np.ndarray:
+        memory = self.cp.cuda.alloc_pinned_memory(nbytes)
+        self._pinned.append(memory)
+        return np.frombuffer(memory, np.uint8, nbytes)
+
+    def record(self):
+        return self.backend.stream.record(self.cp.cuda.Event(disable_timing=True))
+
+    def upload(self, dst: DeviceTensor, src: np.ndarray, after=None):
+        rt = self.cp.cuda.runtime
+        with self.backend.dev:  # the loader thread's current device
+            if after is not None:
+                self.stream.wait_event(after)
+            rt.memcpyAsync(dst.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, self.stream.ptr)
+            return self.stream.record(self.cp.cuda.Event(disable_timing=True))
+
+    def wait(self, event) -> None:
+        self.backend.stream.wait_event(event)
+
+    def host_wait(self, event) -> None:
+        event.synchronize()
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self._pinned.clear()
+
+
+# ---- the runtimes -----------------------------------------------------------------------------------------------
+class CudaRuntime(BackendRuntime):
+    """``BackendRuntime`` over a CUDA backend (cuda or cuda-emu): the generic executable."""
+
+
+def cuda_runtime() -> CudaRuntime:
+    """The ``cuda`` runtime of the registry: the first GPU, through CuPy."""
+    return CudaRuntime(CudaBackend())
+
+
+def cuda_emu_runtime() -> CudaRuntime:
+    """The ``cuda-emu`` runtime of the registry: the CUDA backend's kernels on the CPU (needs g++)."""
+    from .emu import gxx
+
+    try:
+        gxx()
+    except LuminalError as exc:
+        raise OSError(str(exc)) from None
+    return CudaRuntime(CudaEmuBackend())
+
+
+def prepare_program(program: Program, dims: dict, options: CudaOptions) -> dict[int, tuple[NodePlan, Scratch]]:
+    """Per kernel node: its ``NodePlan`` and scratch at ``dims`` (what both backends compile and bind)."""
+    check_dims(program, dims)
+    by_id = {n.id: n for n in program.nodes}
+    out = {}
+    for node in program.nodes:
+        if node.op in SOURCES:
+            continue
+        scratch = Scratch()
+        inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, int(np.prod(declared_shape(by_id[src], dims))))
+                  for src, view in node.inputs]
+        ctx = KernelContext(node, declared_shape(node, dims), node.dtype.np, inputs, scratch)
+        out[node.id] = (prepare(ctx, options), scratch)
+    return out
+
+
+class PlanningCudaRuntime:
+    """The cuda runtime as the planner sees it, without a GPU: ``inspect --runtime cuda`` plans memory and compiles
+    programs for a described device (``devices.DEVICES``) - its kernels, their scratch, its capacity and cost
+    constants - and cannot load or time anything."""
+
+    name = "cuda"
+    timed = False
+
+    def __init__(self, gpu: GpuDescription):
+        self.gpu = gpu
+        self.device = f"{gpu.name} ({gpu.arch})"
+        self.machine = gpu.machine()
+        self.options = CudaOptions(max_blocks=gpu.sms * 16, simt_flops=gpu.simt_flops,
+                                   tensor_flops=gpu.tensor_flops, bytes_per_s=gpu.bytes_per_s)
+        self.backend = self  # what the plan cache fingerprints (this package's sources)
+        self.assumed = (f"planned for {gpu.label} from an offline description (no GPU here); --device chooses "
+                        f"another ({', '.join(_known_devices())})")
+
+    def capabilities(self) -> set[str]:
+        return {op for op in REGISTRY if op in PREPARE or op in SOURCES}
+
+    def capacity(self) -> int:
+        return self.gpu.memory
+
+    def plan(self, program: Program, dims=None, weight_bytes: int | None = None) -> MemoryPlan:
+        prepared = prepare_program(program, dict(dims or {}), self.options)
+        return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+
+    def load(self, *args, **kwargs):
+        raise CudaUnavailableError(f"the cuda runtime {self.assumed.split(';')[0]}: it can plan, not run")
+
+
+def _known_devices() -> list[str]:
+    from .devices import DEVICES
+
+    return list(DEVICES)
+
+
+def planning_runtime(device: str | None = None):
+    """For planning (inspect): the cuda runtime on this machine's GPU when there is one (and no other ``device``
+    is asked for), else a ``PlanningCudaRuntime`` for the described ``device`` (default the H200)."""
+    if device is None:
+        try:
+            from luminal_recipes.runtimes.registry import get_runtime
+
+            return get_runtime("cuda")
+        except LuminalError:
+            pass
+    return PlanningCudaRuntime(device_description(device))

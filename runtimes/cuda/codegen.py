@@ -28,7 +28,7 @@ from luminal_recipes.runtimes.expr import Expr, parse
 # storage dtype -> C type of a buffer element (common.cuh's typedefs)
 STORAGE = {
     DType.F32: "float", DType.F16: "f16", DType.BF16: "bf16", DType.F8E4M3: "f8e4m3", DType.F8E5M2: "f8e5m2",
-    DType.I32: "int", DType.U8: "u8", DType.BOOL: "bool",
+    DType.I32: "int", DType.U8: "u8", DType.BOOL: "bool", DType.F4E2M1: "f4e2m1",
 }
 INT32_MAX = 2**31 - 1
 

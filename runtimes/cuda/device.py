@@ -3,8 +3,10 @@
 CuPy has no bfloat16 or fp8 dtype, so a device array cannot say "bf16" itself: ``DeviceTensor`` pairs the raw
 device array (any dtype of the same item size, e.g. CuPy int16 for bf16 bits) with the dtype the program
 declares. The cuda backend binds its memory as it is (no copy); ``check_array`` sees the declared shape and
-dtype. ``from_torch`` shares a torch CUDA tensor's memory through DLPack, so torch and our runtime can run the
-same weights (bench/gpu_check.py compares against diffusers that way).
+dtype. It is also the cuda backend's array type: every slot of the arena, weight and state is one (``twin`` gives
+the CuPy dtype that holds a numpy dtype's bits). ``from_torch`` shares a torch CUDA tensor's memory through
+DLPack, so torch and our runtime can run the same weights (bench/gpu_check.py compares against diffusers that
+way).
 """
 
 from __future__ import annotations
@@ -31,12 +33,36 @@ class DeviceTensor:
         return tuple(self.data.shape)
 
     @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    @property
     def nbytes(self) -> int:
         return int(self.data.nbytes)
 
     @property
+    def ptr(self) -> int:
+        """The device address of the first element."""
+        return int(self.data.data.ptr)
+
+    def reshape(self, *shape) -> DeviceTensor:
+        return DeviceTensor(self.data.reshape(*shape), self.dtype)
+
+    def __getitem__(self, index) -> DeviceTensor:
+        return DeviceTensor(self.data[index], self.dtype)
+
+    @property
     def __cuda_array_interface__(self) -> dict:
         return self.data.__cuda_array_interface__
+
+
+def twin(dtype) -> np.dtype:
+    """The dtype a CuPy array holds ``dtype``'s elements in: itself when CuPy has it, else the unsigned integer
+    of the same size (bf16, fp8, fp4 codes)."""
+    dtype = np.dtype(dtype)
+    if dtype.isbuiltin == 1 and dtype.kind in "biuf":
+        return dtype
+    return np.dtype(f"u{dtype.itemsize}")
 
 
 _TORCH_TWINS = {"bfloat16": ("int16", "bf16"), "float8_e4m3fn": ("uint8", "f8e4m3"),

@@ -45,8 +45,9 @@ def module_source(sources: list[KernelSource]) -> str:
     lines.append("#ifdef LUMINAL_EMU")
     for s in unique:
         args = ", ".join(f"*({p}*)a[{i}]" for i, p in enumerate(s.params))
+        lines.append(f"static void emu_thread_{s.name}(void* const* a) {{ {s.name}({args}); }}")
         lines.append(f'extern "C" void emu_{s.name}(const EmuLaunch* L, void** a) {{ '
-                     f'emu::run(L, [&] {{ {s.name}({args}); }}, {"true" if s.sync else "false"}); }}')
+                     f'emu::run(L, &emu_thread_{s.name}, a, {"true" if s.sync else "false"}); }}')
     lines.append("#endif")
     return "\n".join(lines) + "\n"
 

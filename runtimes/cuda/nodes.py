@@ -50,6 +50,7 @@ class CudaOptions:
     score_budget: int = 1 << 26  # f32 score elements per attention chunk (256 MiB)
     dequant_band: int = 1 << 24  # decoded weight elements per DequantMatMul band
     conv_cols: int = 1 << 24  # im2col elements per Conv2d tile
+    graphs: bool = True  # the cuda backend replays a program as one CUDA graph from its second run
     notes: list[str] = field(default_factory=list)
 
 

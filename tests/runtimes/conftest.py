@@ -1,7 +1,8 @@
 """Fixtures for runtime tests. ``runtime`` is every registered runtime (``runtimes.registry``: a new backend
 joins the conformance suite by registering there) plus ``numpy-device``, a test-only numpy backend that behaves
-like a device (weights and constants copied on upload, outputs downloaded, no host views), so the executable's
-device paths are exercised without a GPU; a runtime that cannot start on this machine is skipped.
+like a device (weights and constants copied on upload, outputs downloaded, no host views, streamed weights staged
+through a copy stream), so the executable's device paths are exercised without a GPU; a runtime that cannot start
+on this machine is skipped.
 ``numpy_runtime`` is for tests of numpy's own kernels and zero-copy behaviour. ``compare`` runs a Program on
 the runtime and its primitive graph on the reference interpreter and checks the outputs through the shared
 tolerance table (``tests/TOLERANCES.md``; family ``runtime`` falls back to the ``*`` rows)."""
@@ -13,6 +14,7 @@ import pytest
 
 from luminal_recipes.errors import LuminalError
 from luminal_recipes.graph import Graph, run_reference
+from luminal_recipes.runtimes.copy_stream import HostCopyStream
 from luminal_recipes.runtimes.executable import BackendRuntime
 from luminal_recipes.runtimes.numpy_runtime import NumpyBackend, NumpyRuntime
 from luminal_recipes.runtimes.program import Program
@@ -33,6 +35,9 @@ class DeviceLikeBackend(NumpyBackend):
     def download(self, src: np.ndarray) -> np.ndarray:
         return np.array(src, copy=True)
 
+    def copy_stream(self) -> HostCopyStream:
+        return HostCopyStream(self.copy_in)  # streamed weights go through staging buffers, as on a GPU
+
 
 register_runtime("numpy-device", lambda: BackendRuntime(DeviceLikeBackend()))
 CONFORMANCE = runtime_names()
@@ -44,6 +49,11 @@ def runtime(request):
         return get_runtime(request.param)
     except LuminalError as exc:
         pytest.skip(str(exc))
+
+
+def runs_numpy_kernels(runtime) -> bool:
+    """The runtime runs numpy's kernels (numpy, numpy-device): tests of their own paths apply to it."""
+    return getattr(getattr(runtime, "backend", None), "kernels", None) is NumpyBackend.kernels
 
 
 @pytest.fixture

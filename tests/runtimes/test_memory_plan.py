@@ -6,6 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import runs_numpy_kernels
 from fused_programs import Fused
 
 from luminal_recipes import ops
@@ -38,7 +39,7 @@ def mlp_weights(rng, layers: int = 4, width: int = 32):
     return w
 
 
-def test_arena_reuses_memory_and_results_are_unchanged(runtime, rng):
+def test_arena_reuses_memory_and_results_are_unchanged(runtime, rng, assert_close):
     g = deep_mlp()
     program = Program.from_graph(g)
     weights, x = mlp_weights(rng), randn(rng, 6, 32)
@@ -49,7 +50,10 @@ def test_arena_reuses_memory_and_results_are_unchanged(runtime, rng):
     assert plan.live_peak <= plan.arena_bytes <= 2 * plan.live_peak
     assert len(plan.aliases) > 0  # elementwise chains ran in place
     want = run_reference(g, {"x": x}, weights, {"s": 6})["y"]
-    assert np.array_equal(exe.run({"x": x})["y"], want)
+    if runs_numpy_kernels(runtime):  # numpy's sums are the reference's, bit for bit
+        assert np.array_equal(exe.run({"x": x})["y"], want)
+    else:  # a device's reductions add in their own order
+        assert_close("runtime", exe.run({"x": x})["y"], want)
 
 
 def test_in_place_is_only_used_when_the_input_dies_here(runtime, rng):
@@ -135,6 +139,8 @@ def test_activation_buffers_are_sized_exactly(runtime):
 
 
 def test_kernel_scratch_is_planned(runtime):
+    if not runs_numpy_kernels(runtime):
+        pytest.skip("numpy's Softmax reads this view through scratch; a CUDA row kernel reads it in place")
     g = Graph()
     x = g.input("x", (2, 16, 40))
     f = Fused(g)

@@ -1,12 +1,14 @@
 """The numpy runtime's fast paths give the reference interpreter's results: the box-wise ``Concat`` and ``Copy``
 of zero-padded views (concat/stack, materialised views), and the attention kernels' folded scale and
-ones column (here with a non-f32 output, which the kernel tests elsewhere do not cover)."""
+ones column (here with a non-f32 output, which the kernel tests elsewhere do not cover). Every runtime must give
+the same bits on these graphs; only runtimes with numpy's kernels are checked for taking the fast path."""
 
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import runs_numpy_kernels
 from fused_programs import Fused
 
 from luminal_recipes import ops
@@ -46,7 +48,8 @@ def test_padded_adds_match_the_reference_bit_for_bit(runtime, monkeypatch):
         for name in want:
             assert np.array_equal(got[name], want[name]), name
             assert np.array_equal(np.signbit(got[name]), np.signbit(want[name])), name
-    assert sum(bind is not None for bind in used) >= 4  # the Concat kernels took the box-wise path
+    if runs_numpy_kernels(runtime):
+        assert sum(bind is not None for bind in used) >= 4  # the Concat kernels took the box-wise path
 
 
 def test_concat_and_copy_kernels_take_the_box_wise_paths(runtime, monkeypatch):
@@ -64,7 +67,8 @@ def test_concat_and_copy_kernels_take_the_box_wise_paths(runtime, monkeypatch):
     got = runtime.run(f.program(y=y, z=z), inputs)
     want = run_reference(g, inputs)
     assert np.array_equal(got["y"], want["y"]) and np.array_equal(got["z"], want["z"])
-    assert used and used[-1] is not None
+    if runs_numpy_kernels(runtime):
+        assert used and used[-1] is not None
 
 
 @pytest.mark.parametrize("op", ["Attention", "AttentionBlocked"])

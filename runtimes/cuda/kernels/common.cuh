@@ -16,6 +16,10 @@ typedef __nv_bfloat16 bf16;
 typedef __nv_fp8_e4m3 f8e4m3;
 typedef __nv_fp8_e5m2 f8e5m2;
 typedef unsigned char u8;
+// FP4 (E2M1) held one code per byte, as ml_dtypes' float4_e2m1fn arrays are (packed NVFP4 weights are u8)
+struct f4e2m1 {
+  unsigned char __x;
+};
 
 // ---- conversions (round to nearest even; f32 -> f8e4m3 overflow gives NaN, as ml_dtypes and the reference) --
 LR_DEV float to_f32(float v) { return v; }
@@ -31,6 +35,11 @@ LR_DEV float to_f32(f8e5m2 v) { return __half2float(__half(__nv_cvt_fp8_to_halfr
 LR_DEV float to_f32(int v) { return (float)v; }
 LR_DEV float to_f32(u8 v) { return (float)v; }
 LR_DEV float to_f32(bool v) { return v ? 1.0f : 0.0f; }
+LR_DEV float to_f32(f4e2m1 v) {
+  const unsigned m = v.__x & 7u;  // magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6
+  const float mag = m < 2u ? 0.5f * (float)m : (m < 4u ? 1.0f + 0.5f * (float)(m - 2u) : (float)(1u << (m / 2u - 1u)) * (1.0f + 0.5f * (float)(m & 1u)));
+  return (v.__x & 8u) ? -mag : mag;
+}
 
 template <class T>
 LR_DEV T from_f32(float v);
@@ -58,6 +67,20 @@ template <>
 LR_DEV u8 from_f32<u8>(float v) { return (u8)(int)v; }
 template <>
 LR_DEV bool from_f32<bool>(float v) { return v != 0.0f; }
+// nearest E2M1 value, ties to the even code, saturating at 6 (inf too); NaN gives -0, as ml_dtypes
+template <>
+LR_DEV f4e2m1 from_f32<f4e2m1>(float v) {
+  f4e2m1 r;
+  if (v != v) {
+    r.__x = 8u;
+    return r;
+  }
+  const float a = fabsf(v);
+  const unsigned m = a <= 0.25f ? 0u : a < 0.75f ? 1u : a <= 1.25f ? 2u : a < 1.75f ? 3u : a <= 2.5f ? 4u
+                   : a < 3.5f ? 5u : a <= 5.0f ? 6u : 7u;
+  r.__x = (unsigned char)(m | (signbit(v) ? 8u : 0u));
+  return r;
+}
 
 // a float rounded to a narrower format and held in f32 again (the reference's Cast to a narrow float)
 template <class T>

@@ -33,6 +33,7 @@
 
 using std::max;
 using std::min;
+using std::signbit;
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -211,10 +212,10 @@ inline void for_blocks(F&& body) {
         body();
       }
 }
-// Run `kernel` (a callable running one CUDA thread) over the launch's grid; `sync`: the kernel uses barriers or
-// warp shuffles, so its threads must run concurrently.
-template <class F>
-inline void run(const EmuLaunch* L, F&& kernel, bool sync) {
+// Run `kernel(args)` (one CUDA thread) over the launch's grid; `sync`: the kernel uses barriers or warp shuffles,
+// so its threads must run concurrently. Not a template: a module compiles this machinery once, not per kernel.
+using KernelFn = void (*)(void* const* args);
+inline void run(const EmuLaunch* L, KernelFn kernel, void* const* args, bool sync) {
   gridDim = dim3{L->grid[0], L->grid[1], L->grid[2]};
   blockDim = dim3{L->block[0], L->block[1], L->block[2]};
   unsigned n = blockDim.x * blockDim.y * blockDim.z;
@@ -223,7 +224,7 @@ inline void run(const EmuLaunch* L, F&& kernel, bool sync) {
     for_blocks([&] {
       for (unsigned t = 0; t < n; ++t) {
         set_thread(t);
-        kernel();
+        kernel(args);
       }
     });
     return;
@@ -239,7 +240,7 @@ inline void run(const EmuLaunch* L, F&& kernel, bool sync) {
       ctx = &c;
       set_thread(t);
       for_blocks([&] {
-        kernel();
+        kernel(args);
         block.arrive_and_wait();  // the next block reuses the statics (shared memory): wait for every thread
       });
       ctx = nullptr;
