@@ -66,7 +66,12 @@ def main(
 WEIGHTS_HELP = "checkpoint folder or hf://org/repo[@rev][/subfolder] (overrides the recipe's source)"
 SET_HELP = "override a recipe parameter: --set name=value (repeatable)"
 PROMPTS_FILE_LIMIT = 16 << 20  # one prompt per line; more than this is not a prompts file
-RUNTIME_HELP = "the runtime (device) to run on, e.g. numpy; the memory budget is that device's memory"
+RUNTIME_HELP = ("the runtime (device) to run on: numpy (CPU), cuda (an NVIDIA GPU through CuPy) or cuda-emu (the "
+                "CUDA kernels emulated on the CPU, for tests); the memory budget is that device's memory")
+HOST_MEMORY_HELP = ("pinned host memory for staging streamed weights on a GPU runtime, e.g. 2GiB (default 512MiB; "
+                    "the block being uploaded and the next one)")
+COMPUTE_DTYPE_HELP = ("the dtype every model computes in: f32, bf16 or f16 (default: each recipe's "
+                      "weights.dtype.compute, f32 for the shipped recipes; bf16 runs tensor-core GEMMs on a GPU)")
 
 
 @app.command()
@@ -101,6 +106,8 @@ def run(
         False, "--allow-nonfinite", help="write the image even when a stage output holds NaN or infinity"
     ),
     runtime: str = typer.Option("numpy", "--runtime", help=RUNTIME_HELP),
+    max_host_memory: str | None = typer.Option(None, "--max-host-memory", help=HOST_MEMORY_HELP),
+    compute_dtype: str | None = typer.Option(None, "--compute-dtype", help=COMPUTE_DTYPE_HELP),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary (language models: one "
                                  "JSON object per prompt, one per line)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only text outputs (no progress, no summary)"),
@@ -172,6 +179,8 @@ def run(
         started=started,
         allow_nonfinite=allow_nonfinite,
         runtime=runtime,
+        max_host_memory=parse_size(max_host_memory, "--max-host-memory"),
+        compute_dtype=compute_dtype,
     )
     with progress_printer(enabled=not quiet and not as_json) as progress:
         summary = generate(req, progress)
@@ -239,6 +248,11 @@ def inspect(
         None, help="plan pipeline stages under this budget, e.g. 24GiB (default: unbounded, every weight resident)"
     ),
     runtime: str = typer.Option("numpy", "--runtime", help=RUNTIME_HELP),
+    device: str | None = typer.Option(
+        None, "--device", help="plan for this GPU when none is here (--runtime cuda): h200 (default), h100, b200, "
+        "a100, l40s, rtx4090"),
+    max_host_memory: str | None = typer.Option(None, "--max-host-memory", help=HOST_MEMORY_HELP),
+    compute_dtype: str | None = typer.Option(None, "--compute-dtype", help=COMPUTE_DTYPE_HELP),
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
     from .pipeline.generate import parse_size
@@ -246,7 +260,9 @@ def inspect(
     from .recipe import inspect as inspect_recipe
 
     typer.echo(inspect_recipe(recipe, weights, set_, config, parse_size(max_memory),
-                              memory_plan=partial(inspect_memory, runtime=runtime)))
+                              memory_plan=partial(inspect_memory, runtime=runtime, device=device,
+                                                  max_host_memory=parse_size(max_host_memory, "--max-host-memory"),
+                                                  compute_dtype=compute_dtype)))
 
 
 @app.command()

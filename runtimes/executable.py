@@ -94,6 +94,10 @@ class BackendRuntime(RuntimeBase):
         allocating."""
         return Executable(self, program, weights, dict(dims or {}), stream, states_from, staging_bytes)
 
+    def memory_held(self) -> int | None:
+        """Bytes the backend holds on its device now (None where it cannot tell)."""
+        return self.backend.memory_held()
+
     def release_memory(self) -> dict | None:
         """Give the memory the backend's allocator caches back to the device (a stage has ended and closed its
         executables): the bytes held before and after, or None where the backend cannot tell (numpy)."""

@@ -55,7 +55,8 @@ class Pipeline:
     def __init__(self, path: str | Path, weights: str | Path | None = None, sets: Iterable[str] | Mapping = (),
                  budget_bytes: int | None = None, compile: bool = True,
                  progress: Callable[[str, int, int], None] | None = None,
-                 set_sources: Mapping[str, str] | None = None, allow_nonfinite: bool = False, runtime=None):
+                 set_sources: Mapping[str, str] | None = None, allow_nonfinite: bool = False, runtime=None,
+                 host_budget_bytes: int | None = None, compute_dtype: str | None = None):
         self.recipe: LoadedRecipe = load_recipe(path)
         if not isinstance(self.recipe.doc, PipelineRecipe):
             raise RecipeError(f"{path}: this is a model recipe; `run` needs a pipeline recipe (kind: pipeline)")
@@ -70,6 +71,8 @@ class Pipeline:
         self._weights_arg = weights
         self._checkpoint: Path | None = None
         self.budget_bytes = budget_bytes  # bytes of the runtime's device memory (None: unbounded)
+        self.host_budget_bytes = host_budget_bytes  # a device runtime's pinned staging (None: its default)
+        self.compute_dtype = compute_dtype  # every model's compute dtype (None: each recipe's own)
         self.runtime = get_runtime(runtime)  # a name or a Runtime (default numpy)
         self.compile = compile
         self.progress = progress
@@ -164,7 +167,8 @@ class Pipeline:
             # `quantization:` on the pipeline's model entry replaces the model recipe's own block
             self._models[name] = build_model(recipe, checkpoint=Checkpoint.open(folder),
                                              config=read_config(recipe, folder, self._checkpoint_roots), sets=sets,
-                                             quantization=spec.quantization, set_origins=origins)
+                                             quantization=spec.quantization, set_origins=origins,
+                                             compute_dtype=self.compute_dtype)
         return self._models[name]
 
     def model_sets(self, name: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -216,7 +220,7 @@ class Pipeline:
                 if task.prepare is not None:
                     task.prepare(context)
             plans = plan_stages(self, self.budget_bytes, self.runtime, compile=self.compile, from_checkpoint=True,
-                                progress=self.progress)
+                                progress=self.progress, host_budget=self.host_budget_bytes)
             self._models.clear()  # built from headers to plan; rebuilt (cheaply) by the stage that runs them
             check_budget(plans, self.budget_bytes)
             self.plans = plans
@@ -300,7 +304,8 @@ class Pipeline:
             if stage.model not in engines:
                 plans = [p for p in self.plans or () if p.model == stage.model]
                 engines[stage.model] = ModelEngine(self.model(stage.model), self.runtime,
-                                                   budget_bytes=self.budget_bytes, compile=self.compile, plans=plans)
+                                                   budget_bytes=self.budget_bytes, compile=self.compile, plans=plans,
+                                                   host_budget_bytes=self.host_budget_bytes)
             arrays = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
                       for k, v in args.items()}
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below, by stage

@@ -8,9 +8,13 @@ planned then (``plan.plan_model``; the plan cache is keyed on the bucket's dims)
 KV cache's length) is never rounded up, since a loaded state keeps its shape. One executable is loaded per
 bucket and re-bound to each exact length (``Executable.bind``: no reload, no allocation), so a new length
 neither re-plans nor reloads. A plan that does not fit the budget is refused before loading. A streamed plan
-loads with its blocks' weights streamed (``runtimes.streaming``). ``release()`` drops the compiled programs, the
-loaded executables (their activation arenas, streaming slots and loader threads) and the checkpoint mappings, so
-at most one large model is resident.
+loads with its blocks' weights streamed (``runtimes.streaming``; on a device runtime through pinned staging of
+``host_budget_bytes``). ``release()`` drops the compiled programs, the loaded executables (their activation
+arenas, streaming slots and loader threads) and the checkpoint mappings, so at most one large model is resident,
+and gives the device memory the runtime's allocator caches back (measured: ``StageStats.device_memory``).
+
+Values cross the model's boundary in the dtypes it declares: a float input is converted to the declared float
+dtype (bf16 under ``--compute-dtype bf16``) and float outputs come back as f32, the dtype host steps compute in.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class StageStats:
     transient_peak: int | None = None  # allocations outside the arena during the first run (tracemalloc)
     stream: dict | None = None  # streaming's loads, bytes copied/dropped, seconds loading and waiting
     search: str | None = None
+    device_memory: dict | None = None  # device bytes held when the stage ended, before and after the release
     loads: int = 0  # executables loaded (one per size bucket)
     rebinds: int = 0  # re-bindings to another exact length within a bucket, and their seconds
     rebind_s: float = 0.0
@@ -52,6 +57,8 @@ class StageStats:
                     "rebind_seconds": round(self.rebind_s, 4)})
         if self.stream is not None:
             out["stream"] = self.stream
+        if self.device_memory is not None:
+            out["device_memory"] = self.device_memory
         return out
 
 
@@ -92,10 +99,12 @@ class ModelEngine:
     """Plan, compile and run one model of a pipeline within ``budget_bytes`` (None: unbounded)."""
 
     def __init__(self, model: BuiltModel, runtime=None, budget_bytes: int | None = None, compile: bool = True,
-                 plans: Sequence[StagePlan] = (), buckets: Mapping[str, Sequence[int]] | None = None):
+                 plans: Sequence[StagePlan] = (), buckets: Mapping[str, Sequence[int]] | None = None,
+                 host_budget_bytes: int | None = None):
         self.model = model
         self.runtime = get_runtime(runtime)  # a name or a Runtime (default numpy)
         self.budget_bytes = budget_bytes
+        self.host_budget_bytes = host_budget_bytes  # pinned staging of streamed blocks (a device runtime's)
         self.compile = compile
         self.plans = list(plans)  # made in advance (``plan.plan_stages``); used when their dims cover the inputs'
         self.buckets = dict(buckets or {})  # dim name -> declared bucket sizes (else powers of two)
@@ -128,7 +137,7 @@ class ModelEngine:
         # the inputs only serve the compiler's timing, which needs them at the bucket's own dims
         timing = dict(inputs) if target == dims else None
         return plan_model(self.model, target, self.budget_bytes, self.runtime, self.compile,
-                          inputs=timing, weights=self._weights())
+                          inputs=timing, weights=self._weights(), host_budget=self.host_budget_bytes)
 
     def executable(self, dims: dict[str, int], inputs: Mapping[str, np.ndarray]):
         target = self.bucket(dims)
@@ -140,7 +149,7 @@ class ModelEngine:
                 target, key = dict(dims), tuple(sorted(dims.items()))
                 plan = self._plan(target, dims, inputs)
             check_budget([plan], self.budget_bytes)  # before a single weight is read
-            extra = {"stream": plan.stream} if plan.streamed else {}
+            extra = {"stream": plan.stream, "staging_bytes": self.host_budget_bytes} if plan.streamed else {}
             exe = self.runtime.load(plan.program, self._weights(), target, **extra)
             self.stats.compile_s += time.perf_counter() - t0
             self.stats.loads += 1
@@ -162,7 +171,7 @@ class ModelEngine:
     def __call__(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None = None
                  ) -> dict[str, np.ndarray]:
         """Run on ``inputs``; ``dims`` gives the symbolic dims no input shape binds (a KV cache's length)."""
-        inputs = {k: np.ascontiguousarray(v) for k, v in inputs.items()}
+        inputs = {k: np.ascontiguousarray(self._as_declared(k, v)) for k, v in inputs.items()}
         dims = {**infer_dims(self.model, inputs), **(dims or {})}
         exe = self.executable(dims, inputs)
         first = self.stats.transient_peak is None  # measure allocations outside the arena once
@@ -172,7 +181,17 @@ class ModelEngine:
         if first:
             self.stats.transient_peak = exe.memory.transient_peak
         self._record_stream(exe)
-        return {k: np.array(v, copy=True) for k, v in out.items()}
+        return {k: np.array(v, dtype=np.float32 if _narrow_float(v) else None, copy=True) for k, v in out.items()}
+
+    def _as_declared(self, name: str, value):
+        """A float input in the float dtype the model declares (e.g. bf16 under --compute-dtype bf16)."""
+        tensor = self.model.inputs.get(name)
+        value = np.asarray(value)
+        if tensor is None or not tensor.dtype.is_float or value.dtype == tensor.dtype.np:
+            return value
+        if value.dtype.kind != "f" and not _narrow_float(value):
+            return value  # not a float: the runtime's dtype check names it
+        return value.astype(tensor.dtype.np)
 
     def _record_stream(self, exe) -> None:
         streamer = getattr(exe, "streamer", None)
@@ -180,12 +199,23 @@ class ModelEngine:
             s = streamer.stats
             self.stats.stream = {"loads": s.loads, "bytes_copied": s.bytes_copied,
                                  "bytes_dropped": s.bytes_dropped, "load_seconds": round(s.load_seconds, 4),
-                                 "wait_seconds": round(s.wait_seconds, 4)}
+                                 "wait_seconds": round(s.wait_seconds, 4), "uploads": s.uploads,
+                                 "staging_bytes": s.staging_bytes}
 
     def release(self) -> None:
+        held = self.runtime.memory_held() if hasattr(self.runtime, "memory_held") else None
         for exe in self._executables.values():
             close = getattr(exe, "close", None)
             if close is not None:
                 close()  # waits for a prefetch still in flight, so the streaming figures are final
                 self._record_stream(exe)
         self._executables.clear()
+        released = self.runtime.release_memory() if hasattr(self.runtime, "release_memory") else None
+        if released is not None:
+            self.stats.device_memory = {"held_at_stage_end_bytes": held, **released}
+
+
+def _narrow_float(value) -> bool:
+    """A float array of a dtype host steps do not compute in (bf16, f16, fp8: ml_dtypes or float16)."""
+    dtype = np.asarray(value).dtype
+    return dtype != np.float32 and dtype != np.float64 and (dtype.kind == "f" or "float" in dtype.name)

@@ -10,7 +10,9 @@ prompts, ``--init-latents``: ``INPUTS``) and describe the run in the files it wr
 any work.
 
 The budget is ``--max-memory``, or by default what the runtime's device has (``Runtime.capacity()``; for numpy,
-physical memory from ``os.sysconf``, or the container's limit when lower)."""
+physical memory from ``os.sysconf``, or the container's limit when lower). On a device runtime (cuda)
+``--max-host-memory`` bounds the pinned host buffers streamed weights are staged through. ``--compute-dtype``
+replaces every model's compute dtype (``recipe.builder.with_compute_dtype``)."""
 
 from __future__ import annotations
 
@@ -51,16 +53,16 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
           "gib": 2**30, "ti": 2**40, "tib": 2**40}
 
 
-def parse_size(text: str | None) -> int | None:
-    """``"24GiB"`` -> bytes (``GB`` is 10^9, ``GiB`` 2^30); ``None`` stays None."""
+def parse_size(text: str | None, flag: str = "--max-memory") -> int | None:
+    """``"24GiB"`` -> bytes (``GB`` is 10^9, ``GiB`` 2^30); ``None`` stays None. Errors name ``flag``."""
     if text is None:
         return None
     m = _SIZE.match(str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise PipelineError(f"--max-memory {text!r}: expected a size such as 24GiB, 16GB or 800MiB")
+        raise PipelineError(f"{flag} {text!r}: expected a size such as 24GiB, 16GB or 800MiB")
     value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if value <= 0:
-        raise PipelineError(f"--max-memory {text!r}: the budget must be positive")
+        raise PipelineError(f"{flag} {text!r}: the budget must be positive")
     return value
 
 
@@ -81,6 +83,8 @@ class GenerateRequest:
     allow_nonfinite: bool = False  # write the outputs even when a stage output holds NaN or infinity
     started: float | None = None  # time.perf_counter() when the command started (default: when generate does)
     runtime: str = "numpy"  # the runtime (device) to run on; the budget is its device's memory
+    max_host_memory: int | None = None  # bytes of pinned host staging for streamed weights (device runtimes)
+    compute_dtype: str | None = None  # every model's compute dtype (None: each recipe's weights.dtype.compute)
 
 
 def flag(name: str) -> str:
@@ -172,6 +176,10 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     sets, sources = _flag_sets(req)
     runtime = get_runtime(req.runtime)
     budget = req.max_memory if req.max_memory is not None else runtime.capacity()
+    if req.max_host_memory is not None and getattr(getattr(runtime, "backend", None), "host_arrays", True):
+        raise PipelineError(f"--max-host-memory: the {runtime.name} runtime's device memory is host memory "
+                            f"(--max-memory); --max-host-memory bounds the pinned staging of a GPU runtime "
+                            f"(--runtime cuda)")
     doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
     if isinstance(doc, PipelineRecipe):
         for name, value in req.params.items():
@@ -179,7 +187,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
                 raise PipelineError(f"{flag(name)}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
                                     f"{did_you_mean(name, doc.params)}; its parameters: {one_of(doc.params)}")
     pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
-                    progress=progress, set_sources=sources, allow_nonfinite=req.allow_nonfinite, runtime=runtime)
+                    progress=progress, set_sources=sources, allow_nonfinite=req.allow_nonfinite, runtime=runtime,
+                    host_budget_bytes=req.max_host_memory, compute_dtype=req.compute_dtype)
     p = pipe.params
     tasks = tasks_of(pipe.doc)
     declared = _declared_outputs(pipe)
@@ -255,6 +264,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
         })
     memory = {"budget_bytes": budget, "budget_from": "--max-memory" if req.max_memory is not None else
               "machine memory", "runtime": runtime.name, "device": runtime.device,
+              "host_staging_budget_bytes": req.max_host_memory, "compute_dtype": req.compute_dtype,
               "plans": {plan.model: plan.summary() for plan in pipe.prepare()}}
     total = time.perf_counter() - started
     timing = {"total_seconds": round(total, 3), "compile_seconds": round(compile_seconds, 3),

@@ -14,7 +14,8 @@ weights + constants + activation arena. Under a budget the plan is chosen in thi
 
 So a stage whose weights exceed the budget streams its blocks. Budgets are per device: the runtime's
 (``Runtime.capacity()``, the default budget) - host RAM for numpy (``machine_memory``: physical memory, or the
-container's limit when that is lower), device memory for a GPU backend.
+container's limit when that is lower), device memory for a GPU backend. On a device runtime a streamed stage also
+holds two pinned host staging buffers (``staging_bytes``, within ``--max-host-memory``).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ from ..recipe.safe_eval import names_in, parse, unwrap
 from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.memory import format_bytes, plan_memory
 from ..runtimes.program import Program
-from ..runtimes.registry import get_runtime
-from ..runtimes.streaming import stream_layout
+from ..runtimes.registry import get_planner, get_runtime
+from ..runtimes.streaming import STAGING_BUFFERS, stream_layout
 
 
 @dataclass
@@ -58,6 +59,7 @@ class StagePlan:
     program: Program | None = field(default=None, repr=False, compare=False)
     stream: dict[str, str] | None = field(default=None, repr=False, compare=False)  # for runtime.load
     state_bytes: int = 0  # states kept across runs (a KV cache), outside the arena
+    staging_bytes: int = 0  # pinned host memory staging streamed blocks (device runtimes; within --max-host-memory)
 
     @property
     def planned_peak(self) -> int:
@@ -75,7 +77,7 @@ class StagePlan:
                 "activation_bytes": self.activation_peak, "state_bytes": self.state_bytes,
                 "planned_peak_bytes": self.planned_peak,
                 "streamed": self.streamed, "largest_block_bytes": self.largest_block_bytes,
-                "unbounded_peak_bytes": self.unbounded_peak}
+                "staging_bytes": self.staging_bytes, "unbounded_peak_bytes": self.unbounded_peak}
 
 
 def machine_memory() -> int:
@@ -97,10 +99,11 @@ def weight_blocks(graph: Graph) -> dict[str, str]:
 
 
 def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, runtime=None,
-               compile: bool = True, stage: str | None = None, inputs=None, weights=None) -> StagePlan:
+               compile: bool = True, stage: str | None = None, inputs=None, weights=None,
+               host_budget: int | None = None) -> StagePlan:
     """The plan of one model at ``dims`` under ``budget`` (see the module docstring for the order tried) on
-    ``runtime`` (a name or a Runtime; default numpy). ``inputs``/``weights`` only serve the compiler's timing
-    of candidates."""
+    ``runtime`` (a name or a Runtime; default numpy); ``host_budget`` bounds a device runtime's pinned staging
+    of streamed blocks. ``inputs``/``weights`` only serve the compiler's timing of candidates."""
     runtime = get_runtime(runtime)
     dims = dict(dims)
     blocks = weight_blocks(model.graph)
@@ -152,6 +155,11 @@ def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, r
         choice = assess(compiled(budget + resident.weight_bytes - streamed.resident_weight_bytes), True)
     choice.smallest_peak = min(least_weights + leanest, choice.planned_peak)
     choice.unbounded_peak = resident.planned_peak
+    if choice.streamed and not getattr(getattr(runtime, "backend", None), "host_arrays", True):
+        from ..runtimes.streaming import staging_buffer_bytes
+
+        layout = figures[id(choice.program)][1]
+        choice.staging_bytes = STAGING_BUFFERS * staging_buffer_bytes(layout, host_budget)
     return choice
 
 
@@ -212,7 +220,8 @@ def check_io_fits(model: BuiltModel, dims: Mapping[str, int], budget: int | None
 
 
 def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool = True,
-                from_checkpoint: bool | None = None, progress=None) -> list[StagePlan]:
+                from_checkpoint: bool | None = None, progress=None, host_budget: int | None = None
+                ) -> list[StagePlan]:
     """Plans for every model stage of a ``driver.Pipeline``, in stage order (a model used by several stages
     with the same dims is planned once) on ``runtime`` (default: the pipeline's). ``from_checkpoint``: build
     each model against its checkpoint
@@ -240,7 +249,8 @@ def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool
     for k, (stage, dims) in enumerate(stages):
         key = (stage.model, tuple(sorted(dims.items())))
         if key not in done:
-            done[key] = plan_model(models[stage.model], dims, budget, runtime, compile, stage.name)
+            done[key] = plan_model(models[stage.model], dims, budget, runtime, compile, stage.name,
+                                   host_budget=host_budget)
             done[key].model = stage.model  # the pipeline's name for it
             plans.append(done[key])
         if progress:
@@ -276,6 +286,8 @@ def format_plans(plans: list[StagePlan], budget: int | None) -> str:
     for p in plans:
         note = f"weights streamed block by block ({p.blocks} blocks, largest {_gib(p.largest_block_bytes)})" \
             if p.streamed else "weights resident"
+        if p.staging_bytes:
+            note += f", staged through {_gib(p.staging_bytes)} of pinned host memory"
         if not p.fits:
             note += f"; DOES NOT FIT (needs at least {_gib(p.smallest_peak)})"
         lines.append(f"{p.stage:<14}{_gib(p.weight_bytes):>11}{_gib(p.activation_peak):>13}"
@@ -306,7 +318,8 @@ def _shape_model(pipeline, name: str) -> BuiltModel:
     spec = pipeline.doc.models[name]
     sets, origins = pipeline.model_sets(name)
     return build_model(recipe, config=config, sets=sets, quantization=spec.quantization, set_origins=origins,
-                       config_file=f"config.json of model '{name}'")
+                       config_file=f"config.json of model '{name}'",
+                       compute_dtype=getattr(pipeline, "compute_dtype", None))
 
 
 def _gib(n: int | None) -> str:
@@ -317,10 +330,12 @@ def _dims(dims: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.items())
 
 
-def inspect_memory(recipe, weights, sets, max_memory: int | None, runtime=None) -> list[str]:
+def inspect_memory(recipe, weights, sets, max_memory: int | None, runtime=None, device: str | None = None,
+                   max_host_memory: int | None = None, compute_dtype: str | None = None) -> list[str]:
     """What `inspect` prints for a pipeline's memory: the per-stage plans on ``runtime`` (default numpy), from
     the checkpoint's headers when it is local (or given), else from the pipeline's `configs:` folder (shapes
-    only: nothing is downloaded). ``recipe`` is the loaded pipeline recipe (``recipe.loader.LoadedRecipe``)."""
+    only: nothing is downloaded). ``recipe`` is the loaded pipeline recipe (``recipe.loader.LoadedRecipe``).
+    A runtime whose device is not here (cuda) plans for a described one (``device``; ``registry.get_planner``)."""
     from .driver import Pipeline
 
     doc = recipe.doc
@@ -329,12 +344,15 @@ def inspect_memory(recipe, weights, sets, max_memory: int | None, runtime=None) 
     if not local and doc.configs is None:
         return ["memory plan: the checkpoint is remote and the pipeline has no `configs:` folder; pass "
                 "--weights FOLDER to plan memory"]
-    runtime = get_runtime(runtime)
-    pipeline = Pipeline(recipe.path, weights=weights, sets=sets, budget_bytes=max_memory, runtime=runtime)
-    plans = plan_stages(pipeline, max_memory, from_checkpoint=local)
+    runtime = get_planner(runtime, device)
+    pipeline = Pipeline(recipe.path, weights=weights, sets=sets, budget_bytes=max_memory, runtime=runtime,
+                        compute_dtype=compute_dtype)
+    plans = plan_stages(pipeline, max_memory, from_checkpoint=local, host_budget=max_host_memory)
     origin = f"checkpoint {pipeline.checkpoint}" if local else \
         f"sizes from {doc.configs}/ (config.json files; no weights read)"
     lines = [f"memory plan per model stage ({origin}):", format_plans(plans, max_memory)]
+    if getattr(runtime, "assumed", None):
+        lines.append(f"the {runtime.name} runtime {runtime.assumed}")
     if max_memory is None:
         lines.append(f"`run` plans under the {runtime.device} memory of the {runtime.name} runtime by default "
                      f"({format_bytes(runtime.capacity())}); pass --max-memory SIZE to see the plan under a "

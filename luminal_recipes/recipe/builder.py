@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, LuminalError
+from ..errors import CheckpointError, LuminalError, RecipeError
 from ..files import MAX_JSON_BYTES, read_regular_text
 from ..graph import DType, Graph, Tensor, to_dtype
 from ..graph.dtypes import SAFETENSORS_NAMES
@@ -173,8 +173,10 @@ def build_model(
     quantization: QuantizationSpec | None = None,
     set_origins: Mapping[str, str] | None = None,
     config_file: str | None = None,
+    compute_dtype: str | None = None,
 ) -> BuiltModel:
     """Build the graph of a loaded model recipe. Without ``checkpoint`` weights are shapes only (inspect).
+    ``compute_dtype`` (``--compute-dtype``) replaces the recipe's ``weights.dtype.compute`` (``with_compute_dtype``).
 
     ``quantization`` replaces the recipe's ``weights.quantization``: a pipeline runs one model recipe over
     checkpoints stored in different formats (``models.NAME.quantization`` in a pipeline recipe).
@@ -183,6 +185,8 @@ def build_model(
     """
     if quantization is not None:
         recipe = with_quantization(recipe, quantization)
+    if compute_dtype is not None:
+        recipe = with_compute_dtype(recipe, compute_dtype)
     doc = recipe.doc
     assert isinstance(doc, ModelRecipe)
     ops = default_ops() if ops is None else ops
@@ -239,6 +243,24 @@ def _state_tensor(graph: Graph, made: dict[str, Tensor], instance: Instance, loc
     if decl.name not in made:
         made[decl.name] = graph.state(decl.name, decl.shape, compute if decl.dtype == "compute" else decl.dtype)
     return made[decl.name]
+
+
+COMPUTE_DTYPES = ("f32", "bf16", "f16")
+
+
+def with_compute_dtype(recipe: LoadedRecipe, dtype: str) -> LoadedRecipe:
+    """The same loaded recipe computing in ``dtype``: its dtype policy's ``compute``, and its inputs declared f32
+    (the forwards compute in their inputs' dtype; the pipeline converts the values it passes in). Per-op dtypes
+    (``weights.dtype.per_op``) stay as the recipe chose them."""
+    if dtype not in COMPUTE_DTYPES:
+        raise RecipeError(f"--compute-dtype {dtype}: the compute dtype must be one of {', '.join(COMPUTE_DTYPES)}")
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    policy = doc.weights.dtype.model_copy(update={"compute": dtype})
+    inputs = {name: spec.model_copy(update={"dtype": dtype}) if spec.dtype == "f32" else spec
+              for name, spec in doc.inputs.items()}
+    weights = doc.weights.model_copy(update={"dtype": policy})
+    return replace(recipe, doc=doc.model_copy(update={"weights": weights, "inputs": inputs}))
 
 
 def with_quantization(recipe: LoadedRecipe, quantization: QuantizationSpec) -> LoadedRecipe:

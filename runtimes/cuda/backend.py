@@ -212,9 +212,10 @@ class CudaEmuBackend:
 
         return host_memory()  # the emulated device's memory is the host's
 
-    def _track(self, raw: np.ndarray) -> None:
-        self._live += raw.nbytes
-        weakref.finalize(raw, self._untrack, raw.nbytes)
+    def _track(self, raw: np.ndarray, nbytes: int) -> None:
+        """Count ``nbytes`` (what a device allocator is asked for) while ``raw`` lives."""
+        self._live += nbytes
+        weakref.finalize(raw, self._untrack, nbytes)
 
     def _untrack(self, nbytes: int) -> None:
         self._live -= nbytes
@@ -222,10 +223,10 @@ class CudaEmuBackend:
     def allocate(self, nbytes: int) -> np.ndarray:
         if self.sanitize:  # exactly sized, so AddressSanitizer's red zone starts right after the last byte
             raw = np.zeros(max(nbytes, 1), dtype=np.uint8)
-            self._track(raw)
+            self._track(raw, nbytes)
             return raw[:nbytes]
         raw = np.zeros(max(nbytes, 1) + 256, dtype=np.uint8)
-        self._track(raw)
+        self._track(raw, nbytes)
         skip = -raw.ctypes.data % 256  # 256-byte aligned, as cudaMalloc's
         return raw[skip: skip + nbytes]
 
@@ -559,6 +560,7 @@ class PlanningCudaRuntime:
 
     name = "cuda"
     timed = False
+    host_arrays = False  # a device's memory: streamed blocks are staged through pinned host buffers
 
     def __init__(self, gpu: GpuDescription):
         self.gpu = gpu

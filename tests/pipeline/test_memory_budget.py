@@ -145,3 +145,55 @@ def test_inspect_plans_flux2_dev_from_shapes_offline(monkeypatch):
     (weights, act, unbounded, held, planned), line = _row(text, "vae")
     assert weights < GIB and "weights resident" in line and held == weights and planned <= budget
     assert "DOES NOT FIT" not in text
+
+
+# ---- the device runtimes: device memory, pinned staging, a GPU planned without one --------------------------------
+def test_cuda_emu_streams_through_pinned_staging_and_gives_device_memory_back(tmp_path):
+    """--runtime cuda-emu under a device budget below the transformer's weights: its blocks are staged through
+    64 KiB of "pinned" host memory in pieces, the image has the numpy runtime's bits, and every stage's device
+    memory is measured when it ends and released."""
+    _, image = generate_json(tmp_path, "numpy")
+    summary, emu_image = generate_json(tmp_path, "emu", "--runtime", "cuda-emu", "--max-memory", "11MiB",
+                                       "--max-host-memory", "64KiB")
+    assert np.array_equal(emu_image, image)
+    memory = summary["memory"]
+    assert memory["runtime"] == "cuda-emu" and memory["host_staging_budget_bytes"] == 64 << 10
+    plan = memory["plans"]["transformer"]
+    assert plan["streamed"] and plan["staging_bytes"] == 64 << 10
+    stages = summary["runs"][0]["memory"]
+    stream = stages["transformer"]["stream"]
+    assert stream["staging_bytes"] == 64 << 10 and stream["uploads"] > stream["loads"]  # blocks in pieces
+    for stage, measured in stages.items():
+        device = measured["device_memory"]
+        assert 0 < device["held_at_stage_end_bytes"] <= memory["plans"][stage]["planned_peak_bytes"]
+        assert device["held_after_release_bytes"] == 0, stage
+
+
+def test_max_host_memory_is_for_device_runtimes(tmp_path):
+    result = cli("run", TINY, *SMALL, "--max-host-memory", "1GiB", "-o", str(tmp_path / "x.png"))
+    assert result.exit_code == 2 and "--max-host-memory" in result.stderr and "--runtime cuda" in result.stderr
+    result = cli("run", TINY, *SMALL, "--runtime", "cuda-emu", "--max-host-memory", "lots",
+                 "-o", str(tmp_path / "x.png"))
+    assert result.exit_code == 2 and "--max-host-memory 'lots': expected a size" in result.stderr
+
+
+def test_inspect_plans_flux2_dev_for_a_gpu_without_one(monkeypatch):
+    """`inspect --runtime cuda` with no GPU plans for a described one (the H200 by default; --device picks
+    another), says so, and notes the pinned staging of streamed stages."""
+    from luminal_recipes.runtimes.registry import get_runtime
+
+    try:
+        get_runtime("cuda")
+        pytest.skip("a GPU is here: inspect plans for it")
+    except Exception:  # noqa: BLE001 - no CuPy or no GPU: the offline description is used
+        pass
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = cli("inspect", FLUX2, "--runtime", "cuda", "--max-memory", "24GiB", "--max-host-memory", "1GiB")
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "planned for NVIDIA H200 (sm_90, 141 GiB) from an offline description" in text
+    assert "of NVIDIA H200 (sm_90) memory (cuda runtime)" in text
+    (weights, act, unbounded, held, planned, block, staging), line = _row(text, "transformer")
+    assert "streamed block by block (56 blocks" in line and staging == GIB and planned <= 24 * GIB
+    result = cli("inspect", FLUX2, "--runtime", "cuda", "--device", "tpu")
+    assert result.exit_code == 2 and "--device tpu" in result.stderr and "h200" in result.stderr

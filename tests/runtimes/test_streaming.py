@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from luminal_recipes.compiler.search import SearchOptions, compile_graph
-from luminal_recipes.errors import InputError
+from luminal_recipes.errors import BudgetError, InputError
 from luminal_recipes.graph.symbolic import evaluate
 from luminal_recipes.pipeline.engine import ModelEngine
 from luminal_recipes.pipeline.plan import plan_model, weight_blocks
@@ -79,6 +79,31 @@ def test_streamed_flux2_transformer_is_bit_identical(transformer, kind, runtime)
         assert streamed.streamer.stats.bytes_copied > 0
     finally:
         streamed.close()
+
+
+def test_device_staging_in_pieces_is_bit_identical(transformer, runtime):
+    """On a device runtime, blocks travel through two staging buffers on a copy stream; buffers much smaller
+    than a block send it in many pieces, ordered by events, with the same bits as the resident weights."""
+    if runtime.backend.host_arrays:
+        pytest.skip("a host runtime copies blocks straight into its slots")
+    program = Program.from_graph(transformer.graph)
+    blocks = weight_blocks(transformer.graph)
+    unbounded = runtime.load(program, transformer.load_weight, DIMS)
+    streamed = runtime.load(program, transformer.load_weight, DIMS, stream=blocks, staging_bytes=2 * 4096)
+    try:
+        layout = streamed.streamer.layout
+        pieces = sum(-(-b.nbytes // 4096) for b in layout.blocks)
+        for step in range(2):
+            inputs = random_inputs(transformer, DIMS, seed=step)
+            want, got = unbounded.run(inputs), streamed.run(inputs)
+            for name in want:
+                assert np.array_equal(got[name], want[name]), f"run {step}: {name} differs"
+        stats = streamed.streamer.stats
+        assert stats.staging_bytes == 2 * 4096 and stats.uploads >= pieces  # every block, in 4 KiB pieces
+    finally:
+        streamed.close()
+    with pytest.raises(BudgetError, match="--max-host-memory"):
+        runtime.load(program, transformer.load_weight, DIMS, stream=blocks, staging_bytes=1024)
 
 
 def test_layout_blocks_are_ordered_and_disjoint(transformer, runtime):

@@ -6,6 +6,10 @@
 // the others get one std::thread per CUDA thread, a std::barrier per block (__syncthreads) and one per warp
 // (shuffles exchange values through a per-warp buffer between two warp barriers). A barrier or a shuffle in a
 // kernel launched as a loop aborts with a message (the kernel was declared barrier-free by mistake).
+// Threads need not be OS threads: outside the sanitizers, a block's CUDA threads are fibers on the calling thread
+// (a context switch at each barrier or shuffle, the threads of a block run in order between barriers), which is
+// ~100x faster than OS threads on a few cores; under -fsanitize=address/thread they are std::threads, so the
+// sanitizers see real threads and stacks.
 // half, bfloat16 and fp8 are 16/8-bit structs with the conversions CUDA has, rounding to nearest even exactly as
 // the device does (checked against ml_dtypes bit for bit in tests/runtimes/test_cuda_emu.py).
 #pragma once
@@ -46,10 +50,93 @@ inline dim3 blockDim;
 inline dim3 gridDim;
 static constexpr int warpSize = 32;
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define LR_EMU_FIBERS 0
+#else
+#define LR_EMU_FIBERS 1
+#endif
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
 namespace emu {
 [[noreturn]] inline void fail(const char* what) {
   std::fprintf(stderr, "cuda-emu: %s\n", what);
   std::abort();
+}
+
+// ---- fibers: a block's CUDA threads on the calling OS thread --------------------------------------------------
+using KernelFn = void (*)(void* const* args);
+enum FiberState { RUNNABLE, AT_BLOCK, AT_WARP, DONE };
+struct Fiber {
+  void* sp = nullptr;  // saved stack pointer while switched out
+#if !defined(__x86_64__)
+  ucontext_t uc;
+#endif
+  FiberState state = RUNNABLE;
+};
+struct FiberBlock {
+  std::vector<Fiber> fibers;
+  std::vector<char*> stacks;
+  void* sched_sp = nullptr;
+#if !defined(__x86_64__)
+  ucontext_t sched_uc;
+#endif
+  unsigned n = 0, current = 0, at_block = 0, done = 0;
+  unsigned at_warp[32] = {}, done_warp[32] = {};
+  unsigned long long slot[32][32];  // shuffle values, per warp and lane
+  KernelFn kernel = nullptr;
+  void* const* args = nullptr;
+};
+inline thread_local FiberBlock* fiber_block = nullptr;  // set while a block runs as fibers
+constexpr std::size_t FIBER_STACK = 256 * 1024;
+
+#if defined(__x86_64__)
+// Save the callee-saved registers, MXCSR and the x87 control word on this stack, store the stack pointer in
+// *save, switch to `to` and restore what was saved there (the System V x86-64 ABI's callee-saved state).
+__attribute__((naked, noinline)) static void switch_stack(void** /*save*/, void* /*to*/) {
+  asm volatile(
+      "pushq %rbp\n pushq %rbx\n pushq %r12\n pushq %r13\n pushq %r14\n pushq %r15\n"
+      "subq $8, %rsp\n stmxcsr (%rsp)\n fnstcw 4(%rsp)\n"
+      "movq %rsp, (%rdi)\n movq %rsi, %rsp\n"
+      "ldmxcsr (%rsp)\n fldcw 4(%rsp)\n addq $8, %rsp\n"
+      "popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret\n");
+}
+#endif
+
+[[noreturn]] inline void fiber_main() {
+  FiberBlock& b = *fiber_block;
+  b.kernel(b.args);
+  Fiber& f = b.fibers[b.current];
+  f.state = DONE;
+  b.done++;
+  b.done_warp[b.current / 32]++;
+#if defined(__x86_64__)
+  switch_stack(&f.sp, b.sched_sp);
+#else
+  swapcontext(&f.uc, &b.sched_uc);
+#endif
+  fail("a finished fiber was resumed");
+}
+
+inline void to_scheduler(Fiber& f) {
+  FiberBlock& b = *fiber_block;
+#if defined(__x86_64__)
+  switch_stack(&f.sp, b.sched_sp);
+#else
+  swapcontext(&f.uc, &b.sched_uc);
+#endif
+}
+
+inline void fiber_wait(FiberState kind) {  // a barrier: back to the scheduler until it releases this one
+  FiberBlock& b = *fiber_block;
+  Fiber& f = b.fibers[b.current];
+  f.state = kind;
+  if (kind == AT_BLOCK)
+    b.at_block++;
+  else
+    b.at_warp[b.current / 32]++;
+  to_scheduler(f);
 }
 struct Warp {
   explicit Warp(std::ptrdiff_t lanes) : bar(lanes) {}
@@ -63,9 +150,23 @@ struct ThreadCtx {
 };
 inline thread_local ThreadCtx* ctx = nullptr;
 
+inline int lane() {
+  return fiber_block ? int(fiber_block->current % 32) : (ctx ? ctx->lane : 0);
+}
+
 template <class T>
 inline T shuffle(T v, int src) {
   static_assert(sizeof(T) <= 8, "shuffle of a value wider than 8 bytes");
+  if (fiber_block) {
+    FiberBlock& b = *fiber_block;
+    unsigned w = b.current / 32;
+    std::memcpy(&b.slot[w][b.current % 32], &v, sizeof(T));
+    fiber_wait(AT_WARP);
+    T r = v;
+    if (src >= 0 && src < 32) std::memcpy(&r, &b.slot[w][src], sizeof(T));
+    fiber_wait(AT_WARP);  // nobody overwrites a slot before every lane has read
+    return r;
+  }
   if (!ctx) fail("warp shuffle in a kernel launched as a plain loop (declare it with barriers)");
   Warp& w = *ctx->warp;
   std::memcpy(&w.slot[ctx->lane], &v, sizeof(T));
@@ -78,10 +179,12 @@ inline T shuffle(T v, int src) {
 }  // namespace emu
 
 inline void __syncthreads() {
+  if (emu::fiber_block) return emu::fiber_wait(emu::AT_BLOCK);
   if (!emu::ctx) emu::fail("__syncthreads in a kernel launched as a plain loop (declare it with barriers)");
   emu::ctx->block->arrive_and_wait();
 }
 inline void __syncwarp(unsigned = 0xffffffffu) {
+  if (emu::fiber_block) return emu::fiber_wait(emu::AT_WARP);
   if (!emu::ctx) emu::fail("__syncwarp in a kernel launched as a plain loop (declare it with barriers)");
   emu::ctx->warp->bar.arrive_and_wait();
 }
@@ -89,11 +192,11 @@ template <class T>
 inline T __shfl_sync(unsigned, T v, int src, int = 32) { return emu::shuffle(v, src & 31); }
 template <class T>
 inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
-  return emu::shuffle(v, emu::ctx ? (emu::ctx->lane ^ mask) : 0);
+  return emu::shuffle(v, emu::lane() ^ mask);
 }
 template <class T>
 inline T __shfl_down_sync(unsigned, T v, unsigned d, int = 32) {
-  int src = emu::ctx ? emu::ctx->lane + int(d) : 0;
+  int src = emu::lane() + int(d);
   return emu::shuffle(v, src < 32 ? src : -1);
 }
 
@@ -212,9 +315,65 @@ inline void for_blocks(F&& body) {
         body();
       }
 }
+// One block of `n` CUDA threads as fibers: each runs until it reaches a barrier (or ends); a barrier is released
+// once every thread of its block (or warp) has reached it or ended - an ended thread counts as arrived, as the
+// threaded path's end-of-block barrier does. Threads run in order between barriers.
+inline void run_block_fibers(FiberBlock& b) {
+  for (unsigned t = 0; t < b.n; ++t) {
+    Fiber& f = b.fibers[t];
+    f.state = RUNNABLE;
+#if defined(__x86_64__)
+    auto top = reinterpret_cast<std::uintptr_t>(b.stacks[t] + FIBER_STACK) & ~std::uintptr_t(15);
+    void** sp = reinterpret_cast<void**>(top);
+    *--sp = nullptr;                                    // fiber_main's return address (never used)
+    *--sp = reinterpret_cast<void*>(&fiber_main);       // where switch_stack's `ret` goes
+    for (int r = 0; r < 6; ++r) *--sp = nullptr;        // rbp rbx r12 r13 r14 r15
+    *--sp = reinterpret_cast<void*>(std::uintptr_t(__builtin_ia32_stmxcsr()) | (std::uintptr_t(0x037F) << 32));
+    f.sp = sp;
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = b.stacks[t];
+    f.uc.uc_stack.ss_size = FIBER_STACK;
+    f.uc.uc_link = nullptr;
+    makecontext(&f.uc, reinterpret_cast<void (*)()>(&fiber_main), 0);
+#endif
+  }
+  b.at_block = b.done = 0;
+  for (unsigned w = 0; w < 32; ++w) b.at_warp[w] = b.done_warp[w] = 0;
+  while (b.done < b.n) {
+    bool ran = false, released = false;
+    for (unsigned t = 0; t < b.n; ++t) {
+      if (b.fibers[t].state != RUNNABLE) continue;
+      b.current = t;
+      set_thread(t);
+#if defined(__x86_64__)
+      switch_stack(&b.sched_sp, b.fibers[t].sp);
+#else
+      swapcontext(&b.sched_uc, &b.fibers[t].uc);
+#endif
+      ran = true;
+    }
+    if (b.at_block && b.at_block + b.done == b.n) {
+      for (unsigned t = 0; t < b.n; ++t)
+        if (b.fibers[t].state == AT_BLOCK) b.fibers[t].state = RUNNABLE;
+      b.at_block = 0;
+      released = true;
+    }
+    for (unsigned w = 0; w * 32 < b.n; ++w) {
+      unsigned lanes = std::min(32u, b.n - 32 * w);
+      if (b.at_warp[w] && b.at_warp[w] + b.done_warp[w] == lanes) {
+        for (unsigned t = 32 * w; t < 32 * w + lanes; ++t)
+          if (b.fibers[t].state == AT_WARP) b.fibers[t].state = RUNNABLE;
+        b.at_warp[w] = 0;
+        released = true;
+      }
+    }
+    if (!ran && !released && b.done < b.n) fail("a barrier that not every thread of the block reaches (deadlock)");
+  }
+}
+
 // Run `kernel(args)` (one CUDA thread) over the launch's grid; `sync`: the kernel uses barriers or warp shuffles,
 // so its threads must run concurrently. Not a template: a module compiles this machinery once, not per kernel.
-using KernelFn = void (*)(void* const* args);
 inline void run(const EmuLaunch* L, KernelFn kernel, void* const* args, bool sync) {
   gridDim = dim3{L->grid[0], L->grid[1], L->grid[2]};
   blockDim = dim3{L->block[0], L->block[1], L->block[2]};
@@ -229,6 +388,22 @@ inline void run(const EmuLaunch* L, KernelFn kernel, void* const* args, bool syn
     });
     return;
   }
+#if LR_EMU_FIBERS
+  {
+    static thread_local FiberBlock b;  // stacks kept from launch to launch
+    if (b.stacks.size() < n) {
+      for (std::size_t t = b.stacks.size(); t < n; ++t) b.stacks.push_back(static_cast<char*>(std::malloc(FIBER_STACK)));
+      b.fibers.resize(n);
+    }
+    b.n = n;
+    b.kernel = kernel;
+    b.args = args;
+    fiber_block = &b;
+    for_blocks([&] { run_block_fibers(b); });
+    fiber_block = nullptr;
+    return;
+  }
+#endif
   std::barrier<> block(n);
   std::vector<std::unique_ptr<Warp>> warps;
   for (unsigned w = 0; w < (n + 31) / 32; ++w) warps.emplace_back(new Warp(std::min(32u, n - 32 * w)));
