@@ -39,11 +39,17 @@ def rotate_pairs(x: Tensor) -> Tensor:
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, style: str = "half") -> Tensor:
     """``x * cos + rotate(x) * sin``; ``cos``/``sin`` have x's trailing shape ``[S, D]`` (broadcast over the rest).
 
-    ``style="half"`` rotates halves (Llama, Mistral), ``style="pairs"`` rotates adjacent pairs (FLUX.2).
+    ``style="half"`` rotates halves (Llama, Mistral), ``style="pairs"`` rotates adjacent pairs (FLUX.2). Tables
+    wider than ``x`` (f32 with bf16 activations) rotate in their dtype and round once to ``x``'s, as diffusers
+    does; narrower ones are cast to ``x``'s dtype.
     """
     if style not in ("half", "pairs"):
         raise GraphError(f"apply_rope: style must be 'half' (Llama, Mistral) or 'pairs' (FLUX.2), got {style!r}")
     rot = rotate_half(x) if style == "half" else rotate_pairs(x)
+    if cos.dtype.is_float and x.dtype.is_float and cos.dtype.bits > x.dtype.bits and sin.dtype == cos.dtype:
+        wide = cos.dtype
+        out = cast(x, wide) * cos.broadcast_to(x.shape) + cast(rot, wide) * sin.broadcast_to(x.shape)
+        return cast(out, x.dtype)
     cos = (cos if cos.dtype == x.dtype else cast(cos, x.dtype)).broadcast_to(x.shape)
     sin = (sin if sin.dtype == x.dtype else cast(sin, x.dtype)).broadcast_to(x.shape)
     return x * cos + rot * sin

@@ -90,8 +90,10 @@ def build(
     weights: str | Path | None = None,
     sets: Iterable[str] | Mapping[str, Any] = (),
     ops: Mapping[str, Callable] | None = None,
+    compute_dtype: str | None = None,
 ) -> BuiltModel:
-    """Load a model recipe, open its checkpoint and build the graph; ``weights`` overrides the source."""
+    """Load a model recipe, open its checkpoint and build the graph; ``weights`` overrides the source,
+    ``compute_dtype`` the recipe's compute dtype (``with_compute_dtype``)."""
     recipe = load_recipe(path)
     if not isinstance(recipe.doc, ModelRecipe):
         raise recipe.origin("kind").error(
@@ -106,7 +108,8 @@ def build(
 
     checkpoint = Checkpoint.open(folder)
     roots = checkpoint_roots(folder, weights is not None, recipe.tree, recipe.doc.weights.source)
-    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets, ops=ops)
+    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets, ops=ops,
+                       compute_dtype=compute_dtype)
 
 
 def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None) -> Path | None:
@@ -249,15 +252,17 @@ COMPUTE_DTYPES = ("f32", "bf16", "f16")
 
 
 def with_compute_dtype(recipe: LoadedRecipe, dtype: str) -> LoadedRecipe:
-    """The same loaded recipe computing in ``dtype``: its dtype policy's ``compute``, and its inputs declared f32
-    (the forwards compute in their inputs' dtype; the pipeline converts the values it passes in). Per-op dtypes
+    """The same loaded recipe computing in ``dtype``: its dtype policy's ``compute``, and its float inputs that
+    declare no dtype (the forwards compute in their inputs' dtype; the pipeline converts the values it passes in).
+    An input whose dtype the recipe writes (FLUX.2's f32 rotary tables) and per-op dtypes
     (``weights.dtype.per_op``) stay as the recipe chose them."""
     if dtype not in COMPUTE_DTYPES:
         raise RecipeError(f"--compute-dtype {dtype}: the compute dtype must be one of {', '.join(COMPUTE_DTYPES)}")
     doc = recipe.doc
     assert isinstance(doc, ModelRecipe)
     policy = doc.weights.dtype.model_copy(update={"compute": dtype})
-    inputs = {name: spec.model_copy(update={"dtype": dtype}) if spec.dtype == "f32" else spec
+    inputs = {name: spec.model_copy(update={"dtype": dtype})
+              if spec.dtype == "f32" and "dtype" not in spec.model_fields_set else spec
               for name, spec in doc.inputs.items()}
     weights = doc.weights.model_copy(update={"dtype": policy})
     return replace(recipe, doc=doc.model_copy(update={"weights": weights, "inputs": inputs}))
