@@ -11,13 +11,15 @@ skipped, and recorded as skipped, when the time left is below its estimate):
   environment        device, driver/runtime/NVRTC versions, CuPy's configuration
   ceilings           bf16 GEMM TFLOP/s at 8192^3 through torch and through our cuBLAS path; device copy GB/s
   kernels            every kernel of the registry on the device vs torch (max rel. error per kernel)
-  transformer        FLUX.2-dev transformer at 1024x1024, seeded random bf16 weights made on the GPU and shared
-                     with diffusers' Flux2Transformer2DModel through DLPack: s/step (median of 5 after 3 warm-ups),
+  transformer        FLUX.2-dev transformer at 1024x1024 computing in bf16 (--compute-dtype bf16), seeded random bf16
+                     weights made on the GPU and shared with diffusers' Flux2Transformer2DModel through DLPack:
+                     s/step (median of 5 after 3 warm-ups) replayed as a CUDA graph and kernel by kernel (same bits?),
                      TFLOP/s vs 283 TFLOP/step, peak device memory, speed ratio and output rel. error vs diffusers
   dequant            FP8 and NVFP4 DequantMatMul TFLOP/s on FLUX.2's four GEMM shapes at M = 4608 (bf16 MatMul too)
-  streamed           the same transformer step under a 24 GiB budget (blocks streamed from pinned host memory),
-                     bit-identical to the resident step
-  tiny_pipeline      recipes/flux2-tiny.yaml on our runtime: PSNR vs the numpy runtime's golden image
+  streamed           the same transformer step under a 24 GiB budget (blocks staged through 4 GiB of pinned host
+                     memory on a copy stream), bit-identical to the resident step; device memory released after
+  tiny_pipeline      recipes/flux2-tiny.yaml on our runtime: PSNR vs the numpy runtime's golden image, and each
+                     stage's device memory when it ends, before and after the release
   vae                VAE decode of a 1024x1024 image (random full-size weights): time, peak device memory
   text_encoder       Mistral-3 text encoder, 512 tokens, random full-size weights: time, peak device memory
 
@@ -208,17 +210,10 @@ class Check:
 
 
 def make_runtime(dry: bool):
-    """Our runtime by name (``cuda`` / ``cuda-emu``) from the runtime registry."""
-    name = "cuda-emu" if dry else "cuda"
-    try:
-        from luminal_recipes.runtimes.registry import BUILTIN, get_runtime
-    except ImportError:
-        BUILTIN, get_runtime = {}, None
-    if name in BUILTIN:
-        return get_runtime(name)
-    from luminal_recipes.runtimes.cuda import CudaBackend, CudaEmuBackend, CudaRuntime  # before the registry
+    """Our runtime by name from the runtime registry: ``cuda``, or ``cuda-emu`` in a dry run."""
+    from luminal_recipes.runtimes.registry import get_runtime
 
-    return CudaRuntime(CudaEmuBackend() if dry else CudaBackend())
+    return get_runtime("cuda-emu" if dry else "cuda")
 
 
 def step_times(c: Check, exe, inputs: dict, warmup: int | None = None, reps: int | None = None) -> list[float]:
@@ -571,29 +566,19 @@ def kernels(c: Check) -> dict:
 
 
 # ---- FLUX.2 models: graphs from recipes, random weights made on the device ----------------------------------
-def with_compute(recipe, dtype: str):
-    """The loaded recipe with activations in ``dtype`` (bf16 on the GPU: tensor-core GEMMs, half the bytes)."""
-    from dataclasses import replace
-
-    doc = recipe.doc
-    policy = doc.weights.dtype.model_copy(update={"compute": dtype})
-    # float inputs in the compute dtype too: the forwards compute in their inputs' dtype
-    inputs = {k: v.model_copy(update={"dtype": dtype}) if v.dtype == "f32" else v for k, v in doc.inputs.items()}
-    return replace(recipe, doc=doc.model_copy(update={
-        "weights": doc.weights.model_copy(update={"dtype": policy}), "inputs": inputs}))
-
-
 def model_config(c: Check, component: str) -> dict:
     folder = ROOT / "recipes" / ("flux2-tiny/checkpoint" if c.dry else "flux2-dev-configs") / component
     return json.loads((folder / "config.json").read_text())
 
 
 def build(c: Check, recipe: str, component: str, compute: str, sets=None):
+    """The model from its recipe and config, computing in ``compute`` (``--compute-dtype``: bf16 on the GPU runs
+    tensor-core GEMMs and holds half the activation bytes)."""
     from luminal_recipes.recipe.builder import build_model
     from luminal_recipes.recipe.loader import load_recipe
 
-    loaded = with_compute(load_recipe(ROOT / "recipes" / recipe), compute)
-    return build_model(loaded, config=model_config(c, component), sets=sets or {})
+    return build_model(load_recipe(ROOT / "recipes" / recipe), config=model_config(c, component), sets=sets or {},
+                       compute_dtype=compute)
 
 
 def compile_for(c: Check, model, dims: dict):
@@ -687,7 +672,7 @@ def transformer_inputs(c: Check, cfg: dict, img_hw: tuple[int, int], txt: int) -
             "encoder_hidden_states": rng.standard_normal((1, txt, cfg["joint_attention_dim"]),
                                                          dtype=np.float32).astype(bf),
             "timestep": np.asarray([0.73], bf), "guidance": np.asarray([4.0], bf),
-            "rope_cos": rope["cos"].astype(bf), "rope_sin": rope["sin"].astype(bf)}
+            "rope_cos": rope["cos"], "rope_sin": rope["sin"]}  # f32 tables (the recipe declares them f32)
 
 
 @section("transformer", 150)
@@ -712,18 +697,30 @@ def transformer(c: Check) -> dict:
     inputs = as_declared(model, transformer_inputs(c, cfg, hw, txt))
     used0 = c.device_used()
     exe = c.runtime.load(program, ours(c, tensors), dims)
-    y = exe.run(inputs)["velocity"]
+    y = exe.run(inputs)["velocity"]  # the first run goes kernel by kernel; the next ones replay a CUDA graph
     steps = step_times(c, exe, inputs)
+    replayed = exe.run(inputs)["velocity"]
     used1 = c.device_used()
     s_step = statistics.median(steps)
     out = {"dims": dims, "compile_s": compile_s, "weight_gen_s": gen_s, "weight_bytes": weight_bytes,
            "program_tflop_per_step": flops / 1e12, "s_per_step": s_step, "steps_s": steps,
            "tflops": (FULL_STEP_TFLOP * 1e12 if not c.dry else flops) / s_step / 1e12,
-           "arena_bytes": exe.memory.arena_bytes,
-           "device_bytes_ours": None if used1 is None else weight_bytes + used1 - used0}
-    c.log(f"  ours: {s_step:.3f} s/step, {out['tflops']:.1f} TFLOP/s")
+           "arena_bytes": exe.memory.arena_bytes, "kernels": sum(program.kernel_counts().values()),
+           "device_bytes_ours": None if used1 is None else weight_bytes + used1 - used0,
+           "cuda_graph": exe.replaying, "graph_bit_identical": bool(np.array_equal(
+               replayed.view(np.uint16), y.view(np.uint16)))}
+    c.log(f"  ours: {s_step:.3f} s/step, {out['tflops']:.1f} TFLOP/s (CUDA graph: {out['cuda_graph']}, same bits "
+          f"as kernel by kernel: {out['graph_bit_identical']})")
     del exe
     c.free()
+    if c.runtime.backend.graphs:  # the same step kernel by kernel: what the graph saves
+        with options(c.runtime, graphs=False):
+            eager = c.runtime.load(program, ours(c, tensors), dims)
+            eager.run(inputs)
+            out["eager_s_per_step"] = statistics.median(step_times(c, eager, inputs, 1, 3))
+        c.log(f"  kernel by kernel: {out['eager_s_per_step']:.3f} s/step")
+        del eager
+        c.free()
     c.store["transformer"] = {"model": model, "program": program, "dims": dims, "inputs": inputs, "velocity": y,
                               "tensors": tensors}
     # diffusers on the very same weights (assigned, not copied)
@@ -852,6 +849,7 @@ def streamed(c: Check) -> dict:
     import numpy as np
     import torch
 
+    from luminal_recipes.compiler.extract import signature
     from luminal_recipes.pipeline.plan import plan_model
 
     st = c.store.get("transformer")
@@ -864,33 +862,42 @@ def streamed(c: Check) -> dict:
     st["tensors"].clear()
     c.free()
     copy_s = time.perf_counter() - t0
-    budget = (1 << 20) if c.dry else 24 << 30  # dry: a budget below the tiny transformer's weights
+    budget = 24 << 30
+    if c.dry:  # the tiny transformer: a budget one byte below its resident plan, so its blocks stream
+        budget = plan_model(st["model"], st["dims"], None, c.runtime, stage="transformer").planned_peak - 1
     plan = plan_model(st["model"], st["dims"], budget, c.runtime, stage="transformer")
+    if not plan.streamed or not plan.fits:
+        raise RuntimeError(f"the plan under {budget} bytes does not stream within the budget: {plan.summary()}")
     out = {"budget_bytes": budget, "host_copy_s": copy_s, "streamed": plan.streamed,
-           "planned_peak_bytes": plan.planned_peak, "same_program": plan.program is st["program"]
-           or plan.program.fingerprint() == st["program"].fingerprint() if hasattr(plan.program, "fingerprint")
-           else None}
+           "planned_peak_bytes": plan.planned_peak, "resident_weight_bytes": plan.resident_weight_bytes,
+           "same_program": signature(plan.program) == signature(st["program"])}
     used0 = c.device_used()
-    exe = c.runtime.load(plan.program, host, st["dims"], stream=plan.stream)
+    staging = (64 << 10) if c.dry else 4 << 30  # dry: blocks in several pieces
+    exe = c.runtime.load(plan.program, host, st["dims"], stream=plan.stream, staging_bytes=staging)
     try:
         y = exe.run(st["inputs"])["velocity"]
         steps = c.timed(lambda: exe.run(st["inputs"]), 1, 2 if c.dry else 3)
         used1 = c.device_used()
+        stats = exe.streamer.stats
     finally:
         exe.close()
+    released = c.runtime.release_memory()
     out.update(s_per_step=statistics.median(steps), steps_s=steps,
                device_bytes=None if used1 is None else used1 - used0,
-               bit_identical=bool(np.array_equal(y.view(np.uint16), st["velocity"].view(np.uint16))))
+               bit_identical=bool(np.array_equal(y.view(np.uint16), st["velocity"].view(np.uint16))),
+               staging_bytes=stats.staging_bytes, loads=stats.loads, uploads=stats.uploads,
+               bytes_copied=stats.bytes_copied, load_s=stats.load_seconds, wait_s=stats.wait_seconds,
+               device_memory_release=released)
     c.log(f"  streamed under {budget / 2**30:.2f} GiB: {out['s_per_step']:.3f} s/step, bit-identical: "
-          f"{out['bit_identical']}")
+          f"{out['bit_identical']}; {stats.loads} block loads in {stats.uploads} uploads through "
+          f"{stats.staging_bytes / 2**20:.0f} MiB pinned, loader {stats.load_seconds:.1f} s, waited "
+          f"{stats.wait_seconds:.1f} s; device memory after release: {released}")
     return out
 
 
 @section("tiny_pipeline", 60)
 def tiny_pipeline(c: Check) -> dict:
     """recipes/flux2-tiny.yaml end to end on our runtime vs the numpy runtime's golden image."""
-    import inspect
-
     from luminal_recipes.image_io import read_png, to_uint8
     from luminal_recipes.pipeline.driver import Pipeline
     from luminal_recipes.pipeline.golden import load_manifest, psnr
@@ -898,8 +905,6 @@ def tiny_pipeline(c: Check) -> dict:
 
     recipe, cases = load_manifest(ROOT / "tests" / "golden" / "goldens.yaml")
     case = next(k for k in cases if k.file.name.startswith("city"))  # 64x64, 2 steps
-    if "runtime" not in inspect.signature(Pipeline).parameters:
-        raise RuntimeError("Pipeline has no runtime= yet (the backend-neutral executable, issue 9)")
     p = case.params
     sets = [f"{k}={v}" for k, v in p.items()]
     pipe = Pipeline(recipe, sets=sets, runtime=c.runtime)
@@ -909,8 +914,11 @@ def tiny_pipeline(c: Check) -> dict:
     image = to_uint8(report.values["image"])
     golden, _ = read_png(case.file)
     value = psnr(image, golden)
-    c.log(f"  {case.file.name}: PSNR {value:.1f} dB vs the numpy golden ({seconds:.1f} s)")
-    return {"case": case.file.name, "psnr_db": value, "ok": value >= 40.0, "seconds": seconds}
+    device = {stage: m.get("device_memory") for stage, m in report.memory.items()}
+    c.log(f"  {case.file.name}: PSNR {value:.1f} dB vs the numpy golden ({seconds:.1f} s); device memory per "
+          f"stage: {device}")
+    return {"case": case.file.name, "psnr_db": value, "ok": value >= 40.0, "seconds": seconds,
+            "stage_seconds": report.stage_seconds, "device_memory": device}
 
 
 def as_declared(model, inputs: dict) -> dict:

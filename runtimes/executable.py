@@ -334,6 +334,11 @@ class Executable:
     def memory(self) -> MemoryReport:
         return self._memory
 
+    @property
+    def replaying(self) -> bool:
+        """Runs replay a recorded device graph (recorded at the second run of a binding, where the backend can)."""
+        return self._replay is not None
+
     def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True,
             trace: bool = False, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Execute once (at ``dims``, re-binding first if they differ). Outputs are fresh host arrays; with

@@ -329,12 +329,16 @@ class CudaBackend:
         self.machine = self.gpu.machine()
         self.options = options or CudaOptions(max_blocks=self.gpu.sms * 16, simt_flops=self.gpu.simt_flops,
                                               tensor_flops=self.gpu.tensor_flops, bytes_per_s=self.gpu.bytes_per_s)
-        self.graphs = self.options.graphs
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.kernels = _CudaKernels(self)
         self.deferred_checks = None  # set while a graph is recorded
         self.build = _ModuleBuilder(self._compile)
         self._handle = None
+
+    @property
+    def graphs(self) -> bool:
+        """Executables loaded from now on replay CUDA graphs (``CudaOptions.graphs``)."""
+        return self.options.graphs
 
     @property
     def handle(self):
