@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from luminal_recipes.cli import app
 from luminal_recipes.pipeline.engine import ModelEngine
-from luminal_recipes.pipeline.latents import latent_ids, text_ids
-from luminal_recipes.pipeline.steps import rope_tables
 from luminal_recipes.recipe.builder import build
+from luminal_recipes.tasks.flux2.latents import latent_ids, text_ids
+from luminal_recipes.tasks.flux2.steps import rope_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "flux2-tiny" / "checkpoint"
