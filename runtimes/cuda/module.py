@@ -14,6 +14,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from luminal_recipes.compiler.cache import cache_dir
+
 from .plan import KernelSource
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -57,8 +59,6 @@ def template_includes() -> str:
 
 
 def cache_root() -> Path:
-    from luminal_recipes.compiler.cache import cache_dir
-
     return cache_dir() / "cuda"
 
 
