@@ -41,7 +41,7 @@ from luminal_recipes.graph.symbolic import evaluate
 from .binding import check_array, fetch_weight
 from .file_pages import PageDropper, will_need
 from .kernels.context import ALIGNMENT, aligned
-from .memory import MemoryPlan
+from .memory import MemoryPlan, format_bytes
 from .program import Program
 
 SLOTS = 2  # the block computing and the block being prefetched
@@ -321,9 +321,10 @@ def staging_buffer_bytes(layout: StreamLayout, staging_bytes: int | None) -> int
     budget = DEFAULT_STAGING if staging_bytes is None else staging_bytes
     per_buffer = budget // STAGING_BUFFERS // ALIGNMENT * ALIGNMENT
     if per_buffer < MIN_STAGING_BUFFER:
-        raise BudgetError(f"--max-host-memory {budget} bytes is too small for the pinned staging of streamed "
-                          f"weights: it needs two buffers of at least {MIN_STAGING_BUFFER} bytes "
-                          f"({STAGING_BUFFERS * MIN_STAGING_BUFFER} bytes); give more, e.g. 1GiB")
+        raise BudgetError(f"--max-host-memory {format_bytes(budget)} is too small for the pinned staging of "
+                          f"streamed weights: it needs {STAGING_BUFFERS} buffers of at least "
+                          f"{format_bytes(MIN_STAGING_BUFFER)} ({format_bytes(STAGING_BUFFERS * MIN_STAGING_BUFFER)}"
+                          f" in all, as much as the largest block for one upload per block); give more, e.g. 1GiB")
     return max(ALIGNMENT, min(aligned(layout.largest_block_bytes), per_buffer))
 
 

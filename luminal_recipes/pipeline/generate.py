@@ -45,6 +45,7 @@ from .outputs import (
     write_numbered,
 )
 from .outputs import write as write_output
+from .plan import check_host_budget
 from .plugins import Task, tasks_of
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -176,10 +177,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     sets, sources = _flag_sets(req)
     runtime = get_runtime(req.runtime)
     budget = req.max_memory if req.max_memory is not None else runtime.capacity()
-    if req.max_host_memory is not None and getattr(getattr(runtime, "backend", None), "host_arrays", True):
-        raise PipelineError(f"--max-host-memory: the {runtime.name} runtime's device memory is host memory "
-                            f"(--max-memory); --max-host-memory bounds the pinned staging of a GPU runtime "
-                            f"(--runtime cuda)")
+    check_host_budget(runtime, req.max_host_memory)
     doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
     if isinstance(doc, PipelineRecipe):
         for name, value in req.params.items():

@@ -159,8 +159,20 @@ def plan_model(model: BuiltModel, dims: Mapping[str, int], budget: int | None, r
         from ..runtimes.streaming import staging_buffer_bytes
 
         layout = figures[id(choice.program)][1]
-        choice.staging_bytes = STAGING_BUFFERS * staging_buffer_bytes(layout, host_budget)
+        try:
+            choice.staging_bytes = STAGING_BUFFERS * staging_buffer_bytes(layout, host_budget)
+        except BudgetError as exc:  # say which stage streams (and so needs the staging)
+            raise BudgetError(f"stage '{choice.stage}' streams its weights under --max-memory: {exc}") from None
     return choice
+
+
+def check_host_budget(runtime, max_host_memory: int | None) -> None:
+    """``--max-host-memory`` bounds a device runtime's pinned staging; on a runtime whose device memory is host
+    memory (numpy, ``host_arrays``) it means nothing, so it is refused rather than ignored."""
+    if max_host_memory is not None and getattr(getattr(runtime, "backend", None), "host_arrays", True):
+        raise PipelineError(f"--max-host-memory: the {runtime.name} runtime's device memory is host memory "
+                            f"(--max-memory); --max-host-memory bounds the pinned staging of a GPU runtime "
+                            f"(--runtime cuda)")
 
 
 def model_stages(stages: list[StageSpec]) -> Iterator[StageSpec]:
@@ -345,6 +357,7 @@ def inspect_memory(recipe, weights, sets, max_memory: int | None, runtime=None, 
         return ["memory plan: the checkpoint is remote and the pipeline has no `configs:` folder; pass "
                 "--weights FOLDER to plan memory"]
     runtime = get_planner(runtime, device)
+    check_host_budget(runtime, max_host_memory)
     pipeline = Pipeline(recipe.path, weights=weights, sets=sets, budget_bytes=max_memory, runtime=runtime,
                         compute_dtype=compute_dtype)
     plans = plan_stages(pipeline, max_memory, from_checkpoint=local, host_budget=max_host_memory)

@@ -170,16 +170,45 @@ def test_cuda_emu_streams_through_pinned_staging_and_gives_device_memory_back(tm
 
 
 def test_max_host_memory_is_for_device_runtimes(tmp_path):
-    result = cli("run", TINY, *SMALL, "--max-host-memory", "1GiB", "-o", str(tmp_path / "x.png"))
-    assert result.exit_code == 2 and "--max-host-memory" in result.stderr and "--runtime cuda" in result.stderr
+    """On the numpy runtime --max-host-memory would mean nothing (its device memory is host memory): run and
+    inspect refuse it with one line naming the flag and the runtime it is for, exit 2, nothing written."""
+    for args in (("run", TINY, *SMALL, "-o", str(tmp_path / "x.png")), ("inspect", TINY)):
+        result = cli(*args, "--max-host-memory", "1GiB")
+        assert result.exit_code == 2, result.output
+        message = result.stderr.strip()
+        assert message.startswith("error: --max-host-memory: the numpy runtime's device memory is host memory")
+        assert "--runtime cuda" in message and "\n" not in message and "Traceback" not in result.output
     result = cli("run", TINY, *SMALL, "--runtime", "cuda-emu", "--max-host-memory", "lots",
                  "-o", str(tmp_path / "x.png"))
     assert result.exit_code == 2 and "--max-host-memory 'lots': expected a size" in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_too_small_host_staging_fails_before_reading_any_weight(tmp_path, monkeypatch):
+    """A streamed stage on a device runtime needs two pinned staging buffers: a --max-host-memory below them is
+    refused while planning (no weight read, no PNG), naming the stage that streams, the flag and the fix."""
+    def no_reads(*args, **kwargs):
+        raise AssertionError("a weight was read before the staging budget was checked")
+
+    monkeypatch.setattr(BuiltModel, "load_weight", no_reads)
+    monkeypatch.setattr(Checkpoint, "load", no_reads)
+    result = cli("run", TINY, *SMALL, "--runtime", "cuda-emu", "--max-memory", "11MiB", "--max-host-memory", "1KiB",
+                 "-o", str(tmp_path / "never.png"))
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.stderr.count("error:") == 1
+    message = result.stderr.strip().splitlines()[-1]  # after the planning progress lines
+    assert message.startswith("error: stage 'transformer' streams its weights under --max-memory: "
+                              "--max-host-memory 1.00 KiB is too small for the pinned staging")
+    assert "2 buffers of at least 4.00 KiB (8.00 KiB in all" in message and "give more, e.g. 1GiB" in message
+    assert not list(tmp_path.iterdir())
 
 
 def test_inspect_plans_flux2_dev_for_a_gpu_without_one(monkeypatch):
-    """`inspect --runtime cuda` with no GPU plans for a described one (the H200 by default; --device picks
-    another), says so, and notes the pinned staging of streamed stages."""
+    """`inspect --runtime cuda --max-memory 24GiB recipes/flux2.yaml` with no GPU (and no network) plans FLUX.2-dev
+    for a described GPU (the H200 by default; --device picks another) and says so: the text encoder and the
+    transformer stream their blocks through the default 512 MiB of pinned staging, the VAE stays resident, every
+    stage fits 24 GiB of device memory."""
+    import luminal_recipes.weights.sources as sources
     from luminal_recipes.runtimes.registry import get_runtime
 
     try:
@@ -187,13 +216,26 @@ def test_inspect_plans_flux2_dev_for_a_gpu_without_one(monkeypatch):
         pytest.skip("a GPU is here: inspect plans for it")
     except Exception:  # noqa: BLE001 - no CuPy or no GPU: the offline description is used
         pass
+
+    def offline(*args, **kwargs):
+        raise AssertionError("inspect tried to fetch a checkpoint")
+
+    monkeypatch.setattr(sources, "resolve_source", offline)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    result = cli("inspect", FLUX2, "--runtime", "cuda", "--max-memory", "24GiB", "--max-host-memory", "1GiB")
+    result = cli("inspect", "--runtime", "cuda", "--max-memory", "24GiB", FLUX2)
     assert result.exit_code == 0, result.output
     text = result.stdout
+    assert "sizes from flux2-dev-configs/" in text and "DOES NOT FIT" not in text
     assert "planned for NVIDIA H200 (sm_90, 141 GiB) from an offline description" in text
-    assert "of NVIDIA H200 (sm_90) memory (cuda runtime)" in text
-    (weights, act, unbounded, held, planned, block, staging), line = _row(text, "transformer")
-    assert "streamed block by block (56 blocks" in line and staging == GIB and planned <= 24 * GIB
+    assert "budget: 24.00 GiB of NVIDIA H200 (sm_90) memory (cuda runtime)" in text
+    budget, staging = 24 * GIB, 512 * 2**20  # runtimes.streaming.DEFAULT_STAGING
+    (weights, act, unbounded, held, planned, block, staged), line = _row(text, "transformer")
+    assert abs(weights - 60.02 * GIB) < 0.01 * GIB and "streamed block by block (56 blocks" in line
+    assert staged == staging and held < 3 * block + 2 * GIB and planned <= budget
+    (weights, act, unbounded, held, planned, block, staged), line = _row(text, "text_encoder")
+    assert abs(weights - 32.31 * GIB) < 0.01 * GIB and "streamed block by block (30 blocks" in line
+    assert staged == staging and planned <= budget
+    (weights, act, unbounded, held, planned), line = _row(text, "vae")
+    assert "weights resident" in line and held == weights and planned <= budget
     result = cli("inspect", FLUX2, "--runtime", "cuda", "--device", "tpu")
     assert result.exit_code == 2 and "--device tpu" in result.stderr and "h200" in result.stderr

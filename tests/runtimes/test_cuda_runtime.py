@@ -4,6 +4,8 @@ memory given back when a stage ends, and FP4 codes converted as ml_dtypes does."
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import shutil
 import sys
 
@@ -55,6 +57,40 @@ def test_runtime_cuda_without_cupy_says_how_to_install(monkeypatch):
     monkeypatch.setattr(registry, "_INSTANCES", {})
     with pytest.raises(CudaUnavailableError, match=r"needs CuPy.*pip install -e \"\.\[cuda13\]\""):
         get_runtime("cuda")
+    result = CliRunner().invoke(app, ["run", "recipes/flux2-tiny.yaml", "--runtime", "cuda", "-p", "x"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    message = result.output.strip()
+    assert message.startswith("error: runtime 'cuda' cannot start on this machine: the cuda runtime needs CuPy")
+    assert "\n" not in message and 'pip install -e ".[cuda13]"' in message and "--runtime numpy" in message
+
+
+def test_a_kernel_that_fails_to_compile_names_itself_and_its_node(monkeypatch):
+    """g++ (cuda-emu; NVRTC's case is in test_cuda_nvrtc) rejecting a generated kernel: the error names the kernel
+    and the program node it was generated for, as a LuminalError (exit 2 on the command line, no traceback)."""
+    from luminal_recipes.runtimes.cuda import backend as backend_module
+    from luminal_recipes.runtimes.cuda.emu import EmuCompileError
+
+    real_prepare = backend_module.prepare
+
+    def broken(ctx, options):
+        plan = real_prepare(ctx, options)
+        plan.sources[:] = [dataclasses.replace(s, code=s.code.replace("out[i] =", "out[i] = undefined_symbol +"))
+                           for s in plan.sources]
+        return plan
+
+    monkeypatch.setattr(backend_module, "prepare", broken)
+    g = Graph()
+    x = g.input("x", (16,))
+    g.mark_output("y", ops.exp(x) + 1.0)
+    program = Program.from_graph(g)
+    with pytest.raises(EmuCompileError) as err:
+        CudaRuntime(CudaEmuBackend()).load(program)
+    message = str(err.value)
+    assert "g++ failed to compile the kernel module (kernel " in message and "undefined_symbol" in message
+    nodes = [f"{n.op} #{n.id}" for n in program.nodes if n.op not in ("Input", "Constant", "Iota")]
+    named = re.search(r"\(kernel (\w+) of ([^)]+)\)", message)
+    assert named and named.group(2).split(", ")[0] in nodes, message
+    assert isinstance(err.value, LuminalError)
 
 
 def test_execute_runs_on_staged_inputs_without_transfers():
