@@ -168,6 +168,17 @@ def model_stages_at(stages: list[StageSpec], at: tuple = ("stages",)) -> Iterato
         yield from model_stages_at(stage.steps, at + (index, "steps"))
 
 
+def _running_model_stages(pipeline, stages: list[StageSpec], at: tuple = ("stages",)):
+    """The model stages that will run (their `when:`, and their loops', true), with their key paths."""
+    runs = getattr(pipeline, "runs", None)
+    for index, stage in enumerate(stages):
+        if runs is not None and not runs(stage):
+            continue
+        if stage.model is not None:
+            yield at + (index,), stage
+        yield from _running_model_stages(pipeline, stage.steps, at + (index, "steps"))
+
+
 MAX_DIM = 1 << 24  # a symbolic dim (tokens, latent rows...): 16M tokens is far beyond any model's context
 
 
@@ -226,7 +237,7 @@ def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool
     plans: list[StagePlan] = []
     done: dict[tuple, StagePlan] = {}
     stages = []
-    for at, stage in model_stages_at(doc.stages):  # every stage's sizes checked before any is compiled
+    for at, stage in _running_model_stages(pipeline, doc.stages):  # sizes checked before any is compiled
         if not stage.dims:
             raise PipelineError(f"{pipeline.path}: stage '{stage.name}' has no `dims:`; add the model's dims "
                                 f"as expressions so its memory can be planned")
