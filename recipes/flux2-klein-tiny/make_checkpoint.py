@@ -20,7 +20,7 @@ images are noise-like patterns, useful only to prove that our pipeline computes 
 text_encoder_out_layers (9, 18, 27): its text encoder has 28 layers, so no tap is the last. ``base``
 (``is_distilled: false``, as FLUX.2-klein-base-4B/9B: diffusers runs classifier-free guidance) needs
 ``text_encoder_out_layers=VARIANTS["base"].text_encoder_out_layers`` (1, 3, 6): 6 layers, the last tap after the
-final norm; its text encoder slides an 8-token window from layer 3 on and unties its embeddings.
+final norm; its text encoder slides a 16-token window from layer 3 on and unties its embeddings.
 
 Needs torch, diffusers, transformers and tokenizers (the test extra). Reruns give the same bytes.
 """
@@ -110,7 +110,7 @@ VARIANTS = {
     "base": Variant(
         seed=20260116, is_distilled=False, text_hidden=16, text_layers=6, text_heads=4, text_kv_heads=2,
         text_head_dim=8, text_intermediate=48, text_encoder_out_layers=(1, 3, 6), text_rope_theta=1.0e4,
-        text_tie_embeddings=False, text_sliding_window=8, text_max_window_layers=3,
+        text_tie_embeddings=False, text_sliding_window=16, text_max_window_layers=3,
         transformer=dict(SMALL_TRANSFORMER, num_layers=2, rope_theta=1000, mlp_ratio=2.0),
     ),
 }
