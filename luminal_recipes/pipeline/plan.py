@@ -282,14 +282,15 @@ def check_budget(plans: list[StagePlan], budget: int | None) -> None:
 def format_plans(plans: list[StagePlan], budget: int | None) -> str:
     """The per-stage plan table `inspect` prints: sizes, the unbounded run's peak, and the plan under
     ``budget`` (weights held, planned peak, whether blocks stream), and the device the budget is for."""
-    lines = [f"{'stage':<14}{'weights':>11}{'activations':>13}{'unbounded peak':>16}{'held weights':>14}"
+    width = max([14, *(len(p.stage) + 2 for p in plans)])
+    lines = [f"{'stage':<{width}}{'weights':>11}{'activations':>13}{'unbounded peak':>16}{'held weights':>14}"
              f"{'planned peak':>14}  plan under the budget"]
     for p in plans:
         note = f"weights streamed block by block ({p.blocks} blocks, largest {_gib(p.largest_block_bytes)})" \
             if p.streamed else "weights resident"
         if not p.fits:
             note += f"; DOES NOT FIT (needs at least {_gib(p.smallest_peak)})"
-        lines.append(f"{p.stage:<14}{_gib(p.weight_bytes):>11}{_gib(p.activation_peak):>13}"
+        lines.append(f"{p.stage:<{width}}{_gib(p.weight_bytes):>11}{_gib(p.activation_peak):>13}"
                      f"{_gib(p.unbounded_peak):>16}{_gib(p.resident_weight_bytes):>14}{_gib(p.planned_peak):>14}"
                      f"  {note}")
     lines.append("dims: " + "; ".join(f"{p.stage} {_dims(p.dims)}" for p in plans))
