@@ -53,7 +53,7 @@ CHAT_TEMPLATE = """{%- for message in messages %}
     {%- if message.role not in ['system', 'user', 'assistant'] %}
         {{- raise_exception('this template renders system, user and assistant turns, not ' + message.role) }}
     {%- endif %}
-    {%- set content = message.content if message.content is string else message.content | map(attribute='text') | join('') %}
+    {%- set content = message.content %}
     {%- if message.role == 'assistant' and '</think>' in content %}
         {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
     {%- endif %}
