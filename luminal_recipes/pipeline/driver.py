@@ -28,7 +28,7 @@ from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.params import ParamResolver
 from ..recipe.paths import checkpoint_roots, confined, is_local
-from ..recipe.safe_eval import ExprError, evaluate, is_wrapped, names_in, parse, unwrap, wrap_config
+from ..recipe.safe_eval import MODEL_INDEX, ExprError, evaluate, is_wrapped, names_in, parse, unwrap, wrap_config
 from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.registry import get_runtime
 from . import peak_rss
@@ -77,6 +77,8 @@ class Pipeline:
         self.compile = compile
         self.progress = progress
         self._configs: dict[str, dict] | None = None
+        self._model_index: dict | None = None
+        self._skipped: dict[str, str] = {}  # value -> the stage that would have made it and did not run
         self._context: StepContext | None = None
         self._models: dict[str, BuiltModel] = {}
         self.plans: list[StagePlan] | None = None
@@ -124,6 +126,34 @@ class Pipeline:
                 self._configs = {name: _read_json(folder / (m.weights or "") / "config.json")
                                  for name, m in self.doc.models.items()}
         return self._configs
+
+    @property
+    def model_index(self) -> dict:
+        """The checkpoint's model_index.json (diffusers' pipeline config: its class, components and options
+        such as Flux2KleinPipeline's is_distilled), from the checkpoint when it is at hand, else from the
+        `configs:` folder; {} when there is none."""
+        if self._model_index is None:
+            source = self._weights_arg if self._weights_arg is not None else self.doc.weights
+            local = source is not None and not str(source).startswith("hf://")
+            if local or self.doc.configs is None:
+                path = self.checkpoint / "model_index.json"
+            else:
+                path = confined(self.recipe.origin("configs"), self.path.parent, self.doc.configs,
+                                "this recipe's folder", [self.recipe.tree or self.path.parent]) / "model_index.json"
+            self._model_index = _read_json(path) if path.exists() else {}
+            if not isinstance(self._model_index, dict):
+                raise PipelineError(f"{path}: expected a JSON object.")
+        return self._model_index
+
+    def runs(self, stage: StageSpec) -> bool:
+        """Whether the stage runs: its `when:` (parameters, configs and model_index.json only) is true."""
+        if stage.when is None:
+            return True
+        value = self._eval(stage.when, {}, f"stage '{stage.name}' when")
+        if not isinstance(value, bool | np.bool_):
+            raise PipelineError(f"{self.path}: stage '{stage.name}' when: {stage.when} is {value!r}, not true or "
+                                f"false; write a comparison or a boolean parameter")
+        return bool(value)
 
     # ---- set-up --------------------------------------------------------------------------------------------
     def _checkpoint_folder(self, weights) -> Path:
@@ -202,6 +232,11 @@ class Pipeline:
                 return self.params[name]
             if name == "config":
                 return wrap_config(self.configs, "model configs", "config")
+            if name == MODEL_INDEX:
+                return wrap_config(self.model_index, "model_index.json", MODEL_INDEX)
+            if name in self._skipped:
+                raise ExprError(f"'{name}' has no value: stage '{self._skipped[name]}', which makes it, did not run "
+                                f"(its `when:` was false)", at.lineno, at.col_offset)
             raise ExprError(f"unknown name '{name}' (known: {', '.join(sorted({*env, *self.params}))})",
                             at.lineno, at.col_offset)
 
@@ -246,6 +281,9 @@ class Pipeline:
         report = RunReport(env)
         engines: dict[str, ModelEngine] = {}
         for stage in self.doc.stages:
+            if not self.runs(stage):  # its `when:` is false: nothing to do, measure or report
+                self._stage(stage, env, engines, report)
+                continue
             t0 = time.perf_counter()
             measured = peak_rss.reset()
             start = peak_rss.current()
@@ -278,6 +316,11 @@ class Pipeline:
     def _stage(self, stage: StageSpec, env: dict, engines: dict[str, ModelEngine], report: RunReport,
                loop: str = "") -> None:
         where = f"stage '{stage.name}'"
+        if not self.runs(stage):
+            for target in [*stage.outputs.values(), *_written(stage.steps)]:
+                if target not in env:
+                    self._skipped[target] = stage.name
+            return
         if stage.loop is not None:
             over = self._eval(stage.loop.over, env, f"{where} loop.over")
             items = range(int(over)) if isinstance(over, (int, np.integer)) else list(over)
@@ -318,6 +361,11 @@ class Pipeline:
                 action = f"model {stage.model}" if stage.model else f"step {stage.run}"
                 _check_finite(result[key], f"{where} ({loop}{action}) output '{key}'")
             env[target] = result[key]
+
+
+def _written(stages: list[StageSpec]) -> list[str]:
+    """The values the stages (loop bodies included) write."""
+    return [v for s in stages for v in [*s.outputs.values(), *_written(s.steps)]]
 
 
 def _is_of_type(value: Any, declared: str) -> bool:

@@ -72,10 +72,28 @@ def bucket_dims(dims: Mapping[str, int], sizes: Mapping[str, Sequence[int]] | No
     return out
 
 
-def infer_dims(model: BuiltModel, inputs: Mapping[str, np.ndarray]) -> dict[str, int]:
-    """Bind each symbolic dim from the first input axis that is exactly that symbol; check every shape."""
+def read_inputs(model: BuiltModel) -> set[str]:
+    """The model inputs its outputs depend on. A declared input the graph never reads (FLUX.2's `guidance`
+    when the transformer has no guidance embedding, as in FLUX.2 [klein]) need not be given."""
+    graph = model.graph
+    seen: set[int] = set()
+    todo = [node for node, _ in graph.outputs.values()]
+    while todo:
+        index = todo.pop()
+        if index not in seen:
+            seen.add(index)
+            todo.extend(child for child, _ in graph.nodes[index].inputs)
+    return {graph.nodes[i].name for i in seen if graph.nodes[i].op == "Input"} & set(model.inputs)
+
+
+def infer_dims(model: BuiltModel, inputs: Mapping[str, np.ndarray], needed: set[str] | None = None
+               ) -> dict[str, int]:
+    """Bind each symbolic dim from the first input axis that is exactly that symbol; check every shape.
+    ``needed``: the inputs that must be given (default: every declared one); others are checked when given."""
     dims: dict[str, int] = {}
     for name, tensor in model.inputs.items():
+        if name not in inputs and needed is not None and name not in needed:
+            continue
         if name not in inputs:
             raise InputError(f"model '{model.name}' needs input '{name}' {shape_str(tensor.shape)}; the "
                              f"stage does not provide it")
@@ -88,6 +106,8 @@ def infer_dims(model: BuiltModel, inputs: Mapping[str, np.ndarray]) -> dict[str,
                     and isinstance(d.terms[0][0][0], str):
                 dims.setdefault(d.terms[0][0][0], int(n))
     for name, tensor in model.inputs.items():
+        if name not in inputs:
+            continue
         want = tuple(evaluate(d, dims) for d in tensor.shape)
         if tuple(inputs[name].shape) != want:
             raise InputError(f"model '{model.name}' input '{name}' has shape {inputs[name].shape}, expected "
@@ -112,6 +132,7 @@ class ModelEngine:
         self._executables: dict[tuple, object] = {}
         # dims that size a state (a KV cache's length) are never bucketed: a loaded state keeps its shape
         self._exact = set().union(*(free_symbols(n.shape) for n in model.graph.inputs("state")))
+        self._read: set[str] | None = None  # the inputs the model's outputs depend on
 
     def _weights(self):
         return self.model.load_weight
@@ -171,8 +192,12 @@ class ModelEngine:
     def __call__(self, inputs: Mapping[str, np.ndarray], dims: Mapping[str, int] | None = None
                  ) -> dict[str, np.ndarray]:
         """Run on ``inputs``; ``dims`` gives the symbolic dims no input shape binds (a KV cache's length)."""
-        inputs = {k: np.ascontiguousarray(self._as_declared(k, v)) for k, v in inputs.items()}
-        dims = {**infer_dims(self.model, inputs), **(dims or {})}
+        if self._read is None:
+            self._read = read_inputs(self.model)
+        # an input the graph does not read is no input of its program
+        inputs = {k: np.ascontiguousarray(self._as_declared(k, v)) for k, v in inputs.items()
+                  if k in self._read or k not in self.model.inputs}
+        dims = {**infer_dims(self.model, inputs, self._read), **(dims or {})}
         exe = self.executable(dims, inputs)
         first = self.stats.transient_peak is None  # measure allocations outside the arena once
         t0 = time.perf_counter()

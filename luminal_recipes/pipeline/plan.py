@@ -188,6 +188,17 @@ def model_stages_at(stages: list[StageSpec], at: tuple = ("stages",)) -> Iterato
         yield from model_stages_at(stage.steps, at + (index, "steps"))
 
 
+def _running_model_stages(pipeline, stages: list[StageSpec], at: tuple = ("stages",)):
+    """The model stages that will run (their `when:`, and their loops', true), with their key paths."""
+    runs = getattr(pipeline, "runs", None)
+    for index, stage in enumerate(stages):
+        if runs is not None and not runs(stage):
+            continue
+        if stage.model is not None:
+            yield at + (index,), stage
+        yield from _running_model_stages(pipeline, stage.steps, at + (index, "steps"))
+
+
 MAX_DIM = 1 << 24  # a symbolic dim (tokens, latent rows...): 16M tokens is far beyond any model's context
 
 
@@ -247,7 +258,7 @@ def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool
     plans: list[StagePlan] = []
     done: dict[tuple, StagePlan] = {}
     stages = []
-    for at, stage in model_stages_at(doc.stages):  # every stage's sizes checked before any is compiled
+    for at, stage in _running_model_stages(pipeline, doc.stages):  # sizes checked before any is compiled
         if not stage.dims:
             raise PipelineError(f"{pipeline.path}: stage '{stage.name}' has no `dims:`; add the model's dims "
                                 f"as expressions so its memory can be planned")
@@ -293,7 +304,8 @@ def check_budget(plans: list[StagePlan], budget: int | None) -> None:
 def format_plans(plans: list[StagePlan], budget: int | None) -> str:
     """The per-stage plan table `inspect` prints: sizes, the unbounded run's peak, and the plan under
     ``budget`` (weights held, planned peak, whether blocks stream), and the device the budget is for."""
-    lines = [f"{'stage':<14}{'weights':>11}{'activations':>13}{'unbounded peak':>16}{'held weights':>14}"
+    width = max([14, *(len(p.stage) + 2 for p in plans)])
+    lines = [f"{'stage':<{width}}{'weights':>11}{'activations':>13}{'unbounded peak':>16}{'held weights':>14}"
              f"{'planned peak':>14}  plan under the budget"]
     for p in plans:
         note = f"weights streamed block by block ({p.blocks} blocks, largest {_gib(p.largest_block_bytes)})" \
@@ -302,7 +314,7 @@ def format_plans(plans: list[StagePlan], budget: int | None) -> str:
             note += f", staged through {_gib(p.staging_bytes)} of pinned host memory"
         if not p.fits:
             note += f"; DOES NOT FIT (needs at least {_gib(p.smallest_peak)})"
-        lines.append(f"{p.stage:<14}{_gib(p.weight_bytes):>11}{_gib(p.activation_peak):>13}"
+        lines.append(f"{p.stage:<{width}}{_gib(p.weight_bytes):>11}{_gib(p.activation_peak):>13}"
                      f"{_gib(p.unbounded_peak):>16}{_gib(p.resident_weight_bytes):>14}{_gib(p.planned_peak):>14}"
                      f"  {note}")
     lines.append("dims: " + "; ".join(f"{p.stage} {_dims(p.dims)}" for p in plans))

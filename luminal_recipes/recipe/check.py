@@ -13,7 +13,17 @@ from .expr import ForwardScope, check_forward, parse_forward
 from .instances import check_field_names, list_item_origin
 from .loader import LoadedRecipe
 from .located import Origin
-from .safe_eval import CONFIG, FUNCTIONS, YAML_CONSTANTS, ExprError, is_wrapped, names_in, parse, unwrap
+from .safe_eval import (
+    CONFIG,
+    FUNCTIONS,
+    MODEL_INDEX,
+    YAML_CONSTANTS,
+    ExprError,
+    is_wrapped,
+    names_in,
+    parse,
+    unwrap,
+)
 from .schema import ModelRecipe, ModuleLibrary, PipelineRecipe, StageSpec
 from .suggest import did_you_mean, one_of
 
@@ -215,6 +225,9 @@ def _check_stages(
                 f"{did_you_mean(stage.model, doc.models)}; models: "
                 f"{one_of(doc.models)}."
             )
+        if stage.when is not None:  # decided before the run: parameters and configs only
+            _check_reference(origin.at("when"), stage.when, set(doc.params), f"stage '{stage.name}' when",
+                             before_run=True)
         for arg, value in stage.inputs.items():
             _check_reference(origin.at("inputs", arg), value, known, f"stage '{stage.name}' input '{arg}'")
         if stage.loop is not None:
@@ -265,8 +278,9 @@ def _check_carry(origin: Origin, loop: StageSpec, known: set[str]) -> None:
         seen |= _writes([stage])
 
 
-def _check_reference(origin: Origin, value: object, known: set[str], what: str) -> None:
-    """A stage's value expression (evaluated by the driver with the safe evaluator): names must exist."""
+def _check_reference(origin: Origin, value: object, known: set[str], what: str, before_run: bool = False) -> None:
+    """A stage's value expression (evaluated by the driver with the safe evaluator): names must exist.
+    ``before_run``: a `when:`, which may read only parameters and configs (it is decided before the run)."""
     if not isinstance(value, str):
         return
     try:
@@ -274,11 +288,15 @@ def _check_reference(origin: Origin, value: object, known: set[str], what: str) 
     except ExprError as exc:
         raise origin.expr_error(exc, what) from None
     for node in names_in(tree):
-        if node.id not in known and node.id not in FUNCTIONS and node.id not in (CONFIG, *YAML_CONSTANTS):
+        if node.id not in known and node.id not in FUNCTIONS and node.id not in (CONFIG, MODEL_INDEX,
+                                                                                  *YAML_CONSTANTS):
+            available = (f"a stage's `when:` is decided before the run, so it reads parameters "
+                         f"({one_of(known, 30)}), config.COMPONENT.KEY and model_index.KEY, never stage values or "
+                         f"inputs") if before_run else \
+                f"values available: {one_of(known, 30)} (and config.COMPONENT.KEY, model_index.KEY)"
             raise origin.expr_error(
                 ExprError(
-                    f"'{node.id}' is not defined before this point{did_you_mean(node.id, known)}; values "
-                    f"available: {one_of(known, 30)} (and config.COMPONENT.KEY)",
+                    f"'{node.id}' is not defined before this point{did_you_mean(node.id, known)}; {available}",
                     node.lineno,
                     node.col_offset,
                 ),

@@ -377,13 +377,14 @@ def _stage_lines(stages: list, params: Mapping[str, Any], indent: str) -> list[s
     lists the stages of its body below it."""
     lines = []
     for stage in stages:
+        when = f" (only when {stage.when})" if stage.when is not None else ""
         if stage.model:
-            lines.append(f"{indent}{stage.name}: model {stage.model}")
+            lines.append(f"{indent}{stage.name}: model {stage.model}{when}")
         elif stage.run:
-            lines.append(f"{indent}{stage.name}: run {stage.run}")
+            lines.append(f"{indent}{stage.name}: run {stage.run}{when}")
         else:
             count = _loop_count(stage.loop.over, params)
-            lines.append(f"{indent}{stage.name}: loop over {stage.loop.over}: {count}, each running "
+            lines.append(f"{indent}{stage.name}: loop over {stage.loop.over}{when}: {count}, each running "
                          f"{len(stage.steps)} stage{'s' if len(stage.steps) != 1 else ''}:")
             lines += _stage_lines(stage.steps, params, indent + "  ")
     return lines

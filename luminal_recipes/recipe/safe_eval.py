@@ -42,6 +42,7 @@ COMPARE_OPS: dict[type, Callable] = {
     ast.NotIn: lambda a, b: a not in b,
 }
 CONFIG = "config"
+MODEL_INDEX = "model_index"  # in stage expressions: the checkpoint's model_index.json (diffusers' pipeline config)
 YAML_CONSTANTS = {"true": True, "false": False, "null": None}  # YAML spellings inside ${...}
 
 # What an expression may compute (here and in forwards): recipes need sizes, counts and short lists, so anything

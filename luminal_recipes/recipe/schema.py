@@ -543,6 +543,33 @@ class TokenizerSpec(Strict):
     system: str | None = Field(
         None, description="replaces the pipeline's system message (diffusers' Flux2Pipeline.system_message)"
     )
+    conversation: Literal["flux2", "user"] = Field(
+        "flux2",
+        description="the messages a prompt becomes: flux2 = diffusers' Flux2Pipeline (a system message, then the "
+        "prompt without [IMG], each one text content block); user = Flux2KleinPipeline (one user message whose "
+        "content is the prompt)",
+    )
+    generation_prompt: bool = Field(
+        False, description="render the template's generation prompt (apply_chat_template's add_generation_prompt)"
+    )
+    template_args: dict[str, ValueField] = Field(
+        default_factory=dict,
+        description="more variables for the chat template, as apply_chat_template's extra keyword arguments "
+        "(Flux2KleinPipeline passes enable_thinking: false)",
+    )
+    add_special_tokens: bool | None = Field(
+        None,
+        description="whether tokenizing the rendered text adds the tokenizer's special tokens: true as "
+        "tokenizer(text) does (Flux2KleinPipeline); default: as Flux2Pipeline's apply_chat_template does (a "
+        "processor adds them unless the text starts with the BOS token, a tokenizer does not)",
+    )
+
+    @model_validator(mode="after")
+    def _system_needs_one(self) -> TokenizerSpec:
+        if self.system is not None and self.conversation != "flux2":
+            raise ValueError(f"`system` replaces Flux2Pipeline's system message; conversation "
+                             f"'{self.conversation}' has none (a single user message): remove `system`")
+        return self
 
 
 class SchedulerSpec(Strict):
@@ -618,6 +645,12 @@ class StageSpec(Strict):
         default_factory=dict, description="argument -> expression (a value name, arithmetic, a literal)"
     )
     outputs: dict[str, str] = Field(default_factory=dict, description="result -> value name")
+    when: ExprField | None = Field(
+        None,
+        description="run the stage only when this expression is true; it may read the pipeline's parameters, "
+        "config.MODEL.KEY and model_index.KEY (the checkpoint's model_index.json), so it is decided before the "
+        "run and memory is planned only for the stages that will run",
+    )
     dims: dict[str, ExprField] = Field(
         default_factory=dict, description="model stages: the model's symbolic dims as expressions over the "
         "pipeline's params (e.g. img: (height // 16) * (width // 16)), so memory is planned before anything runs")

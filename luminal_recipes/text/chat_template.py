@@ -229,7 +229,7 @@ def render_chat(
     refused_hint: str = _REFUSED_HINT,
 ) -> str:
     """``template`` rendered for one conversation, as ``apply_chat_template(..., tokenize=False, **variables)``
-    does."""
+    does: ``variables`` (``enable_thinking=False``) reach the template over the special tokens of the same name."""
     try:
         compiled = _compile(template)
     except jinja2.exceptions.TemplateSyntaxError as exc:

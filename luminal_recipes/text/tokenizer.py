@@ -151,8 +151,10 @@ class Tokenizer:
         """The underlying ``tokenizers.Tokenizer``."""
         return self._tokenizer
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
-        """The chat template rendered for ``messages``, as ``apply_chat_template(..., tokenize=False)``."""
+    def render(self, messages: list[dict], add_generation_prompt: bool = False,
+               template_args: dict | None = None) -> str:
+        """The chat template rendered for ``messages``, as ``apply_chat_template(..., tokenize=False,
+        **template_args)``."""
         if self.chat_template is None:
             raise CheckpointError(
                 f"{self.source}: the tokenizer has no chat template (chat_template.jinja, or chat_template in "
@@ -160,7 +162,7 @@ class Tokenizer:
                 "pipeline recipe."
             )
         return render_chat(self.chat_template, messages, self.special_tokens, self.template_source,
-                           add_generation_prompt)
+                           add_generation_prompt, variables=template_args)
 
     def add_special_tokens(self, text: str) -> bool:
         """A tokenizer's apply_chat_template never adds special tokens; a processor's adds them unless the

@@ -42,6 +42,9 @@ TINY = RECIPES / "flux2-tiny" / "checkpoint"
 TEXT_CONFIG = json.loads((TINY / "text_encoder" / "config.json").read_text())
 TRANSFORMER_CONFIG = json.loads((TINY / "transformer" / "config.json").read_text())
 VAE_CONFIG = json.loads((TINY / "vae" / "config.json").read_text())
+KLEIN = RECIPES / "flux2-klein-tiny" / "checkpoint"
+KLEIN_TEXT_CONFIG = json.loads((KLEIN / "text_encoder" / "config.json").read_text())
+KLEIN_TRANSFORMER_CONFIG = json.loads((KLEIN / "transformer" / "config.json").read_text())
 LLAMA_CONFIG = {
     "model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1,
     "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "hidden_act": "silu",
@@ -92,6 +95,10 @@ REFUSED = [
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "act_fn", "relu"),
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "patch_size", [1, 1]),
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "up_block_types", ["AttnUpDecoderBlock2D"] * 4),
+    ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "model_type", "qwen2"),  # Qwen2 has no q/k norms, has biases
+    ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "hidden_act", "gelu"),
+    ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "rope_parameters.rope_type", "yarn"),
+    ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "rope_scaling", {"type": "linear", "factor": 2.0}),
     ("llama.yaml", LLAMA_CONFIG, "rope_parameters.rope_type", "yarn"),
     ("llama.yaml", LLAMA_CONFIG, "hidden_act", "gelu"),
     ("qwen3.yaml", QWEN3_CONFIG, "rope_parameters.rope_type", "yarn"),
@@ -146,6 +153,10 @@ def test_all_refused_fields_are_reported_at_once():
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "text_config.tie_last_hidden_states", False),  # implemented
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "text_config.sliding_window", 4096),  # implemented
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "vision_config.hidden_act", "relu"),  # vision tower never runs
+        ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "tie_last_hidden_states", False),  # implemented
+        ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "attention_bias", True),  # implemented (optional biases)
+        ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "use_sliding_window", True),  # implemented (window_from)
+        ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "tie_word_embeddings", False),  # the LM head never runs
         ("llama.yaml", LLAMA_CONFIG, "attention_bias", True),  # implemented (optional biases)
         ("qwen3.yaml", QWEN3_CONFIG, "use_sliding_window", True),  # implemented (windows per layer_types)
         ("gpt2.yaml", GPT2_CONFIG, "reorder_and_upcast_attn", True),  # f32 scores: what the recipe computes anyway
@@ -178,7 +189,8 @@ def test_unknown_fields_are_listed_by_validate_verbose(tmp_path):
 
 def test_shipped_checkpoint_has_no_unknown_fields():
     for recipe, config in [("mistral3-text-encoder.yaml", TEXT_CONFIG), ("flux2-transformer.yaml", TRANSFORMER_CONFIG),
-                           ("flux2-vae-decoder.yaml", VAE_CONFIG)]:
+                           ("flux2-vae-decoder.yaml", VAE_CONFIG), ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG),
+                           ("flux2-transformer.yaml", KLEIN_TRANSFORMER_CONFIG)]:
         report = config_report(load_recipe(RECIPES / recipe), config, "config.json")
         assert report.declared and report.unknown == [], (recipe, report.unknown)
 
@@ -193,6 +205,7 @@ def reference_fields() -> dict[str, dict]:
 
     return {
         "mistral3-text-encoder.yaml": Mistral3Config().to_dict(),
+        "qwen3-text-encoder.yaml": Qwen3Config().to_dict(),
         "llama.yaml": LlamaConfig().to_dict(),
         "qwen3.yaml": Qwen3Config().to_dict(),
         "gpt2.yaml": GPT2Config().to_dict(),

@@ -22,13 +22,14 @@ from .tokenize import Flux2Tokenizer
 
 def tokenizer(ctx: StepContext) -> Flux2Tokenizer:
     """The pipeline's tokenizer: the checkpoint's ``tokenizer.path`` folder (default ``tokenizer``), with the
-    recipe's ``tokenizer.chat_template`` and ``tokenizer.system`` when given."""
+    recipe's ``tokenizer:`` options (template, system message, conversation, template arguments...)."""
     spec = ctx.recipe.tokenizer
+    options = {} if spec is None else dict(
+        chat_template=spec.chat_template, system_message=spec.system, conversation=spec.conversation,
+        generation_prompt=spec.generation_prompt, template_args=spec.template_args,
+        add_special_tokens=spec.add_special_tokens)
     return ctx.shared("flux2.tokenizer", lambda: Flux2Tokenizer.from_pretrained(
-        ctx.checkpoint / (spec.path if spec else "tokenizer"),
-        chat_template=spec.chat_template if spec else None,
-        system_message=spec.system if spec else None,
-    ))
+        ctx.checkpoint / (spec.path if spec else "tokenizer"), **options))
 
 
 def schedule_of(ctx: StepContext) -> Flux2Schedule:
@@ -50,8 +51,9 @@ def prepare(ctx: StepContext) -> None:
         schedule_of(ctx)
 
 
-def tokenize(ctx: StepContext, text: str, max_length: int) -> dict:
-    tok = tokenizer(ctx)(text, int(max_length))
+def tokenize(ctx: StepContext, text: str, max_length: int, allow_empty: bool = False) -> dict:
+    """``allow_empty``: an empty text is tokenized too (the negative prompt "" of classifier-free guidance)."""
+    tok = tokenizer(ctx)(text, int(max_length), allow_empty=bool(allow_empty))
     return {"input_ids": tok.input_ids, "attention_mask": tok.attention_mask, "num_tokens": tok.num_tokens}
 
 

@@ -1,13 +1,17 @@
-"""Prompt -> token ids for FLUX.2's Mistral-3 text encoder, exactly as diffusers' Flux2Pipeline makes them.
+"""Prompt -> token ids for FLUX.2's text encoders, exactly as diffusers' FLUX.2 pipelines make them.
 
-diffusers (``Flux2Pipeline._get_mistral_3_small_prompt_embeds``) formats the prompt as a conversation (its system
-message, then the user prompt with any ``[IMG]`` removed, each as one text content block), renders it with the
-checkpoint's own chat template (``apply_chat_template``, ``add_generation_prompt=False``), tokenizes the text
-without adding special tokens (a processor adds them unless the text starts with the BOS token), truncates to
-``max_sequence_length`` and pads to it with the pad token, with an attention mask of 1 on real tokens. This module
-builds that conversation on the checkpoint's tokenizer (``luminal_recipes.text.tokenizer``). A pipeline recipe may
-replace the template or the system message (``tokenizer.chat_template``, ``tokenizer.system``). A checkpoint
-without any template gets the FLUX.2-dev rendering, with a warning naming it.
+``Flux2Pipeline._get_mistral_3_small_prompt_embeds`` (FLUX.2 [dev], the ``flux2`` conversation) formats the prompt
+as a conversation (its system message, then the user prompt with any ``[IMG]`` removed, each as one text content
+block), renders it with the checkpoint's own chat template (``apply_chat_template``, ``add_generation_prompt=False``),
+tokenizes the text without adding special tokens (a processor adds them unless the text starts with the BOS token),
+truncates to ``max_sequence_length`` and pads to it with the pad token, with an attention mask of 1 on real tokens.
+``Flux2KleinPipeline._get_qwen3_prompt_embeds`` (FLUX.2 [klein], the ``user`` conversation) renders one user
+message whose content is the prompt, with ``add_generation_prompt=True`` and ``enable_thinking=False``, and
+tokenizes it as ``tokenizer(text)`` does (special tokens added), padded and truncated the same way. A pipeline
+recipe's ``tokenizer:`` section says which (``conversation``, ``generation_prompt``, ``template_args``,
+``add_special_tokens``) and may replace the template or the system message (``chat_template``, ``system``). A
+``flux2`` checkpoint without any template gets the FLUX.2-dev rendering, with a warning naming it; a ``user`` one
+is refused.
 """
 
 from __future__ import annotations
@@ -51,6 +55,14 @@ def flux2_messages(prompt: str, system_message: str) -> list[dict]:
     ]
 
 
+def user_messages(prompt: str) -> list[dict]:
+    """Flux2KleinPipeline's conversation: one user message whose content is the prompt (a string)."""
+    return [{"role": "user", "content": prompt}]
+
+
+CONVERSATIONS = {"flux2", "user"}
+
+
 @dataclass(frozen=True)
 class TokenizedPrompt:
     """One padded prompt: ``input_ids`` and ``attention_mask`` are int32, shape (1, max_sequence_length)."""
@@ -75,11 +87,21 @@ class Flux2Tokenizer(Tokenizer):
         processor: bool = False,
         source: str = "tokenizer",
         template_source: str | None = None,
+        conversation: str = "flux2",
+        generation_prompt: bool = False,
+        template_args: dict | None = None,
+        add_special_tokens: bool | None = None,
     ):
         special = special_tokens if special_tokens is not None else {"bos_token": "<s>", "pad_token": "<pad>"}
         super().__init__(tokenizer, chat_template, special, padding_side, truncation_side, processor, source,
                          template_source)
+        if conversation not in CONVERSATIONS:
+            raise PipelineError(f"unknown conversation {conversation!r}; one of {', '.join(sorted(CONVERSATIONS))}")
         self.system_message = system_message
+        self.conversation = conversation
+        self.generation_prompt = bool(generation_prompt)
+        self.template_args = dict(template_args or {})
+        self.always_add_special_tokens = add_special_tokens
         if self.pad_token_id is None:
             what = "names no pad token" if self.pad_token is None else f"has no {self.pad_token!r} token"
             raise CheckpointError(
@@ -94,16 +116,29 @@ class Flux2Tokenizer(Tokenizer):
         chat_template: str | None = None,
         system_message: str | None = None,
         processor: bool | None = None,
+        conversation: str = "flux2",
+        generation_prompt: bool = False,
+        template_args: dict | None = None,
+        add_special_tokens: bool | None = None,
     ) -> Flux2Tokenizer:
         """Load from a checkpoint's ``tokenizer/`` folder (or the checkpoint folder that contains it).
 
         ``chat_template`` replaces the checkpoint's template (a Jinja template, or the name of one of its named
         templates), ``system_message`` diffusers' system message. ``processor``: whether the pipeline loads this
-        folder as a processor (default: as model_index.json next to it says).
+        folder as a processor (default: as model_index.json next to it says). ``conversation``,
+        ``generation_prompt``, ``template_args`` and ``add_special_tokens`` are the pipeline recipe's tokenizer
+        options (see the module docstring).
         """
         files = read_tokenizer(folder, chat_template, processor)
         special = dict(files.special_tokens)
         template, template_source = files.chat_template, files.template_source
+        if template is None and conversation != "flux2":
+            raise CheckpointError(
+                f"{files.source}: the tokenizer has no chat template (chat_template.jinja, or chat_template in "
+                "tokenizer_config.json), and this pipeline renders the prompt with the checkpoint's own template; "
+                "copy the tokenizer folder from the original checkpoint, or set tokenizer.chat_template in the "
+                "pipeline recipe."
+            )
         if template is None:
             logger.warning(
                 "%s has no chat template (chat_template.jinja, or chat_template in tokenizer_config.json); "
@@ -123,16 +158,35 @@ class Flux2Tokenizer(Tokenizer):
             processor=files.processor,
             source=files.source,
             template_source=template_source,
+            conversation=conversation,
+            generation_prompt=generation_prompt,
+            template_args=template_args,
+            add_special_tokens=add_special_tokens,
         )
 
+    def messages(self, prompt: str) -> list[dict]:
+        """The conversation diffusers builds for ``prompt``."""
+        if self.conversation == "user":
+            return user_messages(prompt)
+        return flux2_messages(prompt, self.system_message)
+
     def format(self, prompt: str) -> str:
-        """The chat-template rendering of ``prompt`` (diffusers' ``format_input`` + the checkpoint's template)."""
-        return self.render(flux2_messages(prompt, self.system_message))
+        """The chat-template rendering of ``prompt`` (diffusers' conversation + the checkpoint's template)."""
+        return self.render(self.messages(prompt), self.generation_prompt, self.template_args)
+
+    def add_special_tokens(self, text: str) -> bool:
+        if self.always_add_special_tokens is not None:
+            return self.always_add_special_tokens
+        return super().add_special_tokens(text)
 
     def __call__(
-        self, prompt: str, max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH
+        self, prompt: str, max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH, allow_empty: bool = False
     ) -> TokenizedPrompt:
-        check_prompt(prompt)
+        """``allow_empty``: the prompt may be empty (the negative prompt "" of classifier-free guidance)."""
+        if not allow_empty:
+            check_prompt(prompt)
+        elif not isinstance(prompt, str):
+            raise PipelineError(f"prompt must be text, got {type(prompt).__name__}.")
         length = check_length(max_sequence_length, "max_sequence_length")
         text = self.format(prompt)
         encoded = self.encode(text, length, add_special_tokens=self.add_special_tokens(text))
