@@ -108,6 +108,8 @@ def run(
     runtime: str = typer.Option("numpy", "--runtime", help=RUNTIME_HELP),
     max_host_memory: str | None = typer.Option(None, "--max-host-memory", help=HOST_MEMORY_HELP),
     compute_dtype: str | None = typer.Option(None, "--compute-dtype", help=COMPUTE_DTYPE_HELP),
+    profile: bool = typer.Option(False, "--profile", help="time every kernel call and print the time per model "
+                                 "and kernel class (MatMul, Elementwise, Attention...) at the end"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary (language models: one "
                                  "JSON object per prompt, one per line)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only text outputs (no progress, no summary)"),
@@ -155,11 +157,19 @@ def run(
         refuse({"--steps": steps, "--guidance": guidance, "--width": width, "--height": height,
                 "--init-latents": init_latents, "--output": output, "--overwrite": overwrite,
                 "--allow-nonfinite": allow_nonfinite}, "a language model (they belong to pipelines)")
-        run_command(TextRequest(
-            recipe, prompts, weights, list(set_), parse_size(max_memory), runtime, not no_compile, max_new_tokens,
-            0.0 if temperature is None else temperature, top_k or 0, 1.0 if top_p is None else top_p,
-            1.0 if repetition_penalty is None else repetition_penalty, 0 if seed is None else seed, list(stop), chat,
-            system, parse_chat_vars(chat_var), context, started), stdio, as_json, quiet)
+        from contextlib import nullcontext
+
+        from .runtimes.profile import profiling
+
+        with profiling() if profile else nullcontext() as kernel_times:
+            run_command(TextRequest(
+                recipe, prompts, weights, list(set_), parse_size(max_memory), runtime, not no_compile,
+                max_new_tokens, 0.0 if temperature is None else temperature, top_k or 0,
+                1.0 if top_p is None else top_p, 1.0 if repetition_penalty is None else repetition_penalty,
+                0 if seed is None else seed, list(stop), chat, system, parse_chat_vars(chat_var), context, started),
+                stdio, as_json, quiet)
+        if kernel_times is not None:  # stdout carries the reply (and the --stdio protocol): the table goes to stderr
+            typer.echo("kernel time per model and kernel class (--profile):\n" + kernel_times.table(), err=True)
         return
     from .tasks.generation.cli import refuse
 
@@ -181,6 +191,7 @@ def run(
         runtime=runtime,
         max_host_memory=parse_size(max_host_memory, "--max-host-memory"),
         compute_dtype=compute_dtype,
+        profile=profile,
     )
     with progress_printer(enabled=not quiet and not as_json) as progress:
         summary = generate(req, progress)
@@ -198,6 +209,11 @@ def run(
         timing = summary["timing"]
         typer.echo(f"done in {timing['total_seconds']:.1f} s, of which compiling and planning "
                    f"{timing['compile_seconds']:.1f} s ({100 * timing['compile_share']:.0f}%)")
+    if profile and not quiet:
+        from .runtimes.profile import KernelProfile
+
+        typer.echo("kernel time per model and kernel class (--profile):\n"
+                   + KernelProfile.from_json(summary["profile"]).table())
 
 
 def _is_language_model(recipe: Path) -> bool:

@@ -36,6 +36,7 @@ from luminal_recipes.errors import GraphError, InputError, UnboundDimError
 from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.symbolic import shape_str
 
+from . import profile as kernel_profile
 from .backend import Array, Backend, GraphCaptureError
 from .binding import check_array, check_input_names, declared_shape, fetch_weight
 from .kernels import REGISTRY, SOURCES
@@ -260,6 +261,8 @@ class Executable:
             out = flats[nid].reshape(declared_shape(node, dims))
             steps.append((position, bind(out, [flats[src] for src, _ in node.inputs], arrays)))
         self._steps = self.streamer.interleave(steps) if self.streamer else [step for _, step in steps]
+        kernel_of = {id(step): by_id[plan.order[pos]].op for pos, step in steps}  # profile labels
+        self._labels = [kernel_of.get(id(step), kernel_profile.STREAMING) for step in self._steps]
         self._outputs = {name: (flats[src], view.bind(dims)) for name, (src, view) in program.outputs.items()
                          if name not in self._states}
         # a state's new value computed elsewhere (not in place) is copied into its buffer after each run
@@ -319,7 +322,7 @@ class Executable:
             self.streamer.close()
         self._closed = True
         self._replay = None
-        self._steps, self._write_back, self._staged = [], [], []
+        self._steps, self._labels, self._write_back, self._staged = [], [], [], []
         self._inputs, self._outputs = {}, {}
         self._fixed.clear()
         self._states.clear()
@@ -406,6 +409,13 @@ class Executable:
     def _launch(self) -> None:
         """Every kernel step, then the states' write-backs, in program order: recorded as one device graph at the
         second run of a binding where the backend has graphs, and replayed from then on."""
+        profile = kernel_profile.active()
+        if profile is not None:  # ``--profile``: every step timed on its own (synchronised), no graph replay
+            with np.errstate(all="ignore"):
+                profile.run_steps(self._steps, self._labels, self.backend.synchronize)
+            for buf, value in self._write_back:
+                self.backend.copy(buf, value)
+            return
         if self._replay is None and self._graphs and self._launches >= 1:
             self._replay = self._capture()
         self._launches += 1

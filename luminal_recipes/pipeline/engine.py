@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import InputError
 from ..graph.symbolic import Expr, evaluate, free_symbols, shape_str
 from ..recipe.builder import BuiltModel
+from ..runtimes.profile import model_section
 from ..runtimes.registry import get_runtime
 from .plan import StagePlan, check_budget, plan_model
 
@@ -201,7 +202,8 @@ class ModelEngine:
         exe = self.executable(dims, inputs)
         first = self.stats.transient_peak is None  # measure allocations outside the arena once
         t0 = time.perf_counter()
-        out = exe.run(inputs, trace=first) if first else exe.run(inputs)
+        with model_section(self.model.name):  # ``--profile``: kernel time per model
+            out = exe.run(inputs, trace=first) if first else exe.run(inputs)
         self.stats.run_s.append(time.perf_counter() - t0)
         if first:
             self.stats.transient_peak = exe.memory.transient_peak

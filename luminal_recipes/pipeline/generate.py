@@ -31,6 +31,7 @@ from ..recipe.loader import load_recipe
 from ..recipe.params import parse_sets
 from ..recipe.schema import PipelineRecipe
 from ..recipe.suggest import did_you_mean, one_of
+from ..runtimes.profile import KernelProfile, profiling
 from ..runtimes.registry import get_runtime
 from .driver import Pipeline
 from .outputs import (
@@ -86,6 +87,7 @@ class GenerateRequest:
     runtime: str = "numpy"  # the runtime (device) to run on; the budget is its device's memory
     max_host_memory: int | None = None  # bytes of pinned host staging for streamed weights (device runtimes)
     compute_dtype: str | None = None  # every model's compute dtype (None: each recipe's weights.dtype.compute)
+    profile: bool = False  # time every kernel call; the summary gets "profile" (seconds per model and kernel)
 
 
 def flag(name: str) -> str:
@@ -222,12 +224,17 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     pipe.prepare()  # every stage compiled and planned under the budget before any weight is read
     compile_seconds = time.perf_counter() - t_prepare  # the compile share of the summary (plan-cache loads too)
     runs = []
+    profile = KernelProfile() if req.profile else None
     for prompt in prompts:
         t0 = time.perf_counter()
         inputs = {name: file_inputs.get(name) for name in req.files if name in pipe.doc.inputs}
         if prompt is not None:
             inputs["prompt"] = prompt
-        report = pipe.run(inputs)
+        if profile is not None:
+            with profiling(profile):
+                report = pipe.run(inputs)
+        else:
+            report = pipe.run(inputs)
         values = {name: convert(out, pipe.output_value(name, report.values)) for name, out in declared.items()}
         settings = {}
         for task in tasks:
@@ -267,8 +274,11 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     total = time.perf_counter() - started
     timing = {"total_seconds": round(total, 3), "compile_seconds": round(compile_seconds, 3),
               "compile_share": round(compile_seconds / total, 4) if total > 0 else 0.0}
-    return {"recipe": pipe.doc.name, "recipe_hash": recipe_hash, "params": dict(p), "memory": memory,
-            "timing": timing, "runs": runs}
+    summary = {"recipe": pipe.doc.name, "recipe_hash": recipe_hash, "params": dict(p), "memory": memory,
+               "timing": timing, "runs": runs}
+    if profile is not None:
+        summary["profile"] = profile.to_json()
+    return summary
 
 
 def _recipe_hash(files: list[Path]) -> str:

@@ -20,6 +20,7 @@ import tokenizers
 from typer.testing import CliRunner
 
 from luminal_recipes.cli import app
+from luminal_recipes.graph.core import PRIMITIVE_OPS
 from luminal_recipes.image_io import read_png
 from luminal_recipes.pipeline import outputs as outputs_module
 from luminal_recipes.pipeline.driver import Pipeline
@@ -104,6 +105,21 @@ def test_an_array_output_is_written_as_npy(workdir):
     assert 0 <= timing["compile_seconds"] <= timing["total_seconds"]
     assert item["seconds"] + timing["compile_seconds"] <= timing["total_seconds"] + 1e-3
     assert timing["compile_share"] == pytest.approx(timing["compile_seconds"] / timing["total_seconds"], abs=1e-3)
+
+
+def test_profile_prints_kernel_time_per_model_and_kernel_class(workdir):
+    result = run("embed.yaml", "--prompt", PROMPT, "--no-compile", "--json", "--profile")
+    assert result.exit_code == 0, result.output
+    profile = json.loads(result.stdout)["profile"]
+    # the naive program: primitives only, each call timed under its kernel's name, for the one model run
+    kernels = profile["mistral3-text-encoder"]
+    assert set(kernels) <= set(PRIMITIVE_OPS) and {"Gather", "Mul", "SumReduce"} <= set(kernels)
+    assert all(rec["seconds"] >= 0 and rec["calls"] >= 1 for rec in kernels.values())
+    assert kernels["Gather"]["calls"] == 1  # the embedding lookup, once per run
+    table = run("embed.yaml", "--prompt", PROMPT, "--no-compile", "--profile")
+    assert table.exit_code == 0, table.output
+    assert re.search(r"mistral3-text-encoder: [\d.]+ ms in kernels\n  \w+ +[\d.]+ ms +[\d.]+% +\d+ calls",
+                     table.output), table.output
 
 
 def test_a_text_output_is_printed_and_written(workdir):
