@@ -3,7 +3,8 @@
 A FLUX.2-architecture transformer (diffusers ``Flux2Transformer2DModel``; default: hidden 256 = 4 heads x
 64, 2 double + 4 single blocks, joint_attention_dim 384, in_channels 128, MLP ratio 3) is created by diffusers
 from a seeded random initialisation and saved with ``save_pretrained``; ours is built from
-recipes/flux2-transformer.yaml on that same folder. Both run the same inputs (256 image + 64 text tokens)
+recipes/flux2-transformer.yaml on that same folder. Both run the same inputs (256 image + 512 text tokens, as
+the pipeline pads every prompt; ``--txt 64`` for short ones)
 with the same number of threads (torch.set_num_threads = the threads numpy's BLAS uses). The script checks
 that the outputs agree, then prints the median step time of each (after warm-up, the two sides alternating),
 the ratio ours / PyTorch (target <= 1.0, goal <= 0.7), and our compile time with a cold and a warm plan
@@ -49,7 +50,7 @@ class TransformerConfig:
     in_channels: int = 128
     mlp_ratio: float = 3.0
     img: int = 256  # image tokens (a 16 x 16 latent grid)
-    txt: int = 64
+    txt: int = 512  # as FLUX.2 pads every prompt (max_sequence_length)
 
     @property
     def hidden(self) -> int:
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--double", type=int, default=2, help="double-stream blocks")
     parser.add_argument("--single", type=int, default=4, help="single-stream blocks")
     parser.add_argument("--img", type=int, default=256, help="image tokens")
-    parser.add_argument("--txt", type=int, default=64, help="text tokens")
+    parser.add_argument("--txt", type=int, default=512,
+                        help="text tokens (default 512: the pipeline pads every prompt to 512; 64: the old default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for both sides (default: numpy's BLAS threads, normally the CPU count)")

@@ -6,11 +6,11 @@ accumulator), so neither ``(S, T)`` nor ``(S, T, D)`` ever exists. Both use BLAS
 compute in f32. Running maxima start at the most negative finite f32 rather than -inf, so a block of fully
 masked keys never produces ``-inf - -inf``.
 
-Besides the two products, passes over the scores are what costs (numpy's ``exp`` alone is ~2 ns per element
-here), so each head's ``q`` is scaled once (``(q * scale) k^T`` instead of scaling every score block) and
-``v`` gets a column of ones: ``p @ [v | 1]`` yields the softmax denominators with the numerators in the same
-BLAS call, and one rescale of the ``[acc | sum]`` accumulator updates both. Per score block that leaves max,
-subtract and exp besides the products.
+Besides the two products, passes over the scores are what costs, so each head's ``q`` is scaled once
+(``(q * scale) k^T`` instead of scaling every score block) and ``v`` gets a column of ones: ``p @ [v | 1]``
+yields the softmax denominators with the numerators in the same BLAS call, and one rescale of the ``[acc | sum]``
+accumulator updates both. Per score block that leaves max, subtract and exp besides the products: one compiled
+pass per row on every core (``numpy_jit``, numba), or three single-threaded numpy passes where numba is missing.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from . import numpy_jit as jit
 from .kernels.context import Bind, KernelContext
 from .numpy_kernels import F32, F32_MIN, bind_all, with_refresh
 from .views import operand
@@ -93,14 +94,18 @@ def prepare_attention(ctx: KernelContext) -> Bind:
         q, k, v, bias = bind_all(ops, flats, scratch)
         qs, vx = head.arrays(scratch)
         outs = out.reshape((math.prod(batch), s, dv))
+        compiled = jit.AVAILABLE
         heads = []
         for b, (qb, kb, vb, biasb) in enumerate(_per_batch([q, k, v, bias], batch)):
             blocks = []
             for r0 in range(0, s, rows):
                 r = min(rows, s - r0)
                 sl = slice(r0, r0 + r)
-                blocks.append((qs[sl], None if biasb is None else biasb[sl], scratch[scores][:r],
-                               scratch[vec][:r, None], scratch[acc][:r, : dv + 1], outs[b, sl]))
+                sc, col = scratch[scores][:r], scratch[vec][:r, None]
+                # compiled: max, exp and the row sums in one pass per row, on every core; p @ v reads v in place
+                softmax = jit.by_rows(jit.exp_rows_sum, [sc, col[:, 0]]) if compiled else None
+                blocks.append((qs[sl], None if biasb is None else biasb[sl], sc, col, scratch[acc][:r, : dv + 1],
+                               outs[b, sl], softmax))
             heads.append((qb, kb.T, vb, blocks))
 
         def body():
@@ -110,15 +115,21 @@ def prepare_attention(ctx: KernelContext) -> Bind:
             vx[:, dv] = 1
             for qb, kt, vb, blocks in heads:
                 np.multiply(qb, scale, out=qs)
-                np.copyto(vx[:, :dv], vb)
-                for qr, br, sc, col, a, dst in blocks:
+                if not compiled:
+                    np.copyto(vx[:, :dv], vb)
+                for qr, br, sc, col, a, dst, softmax in blocks:
                     np.matmul(qr, kt, out=sc)
                     if br is not None:
                         np.add(sc, br, out=sc, dtype=F32)
-                    np.max(sc, axis=1, out=col[:, 0])
-                    np.subtract(sc, col, out=sc)
-                    np.exp(sc, out=sc)
-                    np.matmul(sc, vx, out=a)
+                    if softmax is not None:
+                        softmax()
+                        np.matmul(sc, vb, out=a[:, :dv])
+                        np.copyto(a[:, dv:], col)
+                    else:
+                        np.max(sc, axis=1, out=col[:, 0])
+                        np.subtract(sc, col, out=sc)
+                        np.exp(sc, out=sc)
+                        np.matmul(sc, vx, out=a)
                     _finish(a, dst, dv)
 
         return with_refresh(ops, body)
@@ -144,6 +155,8 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
         q, k, v, bias = bind_all(ops, flats, scratch)
         qs, vx = head.arrays(scratch)
         maxima = [scratch[vecs[0]], scratch[vecs[1]]]
+        running = maxima[0]  # the compiled path keeps one running max
+        compiled = jit.AVAILABLE
         rescale = scratch[vecs[2]][:, None]
         a, pvb = scratch[acc][:, : dv + 1], scratch[pv][:, : dv + 1]
         outs = out.reshape((math.prod(batch), s, dv))
@@ -153,9 +166,11 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
             for j, t0 in enumerate(range(0, t, block)):
                 ks = slice(t0, min(t0 + block, t))
                 # the running max alternates between two vectors: this block's is the other one's update
-                keys.append((kb[ks].T, vx[ks], None if biasb is None else biasb[:, ks],
-                             scratch[scores][:, : ks.stop - ks.start], maxima[j % 2][:, None],
-                             maxima[(j + 1) % 2][:, None]))
+                sc = scratch[scores][:, : ks.stop - ks.start]
+                online = jit.by_rows(jit.exp_rows_online, [sc, running, rescale[:, 0]], j == 0) \
+                    if compiled else None
+                keys.append((kb[ks].T, vx[ks], None if biasb is None else biasb[:, ks], sc,
+                             maxima[j % 2][:, None], maxima[(j + 1) % 2][:, None], online))
             heads.append((qb, vb, keys, outs[b]))
 
         def body():
@@ -166,10 +181,19 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
             for qb, vb, keys, dst in heads:
                 np.multiply(qb, scale, out=qs)
                 np.copyto(vx[:, :dv], vb)
-                for j, (kt, vs, bs, sc, m_old, m_new) in enumerate(keys):
+                for j, (kt, vs, bs, sc, m_old, m_new, online) in enumerate(keys):
                     np.matmul(qs, kt, out=sc)
                     if bs is not None:
                         np.add(sc, bs, out=sc, dtype=F32)
+                    if online is not None:  # the block's max, the rescale factor and exp in one pass per row
+                        online()
+                        if j == 0:
+                            np.matmul(sc, vs, out=a)
+                        else:
+                            np.matmul(sc, vs, out=pvb)
+                            np.multiply(a, rescale, out=a)
+                            np.add(a, pvb, out=a)
+                        continue
                     np.max(sc, axis=1, out=m_new[:, 0])
                     if j == 0:
                         np.maximum(m_new, F32_MIN, out=m_new)

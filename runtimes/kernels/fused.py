@@ -32,12 +32,13 @@ def _attention(k: KernelCall) -> Work:
     s, t, d = k.dim(q.shape[-2]), k.dim(kk.shape[-2]), k.dim(q.shape[-1])
     batch = k.numel(q.shape[:-2])
     dv = k.dim(k.out_shape[-1])
+    # every score is written once and read back, whether a whole row block or a key block at a time
     work = k.base(mm_flops=2.0 * batch * s * t * (d + dv), ew_flops=5.0 * batch * s * t)
-    if "block" in k.attrs:  # online softmax: rescaling the accumulator once per key block
+    work.bytes += 2.0 * batch * s * t * 4
+    if "block" in k.attrs:  # online softmax: the accumulator rescaled once per key block, two more products each
         blocks = max(1, -(-t // int(k.attrs["block"])))
         work.ew_flops += 2.0 * batch * s * dv * blocks
-    else:  # one (S, T) score buffer per batch row, written and read back
-        work.bytes += 2.0 * batch * s * t * 4
+        work.launches += batch * (blocks - 1)  # a few more calls per extra block and head
     return work
 
 

@@ -1,0 +1,102 @@
+"""Running a kernel's independent parts on every core: numpy's ufuncs and the compiled row kernels
+(``numpy_jit``) release the GIL, so parts given to worker threads run in parallel with the caller's.
+
+One pool per process, of ``THREADS - 1`` daemon workers (the caller runs the first part itself), started on first
+use. Plain threads rather than numba's threading layers: GNU OpenMP's workers spin after each parallel region and
+starve OpenBLAS' threads on a machine with as many cores as threads (a 10x slowdown of every BLAS call measured
+here), and numba's workqueue layer aborts the process on concurrent launches. A part's work is fixed (rows or
+tiles assigned at bind time), so results never depend on the schedule. Calls from several threads at once are
+serialised.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
+
+Part = Callable[[], None]
+
+
+def _cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+THREADS = _cpu_count()
+MIN_PART = 1 << 14  # elements below which a part is not worth a thread hand-off (~20 us)
+
+
+class _Pool:
+    def __init__(self, workers: int):
+        self.lock = threading.Lock()
+        self.done: queue.SimpleQueue = queue.SimpleQueue()
+        self.inboxes: list[queue.SimpleQueue] = []
+        for i in range(workers):
+            inbox: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=self._work, args=(inbox,), name=f"luminal-cpu-{i + 1}", daemon=True).start()
+            self.inboxes.append(inbox)
+
+    def _work(self, inbox: queue.SimpleQueue) -> None:
+        while True:
+            part = inbox.get()
+            try:
+                part()
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.done.put(exc)
+            else:
+                self.done.put(None)
+
+    def run(self, parts: Sequence[Part]) -> None:
+        with self.lock:
+            for inbox, part in zip(self.inboxes, parts[1:]):
+                inbox.put(part)
+            error = None
+            try:
+                parts[0]()
+            except BaseException as exc:
+                error = exc
+            for _ in parts[1:]:
+                got = self.done.get()
+                error = error or got
+            if error is not None:
+                raise error
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def run_parts(parts: Sequence[Part]) -> None:
+    """Run at most ``THREADS`` independent parts, the first on this thread, and wait for all."""
+    global _POOL
+    if len(parts) <= 1:
+        for part in parts:
+            part()
+        return
+    if len(parts) > THREADS:
+        raise ValueError(f"{len(parts)} parts for {THREADS} threads")
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = _Pool(THREADS - 1)
+    _POOL.run(parts)
+
+
+def split(n: int, elements_per_item: int = 1) -> list[slice]:
+    """``range(n)`` cut into at most ``THREADS`` contiguous, near-equal parts (one part when the whole is
+    smaller than ``MIN_PART`` elements per extra thread)."""
+    parts = max(1, min(THREADS, n, (n * elements_per_item) // MIN_PART))
+    bounds = [n * i // parts for i in range(parts + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def parallel(parts: Sequence[Part]) -> Part:
+    """One step that runs ``parts`` (at most ``THREADS``) in parallel."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0]
+    return lambda: run_parts(parts)
