@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from . import numpy_jit as jit
+from . import jit
 from .kernels.context import Bind, KernelContext
 from .numpy_kernels import F32, F32_MIN, bind_all, with_refresh
 from .views import operand
@@ -103,7 +103,7 @@ def prepare_attention(ctx: KernelContext) -> Bind:
                 sl = slice(r0, r0 + r)
                 sc, col = scratch[scores][:r], scratch[vec][:r, None]
                 # compiled: max, exp and the row sums in one pass per row, on every core; p @ v reads v in place
-                softmax = jit.by_rows(jit.exp_rows_sum, [sc, col[:, 0]]) if compiled else None
+                softmax = jit.by_rows(jit.kernels().exp_rows_sum, [sc, col[:, 0]]) if compiled else None
                 blocks.append((qs[sl], None if biasb is None else biasb[sl], sc, col, scratch[acc][:r, : dv + 1],
                                outs[b, sl], softmax))
             heads.append((qb, kb.T, vb, blocks))
@@ -167,7 +167,7 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
                 ks = slice(t0, min(t0 + block, t))
                 # the running max alternates between two vectors: this block's is the other one's update
                 sc = scratch[scores][:, : ks.stop - ks.start]
-                online = jit.by_rows(jit.exp_rows_online, [sc, running, rescale[:, 0]], j == 0) \
+                online = jit.by_rows(jit.kernels().exp_rows_online, [sc, running, rescale[:, 0]], j == 0) \
                     if compiled else None
                 keys.append((kb[ks].T, vx[ks], None if biasb is None else biasb[:, ks], sc,
                              maxima[j % 2][:, None], maxima[(j + 1) % 2][:, None], online))

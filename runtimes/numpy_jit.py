@@ -1,6 +1,6 @@
 """Row kernels of the numpy backend compiled by numba: one pass per row instead of one numpy pass per operation,
-run on every core (numpy's element-wise passes are single-threaded): ``by_rows`` cuts the rows into one part per
-core at bind time and ``cpu_threads`` runs the parts (the compiled functions release the GIL).
+run on every core (numpy's element-wise passes are single-threaded): ``jit.by_rows`` cuts the rows into one part
+per core at bind time and ``cpu_threads`` runs the parts (the compiled functions release the GIL).
 
 What they fuse is what costs in attention and the norms: per score row, max then ``exp(x - max)`` in place
 (numpy: three passes, one thread); per row of a norm, the statistics and the normalisation. Rows are
@@ -10,147 +10,196 @@ independent and each is computed in a fixed order, so results do not depend on t
 out so that LLVM vectorises it (numba would call libm's scalar ``expf`` per element); relative error < 3e-7, as
 numpy's own vectorised ``exp``. It returns 0 below -87.34 (where f32's normal range ends; e^x is then < 1.2e-38).
 
-Compiled on first use and cached on disk (numba's cache: ``__pycache__`` beside this file, else numba's user
-cache folder). ``AVAILABLE`` is False where numba cannot be imported; the kernels then keep their numpy passes.
+Compiled once and cached on disk (numba's cache: ``__pycache__`` beside this file, else numba's user cache
+folder); imported through ``jit`` (lazily, warmed up in the background), never directly by a kernel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
-from .cpu_threads import parallel, split
-
-try:
-    import numba
-    from llvmlite import ir
-    from numba.core import types
-    from numba.extending import intrinsic
-except ImportError:  # pragma: no cover - numba is a dependency; a machine without it keeps the numpy passes
-    numba = None
-
-AVAILABLE = numba is not None
 F = np.float32
 EXP_LOW = F(-87.33654)  # below this e^x is not a normal f32
 
+# only FMA contraction: infinities and NaNs keep their IEEE meaning (masked scores are -inf)
+_FAST = {"contract"}
+_rows = numba.njit(fastmath=_FAST, cache=True, nogil=True)
+_inline = numba.njit(fastmath=_FAST, cache=True, inline="always")
 
-if AVAILABLE:
-    # only FMA contraction: infinities and NaNs keep their IEEE meaning (masked scores are -inf)
-    _FAST = {"contract"}
-    _rows = numba.njit(fastmath=_FAST, cache=True, nogil=True)
-    _inline = numba.njit(fastmath=_FAST, cache=True, inline="always")
 
-    @intrinsic
-    def _f32_from_bits(typingctx, bits):
-        sig = types.float32(types.int32)
+@intrinsic
+def _f32_from_bits(typingctx, bits):
+    sig = types.float32(types.int32)
 
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.FloatType())
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
 
-        return sig, codegen
+    return sig, codegen
 
-    @_inline
-    def exp_f32(x):
-        xc = x if x > EXP_LOW else EXP_LOW
-        n = np.floor(xc * F(1.4426950408889634) + F(0.5))
-        r = xc - n * F(0.693359375)
-        r = r - n * F(-2.12194440e-4)
-        p = F(1.9875691500e-4)
-        p = p * r + F(1.3981999507e-3)
-        p = p * r + F(8.3334519073e-3)
-        p = p * r + F(4.1665795894e-2)
-        p = p * r + F(1.6666665459e-1)
-        p = p * r + F(5.0000001201e-1)
-        p = p * r * r + r + F(1.0)
-        y = p * _f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
-        return y if x > EXP_LOW else F(0.0)
 
-    @_inline
-    def row_max(row):
-        # eight running maxima, so that LLVM vectorises the reduction
-        n = row.size
-        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = F(-np.inf)
-        n8 = n - n % 8
-        for j in range(0, n8, 8):
-            m0 = max(m0, row[j])
-            m1 = max(m1, row[j + 1])
-            m2 = max(m2, row[j + 2])
-            m3 = max(m3, row[j + 3])
-            m4 = max(m4, row[j + 4])
-            m5 = max(m5, row[j + 5])
-            m6 = max(m6, row[j + 6])
-            m7 = max(m7, row[j + 7])
-        for j in range(n8, n):
-            m0 = max(m0, row[j])
-        return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+@_inline
+def exp_f32(x):
+    xc = x if x > EXP_LOW else EXP_LOW
+    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
+    r = xc - n * F(0.693359375)
+    r = r - n * F(-2.12194440e-4)
+    p = F(1.9875691500e-4)
+    p = p * r + F(1.3981999507e-3)
+    p = p * r + F(8.3334519073e-3)
+    p = p * r + F(4.1665795894e-2)
+    p = p * r + F(1.6666665459e-1)
+    p = p * r + F(5.0000001201e-1)
+    p = p * r * r + r + F(1.0)
+    y = p * _f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    return y if x > EXP_LOW else F(0.0)
 
-    @_inline
-    def row_sum(row):
-        # eight running sums (a fixed order whatever the vector width)
-        n = row.size
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = F(0.0)
-        n8 = n - n % 8
-        for j in range(0, n8, 8):
-            s0 += row[j]
-            s1 += row[j + 1]
-            s2 += row[j + 2]
-            s3 += row[j + 3]
-            s4 += row[j + 4]
-            s5 += row[j + 5]
-            s6 += row[j + 6]
-            s7 += row[j + 7]
-        for j in range(n8, n):
-            s0 += row[j]
-        return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
-    @_inline
-    def exp_shifted(row, m):
+@_inline
+def row_max(row):
+    # eight running maxima, so that LLVM vectorises the reduction
+    n = row.size
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = F(-np.inf)
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        m0 = max(m0, row[j])
+        m1 = max(m1, row[j + 1])
+        m2 = max(m2, row[j + 2])
+        m3 = max(m3, row[j + 3])
+        m4 = max(m4, row[j + 4])
+        m5 = max(m5, row[j + 5])
+        m6 = max(m6, row[j + 6])
+        m7 = max(m7, row[j + 7])
+    for j in range(n8, n):
+        m0 = max(m0, row[j])
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+@_inline
+def row_sum(row):
+    # eight running sums (a fixed order whatever the vector width)
+    n = row.size
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = F(0.0)
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        s0 += row[j]
+        s1 += row[j + 1]
+        s2 += row[j + 2]
+        s3 += row[j + 3]
+        s4 += row[j + 4]
+        s5 += row[j + 5]
+        s6 += row[j + 6]
+        s7 += row[j + 7]
+    for j in range(n8, n):
+        s0 += row[j]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@_inline
+def exp_shifted(row, m):
+    for j in range(row.size):
+        row[j] = exp_f32(row[j] - m)
+
+
+@_rows
+def exp_rows(scores, maxima):
+    """``scores[i] = exp(scores[i] - max(scores[i]))`` in place; ``maxima[i]`` = that max."""
+    for i in range(scores.shape[0]):
+        row = scores[i]
+        m = row_max(row)
+        maxima[i] = m
+        exp_shifted(row, m)
+
+
+@_rows
+def exp_rows_sum(scores, sums):
+    """``scores[i] = exp(scores[i] - max(scores[i]))`` in place; ``sums[i]`` = the row's sum."""
+    for i in range(scores.shape[0]):
+        row = scores[i]
+        exp_shifted(row, row_max(row))
+        sums[i] = row_sum(row)  # a second pass over a row still in cache: both loops vectorise
+
+
+@_rows
+def exp_rows_online(scores, running, rescale, first):
+    """One key block of an online softmax, in place: ``new = max(running[i], max(scores[i]))`` (not below
+    the most negative finite f32, so fully masked blocks never give ``-inf - -inf``), ``rescale[i] =
+    exp(running[i] - new)`` (the factor for what was accumulated so far; ignored when ``first``),
+    ``scores[i] = exp(scores[i] - new)``, ``running[i] = new``."""
+    low = F(np.finfo(np.float32).min)
+    for i in range(scores.shape[0]):
+        row = scores[i]
+        m = max(row_max(row), low)
+        if not first:
+            m = max(m, running[i])
+            rescale[i] = exp_f32(running[i] - m)
+        running[i] = m
+        exp_shifted(row, m)
+
+
+@_inline
+def row_sum_sq(row, shift):
+    # sum((row - shift)^2) with eight running sums
+    n = row.size
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = F(0.0)
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        d0 = row[j] - shift
+        d1 = row[j + 1] - shift
+        d2 = row[j + 2] - shift
+        d3 = row[j + 3] - shift
+        d4 = row[j + 4] - shift
+        d5 = row[j + 5] - shift
+        d6 = row[j + 6] - shift
+        d7 = row[j + 7] - shift
+        s0 += d0 * d0
+        s1 += d1 * d1
+        s2 += d2 * d2
+        s3 += d3 * d3
+        s4 += d4 * d4
+        s5 += d5 * d5
+        s6 += d6 * d6
+        s7 += d7 * d7
+    for j in range(n8, n):
+        d = row[j] - shift
+        s0 += d * d
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@_rows
+def softmax_rows(x, out):
+    """``out[i] = exp(x[i] - max(x[i])) / sum(...)``."""
+    for i in range(x.shape[0]):
+        row, dst = x[i], out[i]
+        m = row_max(row)
         for j in range(row.size):
-            row[j] = exp_f32(row[j] - m)
-
-    @_rows
-    def exp_rows(scores, maxima):
-        """``scores[i] = exp(scores[i] - max(scores[i]))`` in place; ``maxima[i]`` = that max."""
-        for i in range(scores.shape[0]):
-            row = scores[i]
-            m = row_max(row)
-            maxima[i] = m
-            exp_shifted(row, m)
-
-    @_rows
-    def exp_rows_sum(scores, sums):
-        """``scores[i] = exp(scores[i] - max(scores[i]))`` in place; ``sums[i]`` = the row's sum."""
-        for i in range(scores.shape[0]):
-            row = scores[i]
-            exp_shifted(row, row_max(row))
-            sums[i] = row_sum(row)  # a second pass over a row still in cache: both loops vectorise
-
-    @_rows
-    def exp_rows_online(scores, running, rescale, first):
-        """One key block of an online softmax, in place: ``new = max(running[i], max(scores[i]))`` (not below
-        the most negative finite f32, so fully masked blocks never give ``-inf - -inf``), ``rescale[i] =
-        exp(running[i] - new)`` (the factor for what was accumulated so far; ignored when ``first``),
-        ``scores[i] = exp(scores[i] - new)``, ``running[i] = new``."""
-        low = F(np.finfo(np.float32).min)
-        for i in range(scores.shape[0]):
-            row = scores[i]
-            m = max(row_max(row), low)
-            if not first:
-                m = max(m, running[i])
-                rescale[i] = exp_f32(running[i] - m)
-            running[i] = m
-            exp_shifted(row, m)
-else:  # pragma: no cover
-    exp_rows = exp_rows_sum = exp_rows_online = None
+            dst[j] = exp_f32(row[j] - m)
+        total = row_sum(dst)
+        for j in range(dst.size):
+            dst[j] = dst[j] / total
 
 
-def by_rows(kernel, arrays: list[np.ndarray], *scalars) -> Callable[[], None]:
-    """A step calling ``kernel(*row_parts, *scalars)`` on one part of the rows (axis 0 of every array) per core."""
-    n = arrays[0].shape[0]
-    width = arrays[0].size // max(n, 1)
-    bound = []  # the row slices are made once, here
-    for sl in split(n, width):
-        views = tuple(a[sl] for a in arrays)
-        bound.append(lambda views=views: kernel(*views, *scalars))
-    return parallel(bound)
+@_rows
+def rms_norm_rows(x, out, inv_n, eps):
+    """``out[i] = x[i] / sqrt(mean(x[i]^2) + eps)``."""
+    one = F(1.0)
+    for i in range(x.shape[0]):
+        row, dst = x[i], out[i]
+        r = one / np.sqrt(row_sum_sq(row, F(0.0)) * inv_n + eps)
+        for j in range(row.size):
+            dst[j] = row[j] * r
+
+
+@_rows
+def layer_norm_rows(x, out, inv_n, eps):
+    """``out[i] = (x[i] - mean) / sqrt(var + eps)``, the variance of the centred row."""
+    one = F(1.0)
+    for i in range(x.shape[0]):
+        row, dst = x[i], out[i]
+        mean = row_sum(row) * inv_n
+        r = one / np.sqrt(row_sum_sq(row, mean) * inv_n + eps)
+        for j in range(row.size):
+            dst[j] = (row[j] - mean) * r

@@ -20,6 +20,7 @@ from luminal_recipes.errors import InputError
 from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
+from . import jit
 from .expr import ElementwisePlan
 from .kernels.context import Bind, KernelContext, Step
 from .views import Operand, in_bounds, operand, row_tiles, strided
@@ -416,7 +417,28 @@ def _tile_views(out, x, scratch, n, rows, tiles, work, extra, vec):
     return views
 
 
+def _prepare_compiled_rows(ctx: KernelContext, kernel: str, *scalars) -> Bind | None:
+    """A [..., N] row kernel as one compiled pass per row (``jit``), the rows split over the cores; None where
+    numba is missing or the operand or output is not f32 (the numpy passes then)."""
+    if len(ctx.inputs) != 1 or tuple(ctx.inputs[0].view.shape) != ctx.shape or not ctx.shape:
+        ctx.fail("expects one input viewed at the output shape [..., N]")
+    n = ctx.shape[-1]
+    rows = math.prod(ctx.shape[:-1])
+    if not jit.AVAILABLE or ctx.dtype != F32 or ctx.inputs[0].dtype != F32 or n == 0 or rows == 0:
+        return None
+    op = operand(ctx, 0, shape=(rows, n))
+
+    def bind(out, flats, scratch):
+        (x,) = bind_all([op], flats, scratch)
+        return with_refresh([op], jit.by_rows(getattr(jit.kernels(), kernel), [x, out.reshape(rows, n)], *scalars))
+
+    return bind
+
+
 def prepare_softmax(ctx: KernelContext) -> Bind:
+    compiled = _prepare_compiled_rows(ctx, "softmax_rows")
+    if compiled is not None:
+        return compiled
     op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 0)
 
     def bind(out, flats, scratch):
@@ -441,9 +463,13 @@ def prepare_softmax(ctx: KernelContext) -> Bind:
 
 
 def prepare_layernorm(ctx: KernelContext) -> Bind:
-    op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 1)
     eps = np.float32(ctx.node.attr("eps", 1e-5))
+    n = ctx.shape[-1] if ctx.shape else 0
     inv_n = np.float32(1.0 / n) if n else np.float32(0)
+    compiled = _prepare_compiled_rows(ctx, "layer_norm_rows", inv_n, eps)
+    if compiled is not None:
+        return compiled
+    op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 1)
 
     def bind(out, flats, scratch):
         (x,) = bind_all([op], flats, scratch)
@@ -470,9 +496,13 @@ def prepare_layernorm(ctx: KernelContext) -> Bind:
 
 
 def prepare_rmsnorm(ctx: KernelContext) -> Bind:
-    op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 0)
     eps = np.float32(ctx.node.attr("eps", 1e-6))
+    n = ctx.shape[-1] if ctx.shape else 0
     inv_n = np.float32(1.0 / n) if n else np.float32(0)
+    compiled = _prepare_compiled_rows(ctx, "rms_norm_rows", inv_n, eps)
+    if compiled is not None:
+        return compiled
+    op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 0)
 
     def bind(out, flats, scratch):
         (x,) = bind_all([op], flats, scratch)

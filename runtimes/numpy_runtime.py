@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import jit
 from .executable import BackendRuntime, Executable
 from .kernels import Machine
 from .numpy_attention import prepare_attention, prepare_attention_blocked
@@ -97,6 +98,7 @@ class NumpyBackend:
 class NumpyRuntime(BackendRuntime):
     def __init__(self) -> None:
         super().__init__(NumpyBackend())
+        jit.warm_up()  # numba's start-up, while the caller builds and compiles
 
 
 NumpyExecutable = Executable  # the executable of every backend

@@ -1,0 +1,74 @@
+"""The numpy backend's compiled kernels (``numpy_jit``, numba), loaded lazily and warmed up in the background.
+
+Importing numba and loading its first function from the disk cache costs about a second (LLVM's start-up);
+``warm_up()`` (called when a numpy backend is made) does it on a daemon thread while the pipeline builds and
+compiles its graphs, and ``kernels()`` waits for it when a kernel is bound. ``AVAILABLE`` is False where numba is
+not installed (it is a dependency; a machine without it keeps the numpy passes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+import numpy as np
+
+from .cpu_threads import parallel, split
+
+AVAILABLE = importlib.util.find_spec("numba") is not None
+_LOCK = threading.Lock()
+_MODULE: ModuleType | None = None
+_WARMING: threading.Thread | None = None
+
+
+def kernels() -> ModuleType:
+    """``numpy_jit``, imported and with every kernel's machine code loaded (compiled on the first run ever)."""
+    global _MODULE
+    with _LOCK:
+        if _MODULE is None:
+            from . import numpy_jit
+
+            _touch(numpy_jit)
+            _MODULE = numpy_jit
+    return _MODULE
+
+
+def _touch(module: ModuleType) -> None:
+    """Call every kernel once on tiny arrays of the layouts the kernels bind (contiguous rows, or row-strided
+    2-D blocks), so that their code is loaded (or compiled and cached) now."""
+    rows = np.zeros((2, 16), np.float32)
+    out = np.zeros((2, 16), np.float32)
+    vec = np.zeros(2, np.float32)
+    one = np.float32(1)
+    for scores in (rows, rows[:, :8]):
+        module.exp_rows(scores, vec)
+        module.exp_rows_sum(scores, vec)
+        module.exp_rows_online(scores, vec, vec, True)
+    for x in (rows, rows[:, ::2]):  # rows read in place, contiguous or strided
+        dst = out[:, : x.shape[1]].copy()
+        module.softmax_rows(x, dst)
+        module.rms_norm_rows(x, dst, one, one)
+        module.layer_norm_rows(x, dst, one, one)
+
+
+def warm_up() -> None:
+    """Start loading the kernels on a daemon thread (once per process)."""
+    global _WARMING
+    if not AVAILABLE or _WARMING is not None:
+        return
+    _WARMING = threading.Thread(target=kernels, name="luminal-jit-warm-up", daemon=True)
+    _WARMING.start()
+
+
+def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[], None]:
+    """A step calling ``kernel(*row_parts, *scalars)`` on one part of the rows (axis 0 of every array) per
+    core."""
+    n = arrays[0].shape[0]
+    width = arrays[0].size // max(n, 1)
+    bound = []  # the row slices are made once, here
+    for sl in split(n, width):
+        views = tuple(a[sl] for a in arrays)
+        bound.append(lambda views=views: kernel(*views, *scalars))
+    return parallel(bound)
