@@ -1,12 +1,12 @@
 """Running a kernel's independent parts on every core: numpy's ufuncs and the compiled row kernels
 (``numpy_jit``) release the GIL, so parts given to worker threads run in parallel with the caller's.
 
-One pool per process, of ``THREADS - 1`` daemon workers (the caller runs the first part itself), started on first
-use. Plain threads rather than numba's threading layers: GNU OpenMP's workers spin after each parallel region and
-starve OpenBLAS' threads on a machine with as many cores as threads (a 10x slowdown of every BLAS call measured
-here), and numba's workqueue layer aborts the process on concurrent launches. A part's work is fixed (rows or
-tiles assigned at bind time), so results never depend on the schedule. Calls from several threads at once are
-serialised.
+One pool per process of daemon workers, one fewer than the most parts asked for (the caller runs the first part
+itself; kernels cut their work into at most ``THREADS`` parts), started on first use. Plain threads rather than
+numba's threading layers: GNU OpenMP's workers spin after each parallel region and starve OpenBLAS' threads on a
+machine with as many cores as threads (a 10x slowdown of every BLAS call measured here), and numba's workqueue
+layer aborts the process on concurrent launches. A part's work is fixed (rows or tiles assigned at bind time), so
+results never depend on the schedule. Calls from several threads at once are serialised.
 """
 
 from __future__ import annotations
@@ -31,13 +31,16 @@ MIN_PART = 1 << 14  # elements below which a part is not worth a thread hand-off
 
 
 class _Pool:
-    def __init__(self, workers: int):
+    def __init__(self):
         self.lock = threading.Lock()
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.inboxes: list[queue.SimpleQueue] = []
-        for i in range(workers):
+
+    def _grow(self, workers: int) -> None:
+        while len(self.inboxes) < workers:
             inbox: queue.SimpleQueue = queue.SimpleQueue()
-            threading.Thread(target=self._work, args=(inbox,), name=f"luminal-cpu-{i + 1}", daemon=True).start()
+            name = f"luminal-cpu-{len(self.inboxes) + 1}"
+            threading.Thread(target=self._work, args=(inbox,), name=name, daemon=True).start()
             self.inboxes.append(inbox)
 
     def _work(self, inbox: queue.SimpleQueue) -> None:
@@ -52,6 +55,7 @@ class _Pool:
 
     def run(self, parts: Sequence[Part]) -> None:
         with self.lock:
+            self._grow(len(parts) - 1)
             for inbox, part in zip(self.inboxes, parts[1:]):
                 inbox.put(part)
             error = None
@@ -71,18 +75,16 @@ _POOL_LOCK = threading.Lock()
 
 
 def run_parts(parts: Sequence[Part]) -> None:
-    """Run at most ``THREADS`` independent parts, the first on this thread, and wait for all."""
+    """Run independent parts, the first on this thread, the others on workers, and wait for all."""
     global _POOL
     if len(parts) <= 1:
         for part in parts:
             part()
         return
-    if len(parts) > THREADS:
-        raise ValueError(f"{len(parts)} parts for {THREADS} threads")
     if _POOL is None:
         with _POOL_LOCK:
             if _POOL is None:
-                _POOL = _Pool(THREADS - 1)
+                _POOL = _Pool()
     _POOL.run(parts)
 
 

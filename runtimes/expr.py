@@ -237,12 +237,16 @@ class ElementwisePlan:
         return dest
 
     # ---- binding -------------------------------------------------------------------------------------------
-    def bind(self, out: np.ndarray, inputs: list[np.ndarray], registers: list[np.ndarray]
-             ) -> Callable[[], None]:
+    def bind(self, out: np.ndarray, inputs: list[np.ndarray], registers: list[np.ndarray],
+             part: tuple[int, int] = (0, 1)) -> Callable[[], None]:
         """``inputs``: arrays of the output's shape (strided views are fine); ``registers``: flat scratch
-        arrays of at least ``tile_elems(out.shape)`` elements each, one per ``self.registers``."""
+        arrays of at least ``tile_elems(out.shape)`` elements each, one per ``self.registers``. ``part``
+        ``(i, k)``: evaluate only the i-th of k contiguous runs of tiles (disjoint parts of the output, which
+        may run in parallel, each with its own registers)."""
         calls = []
-        for index in _tiles(out.shape, TILE_ELEMS)[0]:
+        tiles = _tiles(out.shape, TILE_ELEMS)[0]
+        i, k = part
+        for index in tiles[len(tiles) * i // k : len(tiles) * (i + 1) // k]:
             o = out[index]
             regs = [r[: o.size].reshape(o.shape) for r in registers]
             ins = [a[index] for a in inputs]
@@ -257,6 +261,15 @@ class ElementwisePlan:
             if self.root[0] != "out":
                 calls.append((_copy, (resolve(self.root),), o, {}))
         return _runner(calls)
+
+    @staticmethod
+    def tile_count(shape: tuple[int, ...]) -> int:
+        """How many tiles ``bind`` cuts the output into."""
+        cut = _tile_rows(shape, TILE_ELEMS)
+        if cut is None:
+            return 1
+        k, rows, _ = cut
+        return math.prod(shape[: k - 1]) * -(-shape[k - 1] // rows)
 
     @staticmethod
     def tile_elems(shape: tuple[int, ...]) -> int:

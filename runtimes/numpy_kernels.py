@@ -20,7 +20,7 @@ from luminal_recipes.errors import InputError
 from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
-from . import jit
+from . import cpu_threads, jit
 from .expr import ElementwisePlan
 from .kernels.context import Bind, KernelContext, Step
 from .views import Operand, in_bounds, operand, row_tiles, strided
@@ -145,16 +145,24 @@ def prepare_padded_add(ctx: KernelContext) -> Bind | None:
     def bind(out, flats, scratch):
         (dst0, src0), (dst1, src1) = [(out[parts[i][0]], strided(flats[i], parts[i][1])) for i in order]
 
+        def add(d, a, b):
+            return lambda: np.add(a, b, out=d)
+
+        # each operand's box in parts per core; 0 + x, as the padded sum has it (-0.0 comes out +0.0)
+        if tiled or first_full:
+            first = cpu_threads.parallel([add(d, s, zero) for d, s in _split_pair(dst0, src0)])
+        else:
+            first = cpu_threads.parallel([add(d, d, s) for d, s in _split_pair(dst0, src0)])
+        if tiled:
+            second = cpu_threads.parallel([add(d, s, zero) for d, s in _split_pair(dst1, src1)])
+        else:
+            second = cpu_threads.parallel([add(d, d, s) for d, s in _split_pair(dst1, src1)])
+
         def body():
-            if tiled or first_full:
-                np.add(src0, zero, out=dst0)  # 0 + x, as the padded sum has it (-0.0 comes out +0.0)
-            else:
+            if not (tiled or first_full):
                 out.fill(0)
-                np.add(dst0, src0, out=dst0)
-            if tiled:
-                np.add(src1, zero, out=dst1)
-            else:
-                np.add(dst1, src1, out=dst1)
+            first()
+            second()
 
         return body
 
@@ -279,11 +287,15 @@ def _prepare_expression(ctx: KernelContext, expr: str) -> Bind:
     ops = [operand(ctx, i) for i in range(len(ctx.inputs))]
     plan = ElementwisePlan(expr, [op.dtype for op in ops], ctx.dtype)
     n = plan.tile_elems(ctx.shape)
-    regs = [ctx.scratch.add((n,), d) for d in plan.registers]
+    # the tiles split over the cores (numpy's ufuncs release the GIL), each part with its own registers
+    parts = min(cpu_threads.THREADS, plan.tile_count(ctx.shape))
+    regs = [[ctx.scratch.add((n,), d) for d in plan.registers] for _ in range(parts)]
 
     def bind(out, flats, scratch):
         arrays = bind_all(ops, flats, scratch)
-        return with_refresh(ops, plan.bind(out, arrays, [scratch[r] for r in regs]))
+        runs = [plan.bind(out, arrays, [scratch[r] for r in part_regs], (i, parts))
+                for i, part_regs in enumerate(regs)]
+        return with_refresh(ops, cpu_threads.parallel(runs))
 
     return bind
 
@@ -317,14 +329,30 @@ def prepare_copy(ctx: KernelContext) -> Bind:
         src, dst = strided(flats[0], inner), out[box]
         zeros = [out[b] for b in _complement(box, ctx.shape)]
 
+        def copy(d, s):
+            return lambda: np.copyto(d, s)
+
+        copies = cpu_threads.parallel([copy(d, s) for d, s in _split_pair(dst, src)])
+
         def body():
             for z in zeros:
                 z.fill(0)
-            np.copyto(dst, src)
+            copies()
 
         return body
 
     return bind
+
+
+def _split_pair(dst: np.ndarray, src: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(dst, src)`` of the same shape cut along their first axis that has at least two entries into one pair of
+    views per core (disjoint parts of ``dst``), or the whole pair when it is small."""
+    axis = next((a for a, d in enumerate(dst.shape) if d >= 2), None)
+    if axis is None:
+        return [(dst, src)]
+    index = (slice(None),) * axis
+    parts = cpu_threads.split(dst.shape[axis], dst.size // dst.shape[axis])
+    return [(dst[index + (sl,)], src[index + (sl,)]) for sl in parts]
 
 
 # ---- MatMul ------------------------------------------------------------------------------------------------

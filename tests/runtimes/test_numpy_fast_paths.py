@@ -84,3 +84,37 @@ def test_attention_with_a_bf16_output(op, compare):
               (("q", q), ("k", k), ("v", v))}
     got, _ = compare(g, f.program(y=y), inputs, dtype="bf16")
     assert got["y"].dtype == ml_dtypes.bfloat16
+
+
+def test_kernels_split_over_threads_give_the_same_bits_as_one_thread(numpy_runtime, monkeypatch):
+    """Elementwise tiles, Copy/Concat boxes and the compiled row kernels (norms, softmax, attention) cut into
+    parts run on worker threads: the same bits as one thread, whatever the part count, and the reference's
+    values."""
+    from luminal_recipes.compiler import SearchOptions, compile_graph
+    from luminal_recipes.runtimes import cpu_threads, expr
+
+    g, inputs = _padded_graph()
+    x = g.input("x", (2, 6, 40))
+    g.mark_output("silu", ops.silu(x) * x)
+    g.mark_output("softmax", ops.softmax(x, -1))
+    g.mark_output("layer_norm", ops.layer_norm(x, None, None, 1e-5))
+    g.mark_output("rms_norm", ops.rms_norm(x, None, 1e-6))
+    q = x.reshape((2, 6, 4, 10)).transpose(1, 2)
+    g.mark_output("attention", ops.scaled_dot_product_attention(q, q * 0.5, q + 1.0))
+    inputs["x"] = np.random.default_rng(1).standard_normal((2, 6, 40)).astype(np.float32)
+    runtime = numpy_runtime
+    program = compile_graph(g, runtime, options=SearchOptions(use_cache=False, time_top=0)).program
+    counts = program.kernel_counts()
+    assert {"Concat", "Elementwise", "Softmax", "LayerNorm", "RMSNorm"} <= set(counts), counts
+    assert counts.get("Attention", 0) + counts.get("AttentionBlocked", 0) == 1, counts
+    want = run_reference(g, inputs)
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        monkeypatch.setattr(cpu_threads, "MIN_PART", 1)  # split even these small kernels
+        monkeypatch.setattr(expr, "TILE_ELEMS", 16)  # many tiles per Elementwise
+        results.append(runtime.run(program, inputs))
+    for name in want:
+        np.testing.assert_allclose(results[0][name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+        for other in results[1:]:
+            assert np.array_equal(other[name], results[0][name]), name
