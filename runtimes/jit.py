@@ -51,6 +51,12 @@ def _touch(module: ModuleType) -> None:
         module.softmax_rows(x, dst)
         module.rms_norm_rows(x, dst, one, one)
         module.layer_norm_rows(x, dst, one, one)
+    codes = np.zeros((2, 16), np.uint8)
+    table = np.zeros(256, np.float32)
+    module.decode_fp8_rows(codes, vec[:, None], out, table)  # per-channel or per-tensor (broadcast) scales
+    module.decode_fp8_rows(codes, np.broadcast_to(vec[:1, None], (2, 1)), out, table)
+    for packed in (codes[:, :8], codes[:, :8].copy()):  # padded (comfy) or exact rows of bytes
+        module.decode_nvfp4_rows(packed, out, out, np.zeros((256, 2), np.float32), out[:1, :1])
 
 
 def warm_up() -> None:

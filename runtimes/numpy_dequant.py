@@ -1,6 +1,9 @@
 """numpy ``DequantMatMul``: ``x @ dequant(W).T`` with W kept packed (FP8, or NVFP4 in the ModelOpt or ComfyUI
 layout).
 
+With numba (``jit``), a band is decoded by one compiled pass per row, the rows split over the cores; the numpy
+passes below remain where it is missing (same values: the same products in the same order).
+
 The weight is decoded a band of output rows at a time into a small f32 scratch (``DEQUANT_TILE`` elements) and
 each band is one BLAS product into its columns of the output, so the dense weight never exists whole. Decoding
 follows ``ops.quant`` exactly (same products in the same order, in f32):
@@ -23,6 +26,7 @@ import numpy as np
 
 from luminal_recipes.graph.dtypes import E2M1_VALUES
 
+from . import jit
 from .kernels.context import Bind, KernelContext
 from .numpy_kernels import F32, bind_all, with_refresh
 from .views import operand
@@ -114,12 +118,18 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int):
     band = _band_rows(k_in, 16, n_out)
     # byte pairs need rows contiguous along K (a direct view with unit stride, or the scratch copy)
     paired = k_in % 2 == 0 and (not w_op.direct or w_op.view.strides[-1] == 1)
-    codes = ctx.scratch.add((band, k_in // 2 if paired else k_in), np.intp)
-    table = fp8_pair_table(ctx.inputs[1].dtype) if paired else None
+    # compiled: each fp8 byte through its 256 f32 values, one pass per row (the weight read in place)
+    compiled = jit.AVAILABLE and w_op.direct
+    values = np.arange(256, dtype=np.uint8).view(ctx.inputs[1].dtype).astype(np.float32)
+    codes = None if compiled else ctx.scratch.add((band, k_in // 2 if paired else k_in), np.intp)
+    table = fp8_pair_table(ctx.inputs[1].dtype) if paired and not compiled else None
 
     def decode(arrays, scratch, n0, n1, w):
         wq, s = arrays
         s_band = s[n0:n1] if per_channel else s
+        if compiled:  # one pass per row through the 256 values, the rows split over the cores
+            scale = s_band if per_channel else np.broadcast_to(s, (n1 - n0, 1))
+            return jit.by_rows(jit.kernels().decode_fp8_rows, [wq[n0:n1].view(np.uint8), scale, w], values)
         idx = scratch[codes][: n1 - n0]
         if paired:
             raw = wq[n0:n1].view(np.uint8).view(np.uint16)
@@ -159,8 +169,11 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
     s2_op = operand(ctx, 3, dtype=F32, shape=(1, 1))
     multiple = 128 if layout == "comfy" else 16
     band = _band_rows(k_in, multiple, n_out)
-    codes = ctx.scratch.add((band, k_in // 2), np.intp)  # np.take wants intp indices: convert in the plan
     table = byte_table(layout)
+    value_pairs = table.view(np.float32).reshape(256, 2)  # the same table as two f32 per byte
+    compiled = jit.AVAILABLE and w_op.direct
+    # np.take wants intp indices: converted in planned memory
+    codes = None if compiled else ctx.scratch.add((band, k_in // 2), np.intp)
     if layout == "modelopt":
         s_op = operand(ctx, 2)
         scales = ctx.scratch.add((band, blocks), F32)
@@ -172,7 +185,7 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
     def decode(arrays, scratch, n0, n1, w):
         packed, s, s2 = arrays
         r = n1 - n0
-        idx = scratch[codes][:r]
+        idx = None if codes is None else scratch[codes][:r]
         pairs = w.view(np.uint64)  # (r, K/2) words, each the two f32 values of one byte
         w3 = w.reshape(r, blocks, NVFP4_BLOCK)
         sb = scratch[scales]
@@ -183,6 +196,15 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
             tiles = s.transpose(0, 3, 2, 1, 4)[n0 // 128 : -(-n1 // 128)]
             src, dst = tiles, sb[: tiles.shape[0] * 128].reshape(tiles.shape)
         s_band = sb[:r, :blocks, None]
+        if compiled:  # untile/cast the scales (1/16 of the data), then one pass per row on every core
+            rows = jit.by_rows(jit.kernels().decode_nvfp4_rows, [packed[n0:n1, : k_in // 2], sb[:r], w],
+                               value_pairs, s2)
+
+            def run_compiled():
+                np.copyto(dst, src, casting="unsafe")
+                rows()
+
+            return run_compiled
 
         def run():
             np.copyto(idx, packed[n0:n1, : k_in // 2], casting="unsafe")

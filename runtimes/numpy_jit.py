@@ -203,3 +203,26 @@ def layer_norm_rows(x, out, inv_n, eps):
         r = one / np.sqrt(row_sum_sq(row, mean) * inv_n + eps)
         for j in range(row.size):
             dst[j] = (row[j] - mean) * r
+
+
+@_rows
+def decode_fp8_rows(codes, scale, out, table):
+    """``out[i, j] = table[codes[i, j]] * scale[i, 0]`` (fp8 bytes to f32 through their 256 values)."""
+    for i in range(codes.shape[0]):
+        row, dst, s = codes[i], out[i], scale[i, 0]
+        for j in range(row.size):
+            dst[j] = table[row[j]] * s
+
+
+@_rows
+def decode_nvfp4_rows(packed, scales, out, pairs, scale_2):
+    """``out[i, 2j + e] = (pairs[packed[i, j], e] * scales[i, j // 8]) * scale_2[0, 0]`` (a byte is two E2M1
+    codes in element order; one scale per 16 elements; ``scale_2`` is read when called: a weight)."""
+    s2 = scale_2[0, 0]
+    for i in range(packed.shape[0]):
+        row, srow, dst = packed[i], scales[i], out[i]
+        for j in range(row.size):
+            b = row[j]
+            s = srow[j >> 3]
+            dst[2 * j] = (pairs[b, 0] * s) * s2
+            dst[2 * j + 1] = (pairs[b, 1] * s) * s2
