@@ -78,14 +78,18 @@ def _openblas(function: str):
 
 
 def blas_threads(wanted: int | None = None) -> int:
-    """Set numpy's BLAS threads to ``wanted`` (if given) and return the count it uses (the CPU count when
-    OpenBLAS cannot be asked)."""
+    """Set numpy's BLAS threads and our kernels' (``runtimes.cpu_threads``) to ``wanted`` (if given) and return
+    the count BLAS uses (the CPU count when OpenBLAS cannot be asked)."""
     if wanted is not None:
         setter = _openblas("set_num_threads")
         if setter is None:
             raise SystemExit("--threads: cannot set the BLAS thread count of this numpy build; set "
                              "OPENBLAS_NUM_THREADS / OMP_NUM_THREADS instead")
         setter(int(wanted))
+        from luminal_recipes.runtimes import cpu_threads
+
+        os.environ["LUMINAL_RECIPES_THREADS"] = str(int(wanted))  # child processes too
+        cpu_threads.THREADS = int(wanted)
     getter = _openblas("get_num_threads")
     return int(getter()) if getter is not None else os.cpu_count() or 1
 

@@ -26,8 +26,10 @@ def _cpu_count() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-THREADS = _cpu_count()
-MIN_PART = 1 << 14  # elements below which a part is not worth a thread hand-off (~20 us)
+# LUMINAL_RECIPES_THREADS=N caps the parts (1: every kernel on the calling thread, BLAS keeps its own threads)
+THREADS = max(1, int(os.environ.get("LUMINAL_RECIPES_THREADS", "0") or 0)) if os.environ.get(
+    "LUMINAL_RECIPES_THREADS") else _cpu_count()
+MIN_PART = 1 << 16  # elements per part at least: smaller parts are not worth a thread hand-off (20-50 us)
 
 
 class _Pool:
@@ -72,6 +74,15 @@ class _Pool:
 
 _POOL: _Pool | None = None
 _POOL_LOCK = threading.Lock()
+
+
+def _forget_pool() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()  # a forked child has none of the parent's worker threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def run_parts(parts: Sequence[Part]) -> None:

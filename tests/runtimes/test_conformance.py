@@ -263,6 +263,20 @@ def test_kernel_matches_the_reference(kernel, seed, runtime, assert_close):
         assert np.array_equal(got, want), kernel
 
 
+COMPILED = ("Softmax", "LayerNorm", "RMSNorm", "Attention", "AttentionBlocked", "DequantMatMul")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("kernel", COMPILED)
+def test_numpy_passes_without_numba_match_the_reference(kernel, seed, numpy_runtime, assert_close, monkeypatch):
+    """The kernels numba compiles when installed (runtimes/numpy_jit.py) keep numpy passes without it (or with
+    LUMINAL_RECIPES_JIT=0): those too give the reference's values."""
+    from luminal_recipes.runtimes import jit
+
+    monkeypatch.setattr(jit, "AVAILABLE", False)
+    test_kernel_matches_the_reference(kernel, seed, numpy_runtime, assert_close)
+
+
 def test_cases_draw_every_view_and_dtype():
     """The seeds above exercise each view kind and several dtypes (so the suite is not accidentally narrow)."""
     seen_views, seen_dtypes = set(), set()

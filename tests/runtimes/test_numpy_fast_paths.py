@@ -86,12 +86,17 @@ def test_attention_with_a_bf16_output(op, compare):
     assert got["y"].dtype == ml_dtypes.bfloat16
 
 
-def test_kernels_split_over_threads_give_the_same_bits_as_one_thread(numpy_runtime, monkeypatch):
-    """Elementwise tiles, Copy/Concat boxes and the compiled row kernels (norms, softmax, attention) cut into
-    parts run on worker threads: the same bits as one thread, whatever the part count, and the reference's
-    values."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+def test_kernels_split_over_threads_give_the_same_bits_as_one_thread(compiled, numpy_runtime, monkeypatch):
+    """Elementwise tiles, Copy/Concat boxes and the row kernels (norms, softmax, attention; compiled by numba or
+    numpy's passes) cut into parts run on worker threads: the same bits as one thread, whatever the part count,
+    and the reference's values."""
     from luminal_recipes.compiler import SearchOptions, compile_graph
-    from luminal_recipes.runtimes import cpu_threads, expr
+    from luminal_recipes.runtimes import cpu_threads, expr, jit
+
+    if compiled and not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    monkeypatch.setattr(jit, "AVAILABLE", compiled)
 
     g, inputs = _padded_graph()
     x = g.input("x", (2, 6, 40))
