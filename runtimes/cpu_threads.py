@@ -5,8 +5,10 @@ One pool per process of daemon workers, one fewer than the most parts asked for 
 itself; kernels cut their work into at most ``THREADS`` parts), started on first use. Plain threads rather than
 numba's threading layers: GNU OpenMP's workers spin after each parallel region and starve OpenBLAS' threads on a
 machine with as many cores as threads (a 10x slowdown of every BLAS call measured here), and numba's workqueue
-layer aborts the process on concurrent launches. A part's work is fixed (rows or tiles assigned at bind time), so
-results never depend on the schedule. Calls from several threads at once are serialised.
+layer aborts the process on concurrent launches. A part not yet started by its worker when the caller has finished
+its own is run by the caller (on a loaded machine a worker may wait milliseconds for a core). A part's work is
+fixed (rows or tiles assigned at bind time), so results never depend on the schedule. Calls from several threads
+at once are serialised.
 """
 
 from __future__ import annotations
@@ -32,10 +34,37 @@ THREADS = max(1, int(os.environ.get("LUMINAL_RECIPES_THREADS", "0") or 0)) if os
 MIN_PART = 1 << 16  # elements per part at least: smaller parts are not worth a thread hand-off (20-50 us)
 
 
+class _Task:
+    """One part handed to a worker: whoever claims it first runs it (the worker, or the caller once its own part
+    is done), so a worker the OS has not scheduled yet never holds the caller up."""
+
+    __slots__ = ("part", "claim", "finished", "error")
+
+    def __init__(self, part: Part):
+        self.part = part
+        self.claim = threading.Lock()
+        self.finished = threading.Lock()
+        self.finished.acquire()  # released when the part has run
+        self.error: BaseException | None = None
+
+    def try_run(self) -> None:
+        if not self.claim.acquire(blocking=False):
+            return  # claimed by another thread
+        try:
+            self.part()
+        except BaseException as exc:  # handed to the caller, which raises it
+            self.error = exc
+        finally:
+            self.finished.release()
+
+    def wait(self) -> None:
+        self.finished.acquire()
+        self.finished.release()
+
+
 class _Pool:
     def __init__(self):
         self.lock = threading.Lock()
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.inboxes: list[queue.SimpleQueue] = []
 
     def _grow(self, workers: int) -> None:
@@ -45,29 +74,27 @@ class _Pool:
             threading.Thread(target=self._work, args=(inbox,), name=name, daemon=True).start()
             self.inboxes.append(inbox)
 
-    def _work(self, inbox: queue.SimpleQueue) -> None:
+    @staticmethod
+    def _work(inbox: queue.SimpleQueue) -> None:
         while True:
-            part = inbox.get()
-            try:
-                part()
-            except BaseException as exc:  # handed to the caller, which raises it
-                self.done.put(exc)
-            else:
-                self.done.put(None)
+            inbox.get().try_run()
 
     def run(self, parts: Sequence[Part]) -> None:
         with self.lock:
             self._grow(len(parts) - 1)
-            for inbox, part in zip(self.inboxes, parts[1:]):
-                inbox.put(part)
+            tasks = [_Task(part) for part in parts[1:]]
+            for inbox, task in zip(self.inboxes, tasks):
+                inbox.put(task)
             error = None
             try:
                 parts[0]()
             except BaseException as exc:
                 error = exc
-            for _ in parts[1:]:
-                got = self.done.get()
-                error = error or got
+            for task in reversed(tasks):  # the parts no worker has started yet, run here
+                task.try_run()
+            for task in tasks:
+                task.wait()
+                error = error or task.error
             if error is not None:
                 raise error
 

@@ -25,10 +25,11 @@ from numba.extending import intrinsic
 F = np.float32
 EXP_LOW = F(-87.33654)  # below this e^x is not a normal f32
 
-# only FMA contraction: infinities and NaNs keep their IEEE meaning (masked scores are -inf)
+# only FMA contraction: infinities and NaNs keep their IEEE meaning (masked scores are -inf); division by zero
+# gives inf/NaN as in numpy (numba's default raises ZeroDivisionError, e.g. for a fully masked softmax row)
 _FAST = {"contract"}
-_rows = numba.njit(fastmath=_FAST, cache=True, nogil=True)
-_inline = numba.njit(fastmath=_FAST, cache=True, inline="always")
+_rows = numba.njit(fastmath=_FAST, cache=True, nogil=True, error_model="numpy")
+_inline = numba.njit(fastmath=_FAST, cache=True, inline="always", error_model="numpy")
 
 
 @intrinsic
