@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from luminal_recipes import instrument
 from luminal_recipes.errors import BudgetError, UnboundDimError
 from luminal_recipes.graph.core import Graph
 from luminal_recipes.graph.dtypes import DType
@@ -88,11 +89,13 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     if options.use_cache:
         hit = cache.load(key)
         if hit is not None:
+            instrument.count(instrument.PLAN_CACHE_HIT)
             program, report = hit
             report = dict(report, cache="hit", seconds=time.perf_counter() - started)
             program.meta.update(report.get("chosen", {}))
             return CompiledPlan(program, report)
 
+    instrument.count(instrument.SEARCH)
     segments = split(graph)
     searched: dict[str, tuple[list[Program], dict]] = {}
     deadline = started + options.limits.time_budget_s  # one time budget for the whole search

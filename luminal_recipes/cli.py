@@ -208,7 +208,8 @@ def run(
     if not quiet:
         timing = summary["timing"]
         typer.echo(f"done in {timing['total_seconds']:.1f} s, of which compiling and planning "
-                   f"{timing['compile_seconds']:.1f} s ({100 * timing['compile_share']:.0f}%)")
+                   f"{timing['compile_seconds']:.1f} s ({100 * timing['compile_share']:.0f}%) and loading models "
+                   f"{timing['load_seconds']:.1f} s")
     if profile and not quiet:
         from .runtimes.profile import KernelProfile
 

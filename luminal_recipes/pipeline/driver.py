@@ -2,13 +2,17 @@
 
 Values live in one environment (parameters, pipeline inputs, stage outputs). A stage either runs a host step of
 a task plug-in (``run:``; the plug-ins in ``luminal_recipes/tasks/``, found by ``plugins.py``), runs a model
-(``model:``: built from its recipe and the checkpoint subfolder, compiled once, released when the stage ends),
-or loops (``loop:``) over its ``steps``; a model inside a loop is compiled once and kept until the loop ends.
-Before the first stage runs, every model stage is planned under the memory budget (``plan.py``): a budget no
-plan meets fails then, before any weight is read, and stages whose weights do not fit stream them block by
-block. Each top-level stage's resident-memory peak is measured (``peak_rss``). Stage ``inputs`` are expressions
-over the environment; ``outputs`` name where results go. The driver owns nothing numerical beyond what a recipe
-names.
+(``model:``: built from its recipe and the checkpoint subfolder, compiled once), or loops (``loop:``) over its
+``steps``. Before the first stage runs, every model stage is planned under the memory budget (``plan.py``): a
+budget no plan meets fails then, before any weight is read, and stages whose weights do not fit stream them block
+by block. What is expensive and does not depend on the inputs is made once per ``Pipeline``: each model's graph
+(built to plan, then run), its compiled program (the plan), and its loaded executable (weights bound, arena
+allocated) for as long as it is needed: a model inside a loop is loaded once for the whole loop; after its stage,
+a model is released (executable, arena and checkpoint maps; the graph and program stay) unless more runs follow
+(``run(..., keep_loaded=True)``) and every stage's plan fits the budget at once, so a second prompt builds,
+compiles and loads nothing. Each top-level stage's resident-memory peak is measured (``peak_rss``). Stage
+``inputs`` are expressions over the environment; ``outputs`` name where results go. The driver owns nothing
+numerical beyond what a recipe names.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.registry import get_runtime
 from . import peak_rss
 from .engine import ModelEngine
-from .plan import StagePlan, check_budget, plan_stages
+from .plan import StagePlan, check_budget, model_stages, plan_stages
 from .plugins import StepContext, check_steps_known, steps, tasks_of
 
 
@@ -80,7 +84,10 @@ class Pipeline:
         self._model_index: dict | None = None
         self._skipped: dict[str, str] = {}  # value -> the stage that would have made it and did not run
         self._context: StepContext | None = None
-        self._models: dict[str, BuiltModel] = {}
+        self._models: dict[str, BuiltModel] = {}  # built graphs, kept for the Pipeline's life
+        self._recipes: dict[str, LoadedRecipe] = {}  # model recipes, loaded once
+        self._checkpoints: dict = {}  # model name -> its open Checkpoint (maps dropped when the model is released)
+        self._engines: dict[str, ModelEngine] = {}  # loaded models kept between stages or runs
         self.plans: list[StagePlan] | None = None
 
     @property
@@ -180,7 +187,9 @@ class Pipeline:
         return self._inside_checkpoint(("models", name, "weights"), sub) if sub else self.checkpoint
 
     def _model_recipe(self, name: str) -> LoadedRecipe:
-        return load_recipe(self.path.parent / self.doc.models[name].recipe)
+        if name not in self._recipes:
+            self._recipes[name] = load_recipe(self.path.parent / self.doc.models[name].recipe)
+        return self._recipes[name]
 
     def _model_config(self, name: str) -> dict:
         return read_config(self._model_recipe(name), self._model_folder(name), self._checkpoint_roots) or {}
@@ -195,7 +204,8 @@ class Pipeline:
             folder = self._model_folder(name)
             sets, origins = self.model_sets(name)
             # `quantization:` on the pipeline's model entry replaces the model recipe's own block
-            self._models[name] = build_model(recipe, checkpoint=Checkpoint.open(folder),
+            self._checkpoints[name] = checkpoint = Checkpoint.open(folder)
+            self._models[name] = build_model(recipe, checkpoint=checkpoint,
                                              config=read_config(recipe, folder, self._checkpoint_roots), sets=sets,
                                              quantization=spec.quantization, set_origins=origins,
                                              compute_dtype=self.compute_dtype)
@@ -256,13 +266,16 @@ class Pipeline:
                     task.prepare(context)
             plans = plan_stages(self, self.budget_bytes, self.runtime, compile=self.compile, from_checkpoint=True,
                                 progress=self.progress, host_budget=self.host_budget_bytes)
-            self._models.clear()  # built from headers to plan; rebuilt (cheaply) by the stage that runs them
+            # the graphs built from headers to plan are the ones the stages run: kept
             check_budget(plans, self.budget_bytes)
             self.plans = plans
         return self.plans
 
     # ---- running ------------------------------------------------------------------------------------------
-    def run(self, inputs: Mapping[str, Any]) -> RunReport:
+    def run(self, inputs: Mapping[str, Any], keep_loaded: bool = False) -> RunReport:
+        """Run the stages on ``inputs``. ``keep_loaded``: more runs follow, so keep each model loaded after its
+        stage when every stage's plan fits the budget at once (else each is released after its stage, as in a
+        single run). ``release()`` drops what is kept."""
         for name, spec in self.doc.inputs.items():
             if name not in inputs and not spec.optional:
                 raise self.recipe.origin("inputs", name).error(
@@ -279,18 +292,24 @@ class Pipeline:
         env: dict[str, Any] = {name: None for name in self.doc.inputs}
         env.update(inputs)
         report = RunReport(env)
-        engines: dict[str, ModelEngine] = {}
-        for stage in self.doc.stages:
+        fit = self._fit_together()
+        for index, stage in enumerate(self.doc.stages):
             if not self.runs(stage):  # its `when:` is false: nothing to do, measure or report
-                self._stage(stage, env, engines, report)
+                self._stage(stage, env, set(), report)
                 continue
             t0 = time.perf_counter()
             measured = peak_rss.reset()
             start = peak_rss.current()
             if self.progress and stage.loop is None:
                 self.progress(stage.name, 0, 1)
-            self._stage(stage, env, engines, report)
-            self._release(engines, report, peak_rss.peak() if measured else None)
+            before = {name: engine.stats.compile_s for name, engine in self._engines.items()}
+            used: set[str] = set()
+            self._stage(stage, env, used, report)
+            # a model used again (by a later stage, or by the next run) stays loaded if all fit together
+            later = set(self.doc.models) if keep_loaded else \
+                {s.model for top in self.doc.stages[index + 1:] if self.runs(top) for s in model_stages([top])}
+            self._end_stage(used, before, report, peak_rss.peak() if measured else None,
+                            keep=later if fit else set())
             if self.progress and stage.loop is None:
                 self.progress(stage.name, 1, 1)
             report.stage_seconds[stage.name] = time.perf_counter() - t0
@@ -302,19 +321,39 @@ class Pipeline:
         """The value of the pipeline's declared output ``name`` after a run (its ``value`` expression)."""
         return self._eval(self.doc.outputs[name].value, env, f"outputs.{name}")
 
-    def _release(self, engines: dict[str, ModelEngine], report: RunReport, max_rss: int | None) -> None:
-        for name, engine in engines.items():
+    def _fit_together(self) -> bool:
+        """Whether every model stage's plan fits the budget at once (then models may stay loaded)."""
+        return self.budget_bytes is None or sum(p.planned_peak for p in self.plans or ()) <= self.budget_bytes
+
+    def _end_stage(self, used: set[str], before: Mapping[str, float], report: RunReport, max_rss: int | None,
+                   keep: set[str]) -> None:
+        """Record the figures of the models a top-level stage ran; release those not in ``keep``."""
+        for name in sorted(used):
+            engine = self._engines[name]
             if engine.stats.planned_peak is not None:
                 report.planned_peak[name] = engine.stats.planned_peak
                 report.weight_bytes[name] = engine.stats.weight_bytes or 0
-            report.compile_seconds[name] = engine.stats.compile_s
-            engine.release()
+            # this run's compiling, planning and loading: 0 for a model kept loaded from an earlier run
+            report.compile_seconds[name] = report.compile_seconds.get(name, 0.0) + \
+                engine.stats.compile_s - before.get(name, 0.0)
+            if name not in keep:
+                self._release_model(name)  # its streaming figures are final once released
             report.memory[name] = dict(engine.stats.memory(), max_rss_bytes=max_rss)
-        engines.clear()
-        self._models.clear()  # drop graphs and checkpoint maps: one model resident at a time
 
-    def _stage(self, stage: StageSpec, env: dict, engines: dict[str, ModelEngine], report: RunReport,
-               loop: str = "") -> None:
+    def _release_model(self, name: str) -> None:
+        engine = self._engines.pop(name, None)
+        if engine is not None:
+            engine.release()
+        checkpoint = self._checkpoints.get(name)
+        if checkpoint is not None:
+            checkpoint.close()  # drop its file maps: one model resident at a time (mapped again when loaded)
+
+    def release(self) -> None:
+        """Release every model kept loaded (executables, arenas, file maps); built graphs and plans stay."""
+        for name in list(self._engines):
+            self._release_model(name)
+
+    def _stage(self, stage: StageSpec, env: dict, used: set[str], report: RunReport, loop: str = "") -> None:
         where = f"stage '{stage.name}'"
         if not self.runs(stage):
             for target in [*stage.outputs.values(), *_written(stage.steps)]:
@@ -329,7 +368,7 @@ class Pipeline:
                 env[stage.loop.var] = item
                 t0 = time.perf_counter()
                 for sub in stage.steps:
-                    self._stage(sub, env, engines, report, f"{loop}{stage.name} iteration {k + 1} of {total}, ")
+                    self._stage(sub, env, used, report, f"{loop}{stage.name} iteration {k + 1} of {total}, ")
                 report.step_seconds.append(time.perf_counter() - t0)
                 if self.progress:
                     self.progress(stage.name, k + 1, total)
@@ -344,15 +383,16 @@ class Pipeline:
         else:
             if stage.model not in self.doc.models:
                 raise PipelineError(f"{self.path}: {where}: unknown model '{stage.model}'")
-            if stage.model not in engines:
+            if stage.model not in self._engines:
                 plans = [p for p in self.plans or () if p.model == stage.model]
-                engines[stage.model] = ModelEngine(self.model(stage.model), self.runtime,
-                                                   budget_bytes=self.budget_bytes, compile=self.compile, plans=plans,
-                                                   host_budget_bytes=self.host_budget_bytes)
+                self._engines[stage.model] = ModelEngine(self.model(stage.model), self.runtime,
+                                                         budget_bytes=self.budget_bytes, compile=self.compile,
+                                                         plans=plans, host_budget_bytes=self.host_budget_bytes)
+            used.add(stage.model)
             arrays = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
                       for k, v in args.items()}
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below, by stage
-                result = engines[stage.model](arrays)
+                result = self._engines[stage.model](arrays)
         for key, target in stage.outputs.items():
             if key not in result:
                 raise PipelineError(f"{self.path}: {where}: the step has no output '{key}' "

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import instrument
 from ..errors import InputError
 from ..graph.symbolic import Expr, evaluate, free_symbols, shape_str
 from ..recipe.builder import BuiltModel
@@ -173,6 +174,7 @@ class ModelEngine:
             check_budget([plan], self.budget_bytes)  # before a single weight is read
             extra = {"stream": plan.stream, "staging_bytes": self.host_budget_bytes} if plan.streamed else {}
             exe = self.runtime.load(plan.program, self._weights(), target, **extra)
+            instrument.count(instrument.LOAD)
             self.stats.compile_s += time.perf_counter() - t0
             self.stats.loads += 1
             self.stats.plan = plan

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import instrument
 from ..errors import CheckpointError, LuminalError, RecipeError
 from ..files import MAX_JSON_BYTES, read_regular_text
 from ..graph import DType, Graph, Tensor, to_dtype
@@ -197,6 +198,7 @@ def build_model(
     # a config.json asking for something the recipe does not implement is refused before anything is built
     check_config(recipe, config, config_file or config_display(recipe, getattr(checkpoint, "root", None)))
     params = resolve_params(recipe, config, sets, set_origins)
+    instrument.count(instrument.GRAPH_BUILD)
     try:
         return _build(recipe, checkpoint, params, ops)
     except LuminalError as exc:  # an error located in the recipe may come from a value the user set: say so
