@@ -5,7 +5,10 @@ the segment into an e-graph, saturates it under bounds, and extracts several can
 by the analytic cost model, the naive primitive program, and cost-aware random variants (seeded). Candidate
 ``i`` of the whole graph takes candidate ``i`` of every segment. Candidates whose planned peak memory exceeds
 the budget are dropped before anything runs; the rest are ranked by estimated cost, and the best few are timed
-on the runtime when a run is small enough to measure. The fastest wins. The result is cached on disk, keyed on
+on the runtime when a run is small enough to measure. The fastest wins. The search has a time budget
+(``Limits.time_budget_s``, checked between rewrite rounds): past it, segments not yet rewritten keep their
+primitive programs, candidates are not timed, and the best program found so far is returned with a warning and
+``report["time_limited"]``. The result is cached on disk, keyed on
 the graph, the dims (a size bucket's), the runtime and device, the package versions, and the hashes of the rule
 texts, the kernel registry and the kernel implementations (``fingerprint.py``).
 """
@@ -13,6 +16,7 @@ texts, the kernel registry and the kernel implementations (``fingerprint.py``).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
@@ -101,6 +105,7 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     deadline = started + options.limits.time_budget_s  # one time budget for the whole search
     for seg in segments:
         if seg.key not in searched:
+            # past the deadline a segment is not rewritten at all: its candidates are its primitive programs
             left = replace(options.limits, time_budget_s=max(0.0, deadline - time.perf_counter()))
             searched[seg.key] = search_segment(seg, kernels.__contains__, dims, replace(options, limits=left))
     count = max(len(progs) for progs, _ in searched.values()) if searched else 1
@@ -130,10 +135,12 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
         )
     fitting.sort(key=lambda pr: pr[1]["cost_s"])
     chosen, how = fitting[0], "cost model"
-    timed = _time_candidates(runtime, graph, fitting, dims, inputs, weights, options)
+    timed = [] if time.perf_counter() >= deadline else \
+        _time_candidates(runtime, graph, fitting, dims, inputs, weights, options)
     if timed:
         chosen, how = min(timed, key=lambda pr: pr[1]["measured_s"]), "measured"
     program, row = chosen
+    cut = [r["segment"] for _, r in searched.values() if r["saturation"]["stop_reason"] == "time_limit"]
     report = {
         "cache": "miss",
         "seconds": time.perf_counter() - started,
@@ -144,8 +151,16 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
         "candidates": rows,
         "chosen": dict(row, selected_by=how),
         "budget_bytes": budget_bytes,
+        # the search ran past its time budget: the program is the best found by then, and the report says so
+        "time_limited": bool(cut),
     }
     program.meta.update(report["chosen"])
+    if cut:
+        warnings.warn(
+            f"the compiler's search stopped at its time budget of {options.limits.time_budget_s:g} s "
+            f"({len(cut)} of {len(searched)} distinct segments not fully rewritten, e.g. {cut[0]}); using the best "
+            f"program found so far. It is cached like any plan; `luminal-recipe cache clear` "
+            f"searches again.", stacklevel=2)
     if options.use_cache:
         cache.store(key, program, report)
     return CompiledPlan(program, report)

@@ -145,3 +145,54 @@ def test_symbolic_dims_need_values(runtime):
     # chosen by the cost model: which candidate a timed run picks depends on machine load
     plan = compile_graph(g, runtime, {"s": 3}, options=SearchOptions(time_top=0))
     assert plan.program.kernel_counts()["Softmax"] == 1
+
+
+def two_blocks() -> Graph:
+    """Two distinct repeated blocks (different widths), so a search has two segments to rewrite in turn."""
+    g = Graph()
+    x = g.input("x", (4, 16))
+    with g.block("wide.0"):
+        x = ops.rms_norm(ops.linear(x, g.weight("w0", (16, 16))), g.weight("n0", (16,)))
+    with g.block("narrow.0"):
+        y = ops.softmax(ops.linear(x, g.weight("w1", (8, 16))), -1)
+    g.mark_output("y", y)
+    return g
+
+
+def test_a_search_over_its_time_budget_returns_the_best_so_far_and_says_so(runtime, assert_close, monkeypatch):
+    import types
+
+    import luminal_recipes.compiler.search as search
+
+    # a clock that jumps past the budget once block wide.0 is searched: it (and the glue before it) is rewritten,
+    # block narrow.0 is not (deterministic, whatever the machine's load)
+    jumped = [0.0]
+    clock = search.time
+    real = search.search_segment
+
+    def first_then_late(seg, *args, **kwargs):
+        out = real(seg, *args, **kwargs)
+        if seg.name == "wide.0":
+            jumped[0] = 1e6
+        return out
+
+    monkeypatch.setattr(search, "time", types.SimpleNamespace(perf_counter=lambda: clock.perf_counter() + jumped[0]))
+    monkeypatch.setattr(search, "search_segment", first_then_late)
+    g = two_blocks()
+    with pytest.warns(UserWarning, match=r"stopped at its time budget of 30 s \(1 of 3 distinct segments not "
+                                         r"fully rewritten, e\.g\. narrow\.0\); using the best program found"):
+        plan = compile_graph(g, runtime, options=SearchOptions(limits=Limits(time_budget_s=30), use_cache=False))
+    report = plan.report
+    assert report["time_limited"] and report["stop_reasons"] == ["saturated", "time_limit"]
+    stops = {r["segment"]: r["saturation"] for r in report["search"].values()}
+    assert stops["wide.0"]["stop_reason"] == "saturated" and stops["narrow.0"]["iterations"] == 0
+    assert "measured_s" not in report["chosen"]  # past the budget nothing is timed
+    # the best so far: the first block's rewrites (MatMul, RMSNorm), the second block's primitives, all valid
+    assert {"MatMul", "RMSNorm"} <= kernels(plan.program) and "Softmax" not in kernels(plan.program)
+    check_program(g, plan.program, runtime, assert_close)
+
+
+def test_a_search_within_its_time_budget_says_nothing(runtime, recwarn):
+    plan = compile_graph(two_blocks(), runtime, options=SearchOptions(use_cache=False, time_top=0))
+    assert not plan.report["time_limited"] and plan.report["stop_reasons"] == ["saturated"]
+    assert not [w for w in recwarn if "time budget" in str(w.message)]
