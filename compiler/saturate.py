@@ -6,12 +6,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-
-import egglog.bindings as eb
+from typing import TYPE_CHECKING
 
 from .rules import program_text
 
-SPAN = eb.RustSpan(__file__, 0, 0)
+if TYPE_CHECKING:
+    import egglog.bindings as eb
+
+# egglog (and what it imports) is loaded on first use: a run whose plans come from the plan cache never needs it
 # one iteration: layout facts to a fixpoint, then one round of rewrites
 _ITERATION = "(run-schedule (seq (saturate (run layout)) (run rewrite)))"
 
@@ -32,7 +34,15 @@ class SaturationReport:
     matches: dict[str, int] = field(default_factory=dict)
 
 
+def _span():
+    import egglog.bindings as eb
+
+    return eb.RustSpan(__file__, 0, 0)
+
+
 def new_egraph(families=None) -> eb.EGraph:
+    import egglog.bindings as eb
+
     egraph = eb.EGraph()
     egraph.run_program(*egraph.parse_program(program_text(families)))
     return egraph
@@ -45,6 +55,8 @@ _BASES: dict[tuple, eb.EGraph] = {}
 def scratch_egraph(families=None) -> Iterator[eb.EGraph]:
     """An e-graph with the rules loaded. What is added inside the ``with`` is dropped afterwards (push/pop),
     so the rules are parsed once per process, not once per segment."""
+    import egglog.bindings as eb
+
     key = program_text(families)  # an edited rule file is a new base
     egraph = _BASES.get(key)
     if egraph is None:
@@ -53,11 +65,13 @@ def scratch_egraph(families=None) -> Iterator[eb.EGraph]:
     try:
         yield egraph
     finally:
-        egraph.run_program(eb.Pop(SPAN, 1))
+        egraph.run_program(eb.Pop(_span(), 1))
 
 
 def enode_count(egraph: eb.EGraph) -> int:
-    (sizes,) = egraph.run_program(eb.PrintSize(SPAN, None))
+    import egglog.bindings as eb
+
+    (sizes,) = egraph.run_program(eb.PrintSize(_span(), None))
     return sum(n for _, n in sizes.sizes)
 
 

@@ -31,11 +31,9 @@ from luminal_recipes.runtimes.program import Program
 
 from . import cache
 from .cost import CPU, Machine, bind, numel, program_cost
-from .extract import PRIMITIVE_KERNELS, Snapshot, choose, local_costs, noisy, signature, to_program
 from .fingerprint import plan_fingerprints
-from .lower import lower
 from .rules import FAMILIES
-from .saturate import Limits, saturate, scratch_egraph
+from .saturate import Limits
 from .segments import Segment, assemble, split
 
 
@@ -44,9 +42,10 @@ class SearchOptions:
     seed: int = 0
     candidates: int = 6               # programs extracted per segment: cheapest, naive, then random variants
     noise: float = 1.5                # spread of the random variants' cost noise (log scale)
-    time_top: int = 3                 # how many of the cheapest fitting candidates are timed
+    time_top: int = 2                 # how many of the cheapest fitting candidates are timed
     time_within: float = 1.5          # ...among those the cost model puts within this factor of the cheapest
-    timing_repeats: int = 2
+    timing_repeats: int = 1           # timed runs per candidate, after one warm-up run (whole-program runs
+                                      # dominate a cold compile: 3 x 3 runs were 65% of the tiny pipeline's)
     max_timing_bytes: int = 512 << 20  # time candidates only when a run touches less than this
     timing_budget_s: float = 10.0      # stop timing further candidates once this much time went into it
     limits: Limits = field(default_factory=Limits)
@@ -100,6 +99,8 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
             return CompiledPlan(program, report)
 
     instrument.count(instrument.SEARCH)
+    from .extract import signature  # (the search's modules load egglog: imported only when searching)
+
     segments = split(graph)
     searched: dict[str, tuple[list[Program], dict]] = {}
     deadline = started + options.limits.time_budget_s  # one time budget for the whole search
@@ -169,6 +170,10 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
 def search_segment(seg: Segment, allowed, dims: Mapping[str, int],
                    options: SearchOptions) -> tuple[list[Program], dict]:
     """Candidate programs for one standalone segment graph, and what the search did."""
+    from .extract import PRIMITIVE_KERNELS, Snapshot, choose, local_costs, noisy, signature, to_program
+    from .lower import lower
+    from .saturate import saturate, scratch_egraph
+
     started = time.perf_counter()
     with scratch_egraph(options.families) as egraph:
         lower(seg.graph, egraph, uses=seg.uses)
