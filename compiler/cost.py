@@ -42,7 +42,22 @@ def node_seconds(node: Node, dtype_of, dims: Mapping[str, int], machine: Machine
     return kernel_work(node.op, node.shape, node.dtype, inputs, dict(node.attrs), dims).seconds(machine)
 
 
-def program_cost(program, dims: Mapping[str, int], machine: Machine = CPU) -> float:
-    """Estimated seconds of one run of a Program (every kernel once)."""
+def program_cost(program, dims: Mapping[str, int], machine: Machine = CPU, memo: dict | None = None) -> float:
+    """Estimated seconds of one run of a Program (every kernel once). ``memo`` (a dict shared by the calls of one
+    search, for the same dims and machine) keeps each distinct kernel call's cost: a model's repeated blocks and
+    the candidates of one graph repeat most of them."""
+    memo = {} if memo is None else memo
     dtypes = {n.id: n.dtype for n in program.nodes}
-    return sum(node_seconds(n, dtypes.__getitem__, dims, machine) for n in program.nodes)
+    total = 0.0
+    for n in program.nodes:
+        key = (n.op, n.shape, n.dtype, n.attrs, tuple((view, dtypes[src]) for src, view in n.inputs))
+        try:
+            seconds = memo.get(key)
+        except TypeError:  # an unhashable attribute: costed each time
+            seconds, key = None, None
+        if seconds is None:
+            seconds = node_seconds(n, dtypes.__getitem__, dims, machine)
+            if key is not None:
+                memo[key] = seconds
+        total += seconds
+    return total

@@ -11,6 +11,7 @@ come from the kernel registry (``runtimes.kernels``: constructor -> spec).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable, Mapping
@@ -359,5 +360,11 @@ def _reads_whole(view: View, shape) -> bool:
 
 def signature(program: Program) -> tuple:
     """Identity of a program's computation (to drop duplicate candidates)."""
-    return (tuple((n.op, tuple((s, str(v)) for s, v in n.inputs), n.attrs) for n in program.nodes),
-            tuple((k, i, str(v)) for k, (i, v) in program.outputs.items()))
+    return (tuple((n.op, tuple((s, _text(v)) for s, v in n.inputs), n.attrs) for n in program.nodes),
+            tuple((k, i, _text(v)) for k, (i, v) in program.outputs.items()))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _text(view: View) -> str:
+    """A view's text (how signatures compare views), kept: the candidates of one graph share most views."""
+    return str(view)

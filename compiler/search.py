@@ -122,7 +122,8 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
         program.meta["candidate"] = i
         candidates.append(program)
 
-    rows = [_assess(runtime, p, dims, options.machine) for p in candidates]
+    costs: dict = {}  # kernel call -> estimated seconds, shared by the candidates
+    rows = [_assess(runtime, p, dims, options.machine, costs) for p in candidates]
     fitting = [(p, r) for p, r in zip(candidates, rows) if budget_bytes is None or r["peak"] is None
                or r["peak"] <= budget_bytes]
     if not fitting:
@@ -210,9 +211,9 @@ def search_segment(seg: Segment, allowed, dims: Mapping[str, int],
     return programs, report
 
 
-def _assess(runtime, program: Program, dims, machine: Machine) -> dict:
+def _assess(runtime, program: Program, dims, machine: Machine, costs: dict | None = None) -> dict:
     row = {"candidate": program.meta.get("candidate"), "kernels": program.kernel_counts(),
-           "cost_s": program_cost(program, dims, machine), "peak": None, "weight_bytes": None,
+           "cost_s": program_cost(program, dims, machine, costs), "peak": None, "weight_bytes": None,
            "activation_peak": None}
     plan = _plan_memory(runtime, program, dims)
     if plan is not None:
