@@ -48,7 +48,8 @@ def test_a_second_prompt_builds_compiles_and_loads_nothing(tmp_path, monkeypatch
     assert counted.get(instrument.GRAPH_BUILD) == len(MODELS)
     assert counted.get(instrument.LOAD) == len(MODELS)
     first, second = both["runs"]
-    assert set(first["compile_seconds"]) == set(MODELS) and all(s > 0 for s in first["compile_seconds"].values())
+    # (seconds rounded to 1 ms: a tiny model's load can round to 0, so the counts above are the proof)
+    assert set(first["compile_seconds"]) == set(MODELS)
     assert second["compile_seconds"] == {name: 0.0 for name in MODELS}
     assert both["timing"]["load_seconds"] == round(sum(first["compile_seconds"].values()), 3)
     # nothing of the first prompt leaks into the second: the same image as that prompt alone
@@ -68,4 +69,4 @@ def test_models_are_released_between_prompts_when_they_do_not_fit_together(tmp_p
         {p.model: p.planned_peak for p in plans}
     assert counted.get(instrument.GRAPH_BUILD) == len(MODELS)  # graphs and programs are kept all the same
     assert counted.get(instrument.LOAD) == 2 * len(MODELS)
-    assert all(s > 0 for s in bounded["runs"][1]["compile_seconds"].values())
+    assert set(bounded["runs"][1]["compile_seconds"]) == set(MODELS)
