@@ -90,8 +90,9 @@ def read_inputs(model: BuiltModel) -> set[str]:
 
 def infer_dims(model: BuiltModel, inputs: Mapping[str, np.ndarray], needed: set[str] | None = None
                ) -> dict[str, int]:
-    """Bind each symbolic dim from the first input axis that is exactly that symbol; check every shape.
-    ``needed``: the inputs that must be given (default: every declared one); others are checked when given."""
+    """Bind each symbolic dim from the first input axis that is that symbol times a whole number (``seq``, or
+    ``16 * h`` for an image of 16 pixels per latent row); check every shape. ``needed``: the inputs that must be
+    given (default: every declared one); others are checked when given."""
     dims: dict[str, int] = {}
     for name, tensor in model.inputs.items():
         if name not in inputs and needed is not None and name not in needed:
@@ -104,9 +105,9 @@ def infer_dims(model: BuiltModel, inputs: Mapping[str, np.ndarray], needed: set[
             raise InputError(f"model '{model.name}' input '{name}' has shape {array.shape}, expected "
                              f"{shape_str(tensor.shape)}")
         for d, n in zip(tensor.shape, array.shape):
-            if isinstance(d, Expr) and len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1 \
+            if isinstance(d, Expr) and len(d.terms) == 1 and d.terms[0][1] >= 1 and len(d.terms[0][0]) == 1 \
                     and isinstance(d.terms[0][0][0], str):
-                dims.setdefault(d.terms[0][0][0], int(n))
+                dims.setdefault(d.terms[0][0][0], int(n) // d.terms[0][1])  # a remainder fails the check below
     for name, tensor in model.inputs.items():
         if name not in inputs:
             continue

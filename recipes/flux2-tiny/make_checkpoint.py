@@ -83,6 +83,7 @@ class Variant:
     rope_theta: int = 2000
     timestep_guidance_channels: int = 256
     guidance_embeds: bool = True
+    vae_use_quant_conv: bool = True
     vae_use_post_quant_conv: bool = True
     vae_mid_block_add_attention: bool = True
     # "mistral-small": FLUX.2-dev's Mistral-Small-3.2 template; "tekken-default": the template
@@ -275,6 +276,7 @@ def save_vae(folder: Path, v: Variant) -> None:
         latent_channels=32,
         norm_num_groups=v.vae_norm_num_groups,
         sample_size=128,
+        use_quant_conv=v.vae_use_quant_conv,
         use_post_quant_conv=v.vae_use_post_quant_conv,
         mid_block_add_attention=v.vae_mid_block_add_attention,
     )

@@ -8,8 +8,8 @@ Besides the shipped checkpoint (a) and its variant (b), three checkpoints are bu
 the chat template transformers' ``convert_tekken_tokenizer`` gives Tekken by itself (system prompt inside
 ``[INST]``), with a custom template (namespace, loop controls, ``tojson``, ``{% generation %}``), tapping the last
 hidden state (after the final norm) and negative indices, a sliding window, non-default RoPE theta / axes /
-timestep-guidance channels / MLP ratio, no post-quant conv or mid attention, and an untied last hidden state.
-Every VAE has random BatchNorm running statistics. These must also agree within 1e-4 in absolute terms.
+timestep-guidance channels / MLP ratio, no quant or post-quant conv or mid attention, and an untied last hidden
+state. Every VAE has random BatchNorm running statistics. These must also agree within 1e-4 in absolute terms.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ BUILT_HERE = {
     # transformer and VAE settings off FLUX.2-dev's values; an untied last hidden state (raw output of layer 4)
     "transformer-knobs": dict(SMALL, seed=13, text_tie_last_hidden_states=False, text_encoder_out_layers=(4, 2, 0),
                               rope_theta=500, axes_dims_rope=(2, 6, 4, 4), timestep_guidance_channels=64,
-                              mlp_ratio=2.5, vae_use_post_quant_conv=False, vae_mid_block_add_attention=False,
+                              mlp_ratio=2.5, vae_use_quant_conv=False, vae_use_post_quant_conv=False,
+                              vae_mid_block_add_attention=False,
                               vae_layers_per_block=2),
 }
 
@@ -177,6 +178,17 @@ def test_vae_decode_matches_diffusers(case):
         mean = vae.bn.running_mean.view(1, -1, 1, 1)
         std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
         want = vae.decode(Flux2Pipeline._unpatchify_latents(lat * std + mean), return_dict=False)[0]
+    case.check(got, want.numpy())
+
+
+def test_vae_encode_matches_diffusers(case):
+    """The VAE encoder recipe against Flux2Pipeline._encode_vae_image: the posterior's mode, patchified and
+    batch-normalised, for an image of 48x80 pixels (a 3x5 latent grid)."""
+    rng = np.random.default_rng(3)
+    image = rng.uniform(-1.0, 1.0, (1, 3, 48, 80)).astype(np.float32)
+    got = ModelEngine(case.ours.model("vae_encoder"))({"image": image})["latents"]
+    with torch.no_grad():
+        want = case.ref._encode_vae_image(torch.tensor(image), generator=None)
     case.check(got, want.numpy())
 
 

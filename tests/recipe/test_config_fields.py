@@ -95,6 +95,8 @@ REFUSED = [
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "act_fn", "relu"),
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "patch_size", [1, 1]),
     ("flux2-vae-decoder.yaml", VAE_CONFIG, "up_block_types", ["AttnUpDecoderBlock2D"] * 4),
+    ("flux2-vae-encoder.yaml", VAE_CONFIG, "act_fn", "relu"),
+    ("flux2-vae-encoder.yaml", VAE_CONFIG, "down_block_types", ["AttnDownEncoderBlock2D"] * 4),
     ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "model_type", "qwen2"),  # Qwen2 has no q/k norms, has biases
     ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "hidden_act", "gelu"),
     ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG, "rope_parameters.rope_type", "yarn"),
@@ -150,6 +152,8 @@ def test_all_refused_fields_are_reported_at_once():
     [
         ("flux2-vae-decoder.yaml", VAE_CONFIG, "use_quant_conv", False),  # encoder only: irrelevant
         ("flux2-vae-decoder.yaml", VAE_CONFIG, "sample_size", 512),
+        ("flux2-vae-encoder.yaml", VAE_CONFIG, "use_post_quant_conv", False),  # decoder only: irrelevant
+        ("flux2-vae-encoder.yaml", VAE_CONFIG, "use_quant_conv", False),  # implemented
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "text_config.tie_last_hidden_states", False),  # implemented
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "text_config.sliding_window", 4096),  # implemented
         ("mistral3-text-encoder.yaml", TEXT_CONFIG, "vision_config.hidden_act", "relu"),  # vision tower never runs
@@ -189,7 +193,8 @@ def test_unknown_fields_are_listed_by_validate_verbose(tmp_path):
 
 def test_shipped_checkpoint_has_no_unknown_fields():
     for recipe, config in [("mistral3-text-encoder.yaml", TEXT_CONFIG), ("flux2-transformer.yaml", TRANSFORMER_CONFIG),
-                           ("flux2-vae-decoder.yaml", VAE_CONFIG), ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG),
+                           ("flux2-vae-decoder.yaml", VAE_CONFIG), ("flux2-vae-encoder.yaml", VAE_CONFIG),
+                           ("qwen3-text-encoder.yaml", KLEIN_TEXT_CONFIG),
                            ("flux2-transformer.yaml", KLEIN_TRANSFORMER_CONFIG)]:
         report = config_report(load_recipe(RECIPES / recipe), config, "config.json")
         assert report.declared and report.unknown == [], (recipe, report.unknown)
@@ -219,6 +224,7 @@ def reference_fields() -> dict[str, dict]:
         "flux2-transformer.yaml": init_defaults(Flux2Transformer2DModel),
         "flux2-transformer-bfl.yaml": init_defaults(Flux2Transformer2DModel),
         "flux2-vae-decoder.yaml": init_defaults(AutoencoderKLFlux2),
+        "flux2-vae-encoder.yaml": init_defaults(AutoencoderKLFlux2),
     }
 
 

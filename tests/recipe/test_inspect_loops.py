@@ -31,7 +31,7 @@ def test_a_loop_over_a_run_time_value_says_so(tmp_path):
     base = TINY.parent / "flux2.yaml"  # flux2-tiny.yaml extends it; the loop is written there
     text = base.read_text().replace("loop: {over: steps,", "loop: {over: timesteps,")
     for name in ("mistral3-text-encoder.yaml", "flux2-transformer.yaml", "flux2-transformer-modules.yaml",
-                 "flux2-vae-decoder.yaml"):
+                 "flux2-vae-decoder.yaml", "flux2-vae-encoder.yaml"):
         (tmp_path / name).write_text((TINY.parent / name).read_text())
     shutil.copytree(TINY.parent / "lib", tmp_path / "lib")  # the module library the text encoder includes
     path = tmp_path / "flux2.yaml"

@@ -123,6 +123,7 @@ def test_a_model_recipe_with_a_local_source_is_checked_by_default(tmp_path):
     text = text.replace("source: hf://black-forest-labs/FLUX.2-dev/vae", "source: checkpoint/vae")
     recipe = tmp_path / "vae.yaml"
     recipe.write_text(text)
+    shutil.copytree(RECIPES / "lib", tmp_path / "lib")  # the modules it includes
     shutil.copytree(TINY_CHECKPOINT / "vae", tmp_path / "checkpoint" / "vae")  # a recipe's paths stay in its tree
     result = cli("validate", recipe)
     assert result.exit_code == 0, result.output
@@ -133,7 +134,7 @@ def test_a_model_recipe_with_a_local_source_is_checked_by_default(tmp_path):
 def test_a_missing_local_pipeline_checkpoint_is_a_located_error(tmp_path):
     text = (RECIPES / "flux2-tiny.yaml").read_text().replace("weights: flux2-tiny/checkpoint", "weights: nowhere")
     for name in ("flux2-tiny.yaml", "flux2.yaml", "mistral3-text-encoder.yaml", "flux2-transformer.yaml",
-                 "flux2-transformer-modules.yaml", "flux2-vae-decoder.yaml"):
+                 "flux2-transformer-modules.yaml", "flux2-vae-decoder.yaml", "flux2-vae-encoder.yaml"):
         (tmp_path / name).write_text((RECIPES / name).read_text())
     shutil.copytree(RECIPES / "lib", tmp_path / "lib")  # the module library the text encoder includes
     (tmp_path / "flux2-tiny.yaml").write_text(text)
