@@ -72,6 +72,7 @@ HOST_MEMORY_HELP = ("pinned host memory for staging streamed weights on a GPU ru
                     "the block being uploaded and the next one)")
 COMPUTE_DTYPE_HELP = ("the dtype every model computes in: f32, bf16 or f16 (default: each recipe's "
                       "weights.dtype.compute, f32 for the shipped recipes; bf16 runs tensor-core GEMMs on a GPU)")
+IMAGE_HELP = "a reference image to edit or draw from (repeatable, for the pipeline's `images` input)"
 
 
 @app.command()
@@ -87,6 +88,7 @@ def run(
     width: int | None = typer.Option(None, help="image width (multiple of 16)"),
     height: int | None = typer.Option(None, help="image height (multiple of 16)"),
     init_latents: Path | None = typer.Option(None, help="start latents .npy, shape (1, 128, H/16, W/16)"),
+    image: list[Path] = typer.Option([], "--image", help=IMAGE_HELP),
     output: Path | None = typer.Option(
         None,
         "--output",
@@ -179,7 +181,7 @@ def run(
         recipe,
         prompts,
         params={"steps": steps, "guidance": guidance, "width": width, "height": height, "seed": seed},
-        files={"init_latents": init_latents},
+        files={"init_latents": init_latents, "images": list(image) or None},
         output=output,
         weights=weights,
         sets=list(set_),
@@ -270,13 +272,15 @@ def inspect(
         "a100, l40s, rtx4090"),
     max_host_memory: str | None = typer.Option(None, "--max-host-memory", help=HOST_MEMORY_HELP),
     compute_dtype: str | None = typer.Option(None, "--compute-dtype", help=COMPUTE_DTYPE_HELP),
+    image: list[Path] = typer.Option([], "--image", help=IMAGE_HELP + "; parameters and plans follow from it"),
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
-    from .pipeline.generate import parse_size
+    from .pipeline.generate import derived_sets, parse_size
     from .pipeline.plan import inspect_memory
     from .recipe import inspect as inspect_recipe
 
-    typer.echo(inspect_recipe(recipe, weights, set_, config, parse_size(max_memory),
+    sets = derived_sets(recipe, weights, list(set_), {"images": list(image)}) if image else list(set_)
+    typer.echo(inspect_recipe(recipe, weights, sets, config, parse_size(max_memory),
                               memory_plan=partial(inspect_memory, runtime=runtime, device=device,
                                                   max_host_memory=parse_size(max_host_memory, "--max-host-memory"),
                                                   compute_dtype=compute_dtype)))

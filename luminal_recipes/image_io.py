@@ -1,13 +1,21 @@
-"""Decoded image -> PNG file: diffusers' post-processing, atomic writes with text chunks, file-name slugs.
+"""Images in and out: input images read and fitted as diffusers does; decoded images written as PNG (diffusers'
+post-processing, atomic writes with text chunks, file-name slugs).
 
-The VAE decodes to float pixels in about [-1, 1]. diffusers' ``VaeImageProcessor.postprocess`` maps them with
+Out: the VAE decodes to float pixels in about [-1, 1]. diffusers' ``VaeImageProcessor.postprocess`` maps them with
 ``(x * 0.5 + 0.5).clamp(0, 1)`` and, for PIL output, ``(x * 255).round()`` to uint8; both are reproduced here
 in float32. The PNG is written to a temporary file next to the target and moved into place (``atomic_file``),
 so a reader never sees a partial image and a failed run leaves nothing behind.
+
+In: a file is read as ``diffusers.utils.load_image`` reads it (Pillow, EXIF orientation applied, converted to
+RGB), and fitted to a model's grid as ``Flux2ImageProcessor`` does for reference images (above an area, resized
+with Lanczos to about that area; both sides floored to a multiple; center-cropped; scaled to [-1, 1]): the same
+Pillow calls in the same order, and the same float32 arithmetic, so the pixels are bit-identical.
 """
 
 from __future__ import annotations
 
+import io
+import math
 import re
 import unicodedata
 from collections.abc import Mapping
@@ -15,10 +23,63 @@ from os import PathLike
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, PngImagePlugin
+from PIL import Image, ImageOps, PngImagePlugin
 
 from luminal_recipes.errors import PipelineError
+from luminal_recipes.files import read_regular
 from luminal_recipes.pipeline.atomic_file import atomic_write
+
+MAX_IMAGE_FILE_BYTES = 512 << 20  # a compressed picture; larger is not an input image
+
+
+def load_image(path: str | PathLike, flag: str = "--image") -> np.ndarray:
+    """``(H, W, 3)`` uint8 RGB pixels of an image file, as ``diffusers.utils.load_image`` gives them (Pillow's
+    decoder, ``ImageOps.exif_transpose``, ``convert("RGB")``). PipelineError naming ``flag`` and the file when it
+    cannot be read as an image (missing, not a regular file, not a format Pillow decodes, truncated, a
+    decompression bomb)."""
+    path = Path(path)
+    try:
+        data = read_regular(path, f"{flag} image", MAX_IMAGE_FILE_BYTES, PipelineError)
+    except FileNotFoundError:
+        raise PipelineError(f"{flag} {path}: file not found.") from None
+    except OSError as exc:
+        raise PipelineError(f"{flag} {path}: cannot read it ({exc.strerror or exc}).") from None
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            image = ImageOps.exif_transpose(opened).convert("RGB")
+    except Image.UnidentifiedImageError:
+        raise PipelineError(f"{flag} {path}: not an image Pillow can read; give a PNG, JPEG, WebP or another "
+                            f"format Pillow reads.") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise PipelineError(f"{flag} {path}: cannot read it as an image ({exc}).") from None
+    return np.asarray(image)
+
+
+def fitted_size(width: int, height: int, max_area: int, multiple: int) -> tuple[int, int]:
+    """``(width, height)`` of an image of that size after ``fit_image``."""
+    if width * height > max_area:
+        scale = math.sqrt(max_area / (width * height))
+        width, height = int(width * scale), int(height * scale)
+    return (width // multiple) * multiple, (height // multiple) * multiple
+
+
+def fit_image(pixels: np.ndarray, max_area: int, multiple: int) -> np.ndarray:
+    """``(H, W, 3)`` uint8 RGB -> ``(1, 3, h, w)`` float32 in [-1, 1], as Flux2Pipeline prepares a reference image:
+    above ``max_area`` pixels resized with Lanczos to ``int(W * s) x int(H * s)``, ``s = sqrt(max_area / (W * H))``
+    (``Flux2ImageProcessor._resize_to_target_area``); both sides floored to a multiple of ``multiple``;
+    center-cropped to that (``Flux2ImageProcessor._resize_and_crop`` via ``preprocess(resize_mode="crop")``);
+    ``x / 255`` in float32, then ``2 x - 1`` (``pil_to_numpy``, ``normalize``)."""
+    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB")
+    width, height = image.size
+    if width * height > max_area:
+        scale = math.sqrt(max_area / (width * height))
+        image = image.resize((int(width * scale), int(height * scale)), Image.Resampling.LANCZOS)
+        width, height = image.size
+    crop_w, crop_h = (width // multiple) * multiple, (height // multiple) * multiple
+    left, top = (width - crop_w) // 2, (height - crop_h) // 2
+    image = image.crop((left, top, left + crop_w, top + crop_h)).convert("RGB")
+    unit = np.array(image).astype(np.float32) / 255.0
+    return np.ascontiguousarray((2.0 * unit - 1.0).transpose(2, 0, 1)[None])
 
 _SLUG_MAX_CHARS = 48
 

@@ -18,6 +18,7 @@ numerical beyond what a recipe names.
 from __future__ import annotations
 
 import ast
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ class Pipeline:
         self.path = Path(path)
         # set_sources: how a value was given when not by --set (e.g. {"steps": "--steps 4"}), for messages
         check_steps_known(self.recipe)  # every `run:` names a step of a task plug-in
+        self._sets, self._set_sources = sets, dict(set_sources or {})
         self._resolver = ParamResolver(self.recipe.params, None, sets, override_origins=set_sources)
         self.resolved = self._resolver.resolve_all()
         self.params = self.resolved.values
@@ -89,6 +91,34 @@ class Pipeline:
         self._checkpoints: dict = {}  # model name -> its open Checkpoint (maps dropped when the model is released)
         self._engines: dict[str, ModelEngine] = {}  # loaded models kept between stages or runs
         self.plans: list[StagePlan] | None = None
+
+    def derive(self, values: Mapping[str, tuple[Any, str]]) -> None:
+        """Resolve the parameters again with ``values`` (parameter -> (value, where it came from), a task
+        plug-in's ``DERIVE``) set beside what the user set; before any plan is made."""
+        if not values:
+            return
+        if self.plans is not None:
+            raise PipelineError("parameters cannot be derived from the inputs after the stages were planned")
+        clash = sorted(set(values) & set(self._resolver.overrides))
+        if clash:
+            raise PipelineError(f"{values[clash[0]][1]} sets parameter '{clash[0]}', which "
+                                f"{self._resolver.set_by[clash[0]]} sets too; give it once")
+        if isinstance(self._sets, Mapping):
+            sets: Any = {**self._sets, **{name: value for name, (value, _) in values.items()}}
+        else:
+            sets = [*self._sets, *(f"{name}={json.dumps(value)}" for name, (value, _) in values.items())]
+        sources = {**self._set_sources, **{name: origin for name, (_, origin) in values.items()}}
+        self._sets, self._set_sources = sets, sources
+        self._resolver = ParamResolver(self.recipe.params, None, sets, override_origins=sources)
+        self.resolved = self._resolver.resolve_all()
+        self.params = self.resolved.values
+        self._models.clear()  # a model's `set:` may read a derived parameter
+
+    def set_strings(self) -> list[str]:
+        """The parameters set (by the user, or derived from the inputs) as ``--set name=value`` strings."""
+        if isinstance(self._sets, Mapping):
+            return [f"{name}={json.dumps(value)}" for name, value in self._sets.items()]
+        return list(self._sets)
 
     @property
     def checkpoint(self) -> Path:
@@ -359,19 +389,25 @@ class Pipeline:
             for target in [*stage.outputs.values(), *_written(stage.steps)]:
                 if target not in env:
                     self._skipped[target] = stage.name
+            if stage.loop is not None:  # a loop that does not run collects nothing
+                env.update({target: [] for target in stage.loop.collect.values()})
             return
         if stage.loop is not None:
             over = self._eval(stage.loop.over, env, f"{where} loop.over")
             items = range(int(over)) if isinstance(over, (int, np.integer)) else list(over)
             total = len(items)
+            collected: dict[str, list] = {name: [] for name in stage.loop.collect}
             for k, item in enumerate(items):
                 env[stage.loop.var] = item
                 t0 = time.perf_counter()
                 for sub in stage.steps:
                     self._stage(sub, env, used, report, f"{loop}{stage.name} iteration {k + 1} of {total}, ")
+                for name, values in collected.items():
+                    values.append(env[name])
                 report.step_seconds.append(time.perf_counter() - t0)
                 if self.progress:
                     self.progress(stage.name, k + 1, total)
+            env.update({stage.loop.collect[name]: values for name, values in collected.items()})
             return
         args = {k: self._eval(v, env, f"{where} inputs.{k}") for k, v in stage.inputs.items()}
         if stage.run is not None:

@@ -74,8 +74,9 @@ class GenerateRequest:
     prompts: list[str]
     # pipeline parameters given by flags of their own name (--steps 4: {"steps": 4}); None: the flag was not given
     params: dict[str, Any] = field(default_factory=dict)
-    # pipeline inputs `run` reads from files (--init-latents x.npy: {"init_latents": Path("x.npy")}); None: not given
-    files: dict[str, Path | None] = field(default_factory=dict)
+    # pipeline inputs `run` reads from files (--init-latents x.npy: {"init_latents": Path("x.npy")}; a repeatable
+    # flag gives a list: --image a.png --image b.png: {"images": [Path("a.png"), Path("b.png")]}); None: not given
+    files: dict[str, Path | list[Path] | None] = field(default_factory=dict)
     output: Path | None = None
     weights: str | None = None
     sets: list[str] = field(default_factory=list)
@@ -90,9 +91,13 @@ class GenerateRequest:
     profile: bool = False  # time every kernel call; the summary gets "profile" (seconds per model and kernel)
 
 
+# inputs whose flag is not their name: a repeatable flag in the singular (--image) fills a list input (images)
+FLAGS = {"images": "--image"}
+
+
 def flag(name: str) -> str:
     """The command-line flag of a parameter or input: ``init_latents`` -> ``--init-latents``."""
-    return "--" + name.replace("_", "-")
+    return FLAGS.get(name) or "--" + name.replace("_", "-")
 
 
 def _declared_outputs(pipe: Pipeline) -> dict[str, Output]:
@@ -167,7 +172,8 @@ def _flag_sets(req: GenerateRequest) -> tuple[list[str], dict[str, str]]:
 def _read_input(tasks: list[Task], name: str, value: Any, params: Mapping[str, Any]) -> Any:
     """``value`` as the plug-ins that read input ``name`` make it (each in turn; none: as given)."""
     readers = [task.inputs[name] for task in tasks if name in task.inputs]
-    if not readers and isinstance(value, Path):
+    if not readers and (isinstance(value, Path) or isinstance(value, list) and any(isinstance(v, Path)
+                                                                                  for v in value)):
         raise PipelineError(f"{flag(name)}: no task plug-in of this pipeline reads input '{name}' from a file")
     for read in readers:
         value = read(value, params)
@@ -200,10 +206,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     if req.output is not None and len(declared) > 1:
         raise PipelineError(f"--output names one file, but pipeline '{pipe.doc.name}' writes {len(declared)} "
                             f"outputs ({', '.join(declared)}); omit --output to get them in outputs/")
-    for task in tasks:  # every parameter the pipeline's plug-ins check, however it was given
-        for name, check in task.param_checks.items():
-            if name in p:
-                check(p[name], pipe.resolved.set_by.get(name) or f"{name}={p[name]!r} (the recipe's default)")
+    check_params(pipe, tasks)
     for index, prompt in enumerate(prompts):
         if prompt is None:
             continue
@@ -213,7 +216,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
             where = f"prompt {index + 1} of {len(prompts)}" if len(prompts) > 1 else "the prompt"
             raise PipelineError(f"{where}: {exc}") from None
     given = {name: path for name, path in req.files.items() if path is not None}
-    file_inputs = {name: _read_input(tasks, name, path, p) for name, path in given.items()}
+    file_inputs = read_file_inputs(pipe, tasks, given)
+    p = pipe.params
     if req.output is not None:
         _check_explicit(req.output, next(iter(declared.values())), req.overwrite)
     else:
@@ -295,6 +299,48 @@ def _run_prompts(pipe: Pipeline, req: GenerateRequest, prompts: list[str | None]
             "rss": report.rss,
         })
     return runs
+
+
+def check_params(pipe: Pipeline, tasks: list[Task]) -> None:
+    """Every parameter the pipeline's plug-ins check, however it was given."""
+    p = pipe.params
+    for task in tasks:
+        for name, check in task.param_checks.items():
+            if name in p:
+                check(p[name], pipe.resolved.set_by.get(name) or f"{name}={p[name]!r} (the recipe's default)")
+
+
+def read_file_inputs(pipe: Pipeline, tasks: list[Task], given: Mapping[str, Any]) -> dict[str, Any]:
+    """The inputs given as files, read by the plug-ins. Those some plug-in derives parameters from (``DERIVE``:
+    the output size from the first reference image...) are read first; the derived values are set on ``pipe``
+    and checked; then the other inputs are read with them (a reader may check a file against them)."""
+    deriving = [name for name in given if any(name in task.derive for task in tasks)]
+    inputs = {name: _read_input(tasks, name, given[name], pipe.params) for name in deriving}
+    derived: dict[str, tuple[Any, str]] = {}
+    for name in deriving:
+        for task in tasks:
+            if name in task.derive:
+                derived.update(task.derive[name](inputs[name], pipe.params, dict(pipe.resolved.set_by)))
+    if derived:
+        pipe.derive(derived)
+        check_params(pipe, tasks)
+    inputs.update({name: _read_input(tasks, name, value, pipe.params) for name, value in given.items()
+                   if name not in inputs})
+    return {name: inputs[name] for name in given}
+
+
+def derived_sets(recipe: Path, weights: str | None, sets: list[str], files: Mapping[str, Any]) -> list[str]:
+    """``sets`` and the ``--set`` values of the parameters the pipeline's plug-ins derive from ``files`` (the
+    inputs `run` would read from them), so `inspect --image a.png` shows the parameters and memory plans of
+    `run --image a.png`."""
+    pipe = Pipeline(recipe, weights=weights, sets=sets)
+    tasks = tasks_of(pipe.doc)
+    given = {name: value for name, value in files.items() if value}
+    for name in given:
+        if name not in pipe.doc.inputs:
+            raise PipelineError(f"{flag(name)}: pipeline '{pipe.doc.name}' ({recipe}) takes no `{name}` input")
+    read_file_inputs(pipe, tasks, given)
+    return pipe.set_strings()
 
 
 def _recipe_hash(files: list[Path]) -> str:

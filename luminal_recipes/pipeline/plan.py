@@ -60,6 +60,7 @@ class StagePlan:
     stream: dict[str, str] | None = field(default=None, repr=False, compare=False)  # for runtime.load
     state_bytes: int = 0  # states kept across runs (a KV cache), outside the arena
     staging_bytes: int = 0  # pinned host memory staging streamed blocks (device runtimes; within --max-host-memory)
+    sized_by: str = field(default="", compare=False)  # the parameters its dims come from, and how they were set
 
     @property
     def planned_peak(self) -> int:
@@ -268,13 +269,14 @@ def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool
         if stage.model not in models:
             models[stage.model] = pipeline.model(stage.model) if from_checkpoint else \
                 _shape_model(pipeline, stage.model)
-        check_io_fits(models[stage.model], dims, budget, stage.name, _sized_by(stage, pipeline.params))
+        check_io_fits(models[stage.model], dims, budget, stage.name, _sized_by(stage, pipeline))
     for k, (stage, dims) in enumerate(stages):
         key = (stage.model, tuple(sorted(dims.items())))
         if key not in done:
             done[key] = plan_model(models[stage.model], dims, budget, runtime, compile, stage.name,
                                    host_budget=host_budget)
             done[key].model = stage.model  # the pipeline's name for it
+            done[key].sized_by = ", ".join(_sized_by(stage, pipeline))
             plans.append(done[key])
         if progress:
             progress("memory plan", k + 1, len(stages))
@@ -293,7 +295,7 @@ def check_budget(plans: list[StagePlan], budget: int | None) -> None:
         lines.append(f"stage '{p.stage}' needs at least {_gib(p.smallest_peak)} "
                      f"({_gib(p.resident_weight_bytes)} of {weights} + "
                      f"{_gib(p.smallest_peak - p.resident_weight_bytes)} of activations and constants at "
-                     f"{_dims(p.dims)})")
+                     f"{_dims(p.dims)}{f', sized by {p.sized_by}' if p.sized_by else ''})")
     raise BudgetError(
         f"--max-memory {_gib(budget)} is too small even with weights streamed block by block: "
         + "; ".join(lines) + f". Raise --max-memory to at least {_gib(needed)}, or shrink the activations "
@@ -326,10 +328,13 @@ def format_plans(plans: list[StagePlan], budget: int | None) -> str:
     return "\n".join(lines)
 
 
-def _sized_by(stage: StageSpec, params: Mapping) -> list[str]:
-    """The pipeline parameters the stage's ``dims:`` expressions read, sorted."""
+def _sized_by(stage: StageSpec, pipeline) -> list[str]:
+    """The pipeline parameters the stage's ``dims:`` expressions read, sorted, each with how it was set when the
+    user or an input set it (``reference_tokens = 48 from --image``)."""
     names = {n.id for text in stage.dims.values() if isinstance(text, str) for n in names_in(parse(unwrap(text)))}
-    return sorted(names & set(params))
+    set_by = pipeline.resolved.set_by if hasattr(pipeline, "resolved") else {}
+    return [f"{name} = {pipeline.params[name]!r} from {set_by[name]}" if name in set_by else name
+            for name in sorted(names & set(pipeline.params))]
 
 
 def _shape_model(pipeline, name: str) -> BuiltModel:

@@ -11,6 +11,13 @@ Every package ``luminal_recipes/tasks/<task>/`` is a plug-in; nothing lists them
 ``INPUTS``        input name -> ``read(value, params) -> value``: turns what ``run`` was given for the pipeline
                   input of that name (a prompt's text, a file's path) into the value the pipeline receives,
                   refusing a bad one; ``params`` are the pipeline's resolved parameters.
+``DERIVE``        input name -> ``derive(value, params, set_by) -> {parameter: (value, origin)}``: parameter values
+                  that follow from that input (as ``INPUTS`` read it), e.g. the output size from the first
+                  reference image, as diffusers does. ``set_by`` names the parameters the user set (flag or
+                  ``--set``) and how; a derived value never replaces one of them (the plug-in may refuse the
+                  pair). ``origin`` says where the value came from, for messages. The inputs with a ``DERIVE``
+                  entry are read first, then the parameters derived, then the other inputs read with them; all
+                  before the parameter checks and the memory plans.
 ``DESCRIBE``      ``describe(params, given) -> {key: text}``: what an output file records about a run besides
                   the prompt and the recipe (``given``: the inputs ``run`` was given, as given).
 ``PREPARE``       ``prepare(ctx)``: called once before any model is planned, to load and check what the steps
@@ -71,10 +78,12 @@ class Task:
     inputs: Mapping[str, Callable[[Any, Mapping[str, Any]], Any]] = field(default_factory=dict)
     describe: Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, str]] | None = None
     prepare: Callable[[StepContext], None] | None = None
+    derive: Mapping[str, Callable[[Any, Mapping[str, Any], Mapping[str, str]], dict[str, tuple[Any, str]]]] = \
+        field(default_factory=dict)
 
 
 def _read(name: str, module) -> Task:
-    tables = {table: getattr(module, table, {}) for table in ("STEPS", "PARAM_CHECKS", "INPUTS")}
+    tables = {table: getattr(module, table, {}) for table in ("STEPS", "PARAM_CHECKS", "INPUTS", "DERIVE")}
     for table, entries in tables.items():
         if not isinstance(entries, Mapping) or not all(isinstance(k, str) and callable(v) for k, v in entries.items()):
             raise PluginError(f"task plug-in '{name}': {table} must map names to functions")
@@ -83,7 +92,7 @@ def _read(name: str, module) -> Task:
         if function is not None and not callable(function):
             raise PluginError(f"task plug-in '{name}': {hook} must be a function")
     return Task(name, dict(tables["STEPS"]), dict(tables["PARAM_CHECKS"]), dict(tables["INPUTS"]),
-                hooks["DESCRIBE"], hooks["PREPARE"])
+                hooks["DESCRIBE"], hooks["PREPARE"], dict(tables["DERIVE"]))
 
 
 def build_registry(tasks: list[Task]) -> dict[str, Task]:

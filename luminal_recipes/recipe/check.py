@@ -234,7 +234,8 @@ def _check_stages(
             _check_reference(origin.at("loop", "over"), stage.loop.over, known, "loop")
             _check_carry(origin, stage, known)
             _check_stages(recipe, doc, stage.steps, path + (index, "steps"), known | {stage.loop.var})
-            known |= _writes(stage.steps)
+            _check_collect(origin, stage)
+            known |= _writes(stage.steps) | set(stage.loop.collect.values())
         known |= set(stage.outputs.values())
 
 
@@ -276,6 +277,16 @@ def _check_carry(origin: Origin, loop: StageSpec, known: set[str]) -> None:
                 f"stage '{stage.name}' of loop '{loop.name}' reads '{late[0]}' {when}, so each iteration reads the "
                 f"previous one's value: add it to the loop's carry (carry: [{', '.join([*carry, late[0]])}])")
         seen |= _writes([stage])
+
+
+def _check_collect(origin: Origin, loop: StageSpec) -> None:
+    """Each value ``loop.collect`` gathers is one its body writes."""
+    written = _writes(loop.steps)
+    for name in loop.loop.collect:
+        if name not in written:
+            raise origin.at("loop", "collect", name).error(
+                f"loop '{loop.name}' collects '{name}', which no stage of its body writes"
+                f"{did_you_mean(name, written)}", key=True)
 
 
 def _check_reference(origin: Origin, value: object, known: set[str], what: str, before_run: bool = False) -> None:

@@ -377,6 +377,9 @@ def _stage_lines(stages: list, params: Mapping[str, Any], indent: str) -> list[s
     lists the stages of its body below it."""
     lines = []
     for stage in stages:
+        if stage.when is not None and _holds(stage.when, params) is False:
+            lines.append(f"{indent}{stage.name}: not run (when {stage.when}: false)")
+            continue
         when = f" (only when {stage.when})" if stage.when is not None else ""
         if stage.model:
             lines.append(f"{indent}{stage.name}: model {stage.model}{when}")
@@ -388,6 +391,19 @@ def _stage_lines(stages: list, params: Mapping[str, Any], indent: str) -> list[s
                          f"{len(stage.steps)} stage{'s' if len(stage.steps) != 1 else ''}:")
             lines += _stage_lines(stage.steps, params, indent + "  ")
     return lines
+
+
+def _holds(when: Any, params: Mapping[str, Any]) -> bool | None:
+    """A stage's ``when:`` decided by the parameters alone; None when it reads a config or model_index.json
+    (decided when the pipeline runs, from its checkpoint)."""
+    from .safe_eval import evaluate, names_in, parse, unwrap
+
+    if not isinstance(when, str):
+        return bool(when)
+    tree = parse(unwrap(when))
+    if any(n.id not in params for n in names_in(tree)):
+        return None
+    return bool(evaluate(tree, lambda name, node: params[name]))
 
 
 def _loop_count(over: Any, params: Mapping[str, Any]) -> str:

@@ -27,7 +27,7 @@ ValueField = int | float | bool | str | list | None  # a YAML value; "${...}" st
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DOTTED = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 PARAM_TYPE = re.compile(r"^(int|float|bool|str|list\[(int|float|bool|str)\])(\s*\|\s*None)?$")
-INPUT_TYPE = re.compile(r"^(int|float|bool|str|array|list\[(int|float|bool|str)\])$")
+INPUT_TYPE = re.compile(r"^(int|float|bool|str|array|list\[(int|float|bool|str|array)\])$")
 DTYPES = ("f32", "f16", "bf16", "f8e4m3", "f8e5m2", "f4e2m1", "i32", "u8", "bool")
 
 
@@ -588,7 +588,7 @@ class SchedulerSpec(Strict):
 
 class PipelineInput(Strict):
     type: str = Field(description="what the pipeline is given: str, int, float, bool, array (a numpy array) or "
-                      "list[str|int|float|bool]; checked when it runs")
+                      "list[str|int|float|bool|array]; checked when it runs")
     doc: str | None = None
     optional: bool = Field(False, description="the input may be left out (its value is then null)")
 
@@ -598,7 +598,7 @@ class PipelineInput(Strict):
         if not INPUT_TYPE.match(value.strip()):
             raise ValueError(
                 f"unknown input type '{value}'; use str, int, float, bool, array, list[str], list[int], "
-                f"list[float] or list[bool]"
+                f"list[float], list[bool] or list[array]"
             )
         return value.strip()
 
@@ -627,6 +627,11 @@ class LoopSpec(Strict):
         description="values each iteration reads from the one before (made before the loop, rewritten by a stage "
         "of its body); a body that reads a value before rewriting it must declare it here",
     )
+    collect: dict[str, str] = Field(
+        default_factory=dict,
+        description="value of the body -> list name: after the loop, the list holds that value as each iteration "
+        "left it, in order (empty when the loop runs no iteration, or not at all: `when`)",
+    )
 
     @field_validator("var")
     @classmethod
@@ -647,9 +652,10 @@ class StageSpec(Strict):
     outputs: dict[str, str] = Field(default_factory=dict, description="result -> value name")
     when: ExprField | None = Field(
         None,
-        description="run the stage only when this expression is true; it may read the pipeline's parameters, "
-        "config.MODEL.KEY and model_index.KEY (the checkpoint's model_index.json), so it is decided before the "
-        "run and memory is planned only for the stages that will run",
+        description="run the stage (a loop: with its body) only when this expression is true; it may read the "
+        "pipeline's parameters, config.MODEL.KEY and model_index.KEY (the checkpoint's model_index.json), so it is "
+        "decided before the run and memory is planned only for the stages that will run. A value it would have "
+        "written has no value after it, but a loop's `collect` lists, which are then empty",
     )
     dims: dict[str, ExprField] = Field(
         default_factory=dict, description="model stages: the model's symbolic dims as expressions over the "

@@ -11,7 +11,8 @@ from luminal_recipes.recipe.loader import load_recipe
 from luminal_recipes.recipe.params import ParamResolver
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "flux2-tiny.yaml"
-BODY = ["    timestep: run full", "    transformer: model transformer", "    euler: run euler_step"]
+BODY = ["    timestep: run full", "    join_references: run concat", "    transformer: model transformer",
+        "    noisy_velocity: run narrow", "    euler: run euler_step"]
 
 
 def stage_lines(path: Path, sets=()) -> list[str]:
@@ -20,10 +21,10 @@ def stage_lines(path: Path, sets=()) -> list[str]:
 
 
 def test_the_loop_count_comes_from_the_parameters():
-    lines = stage_lines(TINY)  # the recipe's default: 4 steps (its body has 3 stages)
-    at = lines.index("  denoise: loop over steps: 4 iterations (steps = 4), each running 3 stages:")
-    assert lines[at + 1 : at + 4] == BODY and lines[at + 4] == "  unpack: run unpack_latents"
-    assert "  denoise: loop over steps: 1 iteration (steps = 1), each running 3 stages:" in stage_lines(
+    lines = stage_lines(TINY)  # the recipe's default: 4 steps (its body has 5 stages)
+    at = lines.index("  denoise: loop over steps: 4 iterations (steps = 4), each running 5 stages:")
+    assert lines[at + 1 : at + 6] == BODY and lines[at + 6] == "  unpack: run unpack_latents"
+    assert "  denoise: loop over steps: 1 iteration (steps = 1), each running 5 stages:" in stage_lines(
         TINY, ["steps=1"])
 
 
@@ -38,4 +39,4 @@ def test_a_loop_over_a_run_time_value_says_so(tmp_path):
     path.write_text(text)
     line = next(s for s in stage_lines(path) if s.startswith("  denoise:"))
     assert line == ("  denoise: loop over timesteps: iterations known when it runs (it loops over a value made "
-                    "at run time), each running 3 stages:")
+                    "at run time), each running 5 stages:")

@@ -1,12 +1,13 @@
-"""Steps any pipeline may use: small array helpers with no model behind them."""
+"""Steps any pipeline may use: small array helpers with no model behind them, and images fitted to a model's grid."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from luminal_recipes.errors import PipelineError
+from luminal_recipes.image_io import fit_image
 from luminal_recipes.pipeline.plugins import StepContext
 
 
@@ -15,16 +16,18 @@ def full(ctx: StepContext, value: float, n: int = 1) -> dict:
     return {"value": np.full((int(n),), float(value), dtype=np.float32)}
 
 
-def concat(ctx: StepContext, values: list, axis: int = 0) -> dict:
-    """The arrays ``values`` joined along ``axis`` (e.g. a prompt's and the negative prompt's embeddings into one
-    batch of 2, so a model runs both in one call)."""
+def concat(ctx: StepContext, values: Sequence[np.ndarray], axis: int = 0) -> dict:
+    """The arrays joined along ``axis`` (``torch.cat``): e.g. the noisy latents' tokens and the reference images'
+    tokens, one sequence for the transformer, or a prompt's and the negative prompt's embeddings into one batch of
+    2, so a model runs both in one call."""
     arrays = [np.asarray(v) for v in values]
     if not arrays:
         raise PipelineError("concat: no values to join")
-    shapes = {a.shape[:axis] + a.shape[axis + 1:] for a in arrays} if all(a.ndim > axis for a in arrays) else None
-    if shapes is None or len(shapes) != 1:
-        raise PipelineError(f"concat: cannot join shapes {[a.shape for a in arrays]} along axis {axis}")
-    return {"value": np.concatenate(arrays, axis=axis)}
+    try:
+        return {"value": np.concatenate(arrays, axis=int(axis))}
+    except ValueError as exc:
+        shapes = ", ".join(str(a.shape) for a in arrays)
+        raise PipelineError(f"concat: cannot join arrays of shapes {shapes} along axis {axis} ({exc})") from None
 
 
 def classifier_free_guidance(ctx: StepContext, cond: np.ndarray, scale: float, uncond: np.ndarray | None = None
@@ -45,4 +48,26 @@ def classifier_free_guidance(ctx: StepContext, cond: np.ndarray, scale: float, u
     return {"value": uncond + np.float32(scale) * (cond - uncond)}
 
 
-STEPS: dict[str, Callable] = {"full": full, "concat": concat, "classifier_free_guidance": classifier_free_guidance}
+def narrow(ctx: StepContext, value: np.ndarray, axis: int, start: int, length: int) -> dict:
+    """``length`` entries of ``value`` along ``axis`` from ``start`` (``torch.narrow``), as a contiguous copy: e.g.
+    the velocity of the noisy tokens only, as ``noise_pred[:, :latents.size(1)]``."""
+    array = np.asarray(value)
+    axis, start, length = int(axis) % array.ndim, int(start), int(length)
+    if start < 0 or length < 0 or start + length > array.shape[axis]:
+        raise PipelineError(f"narrow: entries {start}..{start + length} of axis {axis} do not lie in an array of "
+                            f"shape {array.shape}")
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(start, start + length)
+    return {"value": np.ascontiguousarray(array[tuple(index)])}
+
+
+def fit_images(ctx: StepContext, images: Sequence[np.ndarray] | None, max_area: int, multiple: int) -> dict:
+    """Each ``(H, W, 3)`` uint8 RGB image (an input ``run`` read, e.g. ``--image``) as a model's encoder takes it:
+    ``(1, 3, h, w)`` float32 in [-1, 1], resized (Lanczos) to about ``max_area`` pixels when larger, both sides
+    floored to a multiple of ``multiple`` and center-cropped, exactly as diffusers' ``Flux2ImageProcessor``
+    prepares reference images (``image_io.fit_image``). ``images`` None (not given): an empty list."""
+    return {"images": [fit_image(image, int(max_area), int(multiple)) for image in images or ()]}
+
+
+STEPS: dict[str, Callable] = {"full": full, "concat": concat, "narrow": narrow, "fit_images": fit_images,
+                              "classifier_free_guidance": classifier_free_guidance}

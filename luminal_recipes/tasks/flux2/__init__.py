@@ -1,7 +1,9 @@
-"""FLUX.2 text-to-image (diffusers Flux2Pipeline) as a task plug-in: its host steps (``steps.py``), the checks of
-the parameters and inputs they read (denoising steps, seed, image size, guidance, the prompt, ``--init-latents``),
-and what an image records about the run that made it. The modules: ``tokenize.py`` (the prompt as diffusers
-tokenizes it), ``latents.py`` (noise, packing, positions), ``scheduler.py`` (the flow-match Euler schedule)."""
+"""FLUX.2 text-to-image and editing (diffusers Flux2Pipeline) as a task plug-in: its host steps (``steps.py``), the
+checks of the parameters and inputs they read (denoising steps, seed, image size, guidance, the prompt,
+``--init-latents``, the reference images of ``--image``), the parameters the reference images decide
+(``references.py``: the output size, the reference tokens), and what an image records about the run that made
+it. The modules: ``tokenize.py`` (the prompt as diffusers tokenizes it), ``latents.py`` (noise, packing,
+positions), ``scheduler.py`` (the flow-match Euler schedule)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 from luminal_recipes.errors import PipelineError
 
 from .latents import check_seed, check_side, load_init_latents
+from .references import derive_from_references, read_references
 from .scheduler import check_steps
 from .steps import STEPS, prepare
 from .tokenize import check_prompt
@@ -51,6 +54,8 @@ def describe(params: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, s
         text["size"] = f"{params['width']}x{params['height']}"
     if init is not None:
         text["init_latents"] = str(init)
+    if given.get("images"):
+        text["images"] = ", ".join(str(path) for path in given["images"])
     return text
 
 
@@ -61,7 +66,8 @@ PARAM_CHECKS = {
     "width": lambda value, given: check_side("--width", value),
     "height": lambda value, given: check_side("--height", value),
 }
-INPUTS = {"prompt": read_prompt, "init_latents": read_init_latents}
+INPUTS = {"prompt": read_prompt, "init_latents": read_init_latents, "images": read_references}
 DESCRIBE = describe
 PREPARE = prepare
-__all__ = ["DESCRIBE", "INPUTS", "PARAM_CHECKS", "PREPARE", "STEPS"]
+DERIVE = {"images": derive_from_references}
+__all__ = ["DERIVE", "DESCRIBE", "INPUTS", "PARAM_CHECKS", "PREPARE", "STEPS"]

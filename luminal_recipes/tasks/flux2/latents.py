@@ -168,6 +168,20 @@ def latent_ids(h: int, w: int) -> np.ndarray:
     return ids.reshape(h * w, 4)
 
 
+REFERENCE_TIME_SCALE = 10  # reference image i sits at time coordinate 10 + 10 * i (_prepare_image_ids)
+
+
+def reference_ids(grids: list[tuple[int, int]]) -> np.ndarray:
+    """Positions ``(sum h*w, 4)`` int32 of reference images' tokens, image after image: token ``(r, c)`` of image
+    ``i`` (a ``h x w`` latent grid) is ``(10 + 10 i, r, c, 0)`` (``Flux2Pipeline._prepare_image_ids``)."""
+    parts = []
+    for index, (h, w) in enumerate(grids):
+        ids = latent_ids(int(h), int(w))
+        ids[:, 0] = REFERENCE_TIME_SCALE + REFERENCE_TIME_SCALE * index
+        parts.append(ids)
+    return np.concatenate(parts) if parts else np.zeros((0, 4), dtype=np.int32)
+
+
 def text_ids(seq_len: int) -> np.ndarray:
     """Text token positions ``(seq_len, 4)`` int32: row ``k`` is ``(0, 0, 0, k)`` (``_prepare_text_ids``)."""
     ids = np.zeros((seq_len, 4), dtype=np.int32)

@@ -98,10 +98,32 @@ def rope_tables(ctx: StepContext, ids: np.ndarray, axes_dims: list[int], theta: 
     return {"cos": np.concatenate(cos_parts, -1), "sin": np.concatenate(sin_parts, -1)}
 
 
-def flux2_positions(ctx: StepContext, text_len: int, h: int, w: int, axes_dims: list[int], theta: float) -> dict:
-    """RoPE tables for ``[text; image]`` tokens: text ids ``(0, 0, 0, k)``, image ids ``(0, i, j, 0)``."""
-    ids = np.concatenate([L.text_ids(int(text_len)), L.latent_ids(int(h), int(w))]).astype(np.float64)
-    return rope_tables(ctx, ids, axes_dims, theta)
+def flux2_positions(ctx: StepContext, text_len: int, h: int, w: int, axes_dims: list[int], theta: float,
+                    references: list[np.ndarray] | None = None) -> dict:
+    """RoPE tables for ``[text; image; references]`` tokens: text ids ``(0, 0, 0, k)``, image ids ``(0, i, j, 0)``,
+    and for each reference image's latents ``(1, C, h_r, w_r)``, in order, ids ``(10 + 10 r, i, j, 0)``."""
+    grids = [_grid(latents, "references") for latents in references or ()]
+    ids = np.concatenate([L.text_ids(int(text_len)), L.latent_ids(int(h), int(w)), L.reference_ids(grids)])
+    return rope_tables(ctx, ids.astype(np.float64), axes_dims, theta)
+
+
+def pack_references(ctx: StepContext, latents: list[np.ndarray] | None, channels: int) -> dict:
+    """The reference images' latents (each ``(1, channels, h_r, w_r)``, as the VAE encoder gives them), packed
+    into tokens and joined image after image: ``(1, sum h_r * w_r, channels)`` (``prepare_image_latents``); no
+    reference: ``(1, 0, channels)``."""
+    parts = [L.pack_latents(np.asarray(x, dtype=np.float32)) for x in latents or ()]
+    for part in parts:
+        if part.shape[0] != 1 or part.shape[2] != int(channels):
+            raise PipelineError(f"pack_references: reference latents of {part.shape[2]} channels (batch "
+                                f"{part.shape[0]}); expected batch 1 and {channels} channels")
+    return {"tokens": np.concatenate([np.zeros((1, 0, int(channels)), np.float32), *parts], axis=1)}
+
+
+def _grid(latents: np.ndarray, what: str) -> tuple[int, int]:
+    shape = np.shape(latents)
+    if len(shape) != 4:
+        raise PipelineError(f"{what}: expected latents (1, C, h, w), got shape {shape}")
+    return int(shape[2]), int(shape[3])
 
 
 def schedule(ctx: StepContext, steps: int, image_seq_len: int) -> dict:
@@ -123,6 +145,7 @@ STEPS: dict[str, Callable] = {
     "initial_latents": initial_latents,
     "rope_tables": rope_tables,
     "flux2_positions": flux2_positions,
+    "pack_references": pack_references,
     "schedule": schedule,
     "euler_step": euler_step,
     "unpack_latents": unpack_latents,
