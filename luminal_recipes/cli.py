@@ -73,6 +73,8 @@ HOST_MEMORY_HELP = ("pinned host memory for staging streamed weights on a GPU ru
 COMPUTE_DTYPE_HELP = ("the dtype every model computes in: f32, bf16 or f16 (default: each recipe's "
                       "weights.dtype.compute, f32 for the shipped recipes; bf16 runs tensor-core GEMMs on a GPU)")
 IMAGE_HELP = "a reference image to edit or draw from (repeatable, for the pipeline's `images` input)"
+LORA_HELP = ("a LoRA .safetensors to apply, PATH or PATH:SCALE (repeatable); diffusers/PEFT, fal/ai-toolkit and "
+             "ComfyUI/kohya key formats")
 
 
 @app.command()
@@ -89,6 +91,7 @@ def run(
     height: int | None = typer.Option(None, help="image height (multiple of 16)"),
     init_latents: Path | None = typer.Option(None, help="start latents .npy, shape (1, 128, H/16, W/16)"),
     image: list[Path] = typer.Option([], "--image", help=IMAGE_HELP),
+    lora: list[str] = typer.Option([], "--lora", help=LORA_HELP),
     output: Path | None = typer.Option(
         None,
         "--output",
@@ -182,6 +185,7 @@ def run(
         prompts,
         params={"steps": steps, "guidance": guidance, "width": width, "height": height, "seed": seed},
         files={"init_latents": init_latents, "images": list(image) or None},
+        loras=list(lora),
         output=output,
         weights=weights,
         sets=list(set_),

@@ -50,6 +50,10 @@ class CheckpointError(LuminalError):
     """A checkpoint does not match its recipe, or is corrupt; the message names the tensor or file."""
 
 
+class LoraError(CheckpointError):
+    """A LoRA file cannot be read, or does not fit the model it is applied to; the message names the file."""
+
+
 class QuantizationError(LuminalError):
     """A quantized tensor is in a layout other than the one the recipe declares."""
 

@@ -61,12 +61,28 @@ def bmm(a: Tensor, b: Tensor) -> Tensor:
     return matmul(a, b)
 
 
+class LoraWeight(Tensor):
+    """A linear weight ``[out, in]`` with low-rank updates (LoRA) that ``linear`` adds beside its matmul:
+    ``updates`` are ``(down [r, in], up [out, r], scale)``; ``applied`` records the node ids each ``linear`` made
+    with it, so the builder can check that nothing else used the weight (which would drop the updates)."""
+
+    __slots__ = ("updates", "applied")
+
+    def __init__(self, base: Tensor, updates: list[tuple[Tensor, Tensor, float]]):
+        super().__init__(base.graph, base.node, base.view, base.dtype)
+        self.updates = updates
+        self.applied: list[range] = []
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` with ``weight [out, in]`` as stored by torch.
+    """``x @ weight.T + bias`` with ``weight [out, in]`` as stored by torch; for a ``LoraWeight``, plus
+    ``(x @ down.T) @ up.T * scale`` per update, as PEFT's LoRA layer computes it beside the base layer.
 
     The weight (and bias) are cast to ``x``'s dtype with explicit Cast nodes: this is the op family's compute-dtype
     policy (bf16/fp8 checkpoints compute in the activation dtype), visible in the graph, never implicit.
     """
+    first = len(x.graph.nodes)
+    lora = weight if isinstance(weight, LoraWeight) else None
     if weight.dtype != x.dtype:
         weight = cast(weight, x.dtype)
     out = matmul(x, weight.T)
@@ -74,4 +90,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         if bias.dtype != x.dtype:
             bias = cast(bias, x.dtype)
         out = out + bias.broadcast_to(out.shape)
+    if lora is not None:
+        for down, up, scale in lora.updates:
+            down = down if down.dtype == x.dtype else cast(down, x.dtype)
+            up = up if up.dtype == x.dtype else cast(up, x.dtype)
+            out = out + matmul(matmul(x, down.T), up.T) * float(scale)
+        lora.applied.append(range(first, len(x.graph.nodes)))
     return out

@@ -31,6 +31,7 @@ from ..errors import PipelineError, RecipeError
 from ..files import MAX_JSON_BYTES, read_regular_text
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
+from ..recipe.lora import LoraSpec
 from ..recipe.params import ParamResolver
 from ..recipe.paths import checkpoint_roots, confined, is_local
 from ..recipe.safe_eval import MODEL_INDEX, ExprError, evaluate, is_wrapped, names_in, parse, unwrap, wrap_config
@@ -61,7 +62,8 @@ class Pipeline:
                  budget_bytes: int | None = None, compile: bool = True,
                  progress: Callable[[str, int, int], None] | None = None,
                  set_sources: Mapping[str, str] | None = None, allow_nonfinite: bool = False, runtime=None,
-                 host_budget_bytes: int | None = None, compute_dtype: str | None = None):
+                 host_budget_bytes: int | None = None, compute_dtype: str | None = None,
+                 loras: Iterable[tuple[str | Path, float]] = ()):
         self.recipe: LoadedRecipe = load_recipe(path)
         if not isinstance(self.recipe.doc, PipelineRecipe):
             raise RecipeError(f"{path}: this is a model recipe; `run` needs a pipeline recipe (kind: pipeline)")
@@ -91,6 +93,8 @@ class Pipeline:
         self._checkpoints: dict = {}  # model name -> its open Checkpoint (maps dropped when the model is released)
         self._engines: dict[str, ModelEngine] = {}  # loaded models kept between stages or runs
         self.plans: list[StagePlan] | None = None
+        self._lora_flags = [(Path(path), float(scale)) for path, scale in loras]  # --lora PATH[:SCALE]
+        self._loras: dict[str, list[LoraSpec]] | None = None
 
     def derive(self, values: Mapping[str, tuple[Any, str]]) -> None:
         """Resolve the parameters again with ``values`` (parameter -> (value, where it came from), a task
@@ -238,8 +242,42 @@ class Pipeline:
             self._models[name] = build_model(recipe, checkpoint=checkpoint,
                                              config=read_config(recipe, folder, self._checkpoint_roots), sets=sets,
                                              quantization=spec.quantization, set_origins=origins,
-                                             compute_dtype=self.compute_dtype)
+                                             compute_dtype=self.compute_dtype, loras=self.loras.get(name, []))
         return self._models[name]
+
+    @property
+    def loras(self) -> dict[str, list[LoraSpec]]:
+        """Model name -> the LoRA files applied to it: the recipe's ``loras:``, then ``--lora`` flags. A LoRA goes
+        to the model its entry names, else to the one model whose recipe declares ``lora_names``."""
+        if self._loras is None:
+            accepting = [name for name in self.doc.models if self._model_recipe(name).doc.lora_names is not None]
+            out: dict[str, list[LoraSpec]] = {}
+
+            def target(given: str | None, where: str) -> str:
+                if given is not None:
+                    if given not in self.doc.models:
+                        raise PipelineError(f"{where}: the pipeline has no model '{given}'; its models: "
+                                            f"{', '.join(self.doc.models)}")
+                    return given
+                if len(accepting) != 1:
+                    raise PipelineError(
+                        f"{where}: LoRAs apply to the model whose recipe declares `lora_names`; this pipeline has "
+                        f"{len(accepting)} ({', '.join(accepting) or 'none'})" + ("; name one with `model:`"
+                                                                                  if accepting else ""))
+                return accepting[0]
+
+            for index, entry in enumerate(self.doc.loras):
+                origin = self.recipe.origin("loras", index)
+                where = f"{origin.loc()}: loras[{index}]"
+                path = confined(origin.at("path"), self.path.parent, entry.path, "this recipe's folder",
+                                [self.recipe.tree or self.path.parent])
+                out.setdefault(target(entry.model, where), []).append(
+                    LoraSpec(path, entry.scale, f"{where} ({entry.path})", entry.mode))
+            for path, scale in self._lora_flags:
+                where = f"--lora {path}"
+                out.setdefault(target(None, where), []).append(LoraSpec(path, scale, where))
+            self._loras = out
+        return self._loras
 
     def model_sets(self, name: str) -> tuple[dict[str, Any], dict[str, str]]:
         """The values of model ``name``'s ``set:`` (evaluated over the pipeline's parameters), and where each

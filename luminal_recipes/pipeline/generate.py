@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import PipelineError, RecipeError
 from ..recipe.loader import load_recipe
+from ..recipe.lora import parse_lora_flag
 from ..recipe.params import parse_sets
 from ..recipe.schema import PipelineRecipe
 from ..recipe.suggest import did_you_mean, one_of
@@ -89,6 +90,7 @@ class GenerateRequest:
     max_host_memory: int | None = None  # bytes of pinned host staging for streamed weights (device runtimes)
     compute_dtype: str | None = None  # every model's compute dtype (None: each recipe's weights.dtype.compute)
     profile: bool = False  # time every kernel call; the summary gets "profile" (seconds per model and kernel)
+    loras: list[str] = field(default_factory=list)  # --lora PATH[:SCALE]
 
 
 # inputs whose flag is not their name: a repeatable flag in the singular (--image) fills a list input (images)
@@ -192,9 +194,10 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
             if value is not None and name not in doc.params:
                 raise PipelineError(f"{flag(name)}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
                                     f"{did_you_mean(name, doc.params)}; its parameters: {one_of(doc.params)}")
+    loras = [parse_lora_flag(text) for text in req.loras]
     pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
                     progress=progress, set_sources=sources, allow_nonfinite=req.allow_nonfinite, runtime=runtime,
-                    host_budget_bytes=req.max_host_memory, compute_dtype=req.compute_dtype)
+                    host_budget_bytes=req.max_host_memory, compute_dtype=req.compute_dtype, loras=loras)
     p = pipe.params
     tasks = tasks_of(pipe.doc)
     declared = _declared_outputs(pipe)
@@ -271,6 +274,9 @@ def _run_prompts(pipe: Pipeline, req: GenerateRequest, prompts: list[str | None]
         for task in tasks:
             if task.describe is not None:
                 settings.update(task.describe(p, dict(given, prompt=prompt)))
+        applied = [f"{spec.path}:{spec.scale:g} ({model})" for model, specs in pipe.loras.items() for spec in specs]
+        if applied:
+            settings["loras"] = ", ".join(applied)
         text = run_text(prompt, pipe.doc.name, recipe_hash, settings)
         if req.output is not None:
             ((name, (kind, value)),) = values.items()

@@ -348,7 +348,7 @@ def _shape_model(pipeline, name: str) -> BuiltModel:
     sets, origins = pipeline.model_sets(name)
     return build_model(recipe, config=config, sets=sets, quantization=spec.quantization, set_origins=origins,
                        config_file=f"config.json of model '{name}'",
-                       compute_dtype=getattr(pipeline, "compute_dtype", None))
+                       compute_dtype=getattr(pipeline, "compute_dtype", None), loras=pipeline.loras.get(name, []))
 
 
 def _gib(n: int | None) -> str:

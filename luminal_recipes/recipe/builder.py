@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,16 +19,18 @@ from typing import Any
 import numpy as np
 
 from .. import instrument
-from ..errors import CheckpointError, LuminalError, RecipeError
+from ..errors import CheckpointError, LoraError, LuminalError, RecipeError
 from ..files import MAX_JSON_BYTES, read_regular_text
 from ..graph import DType, Graph, Tensor, to_dtype
 from ..graph.dtypes import SAFETENSORS_NAMES
 from ..graph.symbolic import Expr
+from ..ops.linalg import LoraWeight
 from .check import check_recipe, default_ops
 from .config_fields import check_config
 from .instances import Instance, Instantiator, WeightDecl, eval_field, list_item_origin
 from .interpreter import CallRecord, Interpreter
 from .loader import LoadedRecipe, load_recipe
+from .lora import LoraSpec, LoraUpdate
 from .mapping import MappedTensor, StoredTensor, map_checkpoint
 from .params import ParamResolver, ResolvedParams
 from .paths import checkpoint_roots, confined
@@ -178,6 +180,7 @@ def build_model(
     set_origins: Mapping[str, str] | None = None,
     config_file: str | None = None,
     compute_dtype: str | None = None,
+    loras: Sequence[LoraSpec] = (),
 ) -> BuiltModel:
     """Build the graph of a loaded model recipe. Without ``checkpoint`` weights are shapes only (inspect).
     ``compute_dtype`` (``--compute-dtype``) replaces the recipe's ``weights.dtype.compute`` (``with_compute_dtype``).
@@ -185,7 +188,8 @@ def build_model(
     ``quantization`` replaces the recipe's ``weights.quantization``: a pipeline runs one model recipe over
     checkpoints stored in different formats (``models.NAME.quantization`` in a pipeline recipe).
     ``set_origins`` names where each of ``sets`` was written (a pipeline's ``models.NAME.set``), for errors;
-    ``config_file`` names ``config`` in errors (default: the checkpoint's config file).
+    ``config_file`` names ``config`` in errors (default: the checkpoint's config file). ``loras`` are LoRA files
+    applied to the weights (``recipe/lora.py``: merged at load, or added in the graph beside ``linear``).
     """
     if quantization is not None:
         recipe = with_quantization(recipe, quantization)
@@ -200,7 +204,7 @@ def build_model(
     params = resolve_params(recipe, config, sets, set_origins)
     instrument.count(instrument.GRAPH_BUILD)
     try:
-        return _build(recipe, checkpoint, params, ops)
+        return _build(recipe, checkpoint, params, ops, loras)
     except LuminalError as exc:  # an error located in the recipe may come from a value the user set: say so
         note = params.overrides_note()
         if not note:
@@ -208,7 +212,8 @@ def build_model(
         raise type(exc)(f"{exc}{note}") from None
 
 
-def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: Mapping[str, Callable]) -> BuiltModel:
+def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: Mapping[str, Callable],
+           loras: Sequence[LoraSpec] = ()) -> BuiltModel:
     doc = recipe.doc
     assert isinstance(doc, ModelRecipe)
     root = Instantiator(recipe, params.values, {d: Expr.symbol(d) for d in doc.dims}).root()
@@ -219,14 +224,21 @@ def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: M
     if checkpoint is not None:
         mapped = _map(recipe, checkpoint, params)
         _check_against_checkpoint(recipe, decls, quantized, mapped, checkpoint)
+    updates = {}
+    if loras:
+        from .lora import conventions, map_loras
+
+        names = conventions(recipe, load_recipe)
+        updates = map_loras(loras, {d.name: d for d in decls}, names, params.values, quantized, doc.name)
     graph = Graph()
-    factory = _WeightFactory(graph, doc, mapped, quantized)
+    factory = _WeightFactory(graph, doc, mapped, quantized, updates)
     policy = doc.weights.dtype
     states: dict[str, Tensor] = {}
     interpreter = Interpreter(graph, ops, factory.tensor, policy.compute, policy.per_op,
                               state=lambda inst, local: _state_tensor(graph, states, inst, local, policy.compute))
     inputs = _graph_inputs(recipe, root, params, graph)
     result = interpreter.call(root, list(inputs.values()), {})
+    factory.check_lora_use({d.name: d for d in decls})
     outputs = _mark_outputs(recipe, graph, result)
     return BuiltModel(
         doc.name,
@@ -345,15 +357,18 @@ class _WeightFactory:
     """Creates each graph weight on first use; a quantized weight becomes its packed tensors + dequantize."""
 
     def __init__(
-        self, graph: Graph, doc: ModelRecipe, mapped: dict[str, MappedTensor] | None, quantized: set[str]
+        self, graph: Graph, doc: ModelRecipe, mapped: dict[str, MappedTensor] | None, quantized: set[str],
+        updates: Mapping[str, list[LoraUpdate]] | None = None,
     ):
         self.graph = graph
         self.policy = doc.weights.dtype
         self.quant = doc.weights.quantization
         self.mapped = mapped
         self.quantized = quantized
+        self.updates = dict(updates or {})  # weight name -> its LoRA updates
         self.cache: dict[str, Tensor] = {}
         self.bindings: dict[str, WeightBinding] = {}
+        self.lora_weights: dict[str, LoraWeight] = {}
 
     def tensor(self, instance: Instance, local: str) -> Tensor:
         decl = instance.weights[local]
@@ -362,7 +377,56 @@ class _WeightFactory:
                 self.cache[decl.name] = self._dequantized(decl)
             else:
                 self.cache[decl.name] = self._dense(decl)
+            if decl.name in self.updates:
+                self.cache[decl.name] = self._adapted(decl, self.cache[decl.name])
         return self.cache[decl.name]
+
+    def _adapted(self, decl: WeightDecl, base: Tensor) -> Tensor:
+        """The weight with its LoRA updates: merged into its loader (dense weights, mode auto or merge), and/or
+        as a ``LoraWeight`` whose ``linear`` adds them in the graph (quantized weights, or mode graph)."""
+        from .lora import merged
+
+        updates = self.updates[decl.name]
+        in_graph = [u for u in updates if u.spec.mode == "graph" or
+                    (u.spec.mode == "auto" and decl.name in self.quantized)]
+        into_weight = [u for u in updates if u not in in_graph]
+        binding = self.bindings[decl.name]
+        if into_weight and binding.load is not None:
+            binding.load = merged(binding.load, into_weight)
+        if not in_graph:
+            return base
+        pairs = []
+        for k, update in enumerate(in_graph):
+            (down_shape, up_shape) = update.shapes()
+            down = self._lora_source(f"{decl.name}.lora{k}.down", down_shape, update, update.down)
+            up = self._lora_source(f"{decl.name}.lora{k}.up", up_shape, update, update.up)
+            pairs.append((down, up, update.scale))
+        self.lora_weights[decl.name] = LoraWeight(base, pairs)
+        return self.lora_weights[decl.name]
+
+    def _lora_source(self, name: str, shape: tuple[int, ...], update: LoraUpdate,
+                     load: Callable[[], np.ndarray]) -> Tensor:
+        stored = update.file.checkpoint.tensors[update.layer.down if name.endswith(".down") else update.layer.up]
+        dtype = _graph_dtype(stored.dtype)
+        if dtype is None or not dtype.is_float:
+            raise LoraError(f"{update.spec.where}: '{stored.name}' is {stored.dtype}; LoRA weights are F32, F16 "
+                            f"or BF16")
+        self.bindings[name] = WeightBinding(name, tuple(shape), dtype, load, (f"{update.file.path}:{stored.name}",))
+        return self.graph.weight(name, shape, dtype)
+
+    def check_lora_use(self, decls: Mapping[str, WeightDecl]) -> None:
+        """Every weight with LoRA updates in the graph went only into ``linear`` (which adds them): any other use
+        would drop them silently."""
+        for name, weight in self.lora_weights.items():
+            allowed = {i for used in weight.applied for i in used}
+            users = [node.op for node in self.graph.nodes
+                     if node.id not in allowed and any(src == weight.node for src, _ in node.inputs)]
+            if users or not weight.applied:
+                how = f"in {users[0]} (not through linear)" if users else "by no linear"
+                raise decls[name].origin.error(
+                    f"weight '{name}' has LoRA updates to add in the graph, but the forward uses it {how}; a "
+                    f"low-rank update is added only beside linear(x, weight). Merge it instead (mode: merge), "
+                    f"which needs the weight unquantized")
 
     def _source(self, name: str, shape: tuple[int, ...], dtype: DType) -> Tensor:
         stored = self.mapped.get(name) if self.mapped is not None else None

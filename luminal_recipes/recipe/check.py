@@ -43,6 +43,11 @@ def check_recipe(recipe: LoadedRecipe, ops: Mapping[str, Callable] | None = None
     ops = default_ops() if ops is None else ops
     doc = recipe.doc
     assert isinstance(doc, ModelRecipe)
+    if doc.lora_names:  # each names a model recipe inside this one's folder tree
+        from .loader import load_recipe
+        from .lora import conventions
+
+        conventions(recipe, load_recipe)
     global_params = set(recipe.params)
     root = recipe.modules[doc.root].value
     for name in root.inputs:

@@ -475,6 +475,12 @@ class ModelRecipe(Strict):
     generation: GenerationSpec | None = Field(
         None, description="present on a language model: `run` generates text with it"
     )
+    lora_names: dict[str, str] | None = Field(
+        None,
+        description="LoRA files are applied to this model (a pipeline's `loras:` and `--lora` go to the models "
+        "that declare this): naming convention -> a model recipe (relative path) whose weights.rename/split rules "
+        "map a LoRA layer named that way onto this recipe's weight names; this recipe's own names always apply",
+    )
 
     @field_validator("params", mode="before")
     @classmethod
@@ -531,6 +537,19 @@ class PipelineModel(Strict):
         description="replaces the model recipe's `weights.quantization` (e.g. the same transformer recipe "
         "over an FP8 or NVFP4 checkpoint)",
     )
+
+
+class PipelineLora(Strict):
+    """A LoRA the pipeline applies (``--lora PATH[:SCALE]`` adds more)."""
+
+    path: str = Field(description="a LoRA .safetensors file, relative to this recipe (inside its folder tree)")
+    scale: float = Field(1.0, description="its strength: the update is scale * alpha / rank * up @ down")
+    model: str | None = Field(None, description="the model it adapts (default: the one whose recipe declares "
+                              "`lora_names`)")
+    mode: Literal["auto", "merge", "graph"] = Field(
+        "auto", description="merge: added into the weights when they are loaded; graph: x @ down.T @ up.T * scale "
+        "computed beside the layer's matmul; auto: merge for dense weights, graph for quantized ones (FP8, NVFP4 "
+        "keep their packed form)")
 
 
 class TokenizerSpec(Strict):
@@ -697,6 +716,7 @@ class PipelineRecipe(Strict):
     tokenizer: TokenizerSpec | None = None
     scheduler: SchedulerSpec | None = None
     inputs: dict[str, PipelineInput] = Field(default_factory=dict)
+    loras: list[PipelineLora] = Field(default_factory=list, description="LoRA files applied to the models")
     stages: list[StageSpec]
     outputs: dict[str, PipelineOutput] = Field(
         default_factory=dict,

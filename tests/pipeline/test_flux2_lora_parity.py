@@ -1,0 +1,316 @@
+"""LoRA on FLUX.2 (`--lora PATH[:SCALE]`, a pipeline's `loras:`) against diffusers' `load_lora_weights`.
+
+One random LoRA of the tiny transformer is made with PEFT (`add_adapter`, then its weights drawn from a seeded
+generator; Q/K/V share their down matrices so the fused BFL formats can hold it) and written in each key format:
+diffusers (`Flux2Pipeline.save_lora_weights`, alpha/rank in the `lora_adapter_metadata` header), PEFT
+(`PeftModel.save_pretrained`'s `base_model.model.` keys), fal/ai-toolkit (Black Forest Labs' names under
+`diffusion_model.`, fused QKV, in `lora_A/lora_B` and in `lora_down/lora_up` spelling) and ComfyUI/kohya
+(`lora_unet_` + BFL names with `_` for `.`, `.alpha`), each the inverse of diffusers' own converter
+(`_convert_non_diffusers_flux2_lora_to_diffusers`, `_convert_kohya_flux2_lora_to_diffusers`). Each file is loaded
+by diffusers (the reference) and by us: the transformer's velocity within 1e-4, the image at PSNR >= 40 dB.
+Merged into the weights (the default for f32), and added in the graph (for quantized weights: an FP8 transformer
+keeps its packed weights and gains x @ A.T @ B.T * scale, against diffusers over the same weights dequantized).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from diffusers import Flux2Pipeline
+from diffusers.models import Flux2Transformer2DModel
+from safetensors.numpy import save_file
+from safetensors.torch import save_file as save_torch
+
+from luminal_recipes.errors import LoraError
+from luminal_recipes.image_io import to_uint8
+from luminal_recipes.pipeline.driver import Pipeline
+from luminal_recipes.pipeline.engine import ModelEngine
+from luminal_recipes.recipe.builder import build_model
+from luminal_recipes.recipe.loader import load_recipe
+from luminal_recipes.recipe.lora import LoraSpec
+from luminal_recipes.tasks.flux2.latents import initial_noise, latent_ids, text_ids
+from luminal_recipes.tasks.flux2.steps import rope_tables
+from luminal_recipes.weights.formats import dequantize_fp8
+from luminal_recipes.weights.quantize import quantize_checkpoint
+from luminal_recipes.weights.safetensors_io import Checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "flux2-tiny.yaml"
+CHECKPOINT = ROOT / "recipes" / "flux2-tiny" / "checkpoint"
+RANK, ALPHA = 4, 8.0  # the diffusers file says so in its metadata (scale 2); kohya in its .alpha keys
+SETS = ["steps=2", "width=48", "height=32", "max_sequence_length=32"]
+
+# every linear layer of the transformer (diffusers' names), as a PEFT target regex
+TARGETS = (r".*(attn\.(to_q|to_k|to_v|to_out\.0|add_q_proj|add_k_proj|add_v_proj|to_add_out|to_qkv_mlp_proj)"
+           r"|single_transformer_blocks\.\d+\.attn\.to_out|linear_in|linear_out|x_embedder|context_embedder"
+           r"|proj_out|norm_out\.linear|modulation_img\.linear|modulation_txt\.linear|single_stream_modulation\.linear"
+           r"|embedder\.linear_1|embedder\.linear_2)")
+
+
+# ---- the LoRA, in diffusers' names, and its spellings ------------------------------------------------------------
+def make_lora() -> tuple[dict[str, torch.Tensor], dict]:
+    """``(state, LoraConfig dict)``: PEFT's own adapter on the tiny transformer, weights seeded."""
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    transformer = Flux2Transformer2DModel.from_pretrained(CHECKPOINT / "transformer")
+    config = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=TARGETS, init_lora_weights=False)
+    transformer.add_adapter(config)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, parameter in sorted(transformer.named_parameters()):
+            if "lora_" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    state = {k: v.detach().clone().contiguous() for k, v in get_peft_model_state_dict(transformer).items()}
+    for key in list(state):  # Q/K/V share one down matrix, as a fused QKV LoRA does
+        for fused in ("to_k", "to_v"), ("add_k_proj", "add_v_proj"):
+            for part in fused:
+                if f".{part}.lora_A." in key:
+                    first = "to_q" if part.startswith("to_") else "add_q_proj"
+                    state[key] = state[key.replace(f".{part}.", f".{first}.")].clone()
+    return state, config.to_dict()
+
+
+# diffusers name (module, no .weight) -> BFL name; fused QKV handled apart (the inverse of diffusers' converter)
+_TO_BFL = [
+    (r"^transformer_blocks\.(\d+)\.attn\.to_out\.0$", r"double_blocks.\1.img_attn.proj"),
+    (r"^transformer_blocks\.(\d+)\.attn\.to_add_out$", r"double_blocks.\1.txt_attn.proj"),
+    (r"^transformer_blocks\.(\d+)\.ff\.linear_in$", r"double_blocks.\1.img_mlp.0"),
+    (r"^transformer_blocks\.(\d+)\.ff\.linear_out$", r"double_blocks.\1.img_mlp.2"),
+    (r"^transformer_blocks\.(\d+)\.ff_context\.linear_in$", r"double_blocks.\1.txt_mlp.0"),
+    (r"^transformer_blocks\.(\d+)\.ff_context\.linear_out$", r"double_blocks.\1.txt_mlp.2"),
+    (r"^single_transformer_blocks\.(\d+)\.attn\.to_qkv_mlp_proj$", r"single_blocks.\1.linear1"),
+    (r"^single_transformer_blocks\.(\d+)\.attn\.to_out$", r"single_blocks.\1.linear2"),
+    (r"^x_embedder$", "img_in"),
+    (r"^context_embedder$", "txt_in"),
+    (r"^time_guidance_embed\.timestep_embedder\.linear_1$", "time_in.in_layer"),
+    (r"^time_guidance_embed\.timestep_embedder\.linear_2$", "time_in.out_layer"),
+    (r"^time_guidance_embed\.guidance_embedder\.linear_1$", "guidance_in.in_layer"),
+    (r"^time_guidance_embed\.guidance_embedder\.linear_2$", "guidance_in.out_layer"),
+    (r"^proj_out$", "final_layer.linear"),
+    (r"^norm_out\.linear$", "final_layer.adaLN_modulation.1"),
+    (r"^(double_stream_modulation_img|double_stream_modulation_txt|single_stream_modulation)\.linear$", r"\1.lin"),
+]
+
+
+def to_bfl(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """BFL module name -> (down, up): fused QKV (shared down, ups stacked q;k;v), the rest renamed."""
+    modules = {key.split(".lora_")[0] for key in state}
+    out = {}
+    for module in sorted(modules):
+        down, up = state[f"{module}.lora_A.weight"], state[f"{module}.lora_B.weight"]
+        m = re.match(r"^transformer_blocks\.(\d+)\.attn\.(to_q|add_q_proj)$", module)
+        if m:
+            stream = "img" if m[2] == "to_q" else "txt"
+            names = ["to_q", "to_k", "to_v"] if stream == "img" else ["add_q_proj", "add_k_proj", "add_v_proj"]
+            ups = [state[f"transformer_blocks.{m[1]}.attn.{n}.lora_B.weight"] for n in names]
+            out[f"double_blocks.{m[1]}.{stream}_attn.qkv"] = (down, torch.cat(ups))
+            continue
+        if re.match(r"^transformer_blocks\.\d+\.attn\.(to_k|to_v|add_k_proj|add_v_proj)$", module):
+            continue
+        for pattern, replacement in _TO_BFL:
+            if re.match(pattern, module):
+                out[re.sub(pattern, replacement, module)] = (down, up)
+                break
+        else:
+            raise AssertionError(f"no BFL name for {module}")
+    return out
+
+
+def write_formats(state: dict[str, torch.Tensor], config: dict, folder: Path) -> dict[str, Path]:
+    paths = {}
+    folder.mkdir(parents=True, exist_ok=True)
+    Flux2Pipeline.save_lora_weights(folder / "diffusers", transformer_lora_layers=state,
+                                    transformer_lora_adapter_metadata=config)
+    paths["diffusers"] = folder / "diffusers" / "pytorch_lora_weights.safetensors"
+    # PEFT's save_pretrained spelling; no alpha in the file (PEFT keeps it in adapter_config.json, which diffusers
+    # does not read): scale 1 for both. diffusers reads such keys as ai-toolkit ones, accepting diffusers' names
+    # only for the blocks: the file holds the blocks' layers
+    paths["peft"] = folder / "peft.safetensors"
+    save_torch({f"base_model.model.{k}": v for k, v in state.items() if "transformer_blocks." in k}, paths["peft"])
+    bfl = to_bfl(state)
+    paths["fal"] = folder / "fal.safetensors"
+    save_torch({f"diffusion_model.{name}.lora_{ab}.weight": t for name, (down, up) in bfl.items()
+                for ab, t in (("A", down), ("B", up))}, paths["fal"])
+    paths["fal-down-up"] = folder / "fal-down-up.safetensors"
+    save_torch({f"diffusion_model.{name}.lora_{kind}.weight": t for name, (down, up) in bfl.items()
+                for kind, t in (("down", down), ("up", up))}, paths["fal-down-up"])
+    kohya = {}
+    for name, (down, up) in bfl.items():
+        if not KOHYA_NAMES.fullmatch(name):
+            continue
+        key = "lora_unet_" + name.replace(".", "_")
+        kohya[f"{key}.lora_down.weight"], kohya[f"{key}.lora_up.weight"] = down, up
+        kohya[f"{key}.alpha"] = torch.tensor(ALPHA)
+    paths["kohya"] = folder / "kohya.safetensors"
+    save_torch(kohya, paths["kohya"])
+    return paths
+
+
+# what diffusers' kohya converter maps (BFL names); it drops others (guidance_in, modulations, adaLN) with a warning
+KOHYA_NAMES = re.compile(r"double_blocks\.\d+\.(img|txt)_(attn\.(qkv|proj)|mlp\.[02])|single_blocks\.\d+\.linear[12]"
+                         r"|img_in|txt_in|time_in\.(in|out)_layer|final_layer\.linear")
+
+
+@pytest.fixture(scope="module")
+def loras(tmp_path_factory) -> dict[str, Path]:
+    state, config = make_lora()
+    return write_formats(state, config, tmp_path_factory.mktemp("loras"))
+
+
+@pytest.fixture(scope="module")
+def reference() -> Flux2Pipeline:
+    return Flux2Pipeline.from_pretrained(CHECKPOINT)
+
+
+@contextmanager
+def adapted(ref: Flux2Pipeline, paths: list[Path], scales: list[float]):
+    """``ref`` with the LoRA files loaded by diffusers' ``load_lora_weights`` at ``scales``; removed after."""
+    names = []
+    for path in paths:
+        names.append(f"a{next(_ADAPTERS)}")
+        ref.load_lora_weights(str(path.parent), weight_name=path.name, adapter_name=names[-1])
+    ref.set_adapters(names, adapter_weights=scales)
+    try:
+        yield ref
+    finally:
+        ref.delete_adapters(names)
+
+
+_ADAPTERS = itertools.count()
+
+
+def velocity_inputs(config) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    h, w, t = 2, 3, 5
+    ids = np.concatenate([text_ids(t), latent_ids(h, w)]).astype(np.float64)
+    rope = rope_tables(None, ids, list(config.axes_dims_rope), config.rope_theta)
+    return {"hidden_states": rng.standard_normal((1, h * w, config.in_channels)).astype(np.float32),
+            "encoder_hidden_states": rng.standard_normal((1, t, config.joint_attention_dim)).astype(np.float32),
+            "timestep": np.float32([0.7]), "guidance": np.float32([4.0]),
+            "rope_cos": rope["cos"], "rope_sin": rope["sin"], "h": h, "w": w, "t": t}
+
+
+def diffusers_velocity(transformer, x: dict) -> np.ndarray:
+    with torch.no_grad():
+        return transformer(hidden_states=torch.tensor(x["hidden_states"]),
+                           encoder_hidden_states=torch.tensor(x["encoder_hidden_states"]),
+                           timestep=torch.tensor(x["timestep"]), guidance=torch.tensor(x["guidance"]),
+                           img_ids=torch.tensor(latent_ids(x["h"], x["w"])).float(),
+                           txt_ids=torch.tensor(text_ids(x["t"])).float(), return_dict=False)[0].numpy()
+
+
+def our_velocity(model, x: dict) -> np.ndarray:
+    inputs = {k: v for k, v in x.items() if k not in ("h", "w", "t")}
+    return ModelEngine(model, compile=False)(inputs)["velocity"]
+
+
+def close(got: np.ndarray, want: np.ndarray) -> float:
+    err = float(np.abs(got - want).max() / np.abs(want).max())
+    assert err <= 1e-4 and float(np.abs(got - want).max()) <= 1e-4, err
+    return err
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+# ---- parity ------------------------------------------------------------------------------------------------------
+FORMATS = ["diffusers", "peft", "fal", "fal-down-up", "kohya"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("mode", ["merge", "graph"])
+def test_velocity_with_lora_matches_diffusers(fmt, mode, loras, reference):
+    x = velocity_inputs(reference.transformer.config)
+    base = diffusers_velocity(reference.transformer, x)
+    # diffusers reads a `diffusion_model.` file spelt lora_down/lora_up as kohya and loads nothing from it (no
+    # `lora_unet_` keys): its reference is the same LoRA spelt lora_A/lora_B
+    with adapted(reference, [loras["fal" if fmt == "fal-down-up" else fmt]], [0.7]) as ref:
+        want = diffusers_velocity(ref.transformer, x)
+    assert np.abs(want - base).max() / np.abs(want).max() > 0.01, "the LoRA changes nothing: a vacuous test"
+    spec = LoraSpec(loras[fmt], 0.7, f"test {fmt}", mode)
+    recipe = load_recipe(ROOT / "recipes" / "flux2-transformer.yaml")
+    folder = CHECKPOINT / "transformer"
+    model = build_model(recipe, checkpoint=Checkpoint.open(folder), config=json.loads((folder / "config.json")
+                        .read_text()), loras=[spec])
+    if mode == "graph":
+        assert any(".lora0.down" in name for name in model.weights)
+    else:
+        assert not any(".lora" in name for name in model.weights)
+    close(our_velocity(model, x), want)
+
+
+@pytest.mark.parametrize("fmt", ["diffusers", "kohya"])
+def test_image_with_lora_matches_diffusers(fmt, loras, reference):
+    scale = 0.8
+    ours = Pipeline(RECIPE, sets=SETS, loras=[(loras[fmt], scale)])
+    latents = initial_noise(3, 32, 48)
+    got = to_uint8(ours.run({"prompt": "a fox", "init_latents": latents}).values["image"])
+
+    def image() -> np.ndarray:
+        out = reference(prompt="a fox", height=32, width=48, num_inference_steps=2, guidance_scale=4.0,
+                        latents=torch.tensor(latents), max_sequence_length=32, output_type="np").images[0]
+        return (out * 255).round().astype(np.uint8)
+
+    with adapted(reference, [loras[fmt]], [scale]):
+        want = image()
+    plain = image()
+    assert psnr(plain, want) < 30, "the LoRA barely changes the image: a vacuous test"
+    print(f"{fmt}: PSNR {psnr(got, want):.1f} dB against diffusers (without the LoRA: {psnr(plain, want):.1f} dB)")
+    assert psnr(got, want) >= 40.0
+
+
+def test_two_loras_at_once_match_diffusers(loras, reference):
+    x = velocity_inputs(reference.transformer.config)
+    with adapted(reference, [loras["diffusers"], loras["kohya"]], [1.0, -0.5]) as ref:
+        want = diffusers_velocity(ref.transformer, x)
+    ours = Pipeline(RECIPE, loras=[(loras["diffusers"], 1.0), (loras["kohya"], -0.5)])
+    close(our_velocity(ours.model("transformer"), x), want)
+
+
+def test_lora_on_an_fp8_transformer_stays_packed_and_matches_diffusers(loras, tmp_path):
+    """FP8 weights with the LoRA added in the graph, against diffusers over the same weights dequantized."""
+    exclude = ["x_embedder", "context_embedder", "time_guidance_embed.*", "*stream_modulation*", "norm_out.*",
+               "proj_out"]
+    fp8 = tmp_path / "fp8"
+    quantize_checkpoint(CHECKPOINT / "transformer", fp8, "fp8", exclude=exclude)
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    stored = Checkpoint.open(fp8)
+    out = {}
+    for name in stored.names:
+        if name.endswith(".weight_scale"):
+            continue
+        scale = name.replace(".weight", ".weight_scale")
+        out[name] = dequantize_fp8(stored.load(name), stored.load(scale)) if scale in stored else stored.load(name)
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()},
+              dense / "diffusion_pytorch_model.safetensors")
+    (dense / "config.json").write_text((CHECKPOINT / "transformer" / "config.json").read_text())
+    ref = Flux2Pipeline.from_pretrained(CHECKPOINT, transformer=Flux2Transformer2DModel.from_pretrained(dense))
+    ref.load_lora_weights(str(loras["diffusers"].parent), weight_name=loras["diffusers"].name, adapter_name="a")
+    ref.set_adapters(["a"], adapter_weights=[0.9])
+    x = velocity_inputs(ref.transformer.config)
+    want = diffusers_velocity(ref.transformer, x)
+    from luminal_recipes.recipe.schema import QuantizationSpec
+
+    recipe = load_recipe(ROOT / "recipes" / "flux2-transformer.yaml")
+    model = build_model(recipe, checkpoint=Checkpoint.open(fp8), config=json.loads((fp8 / "config.json").read_text()),
+                        quantization=QuantizationSpec(format="fp8", scale="per_tensor", exclude=exclude),
+                        loras=[LoraSpec(loras["diffusers"], 0.9, "test")])
+    q = "transformer_blocks.0.attn.to_q"
+    assert str(model.weights[f"{q}.weight"].dtype) == "f8e4m3" and f"{q}.weight.lora0.down" in model.weights
+    assert "x_embedder.weight.lora0.down" not in model.weights  # a dense weight: merged at load
+    close(our_velocity(model, x), want)
+    with pytest.raises(LoraError, match="mode merge cannot add .* stored quantized"):
+        build_model(recipe, checkpoint=Checkpoint.open(fp8), config=json.loads((fp8 / "config.json").read_text()),
+                    quantization=QuantizationSpec(format="fp8", scale="per_tensor", exclude=exclude),
+                    loras=[LoraSpec(loras["diffusers"], 0.9, "test", "merge")])
