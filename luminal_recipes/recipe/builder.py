@@ -224,12 +224,7 @@ def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: M
     if checkpoint is not None:
         mapped = _map(recipe, checkpoint, params)
         _check_against_checkpoint(recipe, decls, quantized, mapped, checkpoint)
-    updates = {}
-    if loras:
-        from .lora import conventions, map_loras
-
-        names = conventions(recipe, load_recipe)
-        updates = map_loras(loras, {d.name: d for d in decls}, names, params.values, quantized, doc.name)
+    updates = _map_loras(recipe, decls, quantized, params, loras) if loras else {}
     graph = Graph()
     factory = _WeightFactory(graph, doc, mapped, quantized, updates)
     policy = doc.weights.dtype
@@ -280,6 +275,32 @@ def with_compute_dtype(recipe: LoadedRecipe, dtype: str) -> LoadedRecipe:
               for name, spec in doc.inputs.items()}
     weights = doc.weights.model_copy(update={"dtype": policy})
     return replace(recipe, doc=doc.model_copy(update={"weights": weights, "inputs": inputs}))
+
+
+def map_model_loras(recipe: LoadedRecipe, loras: Sequence[LoraSpec], *, config: Mapping[str, Any] | None = None,
+                    sets: Iterable[str] | Mapping[str, Any] = (), quantization: QuantizationSpec | None = None
+                    ) -> dict[str, list[LoraUpdate]]:
+    """Weight name -> the LoRA updates ``build_model(..., loras=loras)`` applies to it (each with its file's layer,
+    the rows/columns of a split weight it covers, and its scale): the key mapping alone, no graph built and no
+    weight read; the same located errors."""
+    if quantization is not None:
+        recipe = with_quantization(recipe, quantization)
+    doc = recipe.doc
+    assert isinstance(doc, ModelRecipe)
+    params = resolve_params(recipe, config, sets)
+    root = Instantiator(recipe, params.values, {d: Expr.symbol(d) for d in doc.dims}).root()
+    decls = [w for inst in root.walk() for w in inst.weights.values()]
+    quant = doc.weights.quantization
+    quantized = {d.name for d in decls if _is_quantized(d, quant)} if quant else set()
+    return _map_loras(recipe, decls, quantized, params, loras)
+
+
+def _map_loras(recipe: LoadedRecipe, decls: list[WeightDecl], quantized: set[str], params: ResolvedParams,
+               loras: Sequence[LoraSpec]) -> dict[str, list[LoraUpdate]]:
+    from .lora import conventions, map_loras
+
+    return map_loras(loras, {d.name: d for d in decls}, conventions(recipe, load_recipe), params.values, quantized,
+                     recipe.doc.name, recipe.doc.lora_refused)
 
 
 def with_quantization(recipe: LoadedRecipe, quantization: QuantizationSpec) -> LoadedRecipe:

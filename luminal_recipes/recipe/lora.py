@@ -6,7 +6,8 @@ lists under ``lora_names`` (``bfl: flux2-transformer-bfl.yaml``), meaning: map t
 ``weights.rename``/``split`` rules map its checkpoint names (the same machinery, ``mapping.py``). A split rule
 splits the update with the weight: along axis 0 the up matrix's rows (the down matrix is shared, as diffusers
 shares ``lora_A`` over Q, K and V), along axis 1 the down matrix's columns. A kohya name (dots written as ``_``)
-is tried with each ``_`` as ``.`` or ``_``; exactly one reading must name a weight.
+is compared with the recipe's names written that way, and read by the other conventions' rules with each of their
+dots matching ``.`` or ``_`` (as ComfyUI keys kohya names: the model's names with ``_`` for ``.``).
 
 Every layer must land on a 2-D weight of matching shape: a layer that matches nothing, or matches with another
 shape, is an error listing them all, with the file named (a LoRA for another model fails here, never silently).
@@ -23,7 +24,7 @@ Two ways to apply an update ``scale * alpha / rank * up @ down`` (``LoraSpec.mod
 
 from __future__ import annotations
 
-import itertools
+import fnmatch
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,6 @@ from .instances import WeightDecl, eval_field
 from .mapping import rename
 from .schema import ModelRecipe, WeightsSection
 
-MAX_UNDERSCORES = 16  # a kohya name is tried with each "_" as "." or "_": 2**16 readings at most
 MERGE_BLOCK_BYTES = 64 << 20  # float32 rows merged at a time
 
 
@@ -107,26 +107,36 @@ def conventions(recipe, load_recipe: Callable[[Path], Any]) -> list[Convention]:
 
 
 def map_loras(specs: Sequence[LoraSpec], weights: Mapping[str, WeightDecl], names: list[Convention],
-              params: Mapping[str, Any], quantized: set[str], model: str) -> dict[str, list[LoraUpdate]]:
+              params: Mapping[str, Any], quantized: set[str], model: str,
+              refused: Mapping[str, str] | None = None) -> dict[str, list[LoraUpdate]]:
     """Weight name -> its updates, for every LoRA of ``specs``; a located error if any layer of a file does not
     fit (naming the layers), if a file fits nothing (another model's LoRA?), or if an update cannot be applied as
-    asked (a quantized weight cannot be merged)."""
+    asked (a quantized weight cannot be merged); ``refused``: weight glob -> why the model refuses LoRA updates of
+    it (its recipe's ``lora_refused``)."""
     updates: dict[str, list[LoraUpdate]] = {}
+    underscored = _underscored_index(weights)
     for spec in specs:
         if spec.mode not in ("auto", "merge", "graph"):
             raise LoraError(f"{spec.where}: mode '{spec.mode}' is not one of auto, merge, graph")
         file = read_lora(spec.path, spec.where)
-        unmatched, misfits = [], []
+        unmatched, misfits, misfit_layers = [], [], set()
         for layer in file.layers:
-            found = _targets(layer, names, weights, params)
+            found = _targets(layer, names, weights, params, underscored)
             if not found:
                 unmatched.append(layer.key)
                 continue
+            fused = _fused_misfit(layer, file, found, weights)
+            if fused:
+                misfits.append(fused)
+                misfit_layers.add(layer.key)
+                continue
             for target, rows, cols in found:
                 update = LoraUpdate(spec, file, layer, spec.scale * layer.scale, rows, cols)
-                problem = _misfit(update, weights[target])
+                problem = _misfit(update, weights[target]) or next(
+                    (why for glob, why in (refused or {}).items() if fnmatch.fnmatchcase(target, glob)), None)
                 if problem:
                     misfits.append(f"'{layer.key}' -> '{target}': {problem}")
+                    misfit_layers.add(layer.key)
                 elif spec.mode == "merge" and target in quantized:
                     raise LoraError(f"{spec.where}: mode merge cannot add '{layer.key}' into '{target}', which is "
                                     f"stored quantized; use mode graph (or auto)")
@@ -138,9 +148,11 @@ def map_loras(specs: Sequence[LoraSpec], weights: Mapping[str, WeightDecl], name
                 f"{_some(unmatched, 3)}) names a linear weight of model '{model}' (in "
                 f"{', '.join(c.label for c in names)}); is it a LoRA for another model?")
         if unmatched or misfits:
-            lines = [f"{spec.where}: {len(unmatched) + len(misfits)} of its {len(file.layers)} layers "
-                     f"({file.format} format) do not fit model '{model}'; a partly applied LoRA is not the LoRA, "
-                     f"so none is applied:"]
+            bad = len(unmatched) + len(misfit_layers)
+            other = "; none fits: is it a LoRA for another model (another size of it)?" \
+                if bad == len(file.layers) else ""
+            lines = [f"{spec.where}: {bad} of its {len(file.layers)} layers ({file.format} format) do not fit "
+                     f"model '{model}'; a partly applied LoRA is not the LoRA, so none is applied{other}:"]
             if unmatched:
                 lines.append(f"  - {len(unmatched)} name no linear weight of the model: {_some(unmatched)}")
             lines += [f"  - {m}" for m in misfits[:12]]
@@ -151,43 +163,33 @@ def map_loras(specs: Sequence[LoraSpec], weights: Mapping[str, WeightDecl], name
 
 
 def _targets(layer: LoraLayer, names: list[Convention], weights: Mapping[str, WeightDecl],
-             params: Mapping[str, Any]) -> list[tuple[str, slice, slice]]:
-    """``[(weight, up rows, down columns)]`` the layer maps onto, or [] (no reading names a weight)."""
-    readings = _readings(layer.name) if layer.underscored else [layer.name]
-    matches: dict[str, list[tuple[str, slice, slice]]] = {}
-    for reading in readings:
-        for convention in names:
-            targets = _map_name(reading, convention, weights, params)
-            if targets:
-                matches[reading] = targets
-                break
-    distinct = {tuple((t, str(r), str(c)) for t, r, c in targets) for targets in matches.values()}
-    if len(distinct) > 1:
-        raise LoraError(f"LoRA layer '{layer.key}' can be read as several layers of the model "
-                        f"({', '.join(sorted(matches))}); rename it in the file")
-    return next(iter(matches.values()), [])
+             params: Mapping[str, Any], underscored: Mapping[str, list[str]]) -> list[tuple[str, slice, slice]]:
+    """``[(weight, up rows, down columns)]`` the layer maps onto, or [] (no convention names a weight with it):
+    the first convention, in the recipe's order, that maps it."""
+    for convention in names:
+        targets = _map_name(layer, convention, weights, params, underscored)
+        if targets:
+            return targets
+    return []
 
 
-def _readings(name: str) -> list[str]:
-    """Each way to read a kohya name's underscores as dots or underscores."""
-    parts = name.split("_")
-    if len(parts) - 1 > MAX_UNDERSCORES:
-        raise LoraError(f"LoRA layer 'lora_unet_{name}' has {len(parts) - 1} underscores; at most "
-                        f"{MAX_UNDERSCORES} are tried as dots")
-    out = []
-    for seps in itertools.product((".", "_"), repeat=len(parts) - 1):
-        out.append(parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:])))
-    return out
-
-
-def _map_name(name: str, convention: Convention, weights: Mapping[str, WeightDecl],
-              params: Mapping[str, Any]) -> list[tuple[str, slice, slice]]:
+def _map_name(layer: LoraLayer, convention: Convention, weights: Mapping[str, WeightDecl],
+              params: Mapping[str, Any], underscored: Mapping[str, list[str]]) -> list[tuple[str, slice, slice]]:
     whole = slice(None)
     if convention.section is None:
-        target = f"{name}.weight"
+        if layer.underscored:  # the recipe's linear weights, their dots written as "_"
+            found = underscored.get(layer.name, [])
+            if len(found) > 1:
+                raise LoraError(f"LoRA layer '{layer.key}' can be read as several layers of the model "
+                                f"({', '.join(sorted(found))}); rename it in the file")
+            return [(found[0], whole, whole)] if found else []
+        target = f"{layer.name}.weight"
         return [(target, whole, whole)] if _linear(weights.get(target)) else []
     section = convention.section
-    target = rename(f"{name}.weight", section)
+    if layer.underscored:
+        target = _rename_underscored(f"{layer.name}_weight", section)
+    else:
+        target = rename(f"{layer.name}.weight", section)
     if _linear(weights.get(target)):
         return [(target, whole, whole)]
     for rule in section.split:
@@ -211,8 +213,49 @@ def _map_name(name: str, convention: Convention, weights: Mapping[str, WeightDec
     return []
 
 
+def _underscored_index(weights: Mapping[str, WeightDecl]) -> dict[str, list[str]]:
+    """Each linear weight's name as a kohya file writes it (no ``.weight``, ``_`` for ``.``) -> the weights."""
+    index: dict[str, list[str]] = {}
+    for name, decl in weights.items():
+        if _linear(decl):
+            index.setdefault(name[: -len(".weight")].replace(".", "_"), []).append(name)
+    return index
+
+
+def _rename_underscored(name: str, section: WeightsSection) -> str:
+    """A kohya name (the convention's name with every "." written as "_") through the convention's rename rules,
+    each dot of a rule (a prefix's ".", a regex's escaped ``\\.``) matching "." or "_": the rules' own order and
+    replacements, so the result is the recipe's dotted weight name when the rules name the layer."""
+    for rule in section.rename:
+        if rule.prefix is not None:
+            match = re.match("[._]".join(re.escape(part) for part in rule.prefix.split(".")), name)
+            if match is not None:
+                name = rule.to + name[match.end():]
+        else:
+            name = re.sub(rule.regex.replace("\\.", "[._]"), rule.to, name)
+    return name
+
+
 def _linear(decl: WeightDecl | None) -> bool:
     return decl is not None and decl.name.endswith(".weight") and len(decl.shape) == 2
+
+
+def _fused_misfit(layer: LoraLayer, file: LoraFile, found: list[tuple[str, slice, slice]],
+                  weights: Mapping[str, WeightDecl]) -> str | None:
+    """A fused layer (BFL's QKV) split over several weights: its update must be exactly their sizes together."""
+    if len(found) == 1:
+        return None
+    want = []
+    for axis in (0, 1):
+        pieces = [(rows, cols)[axis] for _, rows, cols in found]
+        whole = pieces[0] == slice(None)
+        want.append(weights[found[0][0]].shape[axis] if whole else max(piece.stop for piece in pieces))
+    got = [file.shape(layer.up)[0], file.shape(layer.down)[1]]
+    if got == want:
+        return None
+    return (f"'{layer.key}' -> {', '.join(repr(t) for t, _, _ in found)} (one fused layer, split): the update is "
+            f"{got} (up {list(file.shape(layer.up))}, down {list(file.shape(layer.down))}), the weights together "
+            f"{want}")
 
 
 def _misfit(update: LoraUpdate, decl: WeightDecl) -> str | None:

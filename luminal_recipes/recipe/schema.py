@@ -481,6 +481,11 @@ class ModelRecipe(Strict):
         "that declare this): naming convention -> a model recipe (relative path) whose weights.rename/split rules "
         "map a LoRA layer named that way onto this recipe's weight names; this recipe's own names always apply",
     )
+    lora_refused: dict[str, str] = Field(
+        default_factory=dict,
+        description="weight name (a glob) -> why a LoRA update of it cannot be applied as diffusers applies it (a "
+        "weight stored in another layout than diffusers'); a LoRA adapting such a weight is refused with the reason",
+    )
 
     @field_validator("params", mode="before")
     @classmethod

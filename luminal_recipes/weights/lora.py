@@ -12,15 +12,22 @@ diffusers                 ``transformer.<layer>.lora_A.weight``, ``B``     diffu
                                                                           (PEFT ``LoraConfig``: ``lora_alpha / r``,
                                                                           ``alpha_pattern``/``rank_pattern``,
                                                                           rsLoRA), else 1
-PEFT                      ``base_model.model.<layer>.lora_A.weight``       likewise (PEFT's ``save_pretrained``)
+PEFT                      ``base_model.model.<layer>.lora_A.weight``       likewise (PEFT's ``save_pretrained``);
+                                                                          alpha and rank from the
+                                                                          ``adapter_config.json`` beside the file
 fal / ai-toolkit (BFL)    ``diffusion_model.<layer>.lora_A.weight`` (or    Black Forest Labs' module names
                           ``lora_down``/``lora_up``)                       (``double_blocks.0.img_attn.qkv``) or
-                                                                          diffusers' expanded ones
-ComfyUI / kohya           ``lora_unet_<layer with _ for .>.lora_down``,    BFL's names, dots written as ``_``;
-                          ``.lora_up``, ``.alpha``                         ``alpha / rank``
+                                                                          diffusers' expanded ones (its legacy
+                                                                          alias ``sformer_blocks.``)
+ComfyUI / kohya           ``lora_unet_<layer with _ for .>.lora_down``,    BFL's names (``lora_transformer_``:
+                          ``.lora_up``, ``.alpha``                         diffusers'), dots written as ``_``;
+                                                                          ``alpha / rank``
 ========================  ==============================================  =========================================
 
-Any format may carry ``<layer>.alpha`` (scale ``alpha / rank``, as kohya and ComfyUI read it). Which layer of
+Any format may carry ``<layer>.alpha`` (scale ``alpha / rank``, as kohya and ComfyUI read it). A PEFT
+``save_pretrained`` folder keeps its ``LoraConfig`` in ``adapter_config.json``: it is read as PEFT's
+``PeftModel.from_pretrained`` reads it (diffusers' ``load_lora_weights`` does not read it and applies scale 1,
+which differs from PEFT's whenever ``lora_alpha != r``). Which layer of
 which model a name means is the model recipe's business (``recipe/lora.py``). What this module cannot honour is
 refused with the file named: DoRA (``dora_scale``, ``lora_magnitude_vector``), LoRA biases, LoKr/LoHa, full
 weights (``diff``), and ``LoraConfig`` settings that change the result (``use_dora``, ``lora_bias``...).
@@ -43,7 +50,8 @@ PREFIXES = {  # key prefix -> format name
     "base_model.model.": "PEFT",
     "diffusion_model.": "fal/ai-toolkit",
 }
-KOHYA_PREFIX = "lora_unet_"
+KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")  # ComfyUI's keys: BFL's names, or diffusers' (SimpleTuner)
+PEFT_CONFIG = "adapter_config.json"  # PEFT's save_pretrained writes the LoraConfig beside adapter_model.safetensors
 # LoraConfig settings that change what the adapter computes, refused when set (others: training-only, metadata)
 UNSUPPORTED_CONFIG = ("use_dora", "lora_bias", "fan_in_fan_out", "use_qalora", "layer_replication",
                       "modules_to_save", "trainable_token_indices", "alora_invocation_tokens")
@@ -119,9 +127,11 @@ def read_lora(path: str | Path, where: str) -> LoraFile:
     if lonely:
         raise LoraError(f"{where}: incomplete LoRA layers (a down without its up, or the reverse, or an alpha "
                         f"without either): {_some(lonely)}")
-    config = _metadata_config(checkpoint, where)
-    kohya = all(layer.startswith(KOHYA_PREFIX) for layer in pairs)
+    kohya = all(layer.startswith(KOHYA_PREFIXES) for layer in pairs)
     fmt = "ComfyUI/kohya" if kohya else _format(pairs, where)
+    config = _metadata_config(checkpoint, where)
+    if config is None and fmt == "PEFT" and (path.parent / PEFT_CONFIG).is_file():
+        config = _peft_config(path.parent / PEFT_CONFIG, where)
     layers = []
     for layer, p in pairs.items():
         down, up = checkpoint.tensors[p["down"]].shape, checkpoint.tensors[p["up"]].shape
@@ -129,17 +139,24 @@ def read_lora(path: str | Path, where: str) -> LoraFile:
             raise LoraError(f"{where}: layer '{layer}': down {list(down)} and up {list(up)} are not a rank-r pair "
                             f"[r, in] and [out, r]; only LoRAs of linear layers are supported")
         rank = int(down[0])
-        name = layer[len(KOHYA_PREFIX):] if kohya else _strip_prefix(layer)
+        name = _strip_kohya(layer) if kohya else _strip_prefix(layer)
         scale = _scale(checkpoint, alphas.get(layer), rank, config, name, where)
         layers.append(LoraLayer(layer, name, p["down"], p["up"], rank, scale, underscored=kohya))
     return LoraFile(path, fmt, layers, checkpoint)
 
 
 def _strip_prefix(layer: str) -> str:
-    for prefix in PREFIXES:
+    for prefix, fmt in PREFIXES.items():
         if layer.startswith(prefix):
-            return layer[len(prefix):]
+            layer = layer[len(prefix):]
+            if fmt == "fal/ai-toolkit" and layer.startswith("sformer_blocks."):  # as diffusers' converter reads it
+                layer = "tran" + layer
+            return layer
     return layer
+
+
+def _strip_kohya(layer: str) -> str:
+    return next(layer[len(p):] for p in KOHYA_PREFIXES if layer.startswith(p))
 
 
 def _format(pairs: dict[str, dict[str, str]], where: str) -> str:
@@ -154,17 +171,31 @@ def _metadata_config(checkpoint: Checkpoint, where: str) -> dict | None:
     raw = checkpoint.metadata.get(METADATA_KEY)
     if not raw:
         return None
+    return _checked_config(raw, f"{where}: its {METADATA_KEY} header")
+
+
+def _peft_config(path: Path, where: str) -> dict:
+    """PEFT's ``adapter_config.json`` beside the file."""
+    from ..files import MAX_JSON_BYTES, read_regular_text
+
+    return _checked_config(read_regular_text(path, "a PEFT adapter_config.json", MAX_JSON_BYTES, LoraError),
+                           f"{where}: {path}")
+
+
+def _checked_config(raw: str, what: str) -> dict:
     try:
         data = json.loads(raw)
     except ValueError as exc:
-        raise LoraError(f"{where}: its {METADATA_KEY} header is not JSON ({exc})") from None
+        raise LoraError(f"{what} is not JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise LoraError(f"{where}: its {METADATA_KEY} header is not a JSON object")
+        raise LoraError(f"{what} is not a JSON object")
     config = {key.removeprefix("transformer."): value for key, value in data.items()}  # a pipeline's save
+    if config.get("peft_type", "LORA") != "LORA":
+        raise LoraError(f"{what} says peft_type {config['peft_type']!r}; only LoRA adapters are supported")
     bad = [key for key in UNSUPPORTED_CONFIG if config.get(key)]
     if bad:
-        raise LoraError(f"{where}: its LoraConfig sets {', '.join(f'{k}={config[k]!r}' for k in bad)}, which this "
-                        f"tool does not implement (plain LoRA only)")
+        raise LoraError(f"{what} sets {', '.join(f'{k}={config[k]!r}' for k in bad)}, which this tool does not "
+                        f"implement (plain LoRA only)")
     return config
 
 
