@@ -245,6 +245,16 @@ class Pipeline:
                                              compute_dtype=self.compute_dtype, loras=self.loras.get(name, []))
         return self._models[name]
 
+    def check_loras(self) -> None:
+        """Read every LoRA file and map it onto its model's weights (no graph built, no weight read): a file that
+        does not fit is refused before anything is planned or compiled."""
+        from ..recipe.builder import map_model_loras
+
+        for name, specs in self.loras.items():
+            sets, _ = self.model_sets(name)
+            map_model_loras(self._model_recipe(name), specs, config=self.configs.get(name) or {}, sets=sets,
+                            quantization=self.doc.models[name].quantization)
+
     @property
     def loras(self) -> dict[str, list[LoraSpec]]:
         """Model name -> the LoRA files applied to it: the recipe's ``loras:``, then ``--lora`` flags. A LoRA goes

@@ -227,6 +227,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
         check_output_folder()
     recipe_hash = _recipe_hash(pipe.recipe.files)
     seed = int(p["seed"]) if "seed" in p else None
+    pipe.check_loras()  # a LoRA that does not fit its model is refused before any planning
     t_prepare = time.perf_counter()
     pipe.prepare()  # every stage compiled and planned under the budget before any weight is read
     compile_seconds = time.perf_counter() - t_prepare  # the compile share of the summary (plan-cache loads too)

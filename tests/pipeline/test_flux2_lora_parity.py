@@ -4,7 +4,8 @@ One random LoRA of the tiny transformer, written in each key format by lora_file
 save_lora_weights, PEFT, fal/ai-toolkit in two spellings, ComfyUI/kohya). Each file is loaded by diffusers (the
 reference) and by us: the transformer's velocity within 1e-4, the image at PSNR >= 40 dB.
 Merged into the weights (the default for f32), and added in the graph (for quantized weights: an FP8 transformer
-keeps its packed weights and gains x @ A.T @ B.T * scale, against diffusers over the same weights dequantized).
+or NVFP4 transformer keeps its packed weights and gains x @ A.T @ B.T * scale, against diffusers over the same
+weights dequantized).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from luminal_recipes.recipe.loader import load_recipe
 from luminal_recipes.recipe.lora import LoraSpec
 from luminal_recipes.tasks.flux2.latents import initial_noise, latent_ids, text_ids
 from luminal_recipes.tasks.flux2.steps import rope_tables
-from luminal_recipes.weights.formats import dequantize_fp8
+from luminal_recipes.weights.formats import dequantize_fp8, dequantize_nvfp4
 from luminal_recipes.weights.quantize import quantize_checkpoint
 from luminal_recipes.weights.safetensors_io import Checkpoint
 
@@ -131,10 +132,11 @@ def test_velocity_with_lora_matches_diffusers(fmt, mode, loras, reference):
     close(our_velocity(model, x), want)
 
 
-@pytest.mark.parametrize("fmt", ["diffusers", "kohya"])
+@pytest.mark.parametrize("fmt", ["diffusers", "peft", "fal", "kohya"])
 def test_image_with_lora_matches_diffusers(fmt, loras, reference):
-    scale = 0.8
-    ours = Pipeline(RECIPE, sets=SETS, loras=[(loras[fmt], scale)])
+    """Each format end to end (the compiled program for one of them: the compiler is not what differs)."""
+    scale = 12.0 if fmt == "peft" else 0.8  # the PEFT file: the blocks only, at alpha / rank 1 (no metadata)
+    ours = Pipeline(RECIPE, sets=SETS, loras=[(loras[fmt], scale)], compile=fmt == "diffusers")
     latents = initial_noise(3, 32, 48)
     got = to_uint8(ours.run({"prompt": "a fox", "init_latents": latents}).values["image"])
 
@@ -159,21 +161,35 @@ def test_two_loras_at_once_match_diffusers(loras, reference):
     close(our_velocity(ours.model("transformer"), x), want)
 
 
-def test_lora_on_an_fp8_transformer_stays_packed_and_matches_diffusers(loras, tmp_path):
-    """FP8 weights with the LoRA added in the graph, against diffusers over the same weights dequantized."""
+QUANTIZED = {"fp8": (dict(format="fp8", scale="per_tensor"), "f8e4m3"),
+             "nvfp4": (dict(format="nvfp4", layout="modelopt"), "u8")}
+
+
+@pytest.mark.parametrize("fmt", sorted(QUANTIZED))
+def test_lora_on_a_quantized_transformer_stays_packed_and_matches_diffusers(fmt, loras, tmp_path):
+    """FP8 / NVFP4 weights with the LoRA added in the graph, against diffusers over the same weights
+    dequantized; merging into a quantized weight is refused."""
+    from luminal_recipes.recipe.schema import QuantizationSpec
+
     exclude = ["x_embedder", "context_embedder", "time_guidance_embed.*", "*stream_modulation*", "norm_out.*",
                "proj_out"]
-    fp8 = tmp_path / "fp8"
-    quantize_checkpoint(CHECKPOINT / "transformer", fp8, "fp8", exclude=exclude)
+    packed = tmp_path / fmt
+    quantize_checkpoint(CHECKPOINT / "transformer", packed, fmt, "modelopt", exclude=exclude)
     dense = tmp_path / "dense"
     dense.mkdir()
-    stored = Checkpoint.open(fp8)
+    stored = Checkpoint.open(packed)
     out = {}
     for name in stored.names:
-        if name.endswith(".weight_scale"):
+        owner = name.removesuffix(".weight")
+        if name.endswith((".weight_scale", ".weight_scale_2", ".input_scale")):
             continue
-        scale = name.replace(".weight", ".weight_scale")
-        out[name] = dequantize_fp8(stored.load(name), stored.load(scale)) if scale in stored else stored.load(name)
+        if f"{owner}.weight_scale" not in stored:
+            out[name] = stored.load(name)
+        elif fmt == "nvfp4":
+            out[name] = dequantize_nvfp4(stored.load(name), stored.load(f"{owner}.weight_scale"),
+                                         stored.load(f"{owner}.weight_scale_2"), "modelopt")
+        else:
+            out[name] = dequantize_fp8(stored.load(name), stored.load(f"{owner}.weight_scale"))
     save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()},
               dense / "diffusion_pytorch_model.safetensors")
     (dense / "config.json").write_text((CHECKPOINT / "transformer" / "config.json").read_text())
@@ -182,17 +198,19 @@ def test_lora_on_an_fp8_transformer_stays_packed_and_matches_diffusers(loras, tm
     ref.set_adapters(["a"], adapter_weights=[0.9])
     x = velocity_inputs(ref.transformer.config)
     want = diffusers_velocity(ref.transformer, x)
-    from luminal_recipes.recipe.schema import QuantizationSpec
-
     recipe = load_recipe(ROOT / "recipes" / "flux2-transformer.yaml")
-    model = build_model(recipe, checkpoint=Checkpoint.open(fp8), config=json.loads((fp8 / "config.json").read_text()),
-                        quantization=QuantizationSpec(format="fp8", scale="per_tensor", exclude=exclude),
-                        loras=[LoraSpec(loras["diffusers"], 0.9, "test")])
+    spec, dtype = QUANTIZED[fmt]
+
+    def build(mode: str):
+        return build_model(recipe, checkpoint=Checkpoint.open(packed),
+                           config=json.loads((packed / "config.json").read_text()),
+                           quantization=QuantizationSpec(**spec, exclude=exclude),
+                           loras=[LoraSpec(loras["diffusers"], 0.9, "test", mode)])
+
+    model = build("auto")
     q = "transformer_blocks.0.attn.to_q"
-    assert str(model.weights[f"{q}.weight"].dtype) == "f8e4m3" and f"{q}.weight.lora0.down" in model.weights
+    assert str(model.weights[f"{q}.weight"].dtype) == dtype and f"{q}.weight.lora0.down" in model.weights
     assert "x_embedder.weight.lora0.down" not in model.weights  # a dense weight: merged at load
     close(our_velocity(model, x), want)
     with pytest.raises(LoraError, match="mode merge cannot add .* stored quantized"):
-        build_model(recipe, checkpoint=Checkpoint.open(fp8), config=json.loads((fp8 / "config.json").read_text()),
-                    quantization=QuantizationSpec(format="fp8", scale="per_tensor", exclude=exclude),
-                    loras=[LoraSpec(loras["diffusers"], 0.9, "test", "merge")])
+        build("merge")

@@ -11,6 +11,7 @@ LoRA layers give the scale. Bad files are refused with the file named (tests at 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,11 @@ from diffusers.loaders.lora_conversion_utils import (
 from diffusers.models import Flux2Transformer2DModel
 from lora_files import ALPHA, CHECKPOINT, TARGETS, make_lora, to_bfl  # tests/pipeline/lora_files.py
 from safetensors.torch import save_file as save_torch
+from typer.testing import CliRunner
 
-from luminal_recipes.errors import LoraError
+from luminal_recipes.cli import app
+from luminal_recipes.errors import LoraError, LuminalError
+from luminal_recipes.pipeline.driver import Pipeline
 from luminal_recipes.recipe.builder import map_model_loras
 from luminal_recipes.recipe.loader import load_recipe
 from luminal_recipes.recipe.lora import LoraSpec, parse_lora_flag
@@ -328,3 +332,65 @@ def test_files_that_are_missing_or_not_safetensors_are_refused(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(LoraError, match="--lora junk.safetensors: "):
         read_lora(tmp_path / "junk.safetensors", "--lora junk.safetensors")
+
+
+# ---- `run --lora` and a pipeline's `loras:` ----------------------------------------------------------------------
+def tiny_tree(tmp_path: Path) -> Path:
+    """The tiny FLUX.2 recipes in a folder of their own (a recipe's files stay inside its folder tree)."""
+    tree = tmp_path / "recipes"
+    tree.mkdir()
+    for name in ("flux2-tiny.yaml", "flux2.yaml", "mistral3-text-encoder.yaml", "flux2-transformer.yaml",
+                 "flux2-transformer-bfl.yaml", "flux2-transformer-modules.yaml", "flux2-vae-decoder.yaml",
+                 "flux2-vae-encoder.yaml"):
+        (tree / name).write_text((ROOT / "recipes" / name).read_text())
+    shutil.copytree(ROOT / "recipes" / "lib", tree / "lib")
+    return tree
+
+
+def test_a_pipeline_s_loras_come_before_the_flags_and_errors_name_their_line(lora, tmp_path):
+    state, config, _ = lora
+    tree = tiny_tree(tmp_path)
+    Flux2Pipeline.save_lora_weights(tree / "loras", transformer_lora_layers=state,
+                                    transformer_lora_adapter_metadata=config)
+    kohya = save(kohya_state(state), tmp_path / "kohya.safetensors")
+    head = "kind: pipeline\nextends: flux2-tiny.yaml\nname: styled\nloras:\n"
+    (tree / "styled.yaml").write_text(head + "  - {path: loras/pytorch_lora_weights.safetensors, scale: 0.5, "
+                                      "mode: graph}\n")
+    pipe = Pipeline(tree / "styled.yaml", weights=CHECKPOINT, loras=[(kohya, 0.25)])
+    specs = pipe.loras["transformer"]
+    assert [(spec.path.name, spec.scale, spec.mode) for spec in specs] == [
+        ("pytorch_lora_weights.safetensors", 0.5, "graph"), ("kohya.safetensors", 0.25, "auto")]
+    assert specs[0].where.startswith(f"{tree / 'styled.yaml'}:5:")
+    weights = pipe.model("transformer").weights
+    assert "transformer_blocks.0.attn.to_q.weight.lora0.down" in weights  # the recipe's, in the graph
+    assert "transformer_blocks.0.attn.to_q.weight.lora1.down" not in weights  # the flag's, merged
+    (tree / "bad.yaml").write_text(head + "  - {path: loras/missing.safetensors}\n")
+    with pytest.raises(LoraError, match=r"bad.yaml:5:\d+: loras\[0\] \(loras/missing.safetensors\): file not found"):
+        Pipeline(tree / "bad.yaml", weights=CHECKPOINT).model("transformer")
+    (tree / "outside.yaml").write_text(head + "  - {path: ../kohya.safetensors}\n")
+    with pytest.raises(LuminalError, match="outside.yaml:5:"):
+        Pipeline(tree / "outside.yaml", weights=CHECKPOINT).model("transformer")
+
+
+@pytest.mark.parametrize("case", ["another-model", "some-layers", "not-a-lora", "missing"])
+def test_run_refuses_a_bad_lora_before_any_work(lora, case, tmp_path, monkeypatch):
+    """Exit 2, the file and what is wrong named, no traceback, nothing written."""
+    state, config, _ = lora
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "style.safetensors"
+    if case == "another-model":
+        save(kohya_pairs({"lora_unet_down_blocks_0_attentions_0_proj_in": (320, 320)}), path)
+    elif case == "some-layers":
+        save({**{f"transformer.{k}": v for k, v in state.items()},
+              "transformer.transformer_blocks.5.attn.to_q.lora_A.weight": torch.zeros(4, 32),
+              "transformer.transformer_blocks.5.attn.to_q.lora_B.weight": torch.zeros(32, 4)}, path)
+    elif case == "not-a-lora":
+        shutil.copy(CHECKPOINT / "vae" / "diffusion_pytorch_model.safetensors", path)
+    message = {"another-model": "is it a LoRA for another model?", "some-layers": "transformer_blocks.5.attn.to_q",
+               "not-a-lora": "are not LoRA weights", "missing": "file not found"}[case]
+    result = CliRunner().invoke(app, ["run", str(ROOT / "recipes" / "flux2-tiny.yaml"), "--prompt", "a fox",
+                                      "--steps", "1", "--lora", f"{path.name}:0.7", "--output", "fox.png"])
+    assert result.exit_code == 2, result.output
+    assert f"--lora {path.name}" in result.output and message in result.output, result.output
+    assert "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["style.safetensors"] if case != "missing" else [])
