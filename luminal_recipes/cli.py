@@ -160,8 +160,9 @@ def run(
         from .tasks.generation.cli import TextRequest, parse_chat_vars, refuse, run_command
 
         refuse({"--steps": steps, "--guidance": guidance, "--width": width, "--height": height,
-                "--init-latents": init_latents, "--output": output, "--overwrite": overwrite,
-                "--allow-nonfinite": allow_nonfinite}, "a language model (they belong to pipelines)")
+                "--init-latents": init_latents, "--image": image, "--lora": lora, "--output": output,
+                "--overwrite": overwrite, "--allow-nonfinite": allow_nonfinite},
+               "a language model (they belong to pipelines)")
         from contextlib import nullcontext
 
         from .runtimes.profile import profiling

@@ -150,6 +150,8 @@ def test_system_without_chat(llama):
 
 def test_image_flags_are_refused_for_a_language_model(llama):
     refused(run("--weights", str(llama[0]), "-p", "hi", "--steps", "4"), "--steps", "language model")
+    refused(run("--weights", str(llama[0]), "-p", "hi", "--image", "a.png", "--lora", "style.safetensors"),
+            "--image, --lora: not an option for a language model")
 
 
 def test_text_flags_are_refused_for_a_pipeline():
