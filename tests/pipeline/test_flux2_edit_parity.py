@@ -179,13 +179,26 @@ def test_bad_references_are_refused_before_any_work(pictures, tmp_path, monkeypa
     assert not (tmp_path / "outputs").exists()
 
 
-def test_a_reference_larger_than_the_budget_is_refused_before_any_work(pictures, tmp_path, monkeypatch):
+@pytest.mark.parametrize("case", ["unreadable", "over-budget"])
+def test_run_refuses_a_bad_reference_with_exit_2_and_writes_nothing(case, tmp_path, monkeypatch):
+    """Through the command line: the file and the fix named, no traceback, no PNG. A reference too large for
+    --max-memory is refused while planning, naming the stage and the parameter the image set."""
+    from typer.testing import CliRunner
+
+    from luminal_recipes.cli import app
+
     monkeypatch.chdir(tmp_path)
-    big = tmp_path / "big.png"
-    Image.fromarray(smooth_picture(512, 512, 7)).save(big)
-    req = GenerateRequest(RECIPE, ["x"], files={"images": [big]}, max_memory=48 << 20, compile=False,
-                          sets=[f"max_sequence_length={SEQ}", "width=64", "height=64"])
-    with pytest.raises(LuminalError, match="stage 'vae_encoder' needs at least") as info:
-        generate(req)
-    assert "reference_height = 512 from --image" in str(info.value)
-    assert not (tmp_path / "outputs").exists()
+    picture = tmp_path / "ref.png"
+    if case == "unreadable":
+        picture.write_bytes(b"\x89PNG\r\n\x1a\n but not a picture")
+        extra, message = [], "--image ref.png"
+    else:
+        Image.fromarray(smooth_picture(512, 512, 7)).save(picture)
+        extra, message = ["--max-memory", "48MiB", "--no-compile", "--width", "64", "--height", "64"], \
+            "stage 'vae_encoder' needs at least"
+    result = CliRunner().invoke(app, ["run", str(RECIPE), "--prompt", "x", "--image", "ref.png", "--output",
+                                      "edit.png", "--set", f"max_sequence_length={SEQ}", *extra])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output, result.output
+    assert case == "unreadable" or "reference_height = 512 from --image" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ref.png"]
