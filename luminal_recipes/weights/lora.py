@@ -127,7 +127,9 @@ def read_lora(path: str | Path, where: str) -> LoraFile:
     if lonely:
         raise LoraError(f"{where}: incomplete LoRA layers (a down without its up, or the reverse, or an alpha "
                         f"without either): {_some(lonely)}")
-    kohya = all(layer.startswith(KOHYA_PREFIXES) for layer in pairs)
+    # kohya files name the text encoders' layers lora_te*_ (none of a FLUX.2 transformer's): listed as unmatched
+    kohya = all(layer.startswith((*KOHYA_PREFIXES, "lora_te")) for layer in pairs) and \
+        any(layer.startswith(KOHYA_PREFIXES) for layer in pairs)
     fmt = "ComfyUI/kohya" if kohya else _format(pairs, where)
     config = _metadata_config(checkpoint, where)
     if config is None and fmt == "PEFT" and (path.parent / PEFT_CONFIG).is_file():
@@ -156,7 +158,7 @@ def _strip_prefix(layer: str) -> str:
 
 
 def _strip_kohya(layer: str) -> str:
-    return next(layer[len(p):] for p in KOHYA_PREFIXES if layer.startswith(p))
+    return next((layer[len(p):] for p in KOHYA_PREFIXES if layer.startswith(p)), layer)
 
 
 def _format(pairs: dict[str, dict[str, str]], where: str) -> str:

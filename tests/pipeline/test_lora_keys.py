@@ -269,6 +269,14 @@ def test_a_lora_for_another_model_is_refused(tmp_path):
     assert "the update is [3072, 15360] (up [3072, 1], down [1, 15360]), the weight [64, 256]" in text
 
 
+def test_a_kohya_lora_that_also_adapts_a_text_encoder_lists_those_layers(lora, tmp_path):
+    state, _, _ = lora
+    kohya = {**kohya_state(state), **kohya_pairs({"lora_te1_text_model_encoder_layers_0_mlp_fc1": (64, 32)})}
+    with pytest.raises(LoraError, match=r"1 of its \d+ layers \(ComfyUI/kohya format\) do not fit .*\n  - 1 name no "
+                       r"linear weight of the model: 'lora_te1_text_model_encoder_layers_0_mlp_fc1'"):
+        mapped(save(kohya, tmp_path / "kohya.safetensors"))
+
+
 def test_a_lora_matching_only_some_layers_lists_the_others(lora, tmp_path):
     state, config, _ = lora
     extra = {"transformer_blocks.7.attn.to_q": rank1(32, 32), "norm_out.linear_x": rank1(4, 4)}
