@@ -90,9 +90,9 @@ def diffusers_velocity(transformer, x: dict) -> np.ndarray:
                            txt_ids=torch.tensor(text_ids(x["t"])).float(), return_dict=False)[0].numpy()
 
 
-def our_velocity(model, x: dict) -> np.ndarray:
+def our_velocity(model, x: dict, compile: bool = False) -> np.ndarray:
     inputs = {k: v for k, v in x.items() if k not in ("h", "w", "t")}
-    return ModelEngine(model, compile=False)(inputs)["velocity"]
+    return ModelEngine(model, compile=compile)(inputs)["velocity"]
 
 
 def close(got: np.ndarray, want: np.ndarray) -> float:
@@ -110,9 +110,11 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 FORMATS = ["diffusers", "peft", "fal", "fal-down-up", "kohya"]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("mode", ["merge", "graph"])
+@pytest.mark.parametrize(("fmt", "mode"), [*((fmt, "merge") for fmt in FORMATS), ("diffusers", "graph"),
+                                           ("fal", "graph"), ("kohya", "graph")])
 def test_velocity_with_lora_matches_diffusers(fmt, mode, loras, reference):
+    """Every format merged; added in the graph (mode-independent of the format but for fused QKV's rows, and the
+    alpha scale): diffusers', fal's and kohya's."""
     x = velocity_inputs(reference.transformer.config)
     base = diffusers_velocity(reference.transformer, x)
     # diffusers reads a `diffusion_model.` file spelt lora_down/lora_up as kohya and loads nothing from it (no
@@ -129,14 +131,16 @@ def test_velocity_with_lora_matches_diffusers(fmt, mode, loras, reference):
         assert any(".lora0.down" in name for name in model.weights)
     else:
         assert not any(".lora" in name for name in model.weights)
-    close(our_velocity(model, x), want)
+    # the compiler's search over the low-rank adds once (diffusers' file in the graph)
+    close(our_velocity(model, x, compile=(fmt, mode) == ("diffusers", "graph")), want)
 
 
 @pytest.mark.parametrize("fmt", ["diffusers", "peft", "fal", "kohya"])
 def test_image_with_lora_matches_diffusers(fmt, loras, reference):
-    """Each format end to end (the compiled program for one of them: the compiler is not what differs)."""
+    """Each format end to end. Merged LoRAs leave the graph as it was (only weights change), so the naive program
+    is enough here; the compiled one is the plain pipeline's parity (test_flux2_parity.py)."""
     scale = 12.0 if fmt == "peft" else 0.8  # the PEFT file: the blocks only, at alpha / rank 1 (no metadata)
-    ours = Pipeline(RECIPE, sets=SETS, loras=[(loras[fmt], scale)], compile=fmt == "diffusers")
+    ours = Pipeline(RECIPE, sets=SETS, loras=[(loras[fmt], scale)], compile=False)
     latents = initial_noise(3, 32, 48)
     got = to_uint8(ours.run({"prompt": "a fox", "init_latents": latents}).values["image"])
 

@@ -186,7 +186,8 @@ def test_vae_encode_matches_diffusers(case):
     batch-normalised, for an image of 48x80 pixels (a 3x5 latent grid)."""
     rng = np.random.default_rng(3)
     image = rng.uniform(-1.0, 1.0, (1, 3, 48, 80)).astype(np.float32)
-    got = ModelEngine(case.ours.model("vae_encoder"))({"image": image})["latents"]
+    # the compiled program once (the shipped checkpoint); the other configurations' recipe with the naive one
+    got = ModelEngine(case.ours.model("vae_encoder"), compile=case.name == "a")({"image": image})["latents"]
     with torch.no_grad():
         want = case.ref._encode_vae_image(torch.tensor(image), generator=None)
     case.check(got, want.numpy())
