@@ -59,24 +59,9 @@ def read_tokenizer(folder: str | PathLike, chat_template: str | None = None,
     templates). ``processor``: whether the pipeline loads this folder as a processor (default: as
     model_index.json next to it says).
     """
-    folder = Path(folder)
-    if not (folder / "tokenizer.json").is_file() and (folder / "tokenizer" / "tokenizer.json").is_file():
-        folder = folder / "tokenizer"
-    path = folder / "tokenizer.json"
-    kind = not_regular(path)
-    if kind is not None:
-        raise CheckpointError(f"{path}: the tokenizer must be a regular file, but this is {kind}.")
-    if not path.is_file():
-        raise CheckpointError(
-            f"{path}: file not found; a checkpoint keeps its tokenizer in tokenizer/tokenizer.json (download the "
-            "checkpoint's tokenizer folder, e.g. huggingface-cli download REPO --include 'tokenizer/*')."
-        )
-    try:
-        tokenizer = tokenizers.Tokenizer.from_file(str(path))
-    except Exception as exc:  # the tokenizers package raises a bare Exception on malformed files
-        raise CheckpointError(
-            f"{path}: not a valid tokenizers file ({exc}); restore it from the checkpoint."
-        ) from None
+    folder, tokenizer = load_tokenizer_json(
+        folder, "a checkpoint keeps its tokenizer in tokenizer/tokenizer.json (download the checkpoint's tokenizer "
+        "folder, e.g. huggingface-cli download REPO --include 'tokenizer/*').")
     options = read_tokenizer_config(folder / "tokenizer_config.json")
     if options.get("split_special_tokens"):
         raise CheckpointError(
@@ -263,3 +248,23 @@ def _token_text(value) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) and value else None
+
+
+def load_tokenizer_json(folder: str | Path, missing_hint: str) -> tuple[Path, tokenizers.Tokenizer]:
+    """The ``tokenizer.json`` of ``folder`` (or of its ``tokenizer/`` subfolder) and the folder it is in;
+    ``missing_hint`` says where a missing file should come from."""
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").exists() and (folder / "tokenizer" / "tokenizer.json").is_file():
+        folder = folder / "tokenizer"
+    path = folder / "tokenizer.json"
+    kind = not_regular(path)
+    if kind is not None:
+        raise CheckpointError(f"{path}: the tokenizer must be a regular file, but this is {kind}.")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found; {missing_hint}")
+    text = read_regular_text(path, "the tokenizer", None, CheckpointError)
+    try:
+        return folder, tokenizers.Tokenizer.from_str(text)
+    except Exception as exc:  # the tokenizers package raises a bare Exception on malformed files
+        raise CheckpointError(f"{path}: not a valid tokenizers file ({exc}); restore it from the checkpoint.") \
+            from None

@@ -20,9 +20,9 @@ import tokenizers
 from tokenizers import processors
 
 from ...errors import CheckpointError, InputError
-from ...files import MAX_JSON_BYTES, not_regular, read_regular_text
+from ...files import MAX_JSON_BYTES, read_regular_text
 from ...text.chat_template import find_chat_templates, render_chat, template_variables
-from ...text.tokenizer import read_tokenizer_config, special_tokens
+from ...text.tokenizer import load_tokenizer_json, read_tokenizer_config, special_tokens
 
 # names every template is given by transformers; --chat-var may not set them
 RESERVED_VARIABLES = {"messages", "tools", "documents", "add_generation_prompt"}
@@ -40,26 +40,10 @@ class TextTokenizer:
     @classmethod
     def from_checkpoint(cls, folder: str | Path, chat_template: str | None = None) -> TextTokenizer:
         """The tokenizer of a checkpoint folder (``tokenizer.json`` there or in ``tokenizer/``)."""
-        folder = Path(folder)
-        if not (folder / "tokenizer.json").exists() and (folder / "tokenizer" / "tokenizer.json").is_file():
-            folder = folder / "tokenizer"
-        path = folder / "tokenizer.json"
-        kind = not_regular(path)
-        if kind is not None:
-            raise CheckpointError(f"{path}: the tokenizer must be a regular file, but this is {kind}.")
-        if not path.is_file():
-            raise CheckpointError(
-                f"{path}: file not found; generating text needs the checkpoint's tokenizer (tokenizer.json, with "
-                f"tokenizer_config.json), saved next to config.json as transformers' save_pretrained writes it. "
-                f"Copy the tokenizer files into {folder}."
-            )
-        try:
-            backend = tokenizers.Tokenizer.from_str(read_regular_text(path, "the tokenizer", None, CheckpointError))
-        except CheckpointError:
-            raise
-        except Exception as exc:  # the tokenizers package raises a bare Exception on malformed files
-            raise CheckpointError(f"{path}: not a valid tokenizers file ({exc}); restore it from the checkpoint.") \
-                from None
+        folder, backend = load_tokenizer_json(
+            folder, "generating text needs the checkpoint's tokenizer (tokenizer.json, with tokenizer_config.json), "
+            f"saved next to config.json as transformers' save_pretrained writes it. Copy the tokenizer files into "
+            f"{Path(folder)}.")
         options = read_tokenizer_config(folder / "tokenizer_config.json")
         special = special_tokens(folder, options)
         backend.no_padding()
