@@ -56,6 +56,7 @@ class BackendRuntime(RuntimeBase):
         self.backend = backend
         self.name, self.device, self.machine = backend.name, backend.device, backend.machine
         self.timed = backend.timed  # whether the compiler may time candidates on this device
+        self._scratch_memo: dict[tuple, dict] = {}  # dims -> node content -> scratch bytes (``scratch_bytes``)
 
     def capabilities(self) -> set[str]:
         return {op for op in REGISTRY if op in self.backend.kernels or op in SOURCES}
@@ -83,8 +84,41 @@ class BackendRuntime(RuntimeBase):
 
     def plan(self, program: Program, dims=None, weight_bytes: int | None = None) -> MemoryPlan:
         """The memory plan ``load`` would use (kernel scratch included), without allocating anything."""
-        prepared = self.prepare(program, dims)
-        return plan_memory(program, dims, weight_bytes, {nid: s.nbytes for nid, (_, s) in prepared.items()})
+        return plan_memory(program, dims, weight_bytes, self.scratch_bytes(program, dims))
+
+    def scratch_bytes(self, program: Program, dims=None) -> dict[int, int]:
+        """Per kernel node id: the scratch bytes its prepared kernel asks for (what ``prepare`` would give).
+
+        A kernel's scratch depends only on what its context holds - op, attributes, dtypes, shapes, the input
+        views - at the bound dims, so nodes identical in those (a repeated block's, the same node in several
+        candidates of a search) are prepared once per runtime: planning every candidate of a search prepared
+        every node of each, the largest part of a cold compile."""
+        self.check_capabilities(program)
+        dims = dict(dims or {})
+        check_dims(program, dims)
+        memo = self._scratch_memo.setdefault(tuple(sorted(dims.items())), {})
+        by_id = {n.id: n for n in program.nodes}
+        out = {}
+        for node in program.nodes:
+            if node.op in SOURCES:
+                continue
+            key = (node.op, node.attrs, node.dtype, node.shape,
+                   tuple((view, by_id[src].dtype, by_id[src].shape) for src, view in node.inputs))
+            try:
+                nbytes = memo.get(key)
+            except TypeError:  # an attribute that cannot be hashed: prepared, not remembered
+                key, nbytes = None, None
+            if nbytes is None:
+                scratch = Scratch()
+                inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, _numel(by_id[src], dims))
+                          for src, view in node.inputs]
+                self.backend.kernels[node.op](KernelContext(node, declared_shape(node, dims), node.dtype.np,
+                                                            inputs, scratch))
+                nbytes = scratch.nbytes
+                if key is not None:
+                    memo[key] = nbytes
+            out[node.id] = nbytes
+        return out
 
     def load(self, program: Program, weights=None, dims=None, stream: Mapping[str, str] | None = None,
              states_from: Executable | None = None, staging_bytes: int | None = None) -> Executable:
