@@ -26,6 +26,7 @@ from luminal_recipes import instrument
 from luminal_recipes.errors import BudgetError, UnboundDimError
 from luminal_recipes.graph.core import Graph
 from luminal_recipes.graph.dtypes import DType
+from luminal_recipes.graph.view import View
 from luminal_recipes.runtimes.kernels import REGISTRY
 from luminal_recipes.runtimes.program import Program
 
@@ -44,9 +45,8 @@ class SearchOptions:
     noise: float = 1.5                # spread of the random variants' cost noise (log scale)
     time_top: int = 3                 # how many of the cheapest fitting candidates are timed
     time_within: float = 1.5          # ...among those the cost model puts within this factor of the cheapest
-    timing_repeats: int = 1           # timed runs per candidate, after one warm-up run (whole-program runs
-                                      # dominate a cold compile: 3 x 3 runs were 65% of the tiny pipeline's;
-                                      # the cost model alone picks programs up to 2x slower there)
+    timing_repeats: int = 3           # timed runs (at least) per segment candidate, after one warm-up run;
+                                      # the fastest counts (segments are small: more runs while under 20 ms)
     max_timing_bytes: int = 512 << 20  # time candidates only when a run touches less than this
     timing_budget_s: float = 10.0      # timing of one graph's candidates stays within this
     limits: Limits = field(default_factory=Limits)
@@ -114,8 +114,9 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     candidates: list[Program] = []
     seen = set()
     for i in range(count):
-        templates = [searched[s.key][0][min(i, len(searched[s.key][0]) - 1)] for s in segments]
-        program = assemble(graph, segments, templates)
+        picks = {key: min(i, len(progs) - 1) for key, (progs, _) in searched.items()}
+        program = assemble(graph, segments, [searched[s.key][0][picks[s.key]] for s in segments])
+        program.meta["templates"] = picks
         sig = signature(program)
         if sig in seen:
             continue
@@ -124,7 +125,19 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
         candidates.append(program)
 
     costs: dict = {}  # kernel call -> estimated seconds, shared by the candidates
+    # each distinct segment's best candidates are timed on their own (a repeated block once, not once per copy
+    # in every whole-program candidate); the program of every segment's fastest is one more candidate
+    timing = {} if time.perf_counter() >= deadline else \
+        _time_segments(runtime, graph, segments, searched, candidates[0], dims, inputs, weights, options, costs)
+    fastest = _fastest_segments(graph, segments, searched, timing)
+    if fastest is not None and signature(fastest) not in seen:
+        fastest.meta["candidate"] = len(candidates)
+        candidates.append(fastest)
     rows = [_assess(runtime, p, dims, options.machine, costs) for p in candidates]
+    for program, row in zip(candidates, rows):
+        measured = _measured(segments, searched, timing, program.meta.pop("templates", None))
+        if measured is not None:
+            row["measured_s"] = measured
     fitting = [(p, r) for p, r in zip(candidates, rows) if budget_bytes is None or r["peak"] is None
                or r["peak"] <= budget_bytes]
     if not fitting:
@@ -138,9 +151,8 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
         )
     fitting.sort(key=lambda pr: pr[1]["cost_s"])
     chosen, how = fitting[0], "cost model"
-    timed = [] if time.perf_counter() >= deadline else \
-        _time_candidates(runtime, graph, fitting, dims, inputs, weights, options)
-    if timed:
+    timed = [(p, r) for p, r in fitting if "measured_s" in r]
+    if len(timed) > 1:
         chosen, how = min(timed, key=lambda pr: pr[1]["measured_s"]), "measured"
     program, row = chosen
     cut = [r["segment"] for _, r in searched.values() if r["saturation"]["stop_reason"] == "time_limit"]
@@ -234,50 +246,149 @@ def _run_bytes(program: Program, dims) -> int:
     return sum(numel(n.shape, dims) * n.dtype.bits // 8 for n in program.nodes)
 
 
-def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, options: SearchOptions):
+def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dict, first: Program, dims,
+                   inputs, weights, options: SearchOptions, costs: dict) -> dict[str, dict[int, float]]:
+    """Per distinct segment: seconds per run of its best candidates (index in its program list), each timed on
+    its own standalone graph. Only the ``time_top`` cheapest by the cost model within ``time_within`` of the
+    cheapest are timed, and only segments with two such candidates; a segment is timed once, however often it
+    repeats. Its operands are the values it gets in the whole graph (its first occurrence), from one run of the
+    whole program ``first`` on the graph's inputs and weights (seeded random stand-ins where not given): kernels
+    may skip work by value (attention skips fully masked blocks), so a mask must be a mask."""
     # an emulator's or an offline planner's times say nothing of the device (``timed``): the cost model decides
     if runtime is None or not hasattr(runtime, "time") or not getattr(runtime, "timed", True) \
-            or options.time_top <= 0:
-        return []
-    best = fitting[0][1].get("cost_s") if fitting else None
-    # a candidate the cost model rates far worse is not worth whole-program runs (they dominate cold compiles)
-    top = [(p, r) for p, r in fitting[: options.time_top] if _run_bytes(p, dims) <= options.max_timing_bytes
-           and (best is None or r.get("cost_s") is None or r["cost_s"] <= best * options.time_within)]
-    if len(top) < 2:
-        return []
-    rng = np.random.default_rng(options.seed)
-    inputs = dict(inputs) if inputs is not None else _random_values(graph, "input", dims, rng)
-    if weights is None:
-        weights = _random_values(graph, "weight", dims, rng)
-    timed = []
+            or options.time_top <= 0 or _run_bytes(first, dims) > options.max_timing_bytes:
+        return {}
+    machine = options.machine or CPU
+    tops = {}
+    for key, (programs, _) in searched.items():
+        ranked = sorted(range(len(programs)), key=lambda i: program_cost(programs[i], dims, machine, costs))
+        best = program_cost(programs[ranked[0]], dims, machine, costs) if programs else 0.0
+        top = [i for i in ranked[: options.time_top]
+               if program_cost(programs[i], dims, machine, costs) <= best * options.time_within
+               and _run_bytes(programs[i], dims) <= options.max_timing_bytes]
+        if len(top) >= 2:
+            tops[key] = top
+    if not tops:
+        return {}
     started = time.perf_counter()
-    for program, row in top:
-        spent = time.perf_counter() - started
-        # the next candidate costs about what the first did (load, warm-up, timed runs): one that would end past
-        # the budget is not started, and a single measurement compares nothing (the cost model decides)
-        if timed and spent + spent / len(timed) > options.timing_budget_s:
-            break
-        # a program reads only the inputs its outputs depend on (an input the model declares but does not use,
-        # e.g. FLUX.2's guidance without a guidance embedding, is no input of the program)
-        read = {n.name for n in program.nodes if n.op == "Input"}
-        row["measured_s"] = runtime.time(program, {k: v for k, v in inputs.items() if k in read}, weights, dims,
-                                         repeats=options.timing_repeats)
-        timed.append((program, row))
-    return timed if len(timed) > 1 else []
+    rng = np.random.default_rng(options.seed)
+    if inputs is None:
+        inputs = {n.name: _random_value(n, dims, rng) for n in graph.inputs("input")}
+    if weights is None:
+        weights = {n.name: _random_value(n, dims, rng) for n in graph.inputs("weight")}
+    occurrence = {}
+    for seg in segments:
+        occurrence.setdefault(seg.key, seg)
+    values = _boundary_values(runtime, graph, segments, searched, [occurrence[k] for k in tops], dims, inputs,
+                              weights)
+    timing: dict[str, dict[int, float]] = {}
+    for key, top in tops.items():
+        if time.perf_counter() - started > options.timing_budget_s:
+            break  # the segments not timed keep the cost model's choice
+        seg, programs = occurrence[key], searched[key][0]
+        seg_inputs, seg_weights = {}, {}
+        for node in seg.graph.inputs():
+            name = node.attr("name")
+            if node.attr("kind") == "arg":
+                seg_inputs[name] = values[seg.args[int(name[3:])]]
+            else:
+                original = graph.nodes[seg.locals[name]]
+                kind = original.attr("kind")
+                target = seg_weights if kind == "weight" else seg_inputs
+                target[name] = _value_of(original, inputs, weights)
+        times = {}
+        for i in top:
+            program = programs[i]
+            # a program reads only the inputs its outputs depend on
+            read = {n.attr("name") for n in program.nodes if n.op == "Input" and n.attr("kind") != "weight"}
+            times[i] = _best_time(runtime, program, {k: v for k, v in seg_inputs.items() if k in read},
+                                  seg_weights, dims, options.timing_repeats)
+        timing[key] = times
+    return timing
 
 
-def _random_values(graph: Graph, kind: str, dims, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Stand-in values for timing: small normals for floats, zeros for indices (always in range)."""
-    out = {}
-    for node in graph.inputs(kind):
-        shape = tuple(bind(d, dims) for d in node.shape)
-        if node.dtype.is_float:
-            out[node.name] = (rng.standard_normal(shape, dtype=np.float32) * 0.1).astype(node.dtype.np)
-        elif node.dtype == DType.BOOL:
-            out[node.name] = np.ones(shape, dtype=bool)
-        else:
-            out[node.name] = np.zeros(shape, dtype=node.dtype.np)
+def _value_of(node, inputs, weights) -> np.ndarray:
+    from luminal_recipes.runtimes.binding import fetch_weight
+
+    return fetch_weight(weights, node.name) if node.attr("kind") == "weight" else np.asarray(inputs[node.name])
+
+
+def _boundary_values(runtime, graph: Graph, segments: list[Segment], searched: dict, wanted: list[Segment], dims,
+                     inputs, weights) -> dict[int, np.ndarray]:
+    """The value of every operand the ``wanted`` segments read from other segments (original node id -> array),
+    from one run of the whole graph's cheapest program with those values as extra outputs."""
+    needed = sorted({src for seg in wanted for src in seg.args})
+    out = {src: _value_of(graph.nodes[src], inputs, weights) for src in needed if graph.nodes[src].op == "Input"}
+    computed = [src for src in needed if src not in out]
+    if not computed:
+        return out
+    produced: dict[int, int] = {}
+    program = assemble(graph, segments, [searched[s.key][0][0] for s in segments], produced)
+    outputs = dict(program.outputs)
+    for src in computed:
+        outputs[f"segment operand {src}"] = (produced[src], View.contiguous(graph.nodes[src].shape))
+    program = Program(program.nodes, outputs)
+    read = {n.name for n in program.nodes if n.op == "Input" and n.attr("kind") not in ("weight", "state")}
+    exe = runtime.load(program, weights, dims)
+    try:
+        got = exe.run({k: v for k, v in inputs.items() if k in read})
+    finally:
+        exe.close()
+    out.update({src: got[f"segment operand {src}"] for src in computed})
     return out
+
+
+def _best_time(runtime, program: Program, inputs, weights, dims, repeats: int) -> float:
+    """The fastest of at least ``repeats`` runs after a warm-up run, with more runs while they are short (up to
+    10 runs or 20 ms): a run is only ever slowed down by other work on the machine (a descheduled thread costs
+    a scheduler tick, 4 ms), so the minimum is the estimate."""
+    if not hasattr(runtime, "load"):
+        return runtime.time(program, inputs, weights, dims, repeats=repeats)
+    exe = runtime.load(program, weights, dims)
+    try:
+        exe.run(inputs, copy_outputs=False)
+        best, spent, runs = float("inf"), 0.0, 0
+        while runs < max(1, repeats) or (runs < 10 and spent < 0.02):
+            t0 = time.perf_counter()
+            exe.run(inputs, copy_outputs=False)
+            took = time.perf_counter() - t0
+            best, spent, runs = min(best, took), spent + took, runs + 1
+        return best
+    finally:
+        exe.close()
+
+
+def _fastest_segments(graph: Graph, segments: list[Segment], searched: dict,
+                      timing: dict[str, dict[int, float]]) -> Program | None:
+    """The whole program made of every timed segment's fastest candidate (the others: their cheapest by the
+    cost model, index 0), or None when nothing was timed."""
+    if not timing:
+        return None
+    picks = {key: min(timing[key], key=timing[key].get) if key in timing else 0 for key in searched}
+    program = assemble(graph, segments, [searched[s.key][0][picks[s.key]] for s in segments])
+    program.meta.update(templates=picks, strategy="fastest segments")
+    return program
+
+
+def _measured(segments: list[Segment], searched: dict, timing: dict[str, dict[int, float]],
+              picks: dict[str, int] | None) -> float | None:
+    """A whole candidate's measured seconds: the sum, over every segment occurrence, of its template's time, for
+    a candidate whose templates were timed in every timed segment (None otherwise, and when nothing was timed).
+    Segments not timed (one candidate, or one within reach of the cheapest) are the same in the candidates
+    compared and are left out."""
+    if not timing or picks is None or any(picks[key] not in times for key, times in timing.items()):
+        return None
+    return sum(timing[s.key][picks[s.key]] for s in segments if s.key in timing)
+
+
+def _random_value(node, dims, rng: np.random.Generator) -> np.ndarray:
+    """A stand-in value for timing: small normals for floats, zeros for indices (always in range)."""
+    shape = tuple(bind(d, dims) for d in node.shape)
+    if node.dtype.is_float:
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.1).astype(node.dtype.np)
+    if node.dtype == DType.BOOL:
+        return np.ones(shape, dtype=bool)
+    return np.zeros(shape, dtype=node.dtype.np)
 
 
 def _gib(n: int | None) -> str:

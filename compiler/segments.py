@@ -140,10 +140,12 @@ def _key(g: Graph) -> str:
     return h.hexdigest()
 
 
-def assemble(graph: Graph, segments: list[Segment], templates: list[Program]) -> Program:
-    """One Program for the whole graph: each segment's template instantiated with its own operands."""
+def assemble(graph: Graph, segments: list[Segment], templates: list[Program],
+             produced: dict[int, int] | None = None) -> Program:
+    """One Program for the whole graph: each segment's template instantiated with its own operands. ``produced``
+    (if given) is filled with the program node of every value a segment exports (original node id -> id)."""
     nodes: list[Node] = []
-    produced: dict[int, int] = {}     # original node id -> program node id
+    produced = {} if produced is None else produced  # original node id -> program node id
     constants: dict[tuple, int] = {}  # (dtype, value) -> program node id
 
     def add(op, inputs, shape, dtype, attrs, data=None) -> int:
