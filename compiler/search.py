@@ -127,7 +127,10 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     costs: dict = {}  # kernel call -> estimated seconds, shared by the candidates
     # each distinct segment's best candidates are timed on their own (a repeated block once, not once per copy
     # in every whole-program candidate); the program of every segment's fastest is one more candidate
-    timing = {} if time.perf_counter() >= deadline else \
+    # (a graph with states - a KV cache - has its whole candidates timed instead: a state carries values from
+    # one run to the next, which a segment run on its own does not see)
+    stateful = bool(graph.inputs("state"))
+    timing = {} if stateful or time.perf_counter() >= deadline else \
         _time_segments(runtime, graph, segments, searched, candidates[0], dims, inputs, weights, options, costs)
     fastest = _fastest_segments(graph, segments, searched, timing)
     if fastest is not None and signature(fastest) not in seen:
@@ -152,6 +155,8 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     fitting.sort(key=lambda pr: pr[1]["cost_s"])
     chosen, how = fitting[0], "cost model"
     timed = [(p, r) for p, r in fitting if "measured_s" in r]
+    if stateful and time.perf_counter() < deadline:
+        timed = _time_candidates(runtime, graph, fitting, dims, inputs, weights, options)
     if len(timed) > 1:
         chosen, how = min(timed, key=lambda pr: pr[1]["measured_s"]), "measured"
     program, row = chosen
@@ -291,26 +296,32 @@ def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dic
             name = node.attr("name")
             if node.attr("kind") == "arg":
                 seg_inputs[name] = values[seg.args[int(name[3:])]]
-            else:
+            elif node.attr("kind") != "state":  # a state starts at zeros in the executable
                 original = graph.nodes[seg.locals[name]]
-                kind = original.attr("kind")
-                target = seg_weights if kind == "weight" else seg_inputs
-                target[name] = _value_of(original, inputs, weights)
+                target = seg_weights if node.attr("kind") == "weight" else seg_inputs
+                target[name] = _value_of(original, inputs, weights, dims)
         times = {}
         for i in top:
             program = programs[i]
             # a program reads only the inputs its outputs depend on
-            read = {n.attr("name") for n in program.nodes if n.op == "Input" and n.attr("kind") != "weight"}
+            read = {n.attr("name") for n in program.nodes if n.op == "Input"
+                    and n.attr("kind") not in ("weight", "state")}
             times[i] = _best_time(runtime, program, {k: v for k, v in seg_inputs.items() if k in read},
                                   seg_weights, dims, options.timing_repeats)
         timing[key] = times
     return timing
 
 
-def _value_of(node, inputs, weights) -> np.ndarray:
+def _value_of(node, inputs, weights, dims) -> np.ndarray:
+    """The value of a graph input for timing: its weight, its given input, or zeros (a state's first value)."""
     from luminal_recipes.runtimes.binding import fetch_weight
 
-    return fetch_weight(weights, node.name) if node.attr("kind") == "weight" else np.asarray(inputs[node.name])
+    kind = node.attr("kind")
+    if kind == "weight":
+        return fetch_weight(weights, node.name)
+    if kind == "state" or node.name not in inputs:
+        return np.zeros(tuple(bind(d, dims) for d in node.shape), node.dtype.np)
+    return np.asarray(inputs[node.name])
 
 
 def _boundary_values(runtime, graph: Graph, segments: list[Segment], searched: dict, wanted: list[Segment], dims,
@@ -318,7 +329,8 @@ def _boundary_values(runtime, graph: Graph, segments: list[Segment], searched: d
     """The value of every operand the ``wanted`` segments read from other segments (original node id -> array),
     from one run of the whole graph's cheapest program with those values as extra outputs."""
     needed = sorted({src for seg in wanted for src in seg.args})
-    out = {src: _value_of(graph.nodes[src], inputs, weights) for src in needed if graph.nodes[src].op == "Input"}
+    out = {src: _value_of(graph.nodes[src], inputs, weights, dims) for src in needed
+           if graph.nodes[src].op == "Input"}
     computed = [src for src in needed if src not in out]
     if not computed:
         return out
@@ -379,6 +391,39 @@ def _measured(segments: list[Segment], searched: dict, timing: dict[str, dict[in
     if not timing or picks is None or any(picks[key] not in times for key, times in timing.items()):
         return None
     return sum(timing[s.key][picks[s.key]] for s in segments if s.key in timing)
+
+
+def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, options: SearchOptions):
+    """Whole-program timing (graphs with states): the ``time_top`` cheapest fitting candidates within
+    ``time_within`` of the cheapest, one timed run each after a warm-up run, within ``timing_budget_s``."""
+    if runtime is None or not hasattr(runtime, "time") or not getattr(runtime, "timed", True) \
+            or options.time_top <= 0:
+        return []
+    best = fitting[0][1].get("cost_s") if fitting else None
+    # a candidate the cost model rates far worse is not worth whole-program runs (they dominate cold compiles)
+    top = [(p, r) for p, r in fitting[: options.time_top] if _run_bytes(p, dims) <= options.max_timing_bytes
+           and (best is None or r.get("cost_s") is None or r["cost_s"] <= best * options.time_within)]
+    if len(top) < 2:
+        return []
+    rng = np.random.default_rng(options.seed)
+    if inputs is None:
+        inputs = {n.name: _random_value(n, dims, rng) for n in graph.inputs("input")}
+    if weights is None:
+        weights = {n.name: _random_value(n, dims, rng) for n in graph.inputs("weight")}
+    timed = []
+    started = time.perf_counter()
+    for program, row in top:
+        spent = time.perf_counter() - started
+        # the next candidate costs about what the first did (load, warm-up, timed run): one that would end past
+        # the budget is not started, and a single measurement compares nothing (the cost model decides)
+        if timed and spent + spent / len(timed) > options.timing_budget_s:
+            break
+        # a program reads only the inputs its outputs depend on
+        read = {n.name for n in program.nodes if n.op == "Input"}
+        row["measured_s"] = runtime.time(program, {k: v for k, v in inputs.items() if k in read}, weights, dims,
+                                         repeats=1)
+        timed.append((program, row))
+    return timed if len(timed) > 1 else []
 
 
 def _random_value(node, dims, rng: np.random.Generator) -> np.ndarray:

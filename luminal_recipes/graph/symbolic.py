@@ -9,6 +9,7 @@ expression with no symbols left collapses back to ``int``. Values are bound at r
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Mapping
 
 from ..errors import ShapeError, UnboundDimError
@@ -249,8 +250,10 @@ def to_dim(x: Dim | str) -> Dim:
     raise ShapeError(f"dimension {x!r} must be an int, a symbol name or an expression such as 's + p'")
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def parse_dim(text: str) -> Dim:
-    """Parse ``"2*s + p"``, ``"s // 2"`` etc. Only names, integers and + - * // % are accepted."""
+    """Parse ``"2*s + p"``, ``"s // 2"`` etc. Only names, integers and + - * // % are accepted. Kept: a
+    program read from the plan cache parses the same few texts thousands of times (dims are immutable)."""
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
