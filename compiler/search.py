@@ -45,10 +45,11 @@ class SearchOptions:
     noise: float = 1.5                # spread of the random variants' cost noise (log scale)
     time_top: int = 3                 # how many of the cheapest fitting candidates are timed
     time_within: float = 1.5          # ...among those the cost model puts within this factor of the cheapest
-    timing_repeats: int = 3           # timed runs (at least) per segment candidate, after one warm-up run;
-                                      # the fastest counts (segments are small: more runs while under 20 ms)
+    timing_repeats: int = 2           # timed runs (at least) per segment candidate, after one warm-up run;
+                                      # the fastest counts (segments are small: up to 5 runs while under 10 ms)
     max_timing_bytes: int = 512 << 20  # time candidates only when a run touches less than this
-    timing_budget_s: float = 10.0      # timing of one graph's candidates stays within this
+    timing_budget_s: float = 3.0       # timing of one graph's candidates stays within this (the segments that
+                                       # weigh most in the program are timed first; the rest: the cost model)
     limits: Limits = field(default_factory=Limits)
     families: tuple[str, ...] = FAMILIES
     machine: Machine | None = None     # cost-model constants; default: the runtime's own (``runtime.machine``)
@@ -275,6 +276,13 @@ def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dic
             tops[key] = top
     if not tops:
         return {}
+    # the segments that weigh most in the whole program first (occurrences x estimated time): what the timing
+    # budget leaves out is decided by the cost model
+    occurrences = {}
+    for seg in segments:
+        occurrences[seg.key] = occurrences.get(seg.key, 0) + 1
+    tops = dict(sorted(tops.items(), key=lambda kv: -occurrences[kv[0]] * program_cost(
+        searched[kv[0]][0][kv[1][0]], dims, machine, costs)))
     started = time.perf_counter()
     rng = np.random.default_rng(options.seed)
     if inputs is None:
@@ -352,7 +360,7 @@ def _boundary_values(runtime, graph: Graph, segments: list[Segment], searched: d
 
 def _best_time(runtime, program: Program, inputs, weights, dims, repeats: int) -> float:
     """The fastest of at least ``repeats`` runs after a warm-up run, with more runs while they are short (up to
-    10 runs or 20 ms): a run is only ever slowed down by other work on the machine (a descheduled thread costs
+    5 runs or 10 ms): a run is only ever slowed down by other work on the machine (a descheduled thread costs
     a scheduler tick, 4 ms), so the minimum is the estimate."""
     if not hasattr(runtime, "load"):
         return runtime.time(program, inputs, weights, dims, repeats=repeats)
@@ -360,7 +368,7 @@ def _best_time(runtime, program: Program, inputs, weights, dims, repeats: int) -
     try:
         exe.run(inputs, copy_outputs=False)
         best, spent, runs = float("inf"), 0.0, 0
-        while runs < max(1, repeats) or (runs < 10 and spent < 0.02):
+        while runs < max(1, repeats) or (runs < 5 and spent < 0.01):
             t0 = time.perf_counter()
             exe.run(inputs, copy_outputs=False)
             took = time.perf_counter() - t0
