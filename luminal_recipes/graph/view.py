@@ -11,6 +11,7 @@ Views live on graph edges, so compiler rules see layouts (e.g. a transposed matm
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -231,12 +232,7 @@ class View:
         )
 
     def __str__(self) -> str:
-        text = f"{shape_str(self.shape)}:{shape_str(self.strides)}"
-        if not dims_equal(self.offset, 0):
-            text += f"+{self.offset}"
-        if self.mask is not None:
-            text += " mask[" + ", ".join(f"{lo}:{hi}" for lo, hi in self.mask) + "]"
-        return text
+        return _view_text(self)
 
     def to_json(self) -> dict:
         out = {"shape": [str(d) for d in self.shape], "strides": [str(s) for s in self.strides]}
@@ -296,3 +292,15 @@ class BoundView:
 
 
 __all__ = ["View", "BoundView", "row_major_strides", "Expr"]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _view_text(view: View) -> str:
+    """A view's text, kept: hashing a graph (the plan cache key), cutting it into segments and comparing candidates
+    print the same few views thousands of times (views are immutable)."""
+    text = f"{shape_str(view.shape)}:{shape_str(view.strides)}"
+    if not dims_equal(view.offset, 0):
+        text += f"+{view.offset}"
+    if view.mask is not None:
+        text += " mask[" + ", ".join(f"{lo}:{hi}" for lo, hi in view.mask) + "]"
+    return text
