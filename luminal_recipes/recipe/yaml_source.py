@@ -9,7 +9,6 @@ and one-line strings.
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,7 +225,18 @@ def parse_yaml(text: str, file: Path, display: str | None = None) -> YamlSource:
         if len(_PARSED) >= 64:
             _PARSED.clear()
         _PARSED[key] = _parse_yaml(text, file, display)
-    return copy.deepcopy(_PARSED[key])  # callers may change what they get
+    cached = _PARSED[key]  # a copy: callers may change what they get (positions are never changed in place)
+    return YamlSource(file=cached.file, display=cached.display, data=_copy_data(cached.data),
+                      lines=list(cached.lines), values=dict(cached.values), keys=dict(cached.keys))
+
+
+def _copy_data(value: Any) -> Any:
+    """A copy of parsed YAML data: its mappings and lists new, its scalars (immutable) shared."""
+    if isinstance(value, dict):
+        return {k: _copy_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_data(v) for v in value]
+    return value
 
 
 def _parse_yaml(text: str, file: Path, display: str) -> YamlSource:
