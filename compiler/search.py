@@ -45,10 +45,11 @@ class SearchOptions:
     noise: float = 1.5                # spread of the random variants' cost noise (log scale)
     time_top: int = 3                 # how many of the cheapest fitting candidates are timed
     time_within: float = 1.5          # ...among those the cost model puts within this factor of the cheapest
+    time_min_share: float = 0.03      # ...in segments weighing at least this share of the program's estimate
     timing_repeats: int = 2           # timed runs (at least) per segment candidate, after one warm-up run;
                                       # the fastest counts (segments are small: up to 5 runs while under 10 ms)
     max_timing_bytes: int = 512 << 20  # time candidates only when a run touches less than this
-    timing_budget_s: float = 3.0       # timing of one graph's candidates stays within this (the segments that
+    timing_budget_s: float = 2.0       # timing of one graph's candidates stays within this (the segments that
                                        # weigh most in the program are timed first; the rest: the cost model)
     limits: Limits = field(default_factory=Limits)
     families: tuple[str, ...] = FAMILIES
@@ -274,15 +275,18 @@ def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dic
                and _run_bytes(programs[i], dims) <= options.max_timing_bytes]
         if len(top) >= 2:
             tops[key] = top
-    if not tops:
-        return {}
-    # the segments that weigh most in the whole program first (occurrences x estimated time): what the timing
-    # budget leaves out is decided by the cost model
+    # the segments that weigh most in the whole program first (occurrences x estimated time), and only those
+    # weighing at least ``time_min_share`` of it: what is left out is decided by the cost model
     occurrences = {}
     for seg in segments:
         occurrences[seg.key] = occurrences.get(seg.key, 0) + 1
-    tops = dict(sorted(tops.items(), key=lambda kv: -occurrences[kv[0]] * program_cost(
-        searched[kv[0]][0][kv[1][0]], dims, machine, costs)))
+    weight = {key: occurrences[key] * program_cost(searched[key][0][top[0]], dims, machine, costs)
+              for key, top in tops.items()}
+    total = program_cost(first, dims, machine, costs)
+    tops = {key: tops[key] for key in sorted(tops, key=lambda k: -weight[k])
+            if weight[key] >= options.time_min_share * total}
+    if not tops:
+        return {}
     started = time.perf_counter()
     rng = np.random.default_rng(options.seed)
     if inputs is None:
