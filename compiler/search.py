@@ -3,9 +3,12 @@
 ``compile_graph`` is the compiler's entry point. For every distinct segment (repeated blocks once) it lowers
 the segment into an e-graph, saturates it under bounds, and extracts several candidate programs: the cheapest
 by the analytic cost model, the naive primitive program, and cost-aware random variants (seeded). Candidate
-``i`` of the whole graph takes candidate ``i`` of every segment. Candidates whose planned peak memory exceeds
-the budget are dropped before anything runs; the rest are ranked by estimated cost, and the best few are timed
-on the runtime when a run is small enough to measure. The fastest wins. The search has a time budget
+``i`` of the whole graph takes candidate ``i`` of every segment. When a run is small enough to measure, each
+distinct segment's few cheapest candidates are timed on their own (a block repeated 30 times is timed once, on
+the values it gets in the whole graph), and the program made of every segment's fastest is one more candidate;
+a whole candidate's measured time is the sum of its segments' (graphs with states, e.g. a KV cache, time whole
+candidates instead). Candidates whose planned peak memory exceeds the budget are dropped; among the rest the
+fastest measured wins, else the cheapest by the cost model. The search has a time budget
 (``Limits.time_budget_s``, checked between rewrite rounds): past it, segments not yet rewritten keep their
 primitive programs, candidates are not timed, and the best program found so far is returned with a warning and
 ``report["time_limited"]``. The result is cached on disk, keyed on
@@ -134,6 +137,9 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     stateful = bool(graph.inputs("state"))
     timing = {} if stateful or time.perf_counter() >= deadline else \
         _time_segments(runtime, graph, segments, searched, candidates[0], dims, inputs, weights, options, costs)
+    for key, times in timing.items():  # what each segment's candidates measured, in the report
+        names = searched[key][1]["candidates"]
+        searched[key][1]["timed_ms"] = {names[i]: round(t * 1e3, 4) for i, t in times.items()}
     fastest = _fastest_segments(graph, segments, searched, timing)
     if fastest is not None and signature(fastest) not in seen:
         fastest.meta["candidate"] = len(candidates)
