@@ -137,9 +137,9 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     stateful = bool(graph.inputs("state"))
     timing = {} if stateful or time.perf_counter() >= deadline else \
         _time_segments(runtime, graph, segments, searched, candidates[0], dims, inputs, weights, options, costs)
-    for key, times in timing.items():  # what each segment's candidates measured, in the report
-        names = searched[key][1]["candidates"]
-        searched[key][1]["timed_ms"] = {names[i]: round(t * 1e3, 4) for i, t in times.items()}
+    for seg_key, times in timing.items():  # what each segment's candidates measured, in the report
+        names = searched[seg_key][1]["candidates"]
+        searched[seg_key][1]["timed_ms"] = {names[i]: round(t * 1e3, 4) for i, t in times.items()}
     fastest = _fastest_segments(graph, segments, searched, timing)
     if fastest is not None and signature(fastest) not in seen:
         fastest.meta["candidate"] = len(candidates)

@@ -44,6 +44,22 @@ def test_second_compile_loads_the_plan_without_searching(runtime, assert_close, 
     check_program(small_graph(), second.program, runtime, assert_close)
 
 
+def test_a_timed_search_is_cached_under_its_key(runtime, private_cache, monkeypatch):
+    """With timing (segments measured, the default options), the entry is written under the plan's own key, so
+    the next compile of the same graph loads it."""
+    g = Graph()
+    x = g.input("x", (64, 32))
+    for i in range(3):  # a repeated block: its candidates are timed once
+        with g.block(f"layers.{i}"):
+            x = ops.rms_norm(ops.softmax(ops.linear(x, g.weight(f"w{i}", (32, 32))), -1), g.weight(f"n{i}", (32,)))
+    g.mark_output("y", x)
+    first = compile_graph(g, runtime)
+    assert first.report["cache"] == "miss"
+    monkeypatch.setattr(search, "search_segment", lambda *args: pytest.fail("searched although cached"))
+    assert compile_graph(g, runtime).report["cache"] == "hit"
+    assert len(list(private_cache.glob("*.json"))) == 1
+
+
 def test_key_separates_graphs_names_dims_runtimes_and_budgets(runtime):
     keys = {
         cache.plan_key(small_graph(), "numpy", "cpu", {}, {}),
