@@ -36,12 +36,13 @@ from luminal_recipes.runtimes.kernels.context import KernelContext, KernelInput,
 from luminal_recipes.runtimes.memory import MemoryPlan, check_dims, plan_memory
 from luminal_recipes.runtimes.program import Program
 
+from . import cublaslt
 from . import gemm as gemm_mod
 from .device import DeviceTensor, twin
 from .devices import GpuDescription, describe, device_description
 from .module import module_source
 from .nodes import PREPARE, CudaOptions, SkipIfSame, prepare
-from .plan import Gemm, IndexCheck, Launch, NodePlan, Ref
+from .plan import Gemm, IndexCheck, Launch, LtGemm, NodePlan, Ref
 
 MODULES_KEPT = 32  # compiled modules kept loaded per backend (a re-bound executable may come back to one)
 
@@ -85,6 +86,14 @@ class NodeKernels:
                 calls.append(backend.launcher(self.module, by_name[step.kernel], step, args))
             elif isinstance(step, Gemm):
                 calls.append(backend.gemm(step.desc, at(step.a), at(step.b), at(step.c)))
+            elif isinstance(step, LtGemm):
+                scales = [None if r is None else at(r) for r in (step.a_scale, step.b_scale)]
+                try:
+                    calls.append(backend.lt_gemm(step.desc, at(step.a), at(step.b), at(step.d), *scales,
+                                                 at(step.workspace)))
+                except (gemm_mod.GemmLayoutError, LuminalError) as exc:
+                    raise LuminalError(f"{self.node.op} #{self.node.id}: the cuBLASLt FP8 GEMM cannot run: {exc} "
+                                       "(LUMINAL_FP8_GEMM=dequant decodes the weights to bf16 instead)") from None
             elif isinstance(step, IndexCheck):
                 calls.append(IndexFlag(backend, *at(step.flag), step.message))
             else:
@@ -197,9 +206,10 @@ class CudaEmuBackend:
 
     def __init__(self, options: CudaOptions | None = None, sanitize: str | None = None,
                  planned_as: str | None = None):
-        self.options = options or CudaOptions(max_blocks=64)
-        self.sanitize = sanitize
         gpu = device_description(planned_as)
+        # the planned GPU's architecture decides the paths (FP8 GEMMs on sm_89+), as the device's own would
+        self.options = options or CudaOptions(max_blocks=64, arch=gpu.arch)
+        self.sanitize = sanitize
         self.device = f"cpu (CUDA C through g++, planned as {gpu.name})"
         self.machine = gpu.machine()
         self.kernels = _CudaKernels(self)
@@ -280,6 +290,20 @@ class CudaEmuBackend:
 
         return run
 
+    def lt_gemm(self, desc, a: tuple, b: tuple, d: tuple, a_scale: tuple | None, b_scale: tuple | None,
+                workspace: tuple):
+        """The numpy model of the cuBLASLt call the GPU makes, after the same descriptor and alignment checks."""
+        desc.check()
+        named = {"A": a, "B": b, "D": d, "workspace": workspace}
+        cublaslt.check_pointers(**{k: self.address(arr) + off for k, (arr, off) in named.items()})
+        if workspace[0].nbytes - workspace[1] < desc.workspace:
+            raise gemm_mod.GemmLayoutError(f"workspace of {workspace[0].nbytes} bytes < {desc.workspace}")
+
+        def run():
+            cublaslt.run_model(desc, a, b, d, a_scale, b_scale)
+
+        return run
+
     def read_flag(self, array: np.ndarray, offset: int) -> int:
         return int(array.reshape(-1).view(np.uint8)[offset: offset + 4].view(np.int32)[0])
 
@@ -325,10 +349,16 @@ class CudaBackend:
         props = cp.cuda.runtime.getDeviceProperties(device_id)
         self.gpu: GpuDescription = describe(props, int(cp.cuda.runtime.memGetInfo()[1]))
         self.arch = self.gpu.arch
+        check_architecture(self.gpu)
         self.device = f"{self.gpu.name} ({self.arch})"
         self.machine = self.gpu.machine()
         self.options = options or CudaOptions(max_blocks=self.gpu.sms * 16, simt_flops=self.gpu.simt_flops,
-                                              tensor_flops=self.gpu.tensor_flops, bytes_per_s=self.gpu.bytes_per_s)
+                                              tensor_flops=self.gpu.tensor_flops, bytes_per_s=self.gpu.bytes_per_s,
+                                              arch=self.arch)
+        self.options.arch = self.arch  # the device's, whatever options were given
+        self._lt = None
+        self._lt_missing: list[str | None] = []
+        self.options.fp8_check = self._fp8_check  # cuBLASLt is loaded only once an FP8 GEMM is asked for
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.kernels = _CudaKernels(self)
         self.deferred_checks = None  # set while a graph is recorded
@@ -475,9 +505,38 @@ class CudaBackend:
 
         return run
 
+    def _fp8_check(self) -> str | None:
+        if not self._lt_missing:
+            self._lt_missing.append(cublaslt.fp8_unsupported(self.arch, self._cublaslt))
+        return self._lt_missing[0]
+
+    def _cublaslt(self) -> cublaslt.CublasLt:
+        """The cuBLASLt handle, made on first use from the library ``cublaslt.find_library`` finds (the one
+        matching the CUDA runtime's major version first)."""
+        if self._lt is None:
+            major = self.cp.cuda.runtime.runtimeGetVersion() // 1000
+            self._lt = cublaslt.CublasLt(cublaslt.find_library(major))
+        return self._lt
+
+    def lt_gemm(self, desc, a: tuple, b: tuple, d: tuple, a_scale: tuple | None, b_scale: tuple | None,
+                workspace: tuple):
+        ptr = [None if r is None else self.address(r[0]) + r[1] for r in (a, b, d, a_scale, b_scale, workspace)]
+        return self._cublaslt().matmul(desc, *ptr, stream=self.stream.ptr)
+
     def read_flag(self, array: DeviceTensor, offset: int) -> int:
         raw = array.data.reshape(-1).view(self.cp.uint8)[offset: offset + 4]
         return int(raw.get(stream=self.stream).view(np.int32)[0])
+
+
+MIN_ARCH = 75  # CUDA 13 (cupy-cuda13x, cuBLAS 13, NVRTC 13) supports Turing and newer
+
+
+def check_architecture(gpu: GpuDescription) -> None:
+    """Refuse a GPU the runtime cannot serve: below sm_75 CUDA 13 has no cuBLAS/NVRTC target, and bf16 GEMMs
+    (the compute dtype of the shipped recipes) are refused by cuBLAS on sm_60 and older."""
+    if cublaslt.arch_number(gpu.arch) < MIN_ARCH:
+        raise CudaUnavailableError(f"the cuda runtime needs a GPU of compute capability 7.5 (Turing) or newer; "
+                                   f"{gpu.name} is {gpu.arch}. Use --runtime numpy on this machine.")
 
 
 _NP_SCALAR = {"int": np.int32, "unsigned": np.uint32, "long long": np.int64, "float": np.float32}
@@ -571,7 +630,7 @@ class PlanningCudaRuntime:
         self.device = f"{gpu.name} ({gpu.arch})"
         self.machine = gpu.machine()
         self.options = CudaOptions(max_blocks=gpu.sms * 16, simt_flops=gpu.simt_flops,
-                                   tensor_flops=gpu.tensor_flops, bytes_per_s=gpu.bytes_per_s)
+                                   tensor_flops=gpu.tensor_flops, bytes_per_s=gpu.bytes_per_s, arch=gpu.arch)
         self.backend = self  # what the plan cache fingerprints (this package's sources)
         self.assumed = (f"planned for {gpu.label} from an offline description (no GPU here); --device chooses "
                         f"another ({', '.join(_known_devices())})")

@@ -13,17 +13,22 @@ it can; otherwise the operand is copied into scratch by a generated copy kernel)
 from __future__ import annotations
 
 import math
+import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from luminal_recipes.errors import InputError
 from luminal_recipes.graph.dtypes import DType, to_dtype
 from luminal_recipes.graph.view import BoundView, View
 
 from . import codegen as cg
 from .codegen import CodegenError, Operand, ctype
+from .cublaslt import E4M3, LtDesc, arch_number, fp8_unsupported, workspace_bytes
 from .gemm import GemmLayoutError, Matrix, matmul_desc, split_batch
-from .plan import IN, OUT, SCRATCH, Gemm, IndexCheck, KernelSource, Launch, NodePlan, Ref, grid_1d
+from .plan import IN, OUT, SCRATCH, Gemm, IndexCheck, KernelSource, Launch, LtGemm, NodePlan, Ref, grid_1d
 
 F32, F16, BF16 = np.dtype(np.float32), np.dtype(np.float16), DType.BF16.np
 GEMM_TYPES = {F32, F16, BF16}
@@ -51,7 +56,27 @@ class CudaOptions:
     dequant_band: int = 1 << 24  # decoded weight elements per DequantMatMul band
     conv_cols: int = 1 << 24  # im2col elements per Conv2d tile
     graphs: bool = True  # the cuda backend replays a program as one CUDA graph from its second run
-    notes: list[str] = field(default_factory=list)
+    # fp8 DequantMatMul: "dequant" (weights decoded to bf16/f16 bands feeding cuBLAS: the reference's weight-only
+    # semantics) or "cublaslt" (FP8 x FP8 on the tensor cores where the device has them, sm_89+: activations
+    # quantized to e4m3 with a per-tensor scale, which changes results: opt-in). Default: $LUMINAL_FP8_GEMM.
+    fp8_gemm: str = field(default_factory=lambda: os.environ.get("LUMINAL_FP8_GEMM", "dequant"))
+    arch: str = "sm_90"  # the device's architecture (what FP8 and bf16 tensor cores it has)
+    # () -> why cuBLASLt cannot run on this device (its library missing), or None; asked once an FP8 GEMM is wanted
+    fp8_check: Callable[[], str | None] | None = None
+    notes: list[str] = field(default_factory=list)  # one-line notices already printed
+
+    def __post_init__(self):
+        if self.fp8_gemm not in FP8_GEMM_MODES:
+            raise InputError(f"LUMINAL_FP8_GEMM={self.fp8_gemm!r}: expected one of {', '.join(FP8_GEMM_MODES)}")
+
+    def notice(self, text: str) -> None:
+        """Print ``text`` as a one-line notice, once per backend."""
+        if text not in self.notes:
+            self.notes.append(text)
+            print(f"note: cuda: {text}", file=sys.stderr)
+
+
+FP8_GEMM_MODES = ("dequant", "cublaslt")
 
 
 class CudaPrepareError(ValueError):
@@ -69,9 +94,14 @@ def prepare(ctx, options: CudaOptions | None = None) -> NodePlan:
     if fn is None:
         raise CudaPrepareError(f"{_where(ctx)}: the CUDA runtime has no kernel for {ctx.node.op}")
     try:
-        return fn(ctx, options)
+        plan = fn(ctx, options)
     except (CodegenError, GemmLayoutError) as e:
         raise CudaPrepareError(f"{_where(ctx)}: {e}") from e
+    if arch_number(options.arch) < 80 and any(isinstance(s, Gemm) and BF16 in (s.desc.a_type, s.desc.b_type)
+                                              for s in plan.steps):
+        options.notice(f"{options.arch} has no bf16 tensor cores: bf16 GEMMs run on cuBLAS's bf16 kernels without "
+                       "them (CUBLAS_COMPUTE_32F, correct but several times slower than on sm_80+)")
+    return plan
 
 
 def _operands(ctx) -> list[Operand]:
@@ -795,6 +825,12 @@ def prepare_dequant_matmul(ctx, options: CudaOptions) -> NodePlan:
     rows = math.prod(shape[:-1])
     if rows * n_out == 0:
         return plan
+    if fmt == "fp8" and options.fp8_gemm == "cublaslt":
+        why = _fp8_lt_refusal(ctx, options, ops, n_out, k_in)
+        if why is None:
+            return _prepare_fp8_lt(ctx, options, ops, n_out, k_in, rows)
+        options.notice(f"fp8 DequantMatMul through cuBLASLt FP8 (LUMINAL_FP8_GEMM=cublaslt) is not possible: {why}; "
+                       "decoding the weights to bf16 for cuBLAS instead")
     gemm_t = _gemm_type(x.dtype)
     band = max(1, min(n_out, options.dequant_band // max(k_in, 1)))
     dense = ctx.scratch.add((band, k_in), gemm_t)
@@ -820,6 +856,154 @@ def prepare_dequant_matmul(ctx, options: CudaOptions) -> NodePlan:
         elementwise(plan, options, "(Add in0 in1)", [_contiguous(shape), bias[0]], [OUT, bias[1]], shape, F32, OUT)
     else:
         _epilogue(plan, options, ctx, acc_ref, acc_t, bias)
+    return plan
+
+
+# ---- fp8 DequantMatMul as one cuBLASLt FP8 GEMM ------------------------------------------------------------------
+def _fp8_scale(ops, n_out: int) -> tuple[Operand, bool]:
+    """The weight scale as a 1-D operand ([1] per tensor, [N] per channel) and whether it is per channel."""
+    s = ops[2]
+    count = math.prod(s.view.shape)
+    per_channel = count == n_out and n_out != 1 and tuple(s.view.shape) in ((n_out,), (n_out, 1))
+    if not per_channel and count != 1:
+        raise CodegenError(f"fp8 scale {s.view.shape} is neither per tensor ([] / [1]) nor per channel "
+                           f"([{n_out}] / [{n_out}, 1])")
+    return _reshaped(s, (n_out,) if per_channel else (1,)), per_channel
+
+
+def _fp8_lt_output(ctx, ops, n_out: int, per_channel: bool) -> tuple[np.dtype, bool]:
+    """cuBLASLt's D type, and whether D is the output itself: the output's dtype when it is written directly
+    (bf16/f16/f32 output, per-tensor scale, no bias, 16-byte aligned rows), else f32 scratch for the epilogue."""
+    out_t = np.dtype(ctx.dtype)
+    direct = (out_t in (BF16, F16, F32) and not per_channel and len(ops) == 3
+              and n_out * out_t.itemsize % 16 == 0)
+    return (out_t, True) if direct else (F32, False)
+
+
+def _fp8_lt_refusal(ctx, options: CudaOptions, ops: list[Operand], n_out: int, k_in: int) -> str | None:
+    """Why this fp8 DequantMatMul cannot be one cuBLASLt FP8 GEMM here (None: it can)."""
+    why = fp8_unsupported(options.arch) or (options.fp8_check() if options.fp8_check is not None else None)
+    if why:
+        return why
+    x, w = ops[0], ops[1]
+    if np.dtype(w.dtype) != E4M3:
+        return f"the weight is {to_dtype(np.dtype(w.dtype))}, not f8e4m3"
+    if np.dtype(x.dtype) not in (BF16, F16):
+        return f"the activations are {to_dtype(np.dtype(x.dtype))} (FP8 x FP8 is for bf16/f16 compute)"
+    if k_in % 16:
+        return f"in_features {k_in} is not a multiple of 16"
+    _, per_channel = _fp8_scale(ops, n_out)
+    if n_out * _fp8_lt_output(ctx, ops, n_out, per_channel)[0].itemsize % 16:
+        return f"out_features {n_out} does not give 16-byte aligned output rows"
+    return None
+
+
+def _fp8_quantizers(x: Operand, k_in: int, total: int) -> tuple[KernelSource, KernelSource]:
+    """Two kernels putting the activations x (read through its view as [rows, K]) in e4m3 with one per-tensor
+    scale: ``amax`` (max |x| as f32 bits, one atomicMax per block; NaN wins, as numpy's max) and ``quantize``
+    (``s = amax / 448``, e4m3's largest finite value, 1 for an all-zero x; ``xq = e4m3(x * (448 / amax))``,
+    round to nearest even; ``scale[0] = s`` for cuBLASLt's B scale). A NaN or inf in x makes every output NaN."""
+    nd = len(x.view.shape)
+    loader = view_loader("LoadX", x, [(0, nd - 1), (nd - 1, nd)])
+    xt = ctype(x.dtype)
+    amax = f"""{loader}
+extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME(unsigned* __restrict__ amax,
+                                                       const {xt}* __restrict__ x) {{
+  __shared__ float red[32];
+  float m = 0.0f;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {total}LL;
+       i += (long long)gridDim.x * blockDim.x) {{
+    m = MaxOp()(m, fabsf(LoadX{{x}}(i / {k_in}, i % {k_in})));
+  }}
+  m = block_reduce<{BLOCK}>(m, MaxOp(), 0.0f, red);
+  if (threadIdx.x == 0) atomicMax(amax, (unsigned)__float_as_int(m));  // |x| >= 0: bits order as values
+}}"""
+    quant = f"""{loader}
+extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME(f8e4m3* __restrict__ xq, float* __restrict__ scale,
+                                                       const unsigned* __restrict__ amax_bits,
+                                                       const {xt}* __restrict__ x) {{
+  const float amax = __int_as_float((int)amax_bits[0]);
+  const float s = amax == 0.0f ? 1.0f : amax / 448.0f;
+  const float inv = amax == 0.0f ? 1.0f : 448.0f / amax;
+  if (blockIdx.x == 0 && threadIdx.x == 0) scale[0] = s;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {total}LL;
+       i += (long long)gridDim.x * blockDim.x) {{
+    xq[i] = from_f32<f8e4m3>(LoadX{{x}}(i / {k_in}, i % {k_in}) * inv);
+  }}
+}}"""
+    out = []
+    for prefix, text, params, sync in (("fp8amax", amax, ["unsigned*", f"const {xt}*"], True),
+                                       ("fp8quant", quant, ["f8e4m3*", "float*", "const unsigned*",
+                                                            f"const {xt}*"], False)):
+        source = _source(prefix, text, params, sync)
+        out.append(KernelSource(source.name, source.params, source.code.replace("LoadX", f"LX_{source.name}"),
+                                sync))
+    return out[0], out[1]
+
+
+def _prepare_fp8_lt(ctx, options: CudaOptions, ops: list[Operand], n_out: int, k_in: int, rows: int) -> NodePlan:
+    """``out = x @ (W * s_w).T`` as ``(e4m3(x / s_x) @ W^T) * s_x * s_w``: x quantized to e4m3 with a per-tensor
+    scale s_x (two small kernels), one cuBLASLt FP8 GEMM in TN layout (W [N, K] row-major is A, read in place;
+    the quantized x [rows, K] is B; A/B scale pointers s_w / s_x), then an epilogue for per-channel scales, a
+    bias or another output dtype."""
+    plan = NodePlan()
+    shape = tuple(ctx.shape)
+    x, w = ops[0], ops[1]
+    s1, per_channel = _fp8_scale(ops, n_out)
+    d_t, direct = _fp8_lt_output(ctx, ops, n_out, per_channel)
+    # the activations, quantized
+    total = rows * k_in
+    amax = ctx.scratch.add((1,), np.uint32)
+    xscale = ctx.scratch.add((1,), F32)
+    xq = ctx.scratch.add((rows, k_in), E4M3)
+    amax_k, quant_k = (plan.kernel(k) for k in _fp8_quantizers(x, k_in, total))
+    plan.steps.append(_zero_flag(plan, options, SCRATCH(amax)))
+    plan.steps.append(Launch(amax_k, grid_1d(total, BLOCK, options.max_blocks), (BLOCK, 1, 1),
+                             (SCRATCH(amax), IN(0))))
+    plan.steps.append(Launch(quant_k, grid_1d(total, BLOCK, options.max_blocks), (BLOCK, 1, 1),
+                             (SCRATCH(xq), SCRATCH(xscale), SCRATCH(amax), IN(0))))
+    # the weight, in place when it is [N, K] row-major with 16-byte aligned rows (else an e4m3 copy)
+    wv = w.view
+    if (tuple(wv.shape) == (n_out, k_in) and _unmasked(wv) and cg.statically_in_bounds(wv, w.size)
+            and wv.strides[1] == 1 and wv.strides[0] >= k_in and wv.strides[0] % 16 == 0 and wv.offset % 16 == 0):
+        wref, lda = IN(1).at(wv.offset, 1), wv.strides[0]
+    else:
+        slot = ctx.scratch.add((n_out, k_in), E4M3)
+        copy_into(plan, options, Operand(wv, w.size, w.dtype), IN(1), E4M3, SCRATCH(slot))
+        wref, lda = SCRATCH(slot), k_in
+    # the weight's scale: cuBLASLt's A scale (an f32 scalar in device memory) or, per channel, the epilogue's
+    a_scale = None
+    if not per_channel:
+        if np.dtype(s1.dtype) == F32 and _unmasked(s1.view) and cg.statically_in_bounds(s1.view, s1.size):
+            a_scale = IN(2).at(s1.view.offset, 4)
+        else:
+            slot = ctx.scratch.add((1,), F32)
+            copy_into(plan, options, s1, IN(2), F32, SCRATCH(slot))
+            a_scale = SCRATCH(slot)
+    ws = workspace_bytes(n_out, rows)
+    workspace = ctx.scratch.add((ws,), np.uint8)
+    d_ref = OUT if direct else SCRATCH(ctx.scratch.add(shape, F32))
+    desc = LtDesc(trans_a=True, trans_b=False, m=n_out, n=rows, k=k_in, lda=lda, ldb=k_in, ldd=n_out,
+                  a_type=E4M3, b_type=E4M3, d_type=d_t, a_scale=a_scale is not None, b_scale=True, workspace=ws)
+    desc.check()
+    plan.steps.append(LtGemm(desc, wref, SCRATCH(xq), d_ref, a_scale, SCRATCH(xscale), SCRATCH(workspace)))
+    if d_ref == OUT:
+        return plan
+    # epilogue: out = D [* s_w per channel] [+ bias], in the output's dtype
+    expr, operands, refs = "in0", [_contiguous(shape, dtype=F32)], [d_ref]
+    if per_channel:
+        sv = s1.view
+        lead = shape[:-1]
+        mask = None if sv.mask is None else tuple((0, d) for d in lead) + tuple(sv.mask)
+        operands.append(Operand(BoundView(shape, (0,) * len(lead) + (sv.strides[0],), sv.offset, mask), s1.size,
+                                s1.dtype))
+        refs.append(IN(2))
+        expr = f"(Mul {expr} in1)"
+    if len(ops) > 3:
+        operands.append(ops[3])
+        refs.append(IN(3))
+        expr = f"(Add {expr} in{len(operands) - 1})"
+    elementwise(plan, options, expr, operands, refs, shape, ctx.dtype, OUT)
     return plan
 
 

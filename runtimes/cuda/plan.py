@@ -1,17 +1,18 @@
 """What a prepared CUDA node does, independent of the device that runs it.
 
 ``prepare`` (``runtimes/cuda/nodes.py``) turns a program node into a ``NodePlan``: kernel sources (CUDA C, one
-``extern "C" __global__`` entry each), scratch requests, and ``steps``: kernel ``Launch``es and cuBLAS ``Gemm``
-calls whose pointer arguments are ``Ref``s to the node's output, inputs or scratch arrays. A backend binds the refs
-to its arrays (CuPy device memory, or numpy arrays for cuda-emu) and runs the steps: ``CudaBackend`` launches
-through ``RawModule.get_function`` and calls cuBLAS, ``CudaEmuBackend`` calls the same kernels compiled by g++
-and the numpy model of the GEMM descriptor.
+``extern "C" __global__`` entry each), scratch requests, and ``steps``: kernel ``Launch``es, cuBLAS ``Gemm`` and
+cuBLASLt FP8 ``LtGemm`` calls whose pointer arguments are ``Ref``s to the node's output, inputs or scratch arrays.
+A backend binds the refs to its arrays (CuPy device memory, or numpy arrays for cuda-emu) and runs the steps:
+``CudaBackend`` launches through ``RawModule.get_function`` and calls cuBLAS / cuBLASLt, ``CudaEmuBackend`` calls
+the same kernels compiled by g++ and the numpy models of the GEMM descriptors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .cublaslt import LtDesc
 from .gemm import GemmDesc
 
 
@@ -73,6 +74,20 @@ class Gemm:
     a: Ref
     b: Ref
     c: Ref
+
+
+@dataclass(frozen=True)
+class LtGemm:
+    """A cuBLASLt FP8 ``cublasLtMatmul`` (see ``cublaslt.LtDesc``): A, B, D refs, the f32 scale refs of A and B
+    (None: 1) and the workspace scratch."""
+
+    desc: LtDesc
+    a: Ref
+    b: Ref
+    d: Ref
+    a_scale: Ref | None
+    b_scale: Ref | None
+    workspace: Ref
 
 
 @dataclass(frozen=True)
