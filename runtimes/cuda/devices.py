@@ -44,6 +44,8 @@ DEVICES: dict[str, GpuDescription] = {d.key: d for d in (
     GpuDescription("a100", "NVIDIA A100-SXM4-80GB", "sm_80", 80 * GIB, 108, 1.6e12, 230e12, 15e12),
     GpuDescription("l40s", "NVIDIA L40S", "sm_89", 48 * GIB, 142, 0.7e12, 280e12, 60e12),
     GpuDescription("rtx4090", "NVIDIA GeForce RTX 4090", "sm_89", 24 * GIB, 128, 0.8e12, 130e12, 60e12),
+    # Turing: f16 tensor cores only; bf16 GEMMs (the recipes' compute dtype) run at its SIMT rate
+    GpuDescription("t4", "Tesla T4", "sm_75", 15 * GIB, 40, 0.24e12, 6e12, 6e12),
 )}
 DEFAULT_DEVICE = "h200"
 
@@ -67,5 +69,7 @@ def describe(props: dict, total_memory: int) -> GpuDescription:
             return GpuDescription(d.key, name, arch, total_memory, sms, d.bytes_per_s, d.tensor_flops, d.simt_flops)
     clock_hz = float(props.get("memoryClockRate", 1_500_000)) * 1e3
     bus_bytes = float(props.get("memoryBusWidth", 4096)) / 8
+    simt = sms * 0.2e12
+    tensor = sms * 2.5e12 if int(props["major"]) >= 8 else simt  # no bf16 tensor cores before sm_80
     return GpuDescription(name.lower().replace(" ", "-"), name, arch, total_memory, sms,
-                          0.75 * 2 * clock_hz * bus_bytes, sms * 2.5e12, sms * 0.2e12)
+                          0.75 * 2 * clock_hz * bus_bytes, tensor, simt)

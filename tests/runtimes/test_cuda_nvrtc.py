@@ -4,7 +4,7 @@ ptxas reports no local-memory spills.
 The kernels come from the programs ``compile_graph`` makes (numpy runtime, no timing) for the tiny FLUX.2
 pipeline's three stages and the Llama recipe, each also rewritten to bf16 and f16 activations, plus the hot
 kernels at FLUX.2-dev sizes (norms over 3072, head-dim-128 norms, softmax over 4608 keys, fp8/nvfp4 weight
-decoders, im2col). All of them form one module per architecture (NVRTC ~1 s), cached on disk afterwards.
+decoders, the fp8 activation quantizers of the cuBLASLt path, im2col). All of them form one module per architecture (NVRTC ~1 s), cached on disk afterwards.
 Needs the CUDA wheels of the test extra (cupy, nvidia-cuda-nvrtc/-runtime/-crt); no GPU.
 """
 
@@ -107,7 +107,8 @@ def module_text(tmp_path_factory) -> tuple[str, int]:
     programs.append(llama_program(tmp_path_factory))
     variants = [(as_dtype(p, dt), d) for p, d in programs for dt in ("bf16", "f16")]
     sources = []
-    for options in (CudaOptions(attention="flash"), CudaOptions(attention="chunked")):
+    # the second set also takes fp8 DequantMatMul through cuBLASLt (its activation quantizer kernels)
+    for options in (CudaOptions(attention="flash"), CudaOptions(attention="chunked", fp8_gemm="cublaslt")):
         for program, dims in programs + variants + dev_size_programs():
             for plan, _ in prepare_program(program, dims, options).values():
                 sources.extend(plan.sources)
