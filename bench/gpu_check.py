@@ -15,7 +15,9 @@ skipped, and recorded as skipped, when the time left is below its estimate):
                      weights made on the GPU and shared with diffusers' Flux2Transformer2DModel through DLPack:
                      s/step (median of 5 after 3 warm-ups) replayed as a CUDA graph and kernel by kernel (same bits?),
                      TFLOP/s vs 283 TFLOP/step, peak device memory, speed ratio and output rel. error vs diffusers
-  dequant            FP8 and NVFP4 DequantMatMul TFLOP/s on FLUX.2's four GEMM shapes at M = 4608 (bf16 MatMul too)
+  dequant            FP8 and NVFP4 DequantMatMul TFLOP/s on FLUX.2's four GEMM shapes at M = 4608 (bf16 MatMul too);
+                     fp8 twice: weights decoded to bf16 for cuBLAS, and FP8 x FP8 through cuBLASLt (e4m3 activations,
+                     LUMINAL_FP8_GEMM=cublaslt; libcublasLt from the nvidia-cublas wheel torch brings), with the ratio
   streamed           the same transformer step under a 24 GiB budget (blocks staged through 4 GiB of pinned host
                      memory on a copy stream), bit-identical to the resident step; device memory released after
   tiny_pipeline      recipes/flux2-tiny.yaml on our runtime: PSNR vs the numpy runtime's golden image, and each
@@ -283,6 +285,7 @@ def environment(c: Check) -> dict:
     with contextlib.redirect_stdout(buf):
         cupy.show_config()
     out["cupy_config"] = buf.getvalue()
+    out["cublaslt"] = lt_library(c)
     return out
 
 
@@ -483,7 +486,7 @@ def kernel_cases(dry: bool):
             m, n, k = (24, 40, 64) if dry else (1024, 3072, 3072)
             g = Graph()
             x = g.input("x", (m, k), "bf16")
-            if fmt == "fp8":
+            if fmt in ("fp8", "fp8-lt"):
                 w, s = g.weight("w", (n, k), "f8e4m3"), g.weight("s", ())
                 f = Fused(g)
                 y = f.add("DequantMatMul", [x, w, s], (m, n), "bf16", format="fp8", layout="", out_features=n,
@@ -504,7 +507,12 @@ def kernel_cases(dry: bool):
                 dense = e2m1[codes] * np.repeat(weights["s"].astype(np.float32), 16, 1) * weights["s2"]
 
             def ref(t, dense=dense):
-                return {"y": t["x"] @ torch.from_numpy(dense).to(t["x"].device).T}
+                x = t["x"]
+                if fmt == "fp8-lt":  # FP8 x FP8: x in e4m3 with a per-tensor scale from its amax (as nodes.py)
+                    amax = x.abs().max()
+                    xq = (x * (448.0 / amax)).to(torch.float8_e4m3fn).float()
+                    return {"y": (xq @ t["w"].T) * ((amax / 448.0) * t["s"])}
+                return {"y": x @ torch.from_numpy(dense).to(x.device).T}
 
             return f.program(y=y), {"x": rnd(m, k, dtype=bf)}, weights, ref
         return build
@@ -527,7 +535,9 @@ def kernel_cases(dry: bool):
         ("Attention bf16 chunked", {"attention": "chunked"}, attention("chunked")),
         ("Attention bf16 flash", {"attention": "flash"}, attention("flash")),
         ("Conv2d 3x3 bf16", {}, conv(3)), ("Conv2d 1x1 bf16", {}, conv(1)),
-        ("DequantMatMul fp8", {}, dequant("fp8")), ("DequantMatMul nvfp4", {}, dequant("nvfp4")),
+        ("DequantMatMul fp8", {"fp8_gemm": "dequant"}, dequant("fp8")),
+        ("DequantMatMul fp8 cuBLASLt", {"fp8_gemm": "cublaslt"}, dequant("fp8-lt")),
+        ("DequantMatMul nvfp4", {}, dequant("nvfp4")),
         ("Concat bf16", {}, concat),
     ]
 
@@ -770,7 +780,7 @@ def dequant(c: Check) -> dict:
         shapes = [(n // 64, k // 64) for n, k in shapes]
     rows = []
     for n, k in shapes:
-        for fmt in ("bf16", "fp8", "nvfp4"):
+        for fmt in ("bf16", "fp8", "fp8-lt", "nvfp4"):
             g = Graph()
             x = g.input("x", (m, k), "bf16")
             if fmt == "bf16":
@@ -778,7 +788,7 @@ def dequant(c: Check) -> dict:
                 f = Fused(g)
                 y = f.add("MatMul", [x, w.T], (m, n), "bf16")
                 specs = {"w": ((n, k), "bf16")}
-            elif fmt == "fp8":
+            elif fmt in ("fp8", "fp8-lt"):
                 w, s = g.weight("w", (n, k), "f8e4m3"), g.weight("s", ())
                 f = Fused(g)
                 y = f.add("DequantMatMul", [x, w, s], (m, n), "bf16", format="fp8", layout="", out_features=n,
@@ -793,17 +803,51 @@ def dequant(c: Check) -> dict:
             weights = random_bits(c, specs)
             xs = np.random.default_rng(0).standard_normal((m, k), dtype=np.float32).astype(ml_dtypes.bfloat16)
             try:
-                exe = c.runtime.load(f.program(y=y), weights, {})
-                t = statistics.median(step_times(c, exe, {"x": xs}, 1 if c.dry else 2, 2 if c.dry else 5))
-                rows.append({"n": n, "k": k, "m": m, "format": fmt, "seconds": t, "tflops": 2 * m * n * k / t / 1e12})
-                c.log(f"  {fmt:6s} M={m} N={n} K={k}: {rows[-1]['tflops']:.1f} TFLOP/s")
+                program = f.program(y=y)
+                with options(c.runtime, fp8_gemm="cublaslt" if fmt == "fp8-lt" else "dequant"):
+                    path = fp8_path(c, program) if fmt.startswith("fp8") else fmt
+                    exe = c.runtime.load(program, weights, {})
+                    t = statistics.median(step_times(c, exe, {"x": xs}, 1 if c.dry else 2, 2 if c.dry else 5))
+                rows.append({"n": n, "k": k, "m": m, "format": fmt, "path": path, "seconds": t,
+                             "tflops": 2 * m * n * k / t / 1e12})
+                c.log(f"  {fmt:6s} M={m} N={n} K={k}: {rows[-1]['tflops']:.1f} TFLOP/s ({path})")
             except Exception as exc:
                 rows.append({"n": n, "k": k, "m": m, "format": fmt, "error": f"{type(exc).__name__}: {exc}"})
                 c.log(f"  {fmt:6s} M={m} N={n} K={k}: ERROR {exc}")
             finally:
                 exe = None
                 c.free()
-    return {"shapes": rows}
+    speedups = {}
+    for n, k in shapes:
+        by = {r["format"]: r for r in rows if (r["n"], r["k"]) == (n, k) and "tflops" in r}
+        if "fp8" in by and "fp8-lt" in by:
+            speedups[f"{n}x{k}"] = by["fp8-lt"]["tflops"] / by["fp8"]["tflops"]
+    c.log(f"  cuBLASLt FP8 over the bf16-dequant path (TFLOP/s ratio per N x K): "
+          f"{ {key: round(v, 2) for key, v in speedups.items()} }")
+    return {"shapes": rows, "fp8_cublaslt_over_dequant": speedups,
+            "fp8_cublaslt_library": lt_library(c)}
+
+
+def lt_library(c: Check) -> dict | str:
+    """The libcublasLt the cuda runtime loaded (path, version), or why it could not."""
+    if c.dry:
+        return "cuda-emu: the numpy model of the cublasLtMatmul descriptor"
+    try:
+        lt = c.runtime.backend.lt_handle()
+        return {"path": lt.path, "version": lt.version}
+    except Exception as exc:  # noqa: BLE001 - reported, the dequant path runs instead
+        return f"unavailable: {type(exc).__name__}: {exc}"
+
+
+def fp8_path(c: Check, program) -> str:
+    """Which path the runtime takes for the program's fp8 DequantMatMul at the current options: "cublaslt"
+    (an FP8 GEMM step in its plan) or "dequant" (weights decoded to bf16; a notice says why when cuBLASLt was
+    asked for)."""
+    from luminal_recipes.runtimes.cuda.plan import LtGemm
+
+    prepared = c.runtime.prepare(program, {})
+    lt = any(isinstance(s, LtGemm) for bind, _ in prepared.values() for s in getattr(bind, "plan", bind).steps)
+    return "cublaslt" if lt else "dequant"
 
 
 def random_bits(c: Check, specs: dict) -> dict:

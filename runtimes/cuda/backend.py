@@ -507,10 +507,10 @@ class CudaBackend:
 
     def _fp8_check(self) -> str | None:
         if not self._lt_missing:
-            self._lt_missing.append(cublaslt.fp8_unsupported(self.arch, self._cublaslt))
+            self._lt_missing.append(cublaslt.fp8_unsupported(self.arch, self.lt_handle))
         return self._lt_missing[0]
 
-    def _cublaslt(self) -> cublaslt.CublasLt:
+    def lt_handle(self) -> cublaslt.CublasLt:
         """The cuBLASLt handle, made on first use from the library ``cublaslt.find_library`` finds (the one
         matching the CUDA runtime's major version first)."""
         if self._lt is None:
@@ -521,7 +521,7 @@ class CudaBackend:
     def lt_gemm(self, desc, a: tuple, b: tuple, d: tuple, a_scale: tuple | None, b_scale: tuple | None,
                 workspace: tuple):
         ptr = [None if r is None else self.address(r[0]) + r[1] for r in (a, b, d, a_scale, b_scale, workspace)]
-        return self._cublaslt().matmul(desc, *ptr, stream=self.stream.ptr)
+        return self.lt_handle().matmul(desc, *ptr, stream=self.stream.ptr)
 
     def read_flag(self, array: DeviceTensor, offset: int) -> int:
         raw = array.data.reshape(-1).view(self.cp.uint8)[offset: offset + 4]
