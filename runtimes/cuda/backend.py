@@ -520,12 +520,18 @@ class CudaBackend:
 
     def lt_gemm(self, desc, a: tuple, b: tuple, d: tuple, a_scale: tuple | None, b_scale: tuple | None,
                 workspace: tuple):
-        ptr = [None if r is None else self.address(r[0]) + r[1] for r in (a, b, d, a_scale, b_scale, workspace)]
-        return self.lt_handle().matmul(desc, *ptr, stream=self.stream.ptr)
+        return lt_call(self, self.lt_handle(), desc, (a, b, d, a_scale, b_scale, workspace), self.stream.ptr)
 
     def read_flag(self, array: DeviceTensor, offset: int) -> int:
         raw = array.data.reshape(-1).view(self.cp.uint8)[offset: offset + 4]
         return int(raw.get(stream=self.stream).view(np.int32)[0])
+
+
+def lt_call(backend, lt: cublaslt.CublasLt, desc, operands: tuple, stream: int) -> cublaslt.LtCall:
+    """The cuBLASLt call of an ``LtGemm`` step on ``(array, byte offset)`` operands (A, B, D, A scale, B scale,
+    workspace; a scale may be None), at their device addresses."""
+    ptr = [None if r is None else backend.address(r[0]) + r[1] for r in operands]
+    return lt.matmul(desc, *ptr, stream=stream)
 
 
 MIN_ARCH = 75  # CUDA 13 (cupy-cuda13x, cuBLAS 13, NVRTC 13) supports Turing and newer

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+import subprocess
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -23,7 +25,7 @@ from luminal_recipes import ops
 from luminal_recipes.errors import InputError, LuminalError
 from luminal_recipes.graph import Graph, run_reference
 from luminal_recipes.runtimes.cuda import CudaEmuBackend, CudaOptions, CudaRuntime, CudaUnavailableError, cublaslt
-from luminal_recipes.runtimes.cuda.backend import check_architecture, prepare_program
+from luminal_recipes.runtimes.cuda.backend import check_architecture, lt_call, prepare_program
 from luminal_recipes.runtimes.cuda.devices import DEVICES
 from luminal_recipes.runtimes.cuda.gemm import GemmLayoutError
 from luminal_recipes.runtimes.cuda.plan import Gemm, LtGemm
@@ -301,3 +303,66 @@ def test_the_fp8_gemm_error_at_binding_names_the_node(rng):
     with pytest.raises(LuminalError, match=r"DequantMatMul #\d+: the cuBLASLt FP8 GEMM cannot run: .*aligned.*"
                                            r"LUMINAL_FP8_GEMM=dequant"):
         runtime.run(program, {"x": np.zeros((3, 32), BF16)}, weights)
+
+
+# ---- the ctypes binding, against a stand-in libcublasLt -----------------------------------------------------
+class Seen(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int) for n in ("transa", "transb", "a_type", "b_type", "d_type", "had_sa", "had_sb")] + \
+               [(n, ctypes.c_uint64) for n in ("a_rows", "a_cols", "b_rows", "b_cols", "d_rows", "d_cols")] + \
+               [(n, ctypes.c_int64) for n in ("lda", "ldb", "ldd")] + \
+               [(n, ctypes.c_uint64) for n in ("workspace_pref", "workspace_given")] + \
+               [(n, ctypes.c_int) for n in ("compute", "scale")]
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory) -> str:
+    """tests/runtimes/cublaslt_shim.cpp built as a shared library: cublasLt.h's entry points on host memory."""
+    src = Path(__file__).with_name("cublaslt_shim.cpp")
+    out = tmp_path_factory.mktemp("shim") / "libcublasLt.so.13"
+    subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    return str(out)
+
+
+@needs_gxx
+@pytest.mark.parametrize(("m_shape", "n", "k", "scale_shape", "bias"), [((2, 3), 48, 64, (), False),
+                                                                         ((5,), 32, 32, (32,), True)])
+def test_the_ctypes_binding_makes_the_call_the_model_runs(shim, m_shape, n, k, scale_shape, bias, rng):
+    """The binding's descriptors, layouts, scale pointers, heuristic and launch, through a stand-in library that
+    computes what the descriptor says: the same outputs as cuda-emu's model, and the TN layout it was given."""
+    lt = cublaslt.CublasLt(shim)
+    assert lt.version == 130000
+
+    class ShimBackend(CudaEmuBackend):  # cuda-emu, with every FP8 GEMM made as the cuda backend makes it
+        def lt_gemm(self, desc, *operands):
+            desc.check()
+            return lt_call(self, lt, desc, operands, stream=0)
+
+    g, program = fp8_linear(m_shape, n, k, scale_shape, bias)
+    weights = {"w": (rng.standard_normal((n, k)) * 4).astype(E4M3),
+               "s": (rng.random(scale_shape) * 0.02 + 0.01).astype(np.float32)}
+    if bias:
+        weights["b"] = rng.standard_normal(n).astype(BF16)
+    inputs = {"x": (rng.standard_normal((*m_shape, k)) * 3).astype(BF16)}
+    options = {"max_blocks": 64, "fp8_gemm": "cublaslt", "arch": "sm_90"}
+    got = CudaRuntime(ShimBackend(CudaOptions(**options))).run(program, inputs, weights)["y"].astype(np.float32)
+    want = CudaRuntime(CudaEmuBackend(CudaOptions(**options))).run(program, inputs, weights)["y"].astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=2**-7, atol=1e-6)  # sums in another order: one bf16 ulp at most
+    seen = Seen.in_dll(lt.lib, "lt_shim_seen")
+    rows = int(np.prod(m_shape))
+    assert (seen.transa, seen.transb, seen.a_type, seen.b_type, seen.compute, seen.scale) == (1, 0, 28, 28, 68, 0)
+    assert (seen.a_rows, seen.a_cols, seen.lda) == (k, n, k)  # W [N, K] row-major: K x N column-major, op T
+    assert (seen.b_rows, seen.b_cols, seen.ldb) == (k, rows, k)  # e4m3 x [rows, K]: K x rows, op N
+    assert (seen.d_rows, seen.d_cols, seen.ldd) == (n, rows, n)
+    assert seen.d_type == (0 if bias or scale_shape else 14)  # f32 D for the epilogue, else bf16 straight out
+    assert (seen.had_sa, seen.had_sb) == (int(not scale_shape), 1)  # a per-channel scale is the epilogue's
+    assert seen.workspace_given == seen.workspace_pref == cublaslt.workspace_bytes(n, rows)
+
+
+def test_the_binding_reports_a_refused_layout(shim):
+    lt = cublaslt.CublasLt(shim)
+    buf = np.zeros(1 << 16, np.uint8)
+    base = buf.ctypes.data + (-buf.ctypes.data % 256)
+    with pytest.raises(GemmLayoutError, match="TN"):
+        lt.matmul(lt_desc(trans_a=False), base, base, base, None, None, base, 0)
+    with pytest.raises(GemmLayoutError, match="aligned"):
+        lt.matmul(lt_desc(), base + 8, base, base, None, None, base, 0)
