@@ -24,6 +24,8 @@ skipped, and recorded as skipped, when the time left is below its estimate):
                      stage's device memory when it ends, before and after the release
   vae                VAE decode of a 1024x1024 image (random full-size weights): time, peak device memory
   text_encoder       Mistral-3 text encoder, 512 tokens, random full-size weights: time, peak device memory
+  fp8_pipeline       the tiny FLUX.2 pipeline with an FP8 transformer in bf16: cuBLASLt FP8 x FP8 vs weights decoded to
+                     bf16, PSNR of each against the f32 image (diffusers' weight-only result), FP8 GEMMs bound
 
 The GPU machine has no egglog, pydantic, diffusers and no network: carry the wheels bench/gpu_wheels.sh makes
 (`.whl/`); this script installs them into a private folder first. The repository is not pip-installed there:
@@ -765,7 +767,7 @@ def transformer(c: Check) -> dict:
     return out
 
 
-@section("dequant", 30)
+@section("dequant", 40)
 def dequant(c: Check) -> dict:
     """FP8 / NVFP4 DequantMatMul (and bf16 MatMul) at FLUX.2's GEMM shapes, M = 4608, weights made on the device."""
     import ml_dtypes
@@ -1017,6 +1019,66 @@ def text_encoder(c: Check) -> dict:
     out = stage_run(c, "mistral3-text-encoder.yaml", "text_encoder", {"batch": 1, "seq": seq},
                     {"tokens": tokens, "attention_mask": mask}, sets={"out_layers": [10, 20, 30]})
     c.log(f"  text encoder {seq} tokens: {out['seconds']:.3f} s, device {out['device_bytes']}")
+    return out
+
+
+@section("fp8_pipeline", 60)
+def fp8_pipeline(c: Check) -> dict:
+    """The tiny FLUX.2 pipeline with an FP8 transformer (recipes/flux2-fp8.yaml, made here by the quantize tool),
+    computing in bf16: FP8 x FP8 through cuBLASLt (e4m3 activations) vs weights decoded to bf16, each as PSNR
+    against our f32 numpy image of the same FP8 checkpoint (= diffusers on its dequantized weights, bit for bit on
+    this checkpoint), and how many FP8 GEMMs were bound on each path."""
+    import tempfile
+
+    from luminal_recipes.image_io import to_uint8
+    from luminal_recipes.pipeline.driver import Pipeline
+    from luminal_recipes.pipeline.golden import psnr
+    from luminal_recipes.recipe.loader import load_recipe
+    from luminal_recipes.tasks.flux2.latents import initial_noise
+    from luminal_recipes.weights.quantize import quantize_checkpoint
+
+    w, h, steps = (32, 32, 2) if c.dry else (80, 48, 3)
+    sets = [f"steps={steps}", f"width={w}", f"height={h}", "seed=0", "max_sequence_length=64"]
+    prompt, latents = "a red fox in the snow", initial_noise(0, h, w)
+    recipe = ROOT / "recipes" / "flux2-fp8.yaml"
+    tiny = ROOT / "recipes" / "flux2-tiny" / "checkpoint"
+    exclude = load_recipe(recipe).doc.models["transformer"].quantization.exclude
+    backend = c.runtime.backend
+    with tempfile.TemporaryDirectory(prefix="luminal-fp8-") as tmp:
+        folder = Path(tmp) / "checkpoint"
+        folder.mkdir()
+        for item in tiny.iterdir():
+            if item.name != "transformer":
+                (folder / item.name).symlink_to(item)
+        quantize_checkpoint(tiny / "transformer", folder / "transformer", "fp8", exclude=exclude)
+        images = {"f32 numpy": to_uint8(Pipeline(recipe, weights=folder, sets=sets, compile=False).run(
+            {"prompt": prompt, "init_latents": latents}).values["image"])}
+        bound = {}
+        original = backend.lt_gemm
+        for mode in ("dequant", "cublaslt"):
+            count = [0]
+
+            def counted(*args, count=count):
+                count[0] += 1
+                return original(*args)
+
+            backend.lt_gemm = counted
+            try:
+                with options(c.runtime, fp8_gemm=mode):
+                    pipe = Pipeline(recipe, weights=folder, sets=sets, runtime=c.runtime, compute_dtype="bf16")
+                    images[f"bf16 {mode}"] = to_uint8(pipe.run({"prompt": prompt, "init_latents": latents})
+                                                      .values["image"])
+            finally:
+                del backend.lt_gemm
+            bound[mode] = count[0]
+            pipe = None
+            c.free()
+    out = {"size": [w, h, steps], "fp8_gemms_bound": bound,
+           "psnr_db": {"bf16 dequant vs f32": float(psnr(images["bf16 dequant"], images["f32 numpy"])),
+                       "bf16 cublaslt vs f32": float(psnr(images["bf16 cublaslt"], images["f32 numpy"])),
+                       "bf16 cublaslt vs bf16 dequant": float(psnr(images["bf16 cublaslt"], images["bf16 dequant"]))}}
+    out["ok"] = bound["cublaslt"] > 0 and bound["dequant"] == 0 and min(out["psnr_db"].values()) >= 40.0
+    c.log(f"  FP8 GEMMs bound {bound}; PSNR {({k: round(v, 1) for k, v in out['psnr_db'].items()})}")
     return out
 
 
