@@ -7,6 +7,11 @@
 #   bench/gpu_wheels.sh                      # cp312 manylinux wheels into .whl/ (what the GPU machine needs)
 #   bench/gpu_wheels.sh --python 3.11 --dest /tmp/whl311   # the same set for this machine's python (to test it)
 #
+# Not carried: libcublasLt (the cuBLASLt FP8 GEMMs, LUMINAL_FP8_GEMM=cublaslt). The nvidia-cublas wheel that holds
+# it is several hundred MB; the GPU machine's torch (+cu130) already installed it, and runtimes/cuda/cublaslt.py
+# finds it there (nvidia/*/lib, torch/lib, CUDA_HOME, the loader's path; $LUMINAL_CUBLASLT overrides). Without it
+# fp8 weights are decoded to bf16 for cuBLAS, with a one-line notice.
+#
 # On the GPU machine gpu_check.py installs them itself:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 set -euo pipefail
