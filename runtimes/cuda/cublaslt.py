@@ -28,6 +28,7 @@ import importlib.util
 import os
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -142,13 +143,15 @@ def run_model(desc: LtDesc, a: tuple[np.ndarray, int], b: tuple[np.ndarray, int]
 
 # ---- the library ---------------------------------------------------------------------------------------------
 def _candidates(major: int | None) -> list[str]:
-    """Where a libcublasLt may be, most specific first: $LUMINAL_CUBLASLT, the nvidia-cublas wheel (what torch and
-    CuPy's CUDA wheels install; nvidia/cublas/lib or nvidia/cu13/lib), torch's lib folder, CUDA_HOME, the
-    loader's search path. Versions matching the CUDA runtime's major come first."""
+    """Where a libcublasLt may be, most specific first: $LUMINAL_CUBLASLT, one already loaded (by CuPy's cuBLAS),
+    the nvidia-cublas wheel (what torch and CuPy's CUDA wheels install; nvidia/cublas/lib or nvidia/cu13/lib),
+    torch's lib folder, CUDA_HOME, the loader's search path. Versions matching the CUDA runtime's major come first
+    among the files found in folders."""
     out: list[str] = []
     explicit = os.environ.get("LUMINAL_CUBLASLT")
     if explicit:
         out.append(explicit)
+    out += _loaded()  # the copy CuPy's cuBLAS already brought into the process: one cuBLASLt, not two
     folders: list[str] = []
     for pkg, sub in (("nvidia", "*/lib"), ("torch", "lib")):
         try:
@@ -169,6 +172,16 @@ def _candidates(major: int | None) -> list[str]:
     if system:
         out.append(system)
     return list(dict.fromkeys(out))
+
+
+def _loaded() -> list[str]:
+    """libcublasLt files already mapped into this process (Linux: /proc/self/maps)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    return list(dict.fromkeys(line.split()[-1] for line in maps.splitlines()
+                              if "/libcublasLt.so" in line and line.split()[-1].startswith("/")))
 
 
 def find_library(major: int | None = None) -> str:
