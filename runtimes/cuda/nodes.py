@@ -829,9 +829,10 @@ def prepare_dequant_matmul(ctx, options: CudaOptions) -> NodePlan:
         why = _fp8_lt_refusal(ctx, options, ops, n_out, k_in)
         if why is None:
             return _prepare_fp8_lt(ctx, options, ops, n_out, k_in, rows)
-        options.notice(f"fp8 DequantMatMul through cuBLASLt FP8 (LUMINAL_FP8_GEMM=cublaslt) is not possible: {why}; "
-                       "decoding the weights to bf16 for cuBLAS instead")
     gemm_t = _gemm_type(x.dtype)
+    if fmt == "fp8" and options.fp8_gemm == "cublaslt":
+        options.notice(f"fp8 DequantMatMul through cuBLASLt FP8 (LUMINAL_FP8_GEMM=cublaslt) is not possible: {why}; "
+                       f"decoding the weights to {to_dtype(gemm_t)} for cuBLAS instead")
     band = max(1, min(n_out, options.dequant_band // max(k_in, 1)))
     dense = ctx.scratch.add((band, k_in), gemm_t)
     decode = _fp8_decoder(ctx, ops, n_out, k_in, gemm_t) if fmt == "fp8" else \
