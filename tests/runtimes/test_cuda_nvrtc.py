@@ -4,7 +4,8 @@ ptxas reports no local-memory spills.
 The kernels come from the programs ``compile_graph`` makes (numpy runtime, no timing) for the tiny FLUX.2
 pipeline's three stages and the Llama recipe, each also rewritten to bf16 and f16 activations, plus the hot
 kernels at FLUX.2-dev sizes (norms over 3072, head-dim-128 norms, softmax over 4608 keys, fp8/nvfp4 weight
-decoders, the fp8 activation quantizers of the cuBLASLt path, im2col). All of them form one module per architecture (NVRTC ~1 s), cached on disk afterwards.
+decoders, the fp8 activation quantizers of the cuBLASLt path, im2col). All of them form one module per
+architecture (NVRTC ~1 s), cached on disk afterwards.
 Needs the CUDA wheels of the test extra (cupy, nvidia-cuda-nvrtc/-runtime/-crt); no GPU.
 """
 
