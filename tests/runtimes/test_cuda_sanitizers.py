@@ -55,6 +55,7 @@ q, k, v = (g.weight(n, (1, 2, 20, 64)) for n in "qkv")
 bias = g.weight("bias", (1, 1, 20, 20))
 wq, ws, ws2 = g.weight("wq", (48, 16), "u8"), g.weight("ws", (128, 4), "f8e4m3"), g.weight("ws2", ())
 xin = g.weight("xin", (3, 32))
+x8, w8, s8 = g.weight("x8", (3, 32), "bf16"), g.weight("w8", (16, 32), "f8e4m3"), g.weight("s8", ())
 f = Fused(g)
 xp = x.pad(1, 2, 3)  # [5, 38], masked columns never read
 outs = {
@@ -68,6 +69,9 @@ outs = {
     "mm": f.add("MatMul", [x.T, x], (33, 33)),
     "nvfp4": f.add("DequantMatMul", [xin, wq, ws, ws2], (3, 40), format="nvfp4", layout="comfy",
                    out_features=40, in_features=32),
+    # chunked run: through cuBLASLt's FP8 path (the e4m3 activation quantizers), flash run: weights decoded
+    "fp8": f.add("DequantMatMul", [x8, w8, s8], (3, 16), "bf16", format="fp8", layout="", out_features=16,
+                 in_features=32),
 }
 for mode in ("flash", "chunked"):
     outs["attn_" + mode] = f.add("Attention", [q, k, v, bias.broadcast_to((1, 2, 20, 20))], (1, 2, 20, 64),
@@ -78,12 +82,17 @@ weights = {"x": rng.standard_normal((5, 33), np.float32), "big": rng.standard_no
            "ids": np.array([8, 0, 3, 3], np.int32), "bias": rng.standard_normal((1, 1, 20, 20), np.float32),
            "wq": rng.integers(0, 256, (48, 16)).astype(np.uint8),
            "ws": (rng.random((128, 4)) + 0.5).astype(ml_dtypes.float8_e4m3fn), "ws2": np.asarray(0.5, np.float32),
-           "xin": rng.standard_normal((3, 32), np.float32)}
+           "xin": rng.standard_normal((3, 32), np.float32),
+           "x8": rng.standard_normal((3, 32), np.float32).astype(ml_dtypes.bfloat16),
+           "w8": rng.standard_normal((16, 32), np.float32).astype(ml_dtypes.float8_e4m3fn),
+           "s8": np.asarray(0.25, np.float32)}
 for n in "qkv":
     weights[n] = rng.standard_normal((1, 2, 20, 64), np.float32)
 program = f.program(**outs)
 for mode in ("flash", "chunked"):
-    rt = CudaRuntime(CudaEmuBackend(CudaOptions(max_blocks=8, attention=mode, conv_cols=40), sanitize="address"))
+    fp8 = "cublaslt" if mode == "chunked" else "dequant"
+    rt = CudaRuntime(CudaEmuBackend(CudaOptions(max_blocks=8, attention=mode, conv_cols=40, fp8_gemm=fp8),
+                                    sanitize="address"))
     got = rt.run(program, {}, weights)
     assert all(np.isfinite(np.asarray(a, np.float32)).all() for a in got.values())
 print("clean")
