@@ -63,7 +63,7 @@ def _touch(module: ModuleType) -> None:
         module.decode_nvfp4_rows(packed, out, out, np.zeros((256, 2), np.float32), out[:1, :1])
     image = np.zeros((2, 4, 6), np.float32)
     for x in (image, image[:, :, :5]):  # a padded image in scratch, or read in place
-        module.conv_kw3_rows(x, np.zeros((2, 3, 3, 4), np.float32), vec[:1].repeat(4), np.zeros((4, 2, 3), np.float32),
+        module.conv_kw3_rows(x, np.zeros((2, 3, 3, 4), np.float32), vec[:1].repeat(4), np.zeros((3, 2, 3), np.float32),
                              0, 2)
 
 

@@ -573,7 +573,7 @@ def prepare_conv2d(ctx: KernelContext) -> Bind:
         ctx.fail(str(exc))
     ho, wo = ctx.shape[2], ctx.shape[3]
     if (jit.AVAILABLE and sh == sw == 1 and kw == 3 and wo >= DIRECT_CONV_MIN_WIDTH and o <= DIRECT_CONV_MAX_OUT
-            and o % 4 == 0 and math.prod(ctx.shape) > 0):
+            and math.prod(ctx.shape) > 0):
         return _prepare_direct_conv(ctx)
     x_op = operand(ctx, 0, dtype=F32)
     w_op = operand(ctx, 1, dtype=F32, shape=(o, c * kh * kw), blas=True)
@@ -632,14 +632,16 @@ def prepare_conv2d(ctx: KernelContext) -> Bind:
 
 def _prepare_direct_conv(ctx: KernelContext) -> Bind:
     """numpy_jit.conv_kw3_rows on each image, its output rows split over the cores; the weight reordered to
-    [C, kh, 3, O] and a per-channel bias gathered into scratch at every run (a few kB: weights may stream)."""
+    [C, kh, 3, O4] and a per-channel bias gathered into scratch at every run (a few kB: weights may stream),
+    zero-padded to O4, the output channels rounded up to a multiple of 4 (the kernel's block)."""
     (nb, c, _, _), (o, _, kh, kw) = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
     ho, wo = ctx.shape[2], ctx.shape[3]
     x_op = operand(ctx, 0, dtype=F32)
     w_op = operand(ctx, 1, dtype=F32)
     bias_op = operand(ctx, 2, dtype=F32) if len(ctx.inputs) == 3 else None
-    wr = ctx.scratch.add((c, kh, kw, o), F32)
-    bias_vec = ctx.scratch.add((o,), F32)
+    o4 = -(-o // 4) * 4
+    wr = ctx.scratch.add((c, kh, kw, o4), F32)
+    bias_vec = ctx.scratch.add((o4,), F32)
     acc_out = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
     ops = [x_op, w_op, bias_op]
 
@@ -657,11 +659,11 @@ def _prepare_direct_conv(ctx: KernelContext) -> Bind:
             steps.append(cpu_threads.parallel(parts))
 
         def body():
-            np.copyto(w_r, w.transpose(1, 2, 3, 0))
+            np.copyto(w_r[..., :o], w.transpose(1, 2, 3, 0))
+            w_r[..., o:] = 0
+            b_v.fill(0)
             if per_channel:
-                np.copyto(b_v, bias[0, :, 0, 0])
-            else:
-                b_v.fill(0)
+                np.copyto(b_v[:o], bias[0, :, 0, 0])
             for step in steps:
                 step()
             if bias is not None and not per_channel:

@@ -19,7 +19,8 @@ CASES = {
     "direct, padded, bias, batch 2": (2, 5, 8, 7, 100, 1, (1, 1), True, 0),
     "direct, no bias": (1, 3, 4, 4, 97, 1, (1, 1), False, 0),
     "direct, unpadded, cropped windows": (1, 2, 8, 6, 101, 1, (0, 0), True, 1),
-    "im2col, out channels not a multiple of 4": (1, 3, 6, 5, 100, 1, (1, 1), True, 0),
+    "direct, out channels not a multiple of 4": (1, 3, 6, 5, 100, 1, (1, 1), True, 0),
+    "direct, three out channels (an image)": (1, 4, 3, 3, 96, 1, (1, 1), True, 0),
     "im2col, narrow rows": (2, 3, 4, 9, 11, 1, (1, 1), True, 0),
     "im2col, stride 2, encoder padding": (2, 3, 4, 9, 100, 2, (0, 1), True, 0),
 }
