@@ -638,7 +638,7 @@ def _prepare_direct_conv(ctx: KernelContext) -> Bind:
     ho, wo = ctx.shape[2], ctx.shape[3]
     x_op = operand(ctx, 0, dtype=F32)
     w_op = operand(ctx, 1, dtype=F32)
-    bias_op = operand(ctx, 2, dtype=F32) if len(ctx.inputs) == 3 else None
+    bias_op = operand(ctx, 2) if len(ctx.inputs) == 3 else None  # read in place, any float type
     o4 = -(-o // 4) * 4
     wr = ctx.scratch.add((c, kh, kw, o4), F32)
     bias_vec = ctx.scratch.add((o4,), F32)
@@ -663,7 +663,7 @@ def _prepare_direct_conv(ctx: KernelContext) -> Bind:
             w_r[..., o:] = 0
             b_v.fill(0)
             if per_channel:
-                np.copyto(b_v[:o], bias[0, :, 0, 0])
+                np.copyto(b_v[:o], bias[0, :, 0, 0], casting="unsafe")
             for step in steps:
                 step()
             if bias is not None and not per_channel:

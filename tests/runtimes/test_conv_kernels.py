@@ -4,6 +4,7 @@ one-sided padding, with and without bias, and fewer output windows than fit (the
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -54,6 +55,28 @@ def test_conv2d_kernel_matches_torch(case, compiled, numpy_runtime, monkeypatch,
     want = want[:, :, :ho, :wo].numpy()
     assert_close("conv", got, want)
     assert bool(direct) == (compiled and case in DIRECT)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+def test_conv2d_kernel_bf16_weights_and_output(compiled, numpy_runtime, monkeypatch, rng, assert_close):
+    """bf16 weight and bias read by the f32 kernel, the result rounded once to a bf16 output."""
+    if compiled and not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    monkeypatch.setattr(jit, "AVAILABLE", compiled)
+    n, c, o, h, w = 1, 3, 8, 4, 100
+    g = Graph()
+    x, wt, b = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3), "bf16"), g.weight("b", (o,), "bf16")
+    f = Fused(g)
+    y = f.add("Conv2d", [x.pad(2, 1, 1).pad(3, 1, 1), wt, b.reshape(1, o, 1, 1).broadcast_to((n, o, h, w))],
+              (n, o, h, w), "bf16", stride=1)
+    inputs = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+    weights = {"w": (rng.standard_normal((o, c, 3, 3)) / 5).astype(ml_dtypes.bfloat16),
+               "b": rng.standard_normal(o).astype(ml_dtypes.bfloat16)}
+    got = numpy_runtime.run(f.program(y=y), inputs, weights)["y"]
+    assert got.dtype == ml_dtypes.bfloat16
+    t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in {**inputs, **weights}.items()}
+    want = F.conv2d(t["x"], t["w"], t["b"], padding=1)
+    assert_close("conv", got, want, "bf16")
 
 
 def test_conv_windows_must_lie_inside_the_input():
