@@ -177,8 +177,12 @@ class Lowering:
         return out
 
     def _scale_facts(self, view: View) -> list:
-        """``Scaled`` facts between the symbolic strides of one view (rules cannot multiply symbolic dims: a
-        convolution's sliding stride is the row stride times the convolution's stride)."""
+        """``Scaled`` facts between the symbolic strides of a convolution's window view [N, C, kh, kw, Ho, Wo]
+        (rules cannot multiply symbolic dims: its sliding stride is the row stride times the convolution's
+        stride). Only views of that rank get them: no other rule reads them, and a fact is one more term in
+        every e-graph."""
+        if len(view.shape) != 6:
+            return []
         strides = [s for s in canonical_strides(view.shape, view.strides) if isinstance(s, Expr)]
         if len(strides) < 2:
             return []
