@@ -105,6 +105,25 @@ def values_text(data: np.ndarray) -> str:
     return " ".join(repr(float(v)) for v in flat.astype(np.float32))
 
 
+MAX_SCALE = 8  # the largest factor stated between two symbolic strides of a view (a convolution's stride)
+
+
+def scale_factor(a: Dim, b: Dim) -> int | None:
+    """``k`` with ``b == k * a`` for two symbolic dims, ``1 <= k <= MAX_SCALE``, else None: every term of ``b``
+    is ``k`` times the same term of ``a`` (both are in canonical polynomial form)."""
+    if not (isinstance(a, Expr) and isinstance(b, Expr)) or len(a.terms) != len(b.terms):
+        return None
+    k = None
+    for (ma, ca), (mb, cb) in zip(a.terms, b.terms):
+        if ma != mb or cb % ca:
+            return None
+        if k is None:
+            k = cb // ca
+        elif cb // ca != k:
+            return None
+    return k if k is not None and 1 <= k <= MAX_SCALE else None
+
+
 def _prefixes(shape: tuple[Dim, ...]) -> Iterable[tuple[Dim, ...]]:
     # the tails of an innermost-first list are the shape's prefixes (trailing axes removed)
     for i in range(len(shape) + 1):
@@ -119,6 +138,7 @@ class Lowering:
         self.uses = uses or {}
         self.terms = Terms()
         self._shapes_done: set[tuple] = set()
+        self._scales_done: set[tuple] = set()
 
     def node_id(self, i: int) -> eb.Call:
         return _call("N", _int(i))
@@ -156,6 +176,28 @@ class Lowering:
             out.append(eb.Set(SPAN, "ZeroStrides", [dims], self.terms.dims(tuple(0 for _ in sub))))
         return out
 
+    def _scale_facts(self, view: View) -> list:
+        """``Scaled`` facts between the symbolic strides of a convolution's window view [N, C, kh, kw, Ho, Wo]
+        (rules cannot multiply symbolic dims: its sliding stride is the row stride times the convolution's
+        stride). Only views of that rank get them: no other rule reads them, and a fact is one more term in
+        every e-graph."""
+        if len(view.shape) != 6:
+            return []
+        strides = [s for s in canonical_strides(view.shape, view.strides) if isinstance(s, Expr)]
+        if len(strides) < 2:
+            return []
+        out = []
+        for a in strides:
+            for b in strides:
+                key = (a, b)
+                if key in self._scales_done:
+                    continue
+                self._scales_done.add(key)
+                k = scale_factor(a, b)
+                if k is not None:
+                    out.append(eb.Expr_(SPAN, _call("Scaled", self.terms.dim(a), _int(k), self.terms.dim(b))))
+        return out
+
     def node_commands(self, node: Node) -> list:
         nid = self.node_id(node.id)
         actions = [eb.Union(SPAN, nid, self.op_term(node)),
@@ -164,6 +206,7 @@ class Lowering:
         actions += self._shape_facts(node.shape)
         for _, view in node.inputs:
             actions += self._shape_facts(view.shape)
+            actions += self._scale_facts(view)
         if self.uses.get(node.id, 0) == 1:
             actions.append(eb.Expr_(SPAN, _call("SingleUse", nid)))
         return [eb.ActionCommand(a) for a in actions]

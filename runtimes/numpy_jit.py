@@ -227,3 +227,38 @@ def decode_nvfp4_rows(packed, scales, out, pairs, scale_2):
             s = srow[j >> 3]
             dst[2 * j] = (pairs[b, 0] * s) * s2
             dst[2 * j + 1] = (pairs[b, 1] * s) * s2
+
+
+@_rows
+def conv_kw3_rows(x, w, bias, out, y0, y1):
+    """A stride-1 convolution with kernels 3 wide, output rows ``y0:y1``: ``out[o, y, :] = bias[o] + sum over
+    (c, i, j) of w[c, i, j, o] * x[c, y + i, j : j + Wo]`` for ``x [C, H, W]`` (already padded), ``w [C, kh, 3,
+    O4]`` and ``bias [O4]`` zero-padded to O4, a multiple of 4 >= O, ``out [O, Ho, Wo]``. A direct convolution:
+    each input row is read once per four output channels, no im2col (for the few-channel, wide layers of a VAE,
+    where BLAS on an im2col matrix is bound by copying it). Sums in a fixed order. The rows being summed, ``acc
+    [O4, Wo]`` (<= 256 kB here), are this call's own, and the channel loop runs to exactly their count: LLVM
+    vectorises the sums only so (an ``acc`` argument, or a loop bound below the array's rows, runs 5x slower)."""
+    nc, kh, no4 = x.shape[0], w.shape[1], w.shape[3]
+    no, wo = out.shape[0], out.shape[2]
+    acc = np.empty((no4, wo), np.float32)
+    for y in range(y0, y1):
+        for o in range(no4):
+            b = bias[o]
+            for j in range(wo):
+                acc[o, j] = b
+        for c in range(nc):
+            for i in range(kh):
+                row = x[c, y + i]
+                for o in range(0, no4, 4):
+                    w00, w01, w02, w03 = w[c, i, 0, o], w[c, i, 0, o + 1], w[c, i, 0, o + 2], w[c, i, 0, o + 3]
+                    w10, w11, w12, w13 = w[c, i, 1, o], w[c, i, 1, o + 1], w[c, i, 1, o + 2], w[c, i, 1, o + 3]
+                    w20, w21, w22, w23 = w[c, i, 2, o], w[c, i, 2, o + 1], w[c, i, 2, o + 2], w[c, i, 2, o + 3]
+                    for j in range(wo):
+                        r0, r1, r2 = row[j], row[j + 1], row[j + 2]
+                        acc[o, j] += w00 * r0 + w10 * r1 + w20 * r2
+                        acc[o + 1, j] += w01 * r0 + w11 * r1 + w21 * r2
+                        acc[o + 2, j] += w02 * r0 + w12 * r1 + w22 * r2
+                        acc[o + 3, j] += w03 * r0 + w13 * r1 + w23 * r2
+        for o in range(no):
+            for j in range(wo):
+                out[o, y, j] = acc[o, j]

@@ -23,6 +23,7 @@ import numpy as np
 from luminal_recipes.errors import InputError
 from luminal_recipes.graph.dtypes import DType, to_dtype
 from luminal_recipes.graph.view import BoundView, View
+from luminal_recipes.runtimes.kernels.fused import conv_windows
 
 from . import codegen as cg
 from .codegen import CodegenError, Operand, ctype
@@ -1100,10 +1101,12 @@ def prepare_conv2d(ctx, options: CudaOptions) -> NodePlan:
     (nb, c, h, wd), (o, c2, kh, kw) = x.view.shape, w.view.shape
     stride = ctx.node.attr("stride", 1)
     sh, sw = (int(stride), int(stride)) if np.ndim(stride) == 0 else (int(stride[0]), int(stride[1]))
-    ho, wo = (h - kh) // sh + 1, (wd - kw) // sw + 1
     shape = tuple(ctx.shape)
-    if c2 != c or shape != (nb, o, ho, wo):
-        raise CodegenError(f"x {x.view.shape}, w {w.view.shape}, stride {(sh, sw)} do not give {shape}")
+    try:  # the Ho x Wo windows the rule gives, each inside the input (as the numpy kernel checks them)
+        conv_windows((nb, c, h, wd), (o, c2, kh, kw), (sh, sw), shape)
+    except ValueError as exc:
+        raise CodegenError(str(exc)) from None
+    ho, wo = shape[2], shape[3]
     plan = NodePlan()
     if math.prod(shape) == 0:
         return plan

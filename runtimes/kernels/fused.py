@@ -7,6 +7,8 @@ for numpy). Float kernels other than the primitives compute in f32 unless their 
 
 from __future__ import annotations
 
+import numpy as np
+
 from .spec import Ctor, KernelCall, KernelSpec, Work, data_elements, expression_ops, touched
 
 
@@ -44,6 +46,19 @@ def _attention(k: KernelCall) -> Work:
 
 def _conv2d(k: KernelCall) -> Work:
     return k.base(mm_flops=2.0 * k.out_numel * k.numel(k.inputs[1][0].shape[1:]))
+
+
+def conv_windows(x_shape, w_shape, stride, out_shape) -> tuple[int, int]:
+    """(sh, sw) after checking that ``out_shape`` [N, O, Ho, Wo] are windows of ``w_shape`` [O, C, kh, kw] inside
+    ``x_shape`` [N, C, H, W] at ``stride``: Ho x Wo windows starting at 0, every one inside the input (the rule
+    may give fewer than fit; ops.conv2d gives all of them)."""
+    (nb, c, h, w), (o, c2, kh, kw) = x_shape, w_shape
+    sh, sw = (int(stride), int(stride)) if np.ndim(stride) == 0 else (int(stride[0]), int(stride[1]))
+    ok = (c2 == c and len(out_shape) == 4 and tuple(out_shape[:2]) == (nb, o)
+          and (out_shape[2] - 1) * sh + kh <= h and (out_shape[3] - 1) * sw + kw <= w)
+    if not ok:
+        raise ValueError(f"x {tuple(x_shape)}, w {tuple(w_shape)}, stride {(sh, sw)} do not give {tuple(out_shape)}")
+    return sh, sw
 
 
 def _dequant_matmul(k: KernelCall) -> Work:
@@ -103,7 +118,9 @@ FUSED: list[KernelSpec] = [
          "AttentionBlockedBias": Ctor("q:Ld k:Ld v:Ld bias:Ld scale:f64 block:i64")},
         "as Attention", {"scale": "the scores' factor", "block": "keys per block"}, cost=_attention),
     KernelSpec(
-        "Conv2d", "out [N, O, Ho, Wo] = the 2-D convolution of x (already zero-padded) with w (+ bias).",
+        "Conv2d", "out [N, O, Ho, Wo] = the 2-D convolution of x (read through its view: zero padding is a masked "
+        "view) with w (+ bias): out[n, o, y, x] = sum w[o, c, i, j] x[n, c, y*sh + i, x*sw + j], for the Ho x Wo "
+        "windows of the output shape (each inside x).",
         {"Conv2d": Ctor("x:Ld w:Ld stride:i64"), "Conv2dBias": Ctor("x:Ld w:Ld bias:Ld stride:i64")},
         "x [N, C, H, W], w [O, C, kh, kw][, bias viewed at [N, O, Ho, Wo]]",
         {"stride": "an int, or an (sh, sw) pair"}, cost=_conv2d),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from compiler_helpers import cheapest, check_program, kernels, search
+from compiler_helpers import cheapest, check_program, graph_values, kernels, search
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph
@@ -270,6 +270,50 @@ def test_pointwise_conv_is_a_matmul(runtime, assert_close):
     program = cheapest(g, runtime)
     assert [n.op for n in compute(program)] == ["MatMul"]
     check_program(g, program, runtime, assert_close)
+
+
+def test_conv2d_on_symbolic_sizes_is_one_kernel_each(runtime, assert_close):
+    """A VAE's convolutions compile once for every image size: 3x3 padded with bias, without bias, and stride 2
+    with the encoder's one-sided padding, on symbolic h and w, each become one Conv2d (no padding copy, no
+    im2col, no matmul), and match torch at odd sizes."""
+    torch = pytest.importorskip("torch")
+    g = Graph()
+    x = g.input("x", (2, 5, "h", "w"))
+    w1, b1, w2, w3, b3 = (g.weight("w1", (4, 5, 3, 3)), g.weight("b1", (4,)), g.weight("w2", (8, 5, 3, 3)),
+                          g.weight("w3", (4, 5, 3, 3)), g.weight("b3", (4,)))
+    g.mark_output("bias", ops.conv2d(x, w1, b1, padding=1))
+    g.mark_output("plain", ops.conv2d(x, w2, padding=1))
+    g.mark_output("down", ops.conv2d(x.pad(2, 0, 1).pad(3, 0, 1), w3, b3, stride=2))
+    dims = {"h": 9, "w": 7}
+    program = cheapest(g, runtime, dims)
+    convs = compute(program)
+    assert [n.op for n in convs] == ["Conv2d"] * 3
+    assert sorted((len(n.inputs), n.attr("stride")) for n in convs) == [(2, 1), (3, 1), (3, 2)]
+    inputs, weights = graph_values(g, 0, dims)
+    got = runtime.run(program, inputs, weights, dims)
+    t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in {**inputs, **weights}.items()}
+    F = torch.nn.functional
+    want = {"bias": F.conv2d(t["x"], t["w1"], t["b1"], padding=1), "plain": F.conv2d(t["x"], t["w2"], padding=1),
+            "down": F.conv2d(F.pad(t["x"], (0, 1, 0, 1)), t["w3"], t["b3"], stride=2)}
+    for name, value in want.items():
+        assert_close("conv", got[name], value)
+
+
+def test_group_norm_silu_on_symbolic_sizes(runtime, assert_close):
+    """GroupNorm over a symbolic image size (its mean divides by a count, not a constant) is the LayerNorm
+    kernel, the affine transform and SiLU one Elementwise after it; torch's group_norm + silu agree."""
+    torch = pytest.importorskip("torch")
+    g = Graph()
+    x = g.input("x", (2, 6, "h", "w"))
+    g.mark_output("y", ops.silu(ops.group_norm(x, 3, g.weight("g", (6,)), g.weight("b", (6,)), 1e-6)))
+    dims = {"h": 5, "w": 3}
+    program = cheapest(g, runtime, dims)
+    assert sorted(n.op for n in compute(program)) == ["Elementwise", "LayerNorm"]
+    inputs, weights = graph_values(g, 0, dims)
+    got = runtime.run(program, inputs, weights, dims)["y"]
+    t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in {**inputs, **weights}.items()}
+    want = torch.nn.functional.silu(torch.nn.functional.group_norm(t["x"], 3, t["g"], t["b"], 1e-6))
+    assert_close("norm", got, want)
 
 
 # ---- dequantise -> matmul ----------------------------------------------------------------------------------
