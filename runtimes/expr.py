@@ -319,3 +319,75 @@ def _tiles(shape: tuple[int, ...], budget: int) -> tuple[list[tuple], int]:
         for r in range(0, shape[k - 1], rows):
             out.append(tuple(lead) + (slice(r, min(r + rows, shape[k - 1])),))
     return out, rows * inner
+
+
+# ---- register code for a compiled evaluator (numpy_jit.elementwise_tiles) ---------------------------------
+# opcodes of one instruction row (op, dest, a, b); registers hold one tile of f32 values
+CODE_OPS = ("Const", "Load", "Store", "Add", "Mul", "Mod", "Recip", "Sqrt", "Exp", "Exp2", "Log2", "Sin")
+OPCODE = {name: i for i, name in enumerate(CODE_OPS)}
+
+
+@dataclass
+class ElementwiseCode:
+    """An all-f32 expression as register code: ``code`` rows ``(op, dest, a, b)`` (``Const``: fill register
+    ``dest`` with ``consts[a]``, first and once per call; ``Load``: register ``dest`` = operand ``a``; ``Store``:
+    operand 0 (the output) = register ``a``; the others ``dest = op(a[, b])`` on registers), ``registers`` f32
+    registers in all. Operand ``k + 1`` is input ``k``. The operations and their order are the expression's, so
+    a compiled evaluator gives numpy's bits for everything but the transcendental functions."""
+
+    code: np.ndarray  # int32 [n, 4]
+    consts: np.ndarray  # f32
+    registers: int
+
+    @staticmethod
+    def of(text: str, in_dtypes: list[np.dtype], out_dtype: np.dtype) -> ElementwiseCode | None:
+        """The code of ``text``, or None unless every input and the output are f32 and the expression uses only
+        float arithmetic (no Cast, LessThan)."""
+        if np.dtype(out_dtype) != F32 or any(np.dtype(d) != F32 for d in in_dtypes):
+            return None
+        tree = parse(text)
+        if any(e.op not in ("in", "const") and e.op not in OPCODE for e in _nodes(tree)):
+            return None
+        if any(not 0 <= leaf.index < len(in_dtypes) for leaf in _leaves(tree)):
+            return None
+        consts: dict[float, int] = {}  # value -> its register (filled once)
+        for e in _nodes(tree):
+            if e.op == "const" and float(np.float32(e.value)) not in consts:
+                consts[float(np.float32(e.value))] = len(consts)
+        rows = [(OPCODE["Const"], reg, reg, 0) for reg in consts.values()]
+        free: list[int] = []
+        count = len(consts)
+
+        def take() -> int:
+            nonlocal count
+            if free:
+                return free.pop()
+            count += 1
+            return count - 1
+
+        def emit(e: Expr) -> tuple[int, bool]:  # (register, whether it is a temporary)
+            if e.op == "const":
+                return consts[float(np.float32(e.value))], False
+            if e.op == "in":
+                reg = take()
+                rows.append((OPCODE["Load"], reg, e.index + 1, 0))
+                return reg, True
+            args = [emit(a) for a in e.args]
+            dest = take()  # never an operand's register: a loop writing what it reads does not vectorise
+            for reg, temporary in args:
+                if temporary:
+                    free.append(reg)
+            regs = [r for r, _ in args] + [0] * (2 - len(args))
+            rows.append((OPCODE[e.op], dest, regs[0], regs[1]))
+            return dest, True
+
+        root, _ = emit(tree)
+        rows.append((OPCODE["Store"], 0, root, 0))
+        value = np.array(list(consts), np.float32)
+        return ElementwiseCode(np.array(rows, np.int32).reshape(-1, 4), value, max(count, 1))
+
+
+def _nodes(e: Expr):
+    yield e
+    for a in e.args:
+        yield from _nodes(a)

@@ -55,6 +55,11 @@ def _touch(module: ModuleType) -> None:
         module.softmax_rows(x, dst)
         module.rms_norm_rows(x, dst, one, one)
         module.layer_norm_rows(x, dst, one, one)
+    code = np.array([[0, 0, 0, 0], [1, 1, 1, 0], [8, 1, 1, 0], [3, 1, 1, 0], [2, 0, 1, 0]], np.int32)
+    table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
+                     np.int64)
+    module.elementwise_tiles(code, np.ones(1, np.float32), table, np.array([1, 2, 16], np.int64),
+                             np.zeros((2, 8), np.float32))
     codes = np.zeros((2, 16), np.uint8)
     table = np.zeros(256, np.float32)
     module.decode_fp8_rows(codes, vec[:, None], out, table)  # per-channel or per-tensor (broadcast) scales

@@ -262,3 +262,114 @@ def conv_kw3_rows(x, w, bias, out, y0, y1):
         for o in range(no):
             for j in range(wo):
                 out[o, y, j] = acc[o, j]
+
+# ---- the fused Elementwise kernel: register code (expr.ElementwiseCode) over tiles -----------------------
+# no fastmath at all: each instruction is one IEEE operation, as numpy's ufunc passes compute it
+_exact = numba.njit(cache=True, nogil=True, error_model="numpy")
+_exact_inline = numba.njit(cache=True, inline="always", error_model="numpy")
+EXP_HIGH = F(88.72283)  # above this e^x overflows f32
+
+
+@intrinsic
+def _f32_pointer(typingctx, address):
+    sig = types.CPointer(types.float32)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.PointerType(ir.FloatType()))
+
+    return sig, codegen
+
+
+@_exact_inline
+def exp_any(x):
+    # exp_f32 for every input: inf above the f32 range, NaN for NaN
+    if x > EXP_HIGH:
+        return F(np.inf)
+    if x != x:
+        return x
+    return exp_f32(x)
+
+
+@_exact_inline
+def _tile_io(table, k, reg, i, j0, rows, l0, cols, store):
+    # operand k's box [i, j0:j0+rows, l0:l0+cols] <-> reg[:rows*cols] (row by row); table[k] = (address, strides)
+    p = _f32_pointer(table[k, 0])
+    s0, s1, s2 = table[k, 1], table[k, 2], table[k, 3]
+    for r in range(rows):
+        at = i * s0 + (j0 + r) * s1 + l0 * s2
+        t = r * cols
+        if store:
+            if s2 == 1:
+                for c in range(cols):
+                    p[at + c] = reg[t + c]
+            else:
+                for c in range(cols):
+                    p[at + c * s2] = reg[t + c]
+        elif s2 == 1:
+            for c in range(cols):
+                reg[t + c] = p[at + c]
+        elif s2 == 0:
+            v = p[at]
+            for c in range(cols):
+                reg[t + c] = v
+        else:
+            for c in range(cols):
+                reg[t + c] = p[at + c * s2]
+
+
+@_exact
+def elementwise_tiles(code, consts, table, shape, regs):
+    """Evaluate register code over the box ``shape`` (3 axes) tile by tile: ``table[k]`` = (address, three
+    strides in elements) of operand k (0 the output, k >= 1 the inputs);
+    ``regs`` [registers, tile] f32 scratch. A tile is whole rows of the last axis, or a piece of one row."""
+    d0, d1, d2 = shape[0], shape[1], shape[2]
+    width = regs.shape[1]
+    if d0 == 0 or d1 == 0 or d2 == 0:
+        return
+    rows, cols = (1, width) if d2 >= width else (width // d2, d2)
+    start = 0
+    while start < code.shape[0] and code[start, 0] == 0:  # constants: filled once
+        regs[code[start, 1], :] = consts[code[start, 2]]
+        start += 1
+    for i in range(d0):
+        for j0 in range(0, d1, rows):
+            nr = min(rows, d1 - j0)
+            for l0 in range(0, d2, cols):
+                nc = min(cols, d2 - l0)
+                n = nr * nc
+                for c in range(start, code.shape[0]):
+                    op, d, a, b = code[c, 0], code[c, 1], code[c, 2], code[c, 3]
+                    z = regs[d]
+                    x = regs[a]
+                    y = regs[b]
+                    if op == 1:
+                        _tile_io(table, a, z, i, j0, nr, l0, nc, False)
+                    elif op == 2:
+                        _tile_io(table, 0, x, i, j0, nr, l0, nc, True)
+                    elif op == 3:
+                        for t in range(n):
+                            z[t] = x[t] + y[t]
+                    elif op == 4:
+                        for t in range(n):
+                            z[t] = x[t] * y[t]
+                    elif op == 5:
+                        for t in range(n):
+                            z[t] = np.fmod(x[t], y[t])
+                    elif op == 6:
+                        for t in range(n):
+                            z[t] = F(1.0) / x[t]
+                    elif op == 7:
+                        for t in range(n):
+                            z[t] = np.sqrt(x[t])
+                    elif op == 8:
+                        for t in range(n):
+                            z[t] = exp_any(x[t])
+                    elif op == 9:
+                        for t in range(n):
+                            z[t] = np.exp2(x[t])
+                    elif op == 10:
+                        for t in range(n):
+                            z[t] = np.log2(x[t])
+                    else:
+                        for t in range(n):
+                            z[t] = np.sin(x[t])

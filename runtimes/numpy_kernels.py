@@ -21,7 +21,7 @@ from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
 from . import cpu_threads, jit
-from .expr import ElementwisePlan
+from .expr import ElementwiseCode, ElementwisePlan
 from .kernels.context import Bind, KernelContext, Step
 from .kernels.fused import conv_windows
 from .views import Operand, in_bounds, operand, row_tiles, strided
@@ -36,6 +36,7 @@ CONV_TILE = 1 << 20  # elements of the im2col scratch per tile
 # 6.8 ms vs 2.8 ms)
 DIRECT_CONV_MIN_WIDTH = 96
 DIRECT_CONV_MAX_OUT = 64
+JIT_TILE = 512  # f32 elements per register of the compiled Elementwise kernel (a few registers fit L1)
 
 
 
@@ -291,6 +292,9 @@ def prepare_elementwise(ctx: KernelContext) -> Bind:
 
 def _prepare_expression(ctx: KernelContext, expr: str) -> Bind:
     ops = [operand(ctx, i) for i in range(len(ctx.inputs))]
+    code = ElementwiseCode.of(expr, [op.dtype for op in ops], ctx.dtype) if jit.AVAILABLE else None
+    if code is not None:
+        return _prepare_compiled_expression(ctx, ops, code)
     plan = ElementwisePlan(expr, [op.dtype for op in ops], ctx.dtype)
     n = plan.tile_elems(ctx.shape)
     # the tiles split over the cores (numpy's ufuncs release the GIL), each part with its own registers
@@ -304,6 +308,81 @@ def _prepare_expression(ctx: KernelContext, expr: str) -> Bind:
         return with_refresh(ops, cpu_threads.parallel(runs))
 
     return bind
+
+
+def _prepare_compiled_expression(ctx: KernelContext, ops: list[Operand], code: ElementwiseCode) -> Bind:
+    """An all-f32 expression as one compiled pass (``numpy_jit.elementwise_tiles``): every tile of inputs is read
+    once, evaluated in registers that stay in the L1 cache and written once, the output cut into one part per
+    core."""
+    regs = ctx.scratch.add((cpu_threads.THREADS, code.registers, JIT_TILE), F32)
+
+    def bind(out, flats, scratch):
+        arrays = bind_all(ops, flats, scratch)
+        kernel = jit.kernels().elementwise_tiles
+        runs = []
+        for part, boxes in enumerate(_compiled_boxes(out, arrays, len(scratch[regs]))):
+            calls = [(code.code, code.consts, table, shape, scratch[regs][part]) for table, shape in boxes]
+            runs.append(lambda calls=calls, refs=(out, arrays): [kernel(*call) for call in calls])
+        return with_refresh(ops, cpu_threads.parallel(runs))
+
+    return bind
+
+
+def _compiled_boxes(out: np.ndarray, inputs: list[np.ndarray],
+                    max_parts: int) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """The output and its inputs (views of its shape) as 3-axis boxes for ``elementwise_tiles``: per part (at
+    most ``max_parts``, disjoint parts of the output), a list of ``(table, shape)``, ``table[k]`` the address and
+    element strides of operand k (0 the output) at the box's origin. Unit axes are dropped and adjacent axes
+    merged where every operand allows it; axes beyond three become one box per index."""
+    arrays = [out, *inputs]
+    shape = [d for d in out.shape if d != 1]
+    strides = [[s // a.itemsize for d, s in zip(a.shape, a.strides) if d != 1] for a in arrays]
+    dims: list[int] = []
+    merged: list[list[int]] = [[] for _ in arrays]
+    for axis, d in enumerate(shape):
+        if dims and all(m[-1] == st[axis] * d for m, st in zip(merged, strides)):
+            dims[-1] *= d
+            for m, st in zip(merged, strides):
+                m[-1] = st[axis]
+        else:
+            dims.append(d)
+            for m, st in zip(merged, strides):
+                m.append(st[axis])
+    while len(dims) < 3:
+        dims.insert(0, 1)
+        for m in merged:
+            m.insert(0, 0)
+    lead, box = dims[:-3], dims[-3:]
+    base = [a.__array_interface__["data"][0] for a in arrays]
+    item = out.itemsize
+
+    def table(origin: list[int]) -> np.ndarray:
+        return np.array([[b + item * sum(i * s for i, s in zip(origin, m)), *m[-3:]]
+                         for b, m in zip(base, merged)], np.int64)
+
+    if math.prod(dims) == 0:
+        return [[]]
+    if lead:  # one box per leading index, the boxes dealt out over the cores
+        boxes = [(table(list(index) + [0, 0, 0]), np.array(box, np.int64)) for index in np.ndindex(*lead)]
+        return [boxes[sl] for sl in _parts(len(boxes), math.prod(box), max_parts)]
+    axis = 0 if box[0] >= max_parts else 1 if box[1] >= 2 else 2
+    parts = _parts(box[axis], math.prod(box) // box[axis], max_parts)
+    out_parts = []
+    for sl in parts:
+        origin = [0, 0, 0]
+        origin[axis] = sl.start
+        shape_part = list(box)
+        shape_part[axis] = sl.stop - sl.start
+        out_parts.append([(table(origin), np.array(shape_part, np.int64))])
+    return out_parts
+
+
+def _parts(n: int, elements_per_item: int, most: int) -> list[slice]:
+    """``cpu_threads.split``, in at most ``most`` parts."""
+    parts = cpu_threads.split(n, elements_per_item)
+    if len(parts) <= most:
+        return parts
+    return [slice(n * i // most, n * (i + 1) // most) for i in range(most)]
 
 
 def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[slice, ...]]:

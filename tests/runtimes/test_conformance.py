@@ -263,7 +263,7 @@ def test_kernel_matches_the_reference(kernel, seed, runtime, assert_close):
         assert np.array_equal(got, want), kernel
 
 
-COMPILED = ("Softmax", "LayerNorm", "RMSNorm", "Attention", "AttentionBlocked", "DequantMatMul")
+COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "Attention", "AttentionBlocked", "DequantMatMul")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

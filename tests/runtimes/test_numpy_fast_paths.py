@@ -123,3 +123,62 @@ def test_kernels_split_over_threads_give_the_same_bits_as_one_thread(compiled, n
         np.testing.assert_allclose(results[0][name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
         for other in results[1:]:
             assert np.array_equal(other[name], results[0][name]), name
+
+
+ELEMENTWISE_EXPRESSIONS = [
+    "(Mul (Mul in0 (Recip (Add (Exp (Mul in0 (Const -1.0))) (Const 1.0)))) in1)",  # SwiGLU
+    "(Add (Mul (Mul in0 in1) in2) (Mul in3 (Add in1 (Const 1.0))))",  # modulation, RoPE
+    "(Add (Sqrt (Mul in0 in0)) (Mod in1 (Const 0.75)))",
+    "(Mul (Sin in0) (Exp2 (Log2 (Add (Mul in1 in1) (Const 0.5)))))",
+    "in1",
+]
+
+
+@pytest.mark.parametrize("text", ELEMENTWISE_EXPRESSIONS)
+def test_compiled_elementwise_gives_numpys_values_on_every_layout(text, numpy_runtime, monkeypatch):
+    """The f32 Elementwise kernel compiled by numba (register code over tiles, ``numpy_jit.elementwise_tiles``)
+    against numpy's passes on the same Program: operands row-strided, transposed, broadcast, padded, a 5-axis
+    output (boxes per leading index), unit axes; split over 1-3 parts with tiles cut inside rows. Bits equal
+    except where exp, sin or log2 round differently (numba's and numpy's libraries), and ``inf`` and ``nan`` as
+    numpy gives them."""
+    from luminal_recipes.runtimes import cpu_threads, jit, numpy_kernels
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    g = Graph()
+    wide = g.input("wide", (3, 1, 6, 2, 40))  # in0: a column slice of a wider tensor (row-strided)
+    t = g.input("t", (3, 1, 6, 20, 2))  # in1: transposed last two axes
+    s = g.input("s", (3, 1, 1, 1, 20))  # in2: broadcast over two axes
+    p = g.input("p", (3, 1, 6, 2, 17))  # in3: zero-padded to 20 (gathered into scratch)
+    shape = (3, 1, 6, 2, 20)
+    f = Fused(g)
+    views = [wide.slice(4, 10, 30), t.transpose(3, 4), s.broadcast_to(shape), p.pad(4, 1, 2)]
+    y = f.add("Elementwise", views[: 1 + max(int(i) for i in __import__("re").findall(r"in(\d)", text))],
+              shape, expr=text)
+    rng = np.random.default_rng(3)
+    inputs = {n.name: (rng.standard_normal(n.shape) * 40).astype(np.float32)
+              for n in g.nodes if n.op == "Input"}
+    inputs["wide"][0, 0, 0, 0, 10:13] = [np.inf, -np.inf, np.nan]
+    program = f.program(y=y)
+    monkeypatch.setattr(numpy_kernels, "JIT_TILE", 16)  # tiles of rows, and pieces of one row
+    monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+    used = []
+    real = numpy_kernels._prepare_compiled_expression
+    monkeypatch.setattr(numpy_kernels, "_prepare_compiled_expression", lambda *a: used.append(1) or real(*a))
+    results = {}
+    for compiled, threads in ((False, 1), (True, 1), (True, 2), (True, 3)):
+        monkeypatch.setattr(jit, "AVAILABLE", compiled)
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        results[compiled, threads] = runtime_out = numpy_runtime.run(program, inputs)["y"]
+        assert runtime_out.shape == shape
+    assert len(used) == 3  # the compiled kernel ran where numba was allowed
+    want = results[False, 1]
+    exact = not any(op in text for op in ("Exp", "Sin", "Log2"))
+    for key, got in results.items():
+        assert np.array_equal(np.isnan(got), np.isnan(want)), key
+        if exact:
+            assert np.array_equal(got, want, equal_nan=True), key
+        else:
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30, err_msg=str(key))
+        if key[0]:  # compiled: the same bits on any part count
+            assert np.array_equal(got, results[True, 1], equal_nan=True), key
