@@ -182,3 +182,45 @@ def test_compiled_elementwise_gives_numpys_values_on_every_layout(text, numpy_ru
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30, err_msg=str(key))
         if key[0]:  # compiled: the same bits on any part count
             assert np.array_equal(got, results[True, 1], equal_nan=True), key
+
+
+def test_matmul_parts_on_single_threaded_blas_give_blas_own_bits(numpy_runtime, monkeypatch):
+    """MatMul cut into parts of the output (rows; columns when there are few rows; whole products of a batch
+    dealt out), each a single-threaded BLAS product on a ``cpu_threads`` part, with the bias added per part:
+    the bits of one BLAS call over the whole output (BLAS' own threading), and BLAS' thread count is restored."""
+    from luminal_recipes.runtimes import blas_threads, cpu_threads, numpy_kernels
+
+    if not blas_threads.AVAILABLE:
+        pytest.skip("numpy's BLAS is not an OpenBLAS whose thread count can be set")
+    g = Graph()
+    x = g.input("x", (2, 40, 24))
+    w, bias = g.weight("w", (24, 30)), g.weight("bias", (30,))
+    few = g.input("few", (3, 24))
+    g.mark_output("linear", ops.matmul(x, w.unsqueeze(0).broadcast_to((2, 24, 30))) + bias.broadcast_to((2, 40, 30)))
+    g.mark_output("few_rows", ops.matmul(few, w))
+    q = x.reshape((2, 40, 4, 6)).transpose(1, 2)
+    g.mark_output("per_head", ops.matmul(q, q.transpose(2, 3)))
+    rng = np.random.default_rng(2)
+    inputs = {"x": rng.standard_normal((2, 40, 24)).astype(np.float32),
+              "few": rng.standard_normal((3, 24)).astype(np.float32)}
+    weights = {"w": rng.standard_normal((24, 30)).astype(np.float32),
+               "bias": rng.standard_normal(30).astype(np.float32)}
+    from luminal_recipes.compiler import SearchOptions, compile_graph
+
+    program = compile_graph(g, numpy_runtime, options=SearchOptions(use_cache=False, time_top=0),
+                            weights=weights).program
+    assert program.kernel_counts().get("MatMul", 0) == 3, program.kernel_counts()
+    split = []
+    real = numpy_kernels._matmul_parts
+    monkeypatch.setattr(numpy_kernels, "_matmul_parts", lambda *a: split.append(len(r := real(*a))) or r)
+    monkeypatch.setattr(numpy_kernels, "MATMUL_PART_FLOPS", 1)
+    monkeypatch.setattr(cpu_threads, "THREADS", 2)
+    threads_before = blas_threads._FUNCTIONS[0]()
+    got = numpy_runtime.run(program, inputs, weights)
+    assert split == [2, 2, 2] and blas_threads._FUNCTIONS[0]() == threads_before
+    monkeypatch.setattr(blas_threads, "AVAILABLE", False)
+    want = numpy_runtime.run(program, inputs, weights)
+    reference = run_reference(g, inputs, weights)
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
+        np.testing.assert_allclose(got[name], reference[name], rtol=1e-5, atol=1e-5)
