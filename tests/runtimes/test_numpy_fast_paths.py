@@ -224,3 +224,54 @@ def test_matmul_parts_on_single_threaded_blas_give_blas_own_bits(numpy_runtime, 
     for name in want:
         assert np.array_equal(got[name], want[name]), name
         np.testing.assert_allclose(got[name], reference[name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+@pytest.mark.parametrize(("fmt", "layout"), [("fp8", ""), ("nvfp4", "modelopt"), ("nvfp4", "comfy")])
+def test_dequant_matmul_bands_per_core_give_the_same_bits(fmt, layout, compiled, numpy_runtime, monkeypatch):
+    """DequantMatMul with each core decoding its own bands (its own scratch) and multiplying them with
+    single-threaded BLAS: the bits of the bands decoded and multiplied in turn by one thread, within f32 of the
+    reference, several bands per part (the last one short)."""
+    from luminal_recipes.runtimes import blas_threads, cpu_threads, jit, numpy_dequant
+
+    if not blas_threads.AVAILABLE:
+        pytest.skip("numpy's BLAS is not an OpenBLAS whose thread count can be set")
+    if compiled and not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    monkeypatch.setattr(jit, "AVAILABLE", compiled)
+    n, k = 600, 64
+    g = Graph()
+    x = g.input("x", (2, 5, k))
+    if fmt == "fp8":
+        w, s = g.weight("w", (n, k), "f8e4m3"), g.weight("s", (n, 1))
+        dense = ops.dequant_fp8(w, s)
+        weights = {"w": np.random.default_rng(0).standard_normal((n, k)).astype(ml_dtypes.float8_e4m3fn),
+                   "s": np.random.default_rng(1).random((n, 1)).astype(np.float32) + 0.5}
+        edges = [x, w, s]
+    else:
+        w_shape = (n, k // 2) if layout == "modelopt" else (-(-n // 16) * 16, k // 2)
+        s_shape = (n, k // 16) if layout == "modelopt" else (-(-n // 128) * 128, -(-(k // 16) // 4) * 4)
+        w, s, s2 = g.weight("w", w_shape, "u8"), g.weight("s", s_shape, "f8e4m3"), g.weight("s2", ())
+        dense = ops.dequant_nvfp4(w, s, s2, n, k, layout)
+        rng = np.random.default_rng(0)
+        weights = {"w": rng.integers(0, 256, w_shape).astype(np.uint8),
+                   "s": (rng.random(s_shape) * 4 + 0.25).astype(ml_dtypes.float8_e4m3fn),
+                   "s2": np.asarray(0.37, np.float32)}
+        edges = [x, w, s, s2]
+    g.mark_output("y", ops.linear(x, dense))
+    f = Fused(g)
+    y = f.add("DequantMatMul", edges, (2, 5, n), format=fmt, layout=layout, out_features=n, in_features=k)
+    program = f.program(y=y)
+    inputs = {"x": np.random.default_rng(2).standard_normal((2, 5, k)).astype(np.float32)}
+    monkeypatch.setattr(numpy_dequant, "DEQUANT_TILE", 128 * k)  # bands of 128 rows: several per part
+    monkeypatch.setattr(numpy_dequant, "MATMUL_PART_FLOPS", 1)
+    monkeypatch.setattr(cpu_threads, "THREADS", 2)
+    parts = []
+    real = numpy_dequant._bands_step
+    monkeypatch.setattr(numpy_dequant, "_bands_step", lambda x, bands: parts.append(len(bands)) or real(x, bands))
+    split = numpy_runtime.run(program, inputs, weights)["y"]
+    assert parts == [3, 2]  # 5 bands of 128 rows, dealt out in turn
+    monkeypatch.setattr(blas_threads, "AVAILABLE", False)
+    whole = numpy_runtime.run(program, inputs, weights)["y"]
+    assert np.array_equal(split, whole)
+    np.testing.assert_allclose(split, run_reference(g, inputs, weights)["y"], rtol=1e-5, atol=1e-4)
