@@ -20,16 +20,15 @@ follows ``ops.quant`` exactly (same products in the same order, in f32):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
 
 from luminal_recipes.graph.dtypes import E2M1_VALUES
 
-from . import blas_threads, cpu_threads, jit
+from . import jit
 from .kernels.context import Bind, KernelContext
-from .numpy_kernels import F32, MATMUL_PART_FLOPS, bind_all, with_refresh
+from .numpy_kernels import F32, bind_all, with_refresh
 from .views import operand
 
 DEQUANT_TILE = 1 << 20  # decoded weight elements per band (4 MiB in f32)
@@ -61,23 +60,18 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
         ctx.fail(f"x {x_shape} and out {ctx.shape} do not match in_features={k_in}, out_features={n_out}")
     rows = math.prod(x_shape[:-1])
     x_op = operand(ctx, 0, dtype=F32, shape=(rows, k_in), blas=True)
-    # with BLAS' thread count settable: each core decodes its own bands and multiplies them with single-threaded
-    # BLAS (one core's decoding overlaps the other's product), each part with its own scratch
-    parts = cpu_threads.THREADS if blas_threads.AVAILABLE and 2 * rows * n_out * k_in >= 2 * MATMUL_PART_FLOPS \
-        else 1
-    parts = max(1, min(parts, n_out // 16))
     if fmt == "fp8":
         n_scales = 3
-        band, decode, ops = _prepare_fp8(ctx, n_out, k_in, parts)
+        band, decode, ops = _prepare_fp8(ctx, n_out, k_in)
     elif fmt == "nvfp4":
         n_scales = 4
-        band, decode, ops = _prepare_nvfp4(ctx, n_out, k_in, parts)
+        band, decode, ops = _prepare_nvfp4(ctx, n_out, k_in)
     else:
         ctx.fail(f"format must be 'fp8' or 'nvfp4', got {fmt!r}")
     if len(ctx.inputs) not in (n_scales, n_scales + 1):
         ctx.fail(f"{fmt} expects {n_scales} inputs (x, packed weight, scales) and an optional bias")
     bias_op = operand(ctx, n_scales) if len(ctx.inputs) > n_scales else None
-    dense = ctx.scratch.add((parts, band, k_in), F32)
+    dense = ctx.scratch.add((band, k_in), F32)
     acc = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
     all_ops = [x_op, *ops, bias_op]
 
@@ -86,20 +80,16 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
         x, bias = arrays[0], arrays[-1]
         target = out if acc is None else scratch[acc]
         out2 = target.reshape(rows, n_out)
-        starts = list(range(0, n_out, band))
-        per_part = [starts[i::parts] for i in range(parts)]  # bands dealt out in turn
-        steps = []
-        for i, part in enumerate(per_part):
-            bands = []
-            for n0 in part:
-                n1 = min(n0 + band, n_out)
-                w = scratch[dense][i, : n1 - n0]
-                bands.append((decode(arrays[1:-1], scratch, n0, n1, w, i, parts == 1), w.T, out2[:, n0:n1]))
-            steps.append(_bands_step(x, bands))
-        products = steps[0] if parts == 1 else blas_threads.single_threaded(cpu_threads.parallel(steps))
+        bands = []
+        for n0 in range(0, n_out, band):
+            n1 = min(n0 + band, n_out)
+            w = scratch[dense][: n1 - n0]
+            bands.append((decode(arrays[1:-1], scratch, n0, n1, w), w.T, out2[:, n0:n1]))
 
         def body():
-            products()
+            for dec, wt, dst in bands:
+                dec()
+                np.matmul(x, wt, out=dst)
             if bias is not None:
                 np.add(target, bias, out=target, dtype=F32)
             if acc is not None:
@@ -110,30 +100,12 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
     return bind
 
 
-def _bands_step(x: np.ndarray, bands: list) -> Callable[[], None]:
-    def run() -> None:
-        for dec, wt, dst in bands:
-            dec()
-            np.matmul(x, wt, out=dst)
-
-    return run
-
-
-def _rows_step(kernel, arrays: list[np.ndarray], *scalars, split: bool) -> Callable[[], None]:
-    """The compiled row kernel over every row: split over the cores (``jit.by_rows``), or on this thread."""
-    if split:
-        return jit.by_rows(kernel, arrays, *scalars)
-    return lambda: kernel(*arrays, *scalars)
-
-
-def _band_rows(k_in: int, multiple: int, n_out: int, parts: int) -> int:
-    """Rows per band: a multiple of ``multiple``, at most ``DEQUANT_TILE`` elements, and at least ``parts``
-    bands in all when the rows allow it (one per core)."""
+def _band_rows(k_in: int, multiple: int, n_out: int) -> int:
     rows = max(multiple, (DEQUANT_TILE // max(k_in, 1)) // multiple * multiple)
-    return min(rows, -(-n_out // (parts * multiple)) * multiple)
+    return min(rows, -(-n_out // multiple) * multiple)
 
 
-def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int, parts: int):
+def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int):
     w_shape, s_shape = ctx.inputs[1].view.shape, ctx.inputs[2].view.shape
     if w_shape != (n_out, k_in):
         ctx.fail(f"fp8 weight is {w_shape}, expected {(n_out, k_in)}")
@@ -143,23 +115,22 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int, parts: int):
                  f"[{n_out}, 1])")
     w_op = operand(ctx, 1)
     s_op = operand(ctx, 2, dtype=F32, shape=(n_out, 1) if per_channel else (1, 1))
-    band = _band_rows(k_in, 16, n_out, parts)
+    band = _band_rows(k_in, 16, n_out)
     # byte pairs need rows contiguous along K (a direct view with unit stride, or the scratch copy)
     paired = k_in % 2 == 0 and (not w_op.direct or w_op.view.strides[-1] == 1)
     # compiled: each fp8 byte through its 256 f32 values, one pass per row (the weight read in place)
     compiled = jit.AVAILABLE and w_op.direct
     values = np.arange(256, dtype=np.uint8).view(ctx.inputs[1].dtype).astype(np.float32)
-    codes = None if compiled else ctx.scratch.add((parts, band, k_in // 2 if paired else k_in), np.intp)
+    codes = None if compiled else ctx.scratch.add((band, k_in // 2 if paired else k_in), np.intp)
     table = fp8_pair_table(ctx.inputs[1].dtype) if paired and not compiled else None
 
-    def decode(arrays, scratch, n0, n1, w, part, split):
+    def decode(arrays, scratch, n0, n1, w):
         wq, s = arrays
         s_band = s[n0:n1] if per_channel else s
         if compiled:  # one pass per row through the 256 values, the rows split over the cores
             scale = s_band if per_channel else np.broadcast_to(s, (n1 - n0, 1))
-            return _rows_step(jit.kernels().decode_fp8_rows, [wq[n0:n1].view(np.uint8), scale, w], values,
-                              split=split)
-        idx = scratch[codes][part, : n1 - n0]
+            return jit.by_rows(jit.kernels().decode_fp8_rows, [wq[n0:n1].view(np.uint8), scale, w], values)
+        idx = scratch[codes][: n1 - n0]
         if paired:
             raw = wq[n0:n1].view(np.uint8).view(np.uint16)
             words = w.view(np.uint64)
@@ -178,7 +149,7 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int, parts: int):
     return band, decode, [w_op, s_op]
 
 
-def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int, parts: int):
+def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
     layout = ctx.node.attr("layout", "modelopt")
     if layout not in ("modelopt", "comfy"):
         ctx.fail(f"nvfp4 layout must be 'modelopt' or 'comfy', got {layout!r}")
@@ -197,27 +168,27 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int, parts: int):
     w_op = operand(ctx, 1)
     s2_op = operand(ctx, 3, dtype=F32, shape=(1, 1))
     multiple = 128 if layout == "comfy" else 16
-    band = _band_rows(k_in, multiple, n_out, parts)
+    band = _band_rows(k_in, multiple, n_out)
     table = byte_table(layout)
     value_pairs = table.view(np.float32).reshape(256, 2)  # the same table as two f32 per byte
     compiled = jit.AVAILABLE and w_op.direct
     # np.take wants intp indices: converted in planned memory
-    codes = None if compiled else ctx.scratch.add((parts, band, k_in // 2), np.intp)
+    codes = None if compiled else ctx.scratch.add((band, k_in // 2), np.intp)
     if layout == "modelopt":
         s_op = operand(ctx, 2)
-        scales = ctx.scratch.add((parts, band, blocks), F32)
+        scales = ctx.scratch.add((band, blocks), F32)
     else:
         rp, cp = want_s
         s_op = operand(ctx, 2, shape=(rp // 128, cp // 4, 32, 4, 4))
-        scales = ctx.scratch.add((parts, band, cp), F32)
+        scales = ctx.scratch.add((band, cp), F32)
 
-    def decode(arrays, scratch, n0, n1, w, part, split):
+    def decode(arrays, scratch, n0, n1, w):
         packed, s, s2 = arrays
         r = n1 - n0
-        idx = None if codes is None else scratch[codes][part, :r]
+        idx = None if codes is None else scratch[codes][:r]
         pairs = w.view(np.uint64)  # (r, K/2) words, each the two f32 values of one byte
         w3 = w.reshape(r, blocks, NVFP4_BLOCK)
-        sb = scratch[scales][part]
+        sb = scratch[scales]
         if layout == "modelopt":
             src, dst = s[n0:n1], sb[:r]
         else:
@@ -226,8 +197,8 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int, parts: int):
             src, dst = tiles, sb[: tiles.shape[0] * 128].reshape(tiles.shape)
         s_band = sb[:r, :blocks, None]
         if compiled:  # untile/cast the scales (1/16 of the data), then one pass per row on every core
-            rows = _rows_step(jit.kernels().decode_nvfp4_rows, [packed[n0:n1, : k_in // 2], sb[:r], w],
-                              value_pairs, s2, split=split)
+            rows = jit.by_rows(jit.kernels().decode_nvfp4_rows, [packed[n0:n1, : k_in // 2], sb[:r], w],
+                               value_pairs, s2)
 
             def run_compiled():
                 np.copyto(dst, src, casting="unsafe")
