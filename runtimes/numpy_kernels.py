@@ -20,7 +20,7 @@ from luminal_recipes.errors import InputError
 from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
-from . import blas_threads, cpu_threads, jit
+from . import cpu_threads, jit
 from .expr import ElementwiseCode, ElementwisePlan
 from .kernels.context import Bind, KernelContext, Step
 from .kernels.fused import conv_windows
@@ -489,28 +489,6 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
             a_full, b_full = np.broadcast_to(a, batch + (m, k)), np.broadcast_to(b, batch + (k, n))
             products = [(a_full[i], b_full[i], target[i]) for i in np.ndindex(*batch)]
         kw = {"dtype": F32} if compute == F32 else {}
-        if compute == F32 and blas_threads.AVAILABLE:
-            # the bias seen like each product's output (else it is added after, whole)
-            if bias is None:
-                biases = [None] * len(products)
-            elif merged or not batch:
-                whole = view_reshape(bias, (rows, n))
-                biases = None if whole is None else [whole]
-            else:
-                biases = [bias[i] for i in np.ndindex(*batch)]
-            parts = _matmul_parts([(*p, bb) for p, bb in zip(products, biases or [None] * len(products))], k)
-            if len(parts) > 1:  # single-threaded BLAS products on parts of the output, one part per core
-                late_bias = bias is not None and biases is None
-                step = blas_threads.single_threaded(cpu_threads.parallel(_products_step(p, kw) for p in parts))
-
-                def split_body():
-                    step()
-                    if late_bias:
-                        np.add(target, bias, out=target, **kw)
-                    if acc is not None:
-                        np.copyto(out, target, casting="unsafe")
-
-                return with_refresh(ops, split_body)
 
         def body():
             for left, right, dst in products:
@@ -523,42 +501,6 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
         return with_refresh(ops, body)
 
     return bind
-
-
-MATMUL_PART_FLOPS = 1 << 23  # flops per part at least (~50 us of BLAS): smaller products stay whole
-
-
-def _matmul_parts(products: list[tuple], k: int) -> list[list[tuple]]:
-    """``(a, b, out, bias | None)`` products cut into at most ``cpu_threads.THREADS`` parts of near-equal work:
-    whole products dealt out when there are enough, else each product's rows (or columns, for few rows) cut."""
-    flops = sum(2 * dst.size * k for _, _, dst, _ in products)
-    count = max(1, min(cpu_threads.THREADS, flops // MATMUL_PART_FLOPS))
-    if count == 1:
-        return [products]
-    if len(products) >= count:
-        return [products[len(products) * i // count : len(products) * (i + 1) // count] for i in range(count)]
-    parts: list[list[tuple]] = [[] for _ in range(count)]
-    for a, b, dst, bias in products:
-        m, n = dst.shape
-        axis = 0 if m >= 16 * count else 1
-        size = m if axis == 0 else n
-        for i in range(count):
-            sl = slice(size * i // count, size * (i + 1) // count)
-            if axis == 0:
-                parts[i].append((a[sl], b, dst[sl], None if bias is None else bias[sl]))
-            else:
-                parts[i].append((a, b[:, sl], dst[:, sl], None if bias is None else bias[:, sl]))
-    return parts
-
-
-def _products_step(items: list[tuple], kw: dict) -> Step:
-    def run() -> None:
-        for a, b, dst, bias in items:
-            np.matmul(a, b, out=dst)
-            if bias is not None:
-                np.add(dst, bias, out=dst, **kw)
-
-    return run
 
 
 # ---- softmax and norms -------------------------------------------------------------------------------------
