@@ -1,9 +1,10 @@
 """Matmul-heavy kernels of the numpy runtime: achieved GFLOP/s over numpy's own large-matmul GFLOP/s, one run.
 
 Each case is a one-kernel Program (``MatMul`` or ``DequantMatMul``) loaded on ``NumpyRuntime`` and timed
-with the runtime's own timing hook (median of repeats after a warm-up). The baseline is ``np.matmul`` of two
-contiguous square f32 matrices into a preallocated output, measured in the same process (before and after the
-kernels), so both see the same BLAS, threads and clock. Target: every ratio >= 0.9. For context, the last
+after a warm-up. The baseline is ``np.matmul`` of two contiguous square f32 matrices into a preallocated output,
+timed in the same process once next to every run of a kernel, so both see the same BLAS, threads, clock and load;
+a kernel's ratio is the median over its runs of its GFLOP/s over the baseline's next to it. Target: every ratio
+>= 0.9. For context, the last
 column is numpy on the kernel's own operands (dense f32 for the dequant cases; numpy's stacked matmul for the
 per-head case). Then both attention kernels against PyTorch's ``scaled_dot_product_attention`` on the same
 operands and threads (when torch is installed): 4 heads x 768 tokens x 64 (the medium pipeline) and

@@ -76,7 +76,24 @@ _UNARY = {"Log2": np.log2, "Exp2": np.exp2, "Sin": np.sin, "Sqrt": np.sqrt}
 _BINARY = {"Add": np.add, "Mul": np.multiply, "Mod": np.fmod, "LessThan": np.less}
 
 
+EXACT_OPS = ("Add", "Mul", "Mod", "Recip", "Sqrt")  # one IEEE operation: numba's bits are numpy's
+
+
+def _compiled_primitive(ctx: KernelContext) -> Bind | None:
+    """An f32 primitive with exactly rounded results as the compiled Elementwise pass (both cores, operands read
+    in place), or None (numpy's ufunc then)."""
+    if not jit.AVAILABLE or ctx.node.op not in EXACT_OPS or ctx.dtype != F32:
+        return None
+    if any(k.dtype != F32 or tuple(k.view.shape) != ctx.shape for k in ctx.inputs):
+        return None
+    args = " ".join(f"in{i}" for i in range(len(ctx.inputs)))
+    return _prepare_expression(ctx, f"({ctx.node.op} {args})")
+
+
 def prepare_unary(ctx: KernelContext) -> Bind:
+    compiled = _compiled_primitive(ctx)
+    if compiled is not None:
+        return compiled
     op = operand(ctx, 0)
     name = ctx.node.op
 
@@ -92,6 +109,9 @@ def prepare_unary(ctx: KernelContext) -> Bind:
 
 
 def prepare_binary(ctx: KernelContext, op: str | None = None) -> Bind:
+    compiled = _compiled_primitive(ctx) if op is None else None
+    if compiled is not None:
+        return compiled
     ops = [operand(ctx, 0), operand(ctx, 1)]
     fn = _BINARY[op or ctx.node.op]
 
