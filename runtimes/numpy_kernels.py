@@ -24,7 +24,7 @@ from . import cpu_threads, jit
 from .expr import ElementwiseCode, ElementwisePlan
 from .kernels.context import Bind, KernelContext, Step
 from .kernels.fused import conv_windows
-from .views import Operand, in_bounds, operand, row_tiles, strided
+from .views import Operand, in_bounds, is_unmasked, operand, reshape_view, row_tiles, strided
 
 F32 = np.dtype(np.float32)
 FLOAT_STORAGE = {d.np for d in DType if d.is_float}  # ml_dtypes' floats have numpy kind "V"
@@ -37,7 +37,6 @@ CONV_TILE = 1 << 20  # elements of the im2col scratch per tile
 DIRECT_CONV_MIN_WIDTH = 96
 DIRECT_CONV_MAX_OUT = 64
 JIT_TILE = 512  # f32 elements per register of the compiled Elementwise kernel (a few registers fit L1)
-
 
 
 def is_float(dtype: np.dtype) -> bool:
@@ -559,6 +558,9 @@ def _prepare_compiled_rows(ctx: KernelContext, kernel: str, *scalars) -> Bind | 
     rows = math.prod(ctx.shape[:-1])
     if not jit.AVAILABLE or ctx.dtype != F32 or ctx.inputs[0].dtype != F32 or n == 0 or rows == 0:
         return None
+    k = ctx.inputs[0]
+    if reshape_view(k.view, (rows, n)) is None and is_unmasked(k.view) and in_bounds(k.view, k.size):
+        return _prepare_compiled_blocks(ctx, kernel, *scalars)
     op = operand(ctx, 0, shape=(rows, n))
 
     def bind(out, flats, scratch):
@@ -566,6 +568,36 @@ def _prepare_compiled_rows(ctx: KernelContext, kernel: str, *scalars) -> Bind | 
         return with_refresh([op], jit.by_rows(getattr(jit.kernels(), kernel), [x, out.reshape(rows, n)], *scalars))
 
     return bind
+
+
+def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, *scalars) -> Bind:
+    """A row kernel on an operand whose rows no single stride reaches (e.g. per-head rows of a fused q/k/v
+    projection, [H, S, D] with the heads D apart and the tokens 3HD apart): read in place as one [rows, N] block
+    per index of the leading axes, instead of gathered into scratch first; the blocks' rows dealt out over the
+    cores."""
+    op = operand(ctx, 0)  # direct: the caller checked the view is unmasked and in bounds
+
+    def bind(out, flats, scratch):
+        (x,) = bind_all([op], flats, scratch)  # at least 3 axes: two always merge into [rows, N]
+        chunks = []
+        for index in np.ndindex(*x.shape[:-2]):
+            xb, ob = x[index], out[index]
+            chunks += [(xb[sl], ob[sl]) for sl in cpu_threads.split(xb.shape[0], xb.shape[1])]
+        fn = getattr(jit.kernels(), kernel)
+        count = min(cpu_threads.THREADS, len(chunks))
+        return cpu_threads.parallel(
+            _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count], scalars)
+            for i in range(count))
+
+    return bind
+
+
+def _row_chunks(fn, chunks: list[tuple[np.ndarray, np.ndarray]], scalars: tuple) -> Step:
+    def run() -> None:
+        for x, out in chunks:
+            fn(x, out, *scalars)
+
+    return run
 
 
 def prepare_softmax(ctx: KernelContext) -> Bind:

@@ -182,3 +182,38 @@ def test_compiled_elementwise_gives_numpys_values_on_every_layout(text, numpy_ru
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30, err_msg=str(key))
         if key[0]:  # compiled: the same bits on any part count
             assert np.array_equal(got, results[True, 1], equal_nan=True), key
+
+
+@pytest.mark.parametrize("kind", ["RMSNorm", "LayerNorm", "Softmax"])
+def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, monkeypatch):
+    """A row kernel on per-head rows of a fused q/k/v projection ([H, S, D] with heads D apart and tokens 3HD
+    apart: no single row stride) reads them in place, one [S, D] block per head, rows dealt out over the cores:
+    numpy's passes (which gather the view into scratch first) and the reference agree."""
+    from luminal_recipes.runtimes import cpu_threads, jit, numpy_kernels
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    g = Graph()
+    qkv = g.input("qkv", (1, 37, 3 * 4 * 8))
+    q = qkv.slice(2, 32, 64).reshape((1, 37, 4, 8)).transpose(1, 2)  # k's heads: [1, 4, 37, 8]
+    fn = {"RMSNorm": lambda t: ops.rms_norm(t, None, 1e-6), "LayerNorm": lambda t: ops.layer_norm(t, None, None, 1e-5),
+          "Softmax": lambda t: ops.softmax(t, -1)}[kind]
+    f = Fused(g)
+    attrs = {} if kind == "Softmax" else {"eps": 1e-6 if kind == "RMSNorm" else 1e-5}
+    y = f.add(kind, [q], (1, 4, 37, 8), **attrs)
+    g.mark_output("y", fn(q))
+    inputs = {"qkv": np.random.default_rng(4).standard_normal((1, 37, 96)).astype(np.float32) * 3}
+    used = []
+    real = numpy_kernels._prepare_compiled_blocks
+    monkeypatch.setattr(numpy_kernels, "_prepare_compiled_blocks", lambda *a: used.append(1) or real(*a))
+    monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+    results = []
+    for compiled, threads in ((True, 1), (True, 2), (True, 3), (False, 1)):
+        monkeypatch.setattr(jit, "AVAILABLE", compiled)
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        results.append(numpy_runtime.run(f.program(y=y), inputs)["y"])
+    assert len(used) == 3
+    want = run_reference(g, inputs)["y"]
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    assert np.array_equal(results[0], results[1]) and np.array_equal(results[0], results[2])
