@@ -37,6 +37,9 @@ CONV_TILE = 1 << 20  # elements of the im2col scratch per tile
 DIRECT_CONV_MIN_WIDTH = 96
 DIRECT_CONV_MAX_OUT = 64
 JIT_TILE = 512  # f32 elements per register of the compiled Elementwise kernel (a few registers fit L1)
+# elements per part at least: a compiled pass does ~0.1 ns per element, so a smaller part costs less than handing
+# it to another thread (20-50 us, far more when the machine is loaded and the worker waits for a core)
+JIT_PART_ELEMS = 1 << 18
 
 
 def is_float(dtype: np.dtype) -> bool:
@@ -397,11 +400,9 @@ def _compiled_boxes(out: np.ndarray, inputs: list[np.ndarray],
 
 
 def _parts(n: int, elements_per_item: int, most: int) -> list[slice]:
-    """``cpu_threads.split``, in at most ``most`` parts."""
-    parts = cpu_threads.split(n, elements_per_item)
-    if len(parts) <= most:
-        return parts
-    return [slice(n * i // most, n * (i + 1) // most) for i in range(most)]
+    """``range(n)`` in at most ``most`` near-equal parts of at least ``JIT_PART_ELEMS`` elements each."""
+    count = max(1, min(most, n, n * elements_per_item // JIT_PART_ELEMS))
+    return [slice(n * i // count, n * (i + 1) // count) for i in range(count)]
 
 
 def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[slice, ...]]:

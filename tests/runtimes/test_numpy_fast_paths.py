@@ -117,6 +117,7 @@ def test_kernels_split_over_threads_give_the_same_bits_as_one_thread(compiled, n
     for threads in (1, 2, 3):
         monkeypatch.setattr(cpu_threads, "THREADS", threads)
         monkeypatch.setattr(cpu_threads, "MIN_PART", 1)  # split even these small kernels
+        monkeypatch.setattr(numpy_kernels, "JIT_PART_ELEMS", 1)
         monkeypatch.setattr(expr, "TILE_ELEMS", 16)  # many tiles per Elementwise
         results.append(runtime.run(program, inputs))
     for name in want:
@@ -161,7 +162,7 @@ def test_compiled_elementwise_gives_numpys_values_on_every_layout(text, numpy_ru
     inputs["wide"][0, 0, 0, 0, 10:13] = [np.inf, -np.inf, np.nan]
     program = f.program(y=y)
     monkeypatch.setattr(numpy_kernels, "JIT_TILE", 16)  # tiles of rows, and pieces of one row
-    monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+    monkeypatch.setattr(numpy_kernels, "JIT_PART_ELEMS", 1)
     used = []
     real = numpy_kernels._prepare_compiled_expression
     monkeypatch.setattr(numpy_kernels, "_prepare_compiled_expression", lambda *a: used.append(1) or real(*a))
