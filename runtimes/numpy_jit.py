@@ -290,7 +290,7 @@ def exp_any(x):
     return exp_f32(x)
 
 
-@_exact_inline
+@_exact  # called, not inlined: three call sites, one compiled body (numba's inlining multiplies compile time)
 def _tile_io(table, k, reg, i, j0, rows, l0, cols, store):
     # operand k's box [i, j0:j0+rows, l0:l0+cols] <-> reg[:rows*cols] (row by row); table[k] = (address, strides)
     p = _f32_pointer(table[k, 0])
