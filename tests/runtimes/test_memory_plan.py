@@ -138,9 +138,12 @@ def test_activation_buffers_are_sized_exactly(runtime):
     assert all(b.offset % 64 == 0 and b.nbytes % 64 == 0 for b in plan.buffers)
 
 
-def test_kernel_scratch_is_planned(runtime):
+def test_kernel_scratch_is_planned(runtime, monkeypatch):
     if not runs_numpy_kernels(runtime):
         pytest.skip("numpy's Softmax reads this view through scratch; a CUDA row kernel reads it in place")
+    from luminal_recipes.runtimes import jit
+
+    monkeypatch.setattr(jit, "AVAILABLE", False)  # numpy's passes (the compiled row kernel reads it in place too)
     g = Graph()
     x = g.input("x", (2, 16, 40))
     f = Fused(g)
