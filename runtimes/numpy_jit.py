@@ -267,7 +267,8 @@ def conv_kw3_rows(x, w, bias, out, y0, y1):
 # no fastmath at all: each instruction is one IEEE operation, as numpy's ufunc passes compute it
 _exact = numba.njit(cache=True, nogil=True, error_model="numpy")
 _exact_inline = numba.njit(cache=True, inline="always", error_model="numpy")
-EXP_HIGH = F(88.72283)  # above this e^x overflows f32
+EXP_HIGH = F(88.72284)  # above this e^x overflows f32
+EXP_ZERO = F(-104.0)  # below this e^x rounds to 0 in f32
 
 
 @intrinsic
@@ -282,12 +283,29 @@ def _f32_pointer(typingctx, address):
 
 @_exact_inline
 def exp_any(x):
-    # exp_f32 for every input: inf above the f32 range, NaN for NaN
+    """e^x over every f32 input, as numpy's ``exp`` gives it: exp_f32's reduction and polynomial, with 2^n applied
+    as two factors (2^128 has no f32 exponent, and subnormal results need n < -126), inf above the f32 range, 0
+    below the subnormal one, NaN for NaN."""
     if x > EXP_HIGH:
         return F(np.inf)
     if x != x:
         return x
-    return exp_f32(x)
+    xc = x if x > EXP_ZERO else EXP_ZERO
+    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
+    r = xc - n * F(0.693359375)
+    r = r - n * F(-2.12194440e-4)
+    p = F(1.9875691500e-4)
+    p = p * r + F(1.3981999507e-3)
+    p = p * r + F(8.3334519073e-3)
+    p = p * r + F(4.1665795894e-2)
+    p = p * r + F(1.6666665459e-1)
+    p = p * r + F(5.0000001201e-1)
+    p = p * r * r + r + F(1.0)
+    k = np.int32(n)
+    half = k >> np.int32(1)
+    y = (p * _f32_from_bits((half + np.int32(127)) << np.int32(23))) * \
+        _f32_from_bits((k - half + np.int32(127)) << np.int32(23))
+    return y if x > EXP_ZERO else F(0.0)
 
 
 @_exact  # called, not inlined: three call sites, one compiled body (numba's inlining multiplies compile time)
