@@ -5,18 +5,21 @@ One pool per process of daemon workers, one fewer than the most parts asked for 
 itself; kernels cut their work into at most ``THREADS`` parts), started on first use. Plain threads rather than
 numba's threading layers: GNU OpenMP's workers spin after each parallel region and starve OpenBLAS' threads on a
 machine with as many cores as threads (a 10x slowdown of every BLAS call measured here), and numba's workqueue
-layer aborts the process on concurrent launches. A part not yet started by its worker when the caller has finished
-its own is run by the caller (on a loaded machine a worker may wait milliseconds for a core). A part's work is
-fixed (rows or tiles assigned at bind time), so results never depend on the schedule. Calls from several threads
+layer aborts the process on concurrent launches. A part not yet started by its worker when the caller has
+finished its own is run by the caller (on a loaded machine a worker may wait milliseconds for a core). A part's
+work is fixed (rows or tiles assigned at bind time), so results never depend on the schedule. Parts that call BLAS
+themselves run under ``blas_single_threaded`` (threadpoolctl): BLAS's own threads, shared by concurrent callers,
+would serialise them (measured 2x slower than one single-threaded call per core). Calls from several threads
 at once are serialised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 Part = Callable[[], None]
 
@@ -140,3 +143,19 @@ def parallel(parts: Sequence[Part]) -> Part:
     if len(parts) == 1:
         return parts[0]
     return lambda: run_parts(parts)
+
+
+_BLAS = None  # threadpoolctl's controller of the loaded BLAS libraries, made on first use (it scans them)
+
+
+@contextlib.contextmanager
+def blas_single_threaded() -> Iterator[None]:
+    """BLAS on one thread per call while inside (each part of a kernel calls it from its own thread), restored on
+    leaving; ~50 us. Process-wide: kernels run one at a time."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController().select(user_api="blas")
+    with _BLAS.limit(limits=1):
+        yield

@@ -49,7 +49,7 @@ def _touch(module: ModuleType) -> None:
     for scores in (rows, rows[:, :8]):
         module.exp_rows(scores, vec)
         module.exp_rows_sum(scores, vec)
-        module.exp_rows_online(scores, vec, vec, True)
+        module.exp_rows_online(scores, vec, vec, vec, True)
     for x in (rows, rows[:, ::2]):  # rows read in place, contiguous or strided
         dst = out[:, : x.shape[1]].copy()
         module.softmax_rows(x, dst)

@@ -1,16 +1,20 @@
-"""numpy attention kernels: softmax(q k^T * scale + bias) v one (batch, head) at a time.
+"""numpy attention kernels: softmax(q k^T * scale + bias) v, one block of query rows of one (batch, head) at a time.
 
 ``Attention`` computes the scores of a block of query rows against all keys (a ``(rows, T)`` scratch; never
-``(S, T, D)``). ``AttentionBlocked`` walks the keys in blocks with an online softmax (running max, rescaled
-accumulator), so neither ``(S, T)`` nor ``(S, T, D)`` ever exists. Both use BLAS for the two products and
-compute in f32. Running maxima start at the most negative finite f32 rather than -inf, so a block of fully
-masked keys never produces ``-inf - -inf``.
+``(S, T, D)``), as PyTorch's CPU flash-attention kernel does per (head, query block), except that a block sees
+every key at once, so no running rescale is needed. ``AttentionBlocked`` walks the keys in blocks with an online
+softmax (running max and sum, rescaled accumulator), so neither ``(S, T)`` nor ``(S, T, D)`` ever exists. Both
+use BLAS for the two products and compute in f32. Running maxima start at the most negative finite f32 rather
+than -inf, so a block of fully masked keys never produces ``-inf - -inf``.
 
-Besides the two products, passes over the scores are what costs, so each head's ``q`` is scaled once
-(``(q * scale) k^T`` instead of scaling every score block) and ``v`` gets a column of ones: ``p @ [v | 1]``
-yields the softmax denominators with the numerators in the same BLAS call, and one rescale of the ``[acc | sum]``
-accumulator updates both. Per score block that leaves max, subtract and exp besides the products: one compiled
-pass per row on every core (``numpy_jit``, numba), or three single-threaded numpy passes where numba is missing.
+The (head, query block) tasks are independent: they are cut into one contiguous share per core
+(``cpu_threads``), each with its own scratch, and BLAS runs single-threaded inside (one BLAS call per core in
+parallel beats two-threaded calls one after another: fewer joins, and each core's scores stay in its cache).
+Besides the two products, what costs is the passes over the scores, so each block of ``q`` is scaled once
+(``(q * scale) k^T`` instead of scaling every score) and, with numba, max, exp and the row sums are one compiled
+pass per row (``numpy_jit``), else numpy passes. ``p @ v`` reads ``v`` in place (nothing of size ``T`` is copied,
+which matters for decoding: one query row against a growing cache) and the output rows are divided by the
+sums at the end.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import math
 
 import numpy as np
 
-from . import jit
+from . import cpu_threads, jit
 from .kernels.context import Bind, KernelContext
 from .numpy_kernels import F32, F32_MIN, bind_all, with_refresh
 from .views import operand
 
-ATTENTION_TILE = 1 << 20  # score elements per query block of the unblocked kernel (4 MiB in f32)
+ATTENTION_TILE = 1 << 20  # score elements per query block of the unblocked kernel (4 MiB in f32, per core)
+BLOCKED_ROWS = 256  # query rows per block of the key-blocked kernel
 
 
 def _check(ctx: KernelContext) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -53,84 +58,106 @@ def _per_batch(arrays: list, batch: tuple[int, ...]) -> list:
     return [tuple(None if a is None else a[idx] for a in full) for idx in np.ndindex(*batch)]
 
 
-def _padded(n: int) -> int:
-    """A row length of at least ``n`` f32 that keeps rows on 64-byte lines (BLAS reads them faster)."""
-    return -(-n // 16) * 16
+class _Plan:
+    """The query blocks (near-equal, at most ``rows`` each; at least one per core when the heads are fewer) and
+    their shares, one per core, each share's scratch registered with the kernel: ``(rows, width)`` scores,
+    ``q * scale``, row vectors and ``(rows, Dv)`` accumulators as the kernel asks."""
+
+    def __init__(self, ctx: KernelContext, heads: int, s: int, rows: int, scores_per_row: int):
+        blocks = -(-s // max(1, rows))
+        blocks = min(s, max(blocks, -(-cpu_threads.THREADS // max(1, heads))))  # every core gets a block
+        blocks = max(1, blocks)
+        bounds = [s * i // blocks for i in range(blocks + 1)]
+        self.slices = [slice(bounds[i], bounds[i + 1]) for i in range(blocks) if bounds[i + 1] > bounds[i]]
+        self.rows = max((sl.stop - sl.start for sl in self.slices), default=1)
+        tasks = heads * len(self.slices)
+        self.shares = cpu_threads.split(tasks, self.rows * scores_per_row)
+        self.ctx = ctx
+
+    def scratch(self, shape) -> list[int]:
+        """One scratch array of ``shape`` per share."""
+        return [self.ctx.scratch.add(shape, F32) for _ in self.shares]
+
+    def tasks(self, per_head: list) -> list[list]:
+        """(head entry, query rows) per share, in order."""
+        flat = [(head, sl) for head in per_head for sl in self.slices]
+        return [flat[share] for share in self.shares]
+
+    def run(self, parts: list):
+        """The step running one part per share: BLAS single-threaded inside when the shares run in parallel."""
+        if len(parts) == 1:
+            return parts[0]
+        step = cpu_threads.parallel(parts)
+
+        def body():
+            with cpu_threads.blas_single_threaded():
+                step()
+
+        return body
 
 
-class _HeadScratch:
-    """Per-head work arrays shared by both kernels: ``q * scale`` and ``[v | 1]`` (its last column is the ones
-    that make the second product return the softmax denominators), planned as kernel scratch."""
-
-    def __init__(self, ctx: KernelContext, s: int, t: int, d: int, dv: int):
-        self.dv = dv
-        self.q = ctx.scratch.add((s, d), F32)
-        self.v = ctx.scratch.add((t, _padded(dv + 1)), F32)
-
-    def arrays(self, scratch: list) -> tuple[np.ndarray, np.ndarray]:
-        return scratch[self.q], scratch[self.v][:, : self.dv + 1]
-
-
-def _finish(acc: np.ndarray, dst: np.ndarray, dv: int) -> None:
-    """``dst = acc[:, :dv] / acc[:, dv]`` (numerators over denominators), in f32, then stored."""
+def _store(acc: np.ndarray, sums: np.ndarray, dst: np.ndarray) -> None:
+    """``dst = acc / sums`` per row (``acc`` may be ``dst`` itself when the output is f32)."""
     if dst.dtype == F32:
-        np.divide(acc[:, :dv], acc[:, dv:], out=dst)
+        np.divide(acc, sums[:, None], out=dst)
     else:
-        np.divide(acc[:, :dv], acc[:, dv:], out=acc[:, :dv])
-        np.copyto(dst, acc[:, :dv], casting="unsafe")
+        np.divide(acc, sums[:, None], out=acc)
+        np.copyto(dst, acc, casting="unsafe")
 
 
 def prepare_attention(ctx: KernelContext) -> Bind:
     batch, s, t, d, dv = _check(ctx)
     scale = np.float32(ctx.node.attr("scale", 1.0))
     ops = _operands(ctx)
-    rows = max(1, min(s, ATTENTION_TILE // max(t, 1)))
-    head = _HeadScratch(ctx, s, t, d, dv)
-    scores = ctx.scratch.add((rows, t), F32)
-    vec = ctx.scratch.add((rows,), F32)
-    acc = ctx.scratch.add((rows, _padded(dv + 1)), F32)
+    heads = math.prod(batch)
+    plan = _Plan(ctx, heads, s, max(1, ATTENTION_TILE // max(t, 1)), t)
+    direct = ctx.dtype == F32  # p @ v straight into the output rows
+    scores = plan.scratch((plan.rows, t))
+    qscaled = plan.scratch((plan.rows, d))
+    sums = plan.scratch((plan.rows,))
+    accs = None if direct else plan.scratch((plan.rows, dv))
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
-        qs, vx = head.arrays(scratch)
-        outs = out.reshape((math.prod(batch), s, dv))
+        outs = out.reshape((heads, s, dv))
         compiled = jit.AVAILABLE
-        heads = []
-        for b, (qb, kb, vb, biasb) in enumerate(_per_batch([q, k, v, bias], batch)):
+        rows_kernel = jit.kernels().exp_rows_sum if compiled else None
+        per_head = [(qb, kb.T, vb, biasb, outs[b]) for b, (qb, kb, vb, biasb) in
+                    enumerate(_per_batch([q, k, v, bias], batch))]
+        parts = []
+        for i, tasks in enumerate(plan.tasks(per_head)):
             blocks = []
-            for r0 in range(0, s, rows):
-                r = min(rows, s - r0)
-                sl = slice(r0, r0 + r)
-                sc, col = scratch[scores][:r], scratch[vec][:r, None]
-                # compiled: max, exp and the row sums in one pass per row, on every core; p @ v reads v in place
-                softmax = jit.by_rows(jit.kernels().exp_rows_sum, [sc, col[:, 0]]) if compiled else None
-                blocks.append((qs[sl], None if biasb is None else biasb[sl], sc, col, scratch[acc][:r, : dv + 1],
-                               outs[b, sl], softmax))
-            heads.append((qb, kb.T, vb, blocks))
+            for (qb, kt, vb, biasb, dst), sl in tasks:
+                r = sl.stop - sl.start
+                sc, col = scratch[scores[i]][:r], scratch[sums[i]][:r]
+                acc = dst[sl] if direct else scratch[accs[i]][:r]
+                blocks.append((qb[sl], scratch[qscaled[i]][:r], kt, vb, None if biasb is None else biasb[sl], sc,
+                               col, acc, dst[sl]))
+
+            def part(blocks=blocks):
+                for qr, qs, kt, vb, br, sc, col, acc, dst in blocks:
+                    np.multiply(qr, scale, out=qs)
+                    np.matmul(qs, kt, out=sc)
+                    if br is not None:
+                        np.add(sc, br, out=sc, dtype=F32)
+                    if compiled:  # max, exp and the row sums, one pass per row
+                        rows_kernel(sc, col)
+                    else:
+                        np.max(sc, axis=1, out=col)
+                        np.subtract(sc, col[:, None], out=sc)
+                        np.exp(sc, out=sc)
+                        np.sum(sc, axis=1, out=col)
+                    np.matmul(sc, vb, out=acc)
+                    _store(acc, col, dst)
+
+            parts.append(part)
+        step = plan.run(parts)
 
         def body():
             if t == 0:
                 out.fill(0)
                 return
-            vx[:, dv] = 1
-            for qb, kt, vb, blocks in heads:
-                np.multiply(qb, scale, out=qs)
-                if not compiled:
-                    np.copyto(vx[:, :dv], vb)
-                for qr, br, sc, col, a, dst, softmax in blocks:
-                    np.matmul(qr, kt, out=sc)
-                    if br is not None:
-                        np.add(sc, br, out=sc, dtype=F32)
-                    if softmax is not None:
-                        softmax()
-                        np.matmul(sc, vb, out=a[:, :dv])
-                        np.copyto(a[:, dv:], col)
-                    else:
-                        np.max(sc, axis=1, out=col[:, 0])
-                        np.subtract(sc, col, out=sc)
-                        np.exp(sc, out=sc)
-                        np.matmul(sc, vx, out=a)
-                    _finish(a, dst, dv)
+            step()
 
         return with_refresh(ops, body)
 
@@ -145,72 +172,85 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
         ctx.fail(f"block must be >= 1, got {block}")
     block = min(block, max(t, 1))
     ops = _operands(ctx)
-    head = _HeadScratch(ctx, s, t, d, dv)
-    scores = ctx.scratch.add((s, block), F32)
-    vecs = [ctx.scratch.add((s,), F32) for _ in range(3)]  # running max (two, alternating), rescale factor
-    pv = ctx.scratch.add((s, _padded(dv + 1)), F32)
-    acc = ctx.scratch.add((s, _padded(dv + 1)), F32)
+    heads = math.prod(batch)
+    plan = _Plan(ctx, heads, s, BLOCKED_ROWS, t)
+    scores = plan.scratch((plan.rows, block))
+    qscaled = plan.scratch((plan.rows, d))
+    vecs = [plan.scratch((plan.rows,)) for _ in range(3)]  # running max, running sum, rescale factor
+    pvs = plan.scratch((plan.rows, dv))
+    accs = plan.scratch((plan.rows, dv))
+    starts = list(range(0, t, block))
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
-        qs, vx = head.arrays(scratch)
-        maxima = [scratch[vecs[0]], scratch[vecs[1]]]
-        running = maxima[0]  # the compiled path keeps one running max
+        outs = out.reshape((heads, s, dv))
         compiled = jit.AVAILABLE
-        rescale = scratch[vecs[2]][:, None]
-        a, pvb = scratch[acc][:, : dv + 1], scratch[pv][:, : dv + 1]
-        outs = out.reshape((math.prod(batch), s, dv))
-        heads = []
-        for b, (qb, kb, vb, biasb) in enumerate(_per_batch([q, k, v, bias], batch)):
-            keys = []
-            for j, t0 in enumerate(range(0, t, block)):
-                ks = slice(t0, min(t0 + block, t))
-                # the running max alternates between two vectors: this block's is the other one's update
-                sc = scratch[scores][:, : ks.stop - ks.start]
-                online = jit.by_rows(jit.kernels().exp_rows_online, [sc, running, rescale[:, 0]], j == 0) \
-                    if compiled else None
-                keys.append((kb[ks].T, vx[ks], None if biasb is None else biasb[:, ks], sc,
-                             maxima[j % 2][:, None], maxima[(j + 1) % 2][:, None], online))
-            heads.append((qb, vb, keys, outs[b]))
+        online = jit.kernels().exp_rows_online if compiled else None
+        per_head = [(qb, kb, vb, biasb, outs[b]) for b, (qb, kb, vb, biasb) in
+                    enumerate(_per_batch([q, k, v, bias], batch))]
+        parts = []
+        for i, tasks in enumerate(plan.tasks(per_head)):
+            blocks = []
+            for (qb, kb, vb, biasb, dst), sl in tasks:
+                r = sl.stop - sl.start
+                m, total, rescale = (scratch[vec[i]][:r] for vec in vecs)
+                keys = []
+                for t0 in starts:
+                    ks = slice(t0, min(t0 + block, t))
+                    keys.append((kb[ks].T, vb[ks], None if biasb is None else biasb[sl, ks],
+                                 scratch[scores[i]][:r, : ks.stop - ks.start]))
+                blocks.append((qb[sl], scratch[qscaled[i]][:r], keys, m, total, rescale,
+                               scratch[pvs[i]][:r], scratch[accs[i]][:r], dst[sl]))
+
+            def part(blocks=blocks):
+                for qr, qs, keys, m, total, rescale, pv, acc, dst in blocks:
+                    np.multiply(qr, scale, out=qs)
+                    for j, (kt, vs, bs, sc) in enumerate(keys):
+                        first = j == 0
+                        np.matmul(qs, kt, out=sc)
+                        if bs is not None:
+                            np.add(sc, bs, out=sc, dtype=F32)
+                        if compiled:  # the block's max, the rescale factor, exp and the sums in one pass per row
+                            online(sc, m, total, rescale, first)
+                        else:
+                            _online_numpy(sc, m, total, rescale, first)
+                        if first:
+                            np.matmul(sc, vs, out=acc)
+                            continue
+                        np.matmul(sc, vs, out=pv)
+                        np.multiply(acc, rescale[:, None], out=acc)
+                        np.add(acc, pv, out=acc)
+                    _store(acc, total, dst)
+
+            parts.append(part)
+        step = plan.run(parts)
 
         def body():
             if t == 0:
                 out.fill(0)
                 return
-            vx[:, dv] = 1
-            for qb, vb, keys, dst in heads:
-                np.multiply(qb, scale, out=qs)
-                np.copyto(vx[:, :dv], vb)
-                for j, (kt, vs, bs, sc, m_old, m_new, online) in enumerate(keys):
-                    np.matmul(qs, kt, out=sc)
-                    if bs is not None:
-                        np.add(sc, bs, out=sc, dtype=F32)
-                    if online is not None:  # the block's max, the rescale factor and exp in one pass per row
-                        online()
-                        if j == 0:
-                            np.matmul(sc, vs, out=a)
-                        else:
-                            np.matmul(sc, vs, out=pvb)
-                            np.multiply(a, rescale, out=a)
-                            np.add(a, pvb, out=a)
-                        continue
-                    np.max(sc, axis=1, out=m_new[:, 0])
-                    if j == 0:
-                        np.maximum(m_new, F32_MIN, out=m_new)
-                        np.subtract(sc, m_new, out=sc)
-                        np.exp(sc, out=sc)
-                        np.matmul(sc, vs, out=a)
-                        continue
-                    np.maximum(m_new, m_old, out=m_new)
-                    np.subtract(m_old, m_new, out=rescale)  # rescales what was accumulated so far
-                    np.exp(rescale, out=rescale)
-                    np.subtract(sc, m_new, out=sc)
-                    np.exp(sc, out=sc)
-                    np.matmul(sc, vs, out=pvb)
-                    np.multiply(a, rescale, out=a)
-                    np.add(a, pvb, out=a)
-                _finish(a, dst, dv)
+            step()
 
         return with_refresh(ops, body)
 
     return bind
+
+
+def _online_numpy(sc: np.ndarray, m: np.ndarray, total: np.ndarray, rescale: np.ndarray, first: bool) -> None:
+    """``numpy_jit.exp_rows_online`` in numpy passes (the same values)."""
+    block_max = np.max(sc, axis=1)
+    if first:
+        np.maximum(block_max, F32_MIN, out=m)
+    else:
+        new = np.maximum(np.maximum(block_max, F32_MIN), m)
+        np.subtract(m, new, out=rescale)
+        np.exp(rescale, out=rescale)
+        m[:] = new
+    np.subtract(sc, m[:, None], out=sc)
+    np.exp(sc, out=sc)
+    block_sum = np.sum(sc, axis=1)
+    if first:
+        total[:] = block_sum
+    else:
+        np.multiply(total, rescale, out=total)
+        np.add(total, block_sum, out=total)

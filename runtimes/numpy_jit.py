@@ -30,6 +30,10 @@ EXP_LOW = F(-87.33654)  # below this e^x is not a normal f32
 _FAST = {"contract"}
 _rows = numba.njit(fastmath=_FAST, cache=True, nogil=True, error_model="numpy")
 _inline = numba.njit(fastmath=_FAST, cache=True, inline="always", error_model="numpy")
+# sums that LLVM may reorder, so that it vectorises them: a separate (not numba-inlined) function, since flags
+# are per function and a polynomial or a rounding trick must never be reassociated
+_sum = numba.njit(fastmath=_FAST | {"reassoc"}, cache=True, nogil=True, error_model="numpy")
+MAGIC = F(12582912.0)  # 1.5 * 2^23: adding then subtracting it rounds an f32 below 2^22 to the nearest integer
 
 
 @intrinsic
@@ -42,10 +46,24 @@ def _f32_from_bits(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _maxnum(typingctx, a, b):
+    """``llvm.maxnum``: the larger of two f32, ignoring a NaN operand (a NaN score still turns its own row
+    into NaN through exp); unlike a compare-and-select, a loop of it vectorises."""
+    sig = types.float32(types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [f32], ir.FunctionType(f32, [f32, f32]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
 @_inline
 def exp_f32(x):
     xc = x if x > EXP_LOW else EXP_LOW
-    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
+    n = (xc * F(1.4426950408889634) + MAGIC) - MAGIC  # round to nearest (a libm floor call would not vectorise)
     r = xc - n * F(0.693359375)
     r = r - n * F(-2.12194440e-4)
     p = F(1.9875691500e-4)
@@ -80,6 +98,15 @@ def row_max(row):
 
 
 @_inline
+def row_max_vec(row):
+    # one running maximum that LLVM vectorises (exact: the order of maxima does not matter)
+    m = F(-np.inf)
+    for j in range(row.size):
+        m = _maxnum(m, row[j])
+    return m
+
+
+@_inline
 def row_sum(row):
     # eight running sums (a fixed order whatever the vector width)
     n = row.size
@@ -97,6 +124,15 @@ def row_sum(row):
     for j in range(n8, n):
         s0 += row[j]
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@_sum
+def row_sum_vec(row):
+    # vectorised (the order of the additions is the compiled code's, the same on every call)
+    s = F(0.0)
+    for j in range(row.size):
+        s += row[j]
+    return s
 
 
 @_inline
@@ -120,25 +156,28 @@ def exp_rows_sum(scores, sums):
     """``scores[i] = exp(scores[i] - max(scores[i]))`` in place; ``sums[i]`` = the row's sum."""
     for i in range(scores.shape[0]):
         row = scores[i]
-        exp_shifted(row, row_max(row))
-        sums[i] = row_sum(row)  # a second pass over a row still in cache: both loops vectorise
+        exp_shifted(row, row_max_vec(row))
+        sums[i] = row_sum_vec(row)  # a second pass over a row still in cache: all three loops vectorise
 
 
 @_rows
-def exp_rows_online(scores, running, rescale, first):
+def exp_rows_online(scores, running, sums, rescale, first):
     """One key block of an online softmax, in place: ``new = max(running[i], max(scores[i]))`` (not below
     the most negative finite f32, so fully masked blocks never give ``-inf - -inf``), ``rescale[i] =
-    exp(running[i] - new)`` (the factor for what was accumulated so far; ignored when ``first``),
-    ``scores[i] = exp(scores[i] - new)``, ``running[i] = new``."""
+    exp(running[i] - new)`` (the factor for what was accumulated so far), ``scores[i] = exp(scores[i] - new)``,
+    ``sums[i] = sums[i] * rescale[i] + sum(scores[i])``, ``running[i] = new``; when ``first``, ``running``
+    and ``sums`` are only written and ``rescale`` is not touched."""
     low = F(np.finfo(np.float32).min)
     for i in range(scores.shape[0]):
         row = scores[i]
-        m = max(row_max(row), low)
+        m = max(row_max_vec(row), low)
         if not first:
             m = max(m, running[i])
             rescale[i] = exp_f32(running[i] - m)
         running[i] = m
         exp_shifted(row, m)
+        total = row_sum_vec(row)
+        sums[i] = total if first else sums[i] * rescale[i] + total
 
 
 @_inline
