@@ -9,7 +9,8 @@ than -inf, so a block of fully masked keys never produces ``-inf - -inf``.
 
 The (head, query block) tasks are independent: they are cut into one contiguous share per core
 (``cpu_threads``), each with its own scratch, and BLAS runs single-threaded inside (one BLAS call per core in
-parallel beats two-threaded calls one after another: fewer joins, and each core's scores stay in its cache).
+parallel beats two-threaded calls one after another: fewer joins, each core's scores stay in its cache, and no
+call waits for a descheduled BLAS thread on a loaded machine).
 Besides the two products, what costs is the passes over the scores, so each block of ``q`` is scaled once
 (``(q * scale) k^T`` instead of scaling every score) and, with numba, max, exp and the row sums are one compiled
 pass per row (``numpy_jit``), else numpy passes. ``p @ v`` reads ``v`` in place (nothing of size ``T`` is copied,
@@ -25,7 +26,7 @@ import numpy as np
 
 from . import cpu_threads, jit
 from .kernels.context import Bind, KernelContext
-from .numpy_kernels import F32, F32_MIN, bind_all, with_refresh
+from .numpy_kernels import F32, F32_MIN, bind_all, view_reshape, with_refresh
 from .views import operand
 
 ATTENTION_TILE = 1 << 20  # score elements per query block of the unblocked kernel (4 MiB in f32, per core)
@@ -58,6 +59,35 @@ def _per_batch(arrays: list, batch: tuple[int, ...]) -> list:
     return [tuple(None if a is None else a[idx] for a in full) for idx in np.ndindex(*batch)]
 
 
+def _shared_kv_rows(arrays: list, out: np.ndarray, batch: tuple[int, ...]) -> list | None:
+    """One query row per head (decoding): the heads that read the same k, v and bias (grouped-query attention's
+    stride-0 views) stacked into one block of rows, as (q rows, k, v, bias rows, out rows) per group; ``None``
+    when no head shares them, or the rows do not stack without a copy."""
+    q, k, v, bias = (None if a is None else np.broadcast_to(a, batch + a.shape[-2:]) for a in arrays)
+    reads = [a for a in (k, v, bias) if a is not None]
+    shared = [i for i, n in enumerate(batch) if n > 1 and all(a.strides[i] == 0 for a in reads)]
+    if not shared:
+        return None
+    own = [i for i in range(len(batch)) if i not in shared]
+    groups, rows = tuple(batch[i] for i in own), math.prod(batch[i] for i in shared)
+    order = own + shared
+    out = out.reshape(batch + out.shape[-1:])
+
+    def stacked(a):  # [own..., shared..., 1, n] -> [own..., rows, n], a view or None
+        a = a.transpose(order + [len(batch), len(batch) + 1])[..., 0, :]
+        return view_reshape(a, groups + (rows, a.shape[-1]))
+
+    def first(a):  # the shared axes at their first entry: [own..., t, n]
+        return a[tuple(slice(None) if i in own else 0 for i in range(len(batch)))]
+
+    qs, dst = stacked(q), view_reshape(out.transpose(order + [len(batch)]), groups + (rows, out.shape[-1]))
+    bs = None if bias is None else stacked(bias)
+    if qs is None or dst is None or (bias is not None and bs is None):
+        return None
+    ks, vs = first(k), first(v)
+    return [(qs[g], ks[g], vs[g], None if bs is None else bs[g], dst[g]) for g in np.ndindex(*groups)]
+
+
 class _Plan:
     """The query blocks (near-equal, at most ``rows`` each; at least one per core when the heads are fewer) and
     their shares, one per core, each share's scratch registered with the kernel: ``(rows, width)`` scores,
@@ -84,7 +114,8 @@ class _Plan:
         return [flat[share] for share in self.shares]
 
     def run(self, parts: list):
-        """The step running one part per share: BLAS single-threaded inside when the shares run in parallel."""
+        """The step running one part per share; with several, BLAS single-threaded inside (one share means
+        little work: the ~20 us of switching BLAS's threads would show)."""
         if len(parts) == 1:
             return parts[0]
         step = cpu_threads.parallel(parts)
@@ -111,21 +142,28 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     ops = _operands(ctx)
     heads = math.prod(batch)
     plan = _Plan(ctx, heads, s, max(1, ATTENTION_TILE // max(t, 1)), t)
+    # decoding on one core: the heads sharing k and v may become one block of rows (fewer, larger calls)
+    stackable = s == 1 and len(plan.shares) == 1
+    rows = max(plan.rows, heads) if stackable else plan.rows
     direct = ctx.dtype == F32  # p @ v straight into the output rows
-    scores = plan.scratch((plan.rows, t))
-    qscaled = plan.scratch((plan.rows, d))
-    sums = plan.scratch((plan.rows,))
-    accs = None if direct else plan.scratch((plan.rows, dv))
+    scores = plan.scratch((rows, t))
+    qscaled = plan.scratch((rows, d))
+    sums = plan.scratch((rows,))
+    accs = None if direct else plan.scratch((rows, dv))
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
-        outs = out.reshape((heads, s, dv))
         compiled = jit.AVAILABLE
         rows_kernel = jit.kernels().exp_rows_sum if compiled else None
-        per_head = [(qb, kb.T, vb, biasb, outs[b]) for b, (qb, kb, vb, biasb) in
-                    enumerate(_per_batch([q, k, v, bias], batch))]
+        groups = _shared_kv_rows([q, k, v, bias], out, batch) if stackable else None
+        if groups is not None:
+            shares = [[((qg, kg.T, vg, bg, dg), slice(0, qg.shape[0])) for qg, kg, vg, bg, dg in groups]]
+        else:
+            outs = out.reshape((heads, s, dv))
+            shares = plan.tasks([(qb, kb.T, vb, biasb, outs[b]) for b, (qb, kb, vb, biasb) in
+                                 enumerate(_per_batch([q, k, v, bias], batch))])
         parts = []
-        for i, tasks in enumerate(plan.tasks(per_head)):
+        for i, tasks in enumerate(shares):
             blocks = []
             for (qb, kt, vb, biasb, dst), sl in tasks:
                 r = sl.stop - sl.start

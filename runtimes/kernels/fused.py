@@ -34,13 +34,15 @@ def _attention(k: KernelCall) -> Work:
     s, t, d = k.dim(q.shape[-2]), k.dim(kk.shape[-2]), k.dim(q.shape[-1])
     batch = k.numel(q.shape[:-2])
     dv = k.dim(k.out_shape[-1])
-    # every score is written once and read back, whether a whole row block or a key block at a time
-    work = k.base(mm_flops=2.0 * batch * s * t * (d + dv), ew_flops=5.0 * batch * s * t)
-    work.bytes += 2.0 * batch * s * t * 4
-    if "block" in k.attrs:  # online softmax: the accumulator rescaled once per key block, two more products each
+    scores = batch * s * t
+    # the two products, and one pass per score (max, exp and row sum: compiled on CPU, in registers on a GPU)
+    # over scores that never leave a cache-sized block per core (or the GPU's shared memory): no memory traffic
+    # for them, unlike an unfused MatMul -> Softmax -> MatMul that writes and reads them back
+    work = k.base(mm_flops=2.0 * scores * (d + dv), ew_flops=2.0 * scores)
+    if "block" in k.attrs:  # online softmax: per key block two more products, the accumulator and sums rescaled
         blocks = max(1, -(-t // int(k.attrs["block"])))
-        work.ew_flops += 2.0 * batch * s * dv * blocks
-        work.launches += batch * (blocks - 1)  # a few more calls per extra block and head
+        work.ew_flops += 2.0 * batch * s * (dv + 1) * blocks
+        work.launches += 4 * batch * (blocks - 1)  # the calls of each extra key block, per head
     return work
 
 
