@@ -12,6 +12,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import runs_numpy_kernels
 from fused_programs import Fused
 
 from luminal_recipes import ops
@@ -194,8 +195,8 @@ def test_softmax_bf16_input_and_output(compare, rng):
 
 
 # ---- Attention ---------------------------------------------------------------------------------------------
-def _attention_case(g: Graph, with_bias: bool):
-    b, h, hkv, s, t, d, dv = 2, 4, 2, 5, 11, 8, 8
+def _attention_case(g: Graph, with_bias: bool, s: int = 5):
+    b, h, hkv, t, d, dv = 2, 4, 2, 11, 8, 8
     q = g.input("q", (b, h, s, d))
     k = g.input("k", (b, hkv, t, d))
     v = g.input("v", (b, hkv, t, dv))
@@ -231,6 +232,44 @@ def test_attention(with_bias, compare, monkeypatch):
     f = Fused(g)
     y = f.add("Attention", views, grouped, scale=0.3)
     compare(g, _grouped_output(f, y, grouped, merged), inputs)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_decoding_one_query_row(with_bias, compare, runtime, monkeypatch):
+    """One query per head (a decoding step): the numpy kernel stacks the heads of a kv head into one block of
+    rows; the reference's values."""
+    stacked = []
+    find = numpy_attention._shared_kv_rows
+    monkeypatch.setattr(numpy_attention, "_shared_kv_rows", lambda *a: stacked.append(find(*a)) or stacked[-1])
+    g = Graph()
+    views, grouped, merged, inputs = _attention_case(g, with_bias, s=1)
+    f = Fused(g)
+    y = f.add("Attention", views, grouped, scale=0.3)
+    compare(g, _grouped_output(f, y, grouped, merged), inputs)
+    if runs_numpy_kernels(runtime):
+        assert stacked and [q.shape[0] for q, *_ in stacked[-1]] == [2] * 4  # 2 kv heads of 2 queries, batch 2
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_split_over_cores(with_bias, compare, runtime, monkeypatch):
+    """Query blocks shared out over several threads, BLAS single-threaded inside: the reference's values."""
+    from luminal_recipes.runtimes import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "THREADS", 3)
+    monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+    monkeypatch.setattr(numpy_attention, "ATTENTION_TILE", 22)  # query blocks of 2 rows
+    monkeypatch.setattr(numpy_attention, "BLOCKED_ROWS", 2)
+    shares = []
+    run = cpu_threads.run_parts
+    monkeypatch.setattr(cpu_threads, "run_parts", lambda parts: shares.append(len(parts)) or run(parts))
+    g = Graph()
+    views, grouped, merged, inputs = _attention_case(g, with_bias)
+    f = Fused(g)
+    for op, attrs in (("Attention", {}), ("AttentionBlocked", {"block": 4})):
+        y = f.add(op, views, grouped, scale=0.3, **attrs)
+        compare(g, _grouped_output(f, y, grouped, merged), inputs)
+    if runs_numpy_kernels(runtime):
+        assert shares and set(shares) == {3}, shares
 
 
 @pytest.mark.parametrize("block", [1, 4, 11, 64])
