@@ -33,7 +33,6 @@ import numpy as np
 from luminal_recipes.graph import Graph, Node, View, to_dtype
 from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
 from luminal_recipes.runtimes.program import Program
-from luminal_recipes.runtimes.protocol import time_executable
 
 ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
             "MKL_NUM_THREADS")
