@@ -51,11 +51,6 @@ def runtime(request):
         pytest.skip(str(exc))
 
 
-def runs_numpy_kernels(runtime) -> bool:
-    """The runtime runs numpy's kernels (numpy, numpy-device): tests of their own paths apply to it."""
-    return getattr(getattr(runtime, "backend", None), "kernels", None) is NumpyBackend.kernels
-
-
 @pytest.fixture
 def numpy_runtime() -> NumpyRuntime:
     return NumpyRuntime()

@@ -8,8 +8,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import runs_numpy_kernels
 from fused_programs import Fused
+from runtime_kinds import runs_numpy_kernels
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, run_reference
