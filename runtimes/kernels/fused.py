@@ -91,7 +91,9 @@ FUSED: list[KernelSpec] = [
         "are views)", cost=_matmul),
     KernelSpec(
         "Elementwise", "the expression evaluated per element into one output buffer.",
-        {"Elementwise": Ctor("expr:EX")},
+        # the output's shape and dtype are part of the term: an expression of constants alone has neither, and two
+        # such kernels of different shapes or dtypes must not be one e-class
+        {"Elementwise": Ctor("expr:EX shape:Dims dtype:String", attrs=lambda literals, views: {})},
         "in0..inN, each viewed at the output shape",
         {"expr": "an s-expression over the inputs (in0, in1...), constants (Const <float>), the primitive "
                  "unary/binary ops, Exp (e^x) and (Cast <dtype> x), e.g. '(Mul in0 (Recip (Add (Exp in1) "

@@ -20,7 +20,7 @@ from luminal_recipes.graph.view import View
 
 # size assumed for a symbolic dimension that has no binding (cost only; never used to run anything)
 PROBE_DIM = 128
-SORTS = ("Ld", "EX", "i64", "f64", "String", "Dim")  # an operand load, an expression, literals, a dimension
+SORTS = ("Ld", "EX", "i64", "f64", "String", "Dim", "Dims")  # an operand load, an expression, literals, dimensions
 
 
 # ---- cost ------------------------------------------------------------------------------------------------------

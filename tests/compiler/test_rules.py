@@ -137,6 +137,35 @@ def test_constant_subexpressions_fold_in_the_rules(runtime, assert_close):
     check_program(g, program, runtime, assert_close, family="elementwise")
 
 
+def test_all_constant_computations_of_different_shapes_stay_apart(runtime, assert_close):
+    # 2 * 3 at two shapes and at two dtypes is one expression; each Elementwise still writes its own shape and
+    # dtype, so no e-class may hold two of them, and every candidate program must match the reference
+    from luminal_recipes.compiler.extract import Snapshot
+    from luminal_recipes.compiler.lower import lower
+    from luminal_recipes.compiler.saturate import saturate, scratch_egraph
+
+    g = Graph()
+    x, y, h = g.input("x", (3, 4)), g.input("y", (2, 6, 5)), g.input("h", (3, 4), "f16")
+    six = [g.constant(2.0, dt).broadcast_to(shape) * 3.0
+           for shape, dt in (((3, 4), "f32"), ((2, 6, 5), "f32"), ((3, 4), "f16"))]
+    g.mark_output("a", x + six[0])
+    g.mark_output("b", y * six[1])
+    g.mark_output("c", h + six[2])
+    with scratch_egraph() as egraph:
+        lower(g, egraph)
+        saturate(egraph)
+        snap = Snapshot.of(egraph)
+    written = {}  # IR class -> (shape, dtype) of the HLIR nodes in it
+    for nid, cls in snap.node_class.items():
+        node = g.nodes[nid]
+        assert written.setdefault(cls, (node.shape, node.dtype)) == (node.shape, node.dtype), \
+            f"node {nid} {node.op} {node.shape} {node.dtype} shares an e-class with {written[cls]}"
+    searched = search(g, runtime, candidates=8)
+    for i in range(max(len(progs) for progs in searched.programs.values())):
+        program = searched.assemble(g, lambda progs, i=i: progs[min(i, len(progs) - 1)])
+        check_program(g, program, runtime, assert_close, family="elementwise")
+
+
 def test_exp2_of_a_scaled_input_becomes_exp(runtime, assert_close):
     from luminal_recipes.runtimes.expr import ElementwisePlan
 
