@@ -158,7 +158,7 @@ def local_costs(snap: Snapshot, dims: Mapping[str, int], machine: Machine,
                 ld = node.args[0].cls
                 view = snap.load_view(ld)
                 costs.append(numel(view.shape, dims) * snap.load_dtype(ld).bits / 8 / machine.bytes_per_s)
-            elif node.op == "EC":
+            elif node.op in ("EC", "EK"):
                 costs.append(0.0)
             else:  # one arithmetic pass over cache-resident tiles
                 op = "Cast" if node.op == "ECast" else node.args[0]
@@ -321,7 +321,7 @@ class _Emitter:
                     slot[key] = len(inputs)
                     inputs.append(edge)
                 return f"in{slot[key]}"
-            if node.op == "EC":
+            if node.op in ("EC", "EK"):
                 return f"(Const {float(node.args[0])!r})"
             if node.op == "EU":
                 return f"({node.args[0]} {walk(node.args[1].cls)})"

@@ -138,8 +138,10 @@ def test_constant_subexpressions_fold_in_the_rules(runtime, assert_close):
 
 
 def test_all_constant_computations_of_different_shapes_stay_apart(runtime, assert_close):
-    # 2 * 3 at two shapes and at two dtypes is one expression; each Elementwise still writes its own shape and
-    # dtype, so no e-class may hold two of them, and every candidate program must match the reference
+    # 2 * 3 and sin(2) at two shapes (and 2 * 3 at two dtypes) are each one expression of constants; each
+    # Elementwise still writes its own shape and dtype, so no IR e-class may hold two of them, no expression
+    # e-class may hold loads of two shapes (an extraction could read one in the other's kernel), and every
+    # candidate program, noisy ones included, must match the reference
     from luminal_recipes.compiler.extract import Snapshot
     from luminal_recipes.compiler.lower import lower
     from luminal_recipes.compiler.saturate import saturate, scratch_egraph
@@ -148,8 +150,9 @@ def test_all_constant_computations_of_different_shapes_stay_apart(runtime, asser
     x, y, h = g.input("x", (3, 4)), g.input("y", (2, 6, 5)), g.input("h", (3, 4), "f16")
     six = [g.constant(2.0, dt).broadcast_to(shape) * 3.0
            for shape, dt in (((3, 4), "f32"), ((2, 6, 5), "f32"), ((3, 4), "f16"))]
-    g.mark_output("a", x + six[0])
-    g.mark_output("b", y * six[1])
+    sin = [ops.sin(g.constant(2.0).broadcast_to(shape)) for shape in ((3, 4), (2, 6, 5))]
+    g.mark_output("a", x + six[0] * sin[0])
+    g.mark_output("b", y * six[1] + sin[1])
     g.mark_output("c", h + six[2])
     with scratch_egraph() as egraph:
         lower(g, egraph)
@@ -160,7 +163,10 @@ def test_all_constant_computations_of_different_shapes_stay_apart(runtime, asser
         node = g.nodes[nid]
         assert written.setdefault(cls, (node.shape, node.dtype)) == (node.shape, node.dtype), \
             f"node {nid} {node.op} {node.shape} {node.dtype} shares an e-class with {written[cls]}"
-    searched = search(g, runtime, candidates=8)
+    for cls, members in enumerate(snap.members):
+        loads = {snap.load_view(snap.nodes[i].args[0].cls).shape for i in members if snap.nodes[i].op == "EL"}
+        assert snap.sort[cls] != "EX" or len(loads) <= 1, f"expression e-class {cls} loads shapes {loads}"
+    searched = search(g, runtime, candidates=12, noise=8.0)
     for i in range(max(len(progs) for progs in searched.programs.values())):
         program = searched.assemble(g, lambda progs, i=i: progs[min(i, len(progs) - 1)])
         check_program(g, program, runtime, assert_close, family="elementwise")
