@@ -61,18 +61,24 @@ def _maxnum(typingctx, a, b):
 
 
 @_inline
-def exp_f32(x):
-    xc = x if x > EXP_LOW else EXP_LOW
-    n = (xc * F(1.4426950408889634) + MAGIC) - MAGIC  # round to nearest (a libm floor call would not vectorise)
-    r = xc - n * F(0.693359375)
-    r = r - n * F(-2.12194440e-4)
+def _exp_poly(r):
+    """e^r for |r| <= ln(2)/2 (Cephes' expf polynomial), shared by both exp kernels."""
     p = F(1.9875691500e-4)
     p = p * r + F(1.3981999507e-3)
     p = p * r + F(8.3334519073e-3)
     p = p * r + F(4.1665795894e-2)
     p = p * r + F(1.6666665459e-1)
     p = p * r + F(5.0000001201e-1)
-    p = p * r * r + r + F(1.0)
+    return p * r * r + r + F(1.0)
+
+
+@_inline
+def exp_f32(x):
+    xc = x if x > EXP_LOW else EXP_LOW
+    n = (xc * F(1.4426950408889634) + MAGIC) - MAGIC  # round to nearest (a libm floor call would not vectorise)
+    r = xc - n * F(0.693359375)
+    r = r - n * F(-2.12194440e-4)
+    p = _exp_poly(r)
     y = p * _f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
     return y if x > EXP_LOW else F(0.0)
 
@@ -333,13 +339,7 @@ def exp_any(x):
     n = np.floor(xc * F(1.4426950408889634) + F(0.5))
     r = xc - n * F(0.693359375)
     r = r - n * F(-2.12194440e-4)
-    p = F(1.9875691500e-4)
-    p = p * r + F(1.3981999507e-3)
-    p = p * r + F(8.3334519073e-3)
-    p = p * r + F(4.1665795894e-2)
-    p = p * r + F(1.6666665459e-1)
-    p = p * r + F(5.0000001201e-1)
-    p = p * r * r + r + F(1.0)
+    p = _exp_poly(r)
     k = np.int32(n)
     half = k >> np.int32(1)
     y = (p * _f32_from_bits((half + np.int32(127)) << np.int32(23))) * \
