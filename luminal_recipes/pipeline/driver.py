@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import heap
 from ..errors import PipelineError, RecipeError
 from ..files import MAX_JSON_BYTES, read_regular_text
 from ..recipe.builder import BuiltModel, build_model, read_config
@@ -425,6 +426,7 @@ class Pipeline:
         checkpoint = self._checkpoints.get(name)
         if checkpoint is not None:
             checkpoint.close()  # drop its file maps: one model resident at a time (mapped again when loaded)
+        heap.trim()  # what the model's run freed (arenas below malloc's mmap threshold, host steps' arrays)
 
     def release(self) -> None:
         """Release every model kept loaded (executables, arenas, file maps); built graphs and plans stay."""

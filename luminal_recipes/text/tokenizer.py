@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import tokenizers
 
+from luminal_recipes import heap
 from luminal_recipes.errors import CheckpointError, PipelineError
 from luminal_recipes.files import MAX_JSON_BYTES, not_regular, read_regular_text
 
@@ -264,7 +265,10 @@ def load_tokenizer_json(folder: str | Path, missing_hint: str) -> tuple[Path, to
         raise CheckpointError(f"{path}: file not found; {missing_hint}")
     text = read_regular_text(path, "the tokenizer", None, CheckpointError)
     try:
-        return folder, tokenizers.Tokenizer.from_str(text)
+        tokenizer = tokenizers.Tokenizer.from_str(text)
     except Exception as exc:  # the tokenizers package raises a bare Exception on malformed files
         raise CheckpointError(f"{path}: not a valid tokenizers file ({exc}); restore it from the checkpoint.") \
             from None
+    del text
+    heap.trim()  # the parse's scratch, freed but kept resident by malloc (~145 MiB of a large vocabulary's)
+    return folder, tokenizer
