@@ -6,13 +6,16 @@ timed in the same process once next to every run of a kernel, so both see the sa
 a kernel's ratio is the median over its runs of its GFLOP/s over the baseline's next to it. Target: every ratio
 >= 0.9. For context, the last
 column is numpy on the kernel's own operands (dense f32 for the dequant cases; numpy's stacked matmul for the
-per-head case). Then both attention kernels against PyTorch's ``scaled_dot_product_attention`` on the same
+per-head case). Then the medium FLUX.2 transformer step's MatMul shapes (``STEP_SHAPES``): our kernel, ``np.matmul``
+and PyTorch's ``mm`` on the same operands and threads, timed in turns (minima per shape; per step the calls x
+medians). Then both attention kernels against PyTorch's ``scaled_dot_product_attention`` on the same
 operands and threads (when torch is installed), the two timed in turns: 4 heads x 768 tokens x 64 (the medium
 pipeline) and ``--attention-heads`` x 4608 tokens (FLUX.2-dev's 4096 image + 512 text) x 128; medians and the
 ratio of medians and of minima; target ours / torch <= 1.2.
 
     python bench/matmul.py            # the default sizes (a minute or two on 2 cores)
     python bench/matmul.py --quick    # small sizes, a few seconds
+    python bench/matmul.py --step-only  # only the medium step's MatMul shapes vs numpy and torch (seconds)
 
 The BLAS in use and its CPU kernel are printed first; the environment (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE,
 thread counts) is reported as found and never changed here.
@@ -179,6 +182,56 @@ def _blas_threads() -> int | None:
     return None
 
 
+# The medium pipeline's transformer step (8 + 16 blocks, hidden 256, 256 image + 512 text tokens): its MatMul
+# kernels' shapes (M, K, N; every one x [M, K] @ W.T with W stored [N, K]) and how many of each one step runs
+# (136 of its 139 calls; the other three are as small as the smallest here)
+STEP_SHAPES = ((768, 256, 2304, 16), (768, 1024, 256, 16), (512, 256, 1536, 8), (512, 256, 256, 32),
+               (256, 256, 1536, 8), (512, 768, 256, 8), (256, 256, 256, 32), (256, 768, 256, 8))
+
+
+def torch_mm(x: np.ndarray, w: np.ndarray, out: np.ndarray):
+    """A call of PyTorch's ``mm`` (its BLAS: MKL on x86) computing ``x @ w.T`` into ``out``, on the threads
+    numpy's BLAS uses (None without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    threads = _blas_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    tx, tw, to = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(out)
+    return lambda: torch.mm(tx, tw.t(), out=to)
+
+
+def step_report(repeats: int, rng) -> None:
+    """Our MatMul kernel, numpy's ``np.matmul`` and PyTorch's ``mm`` on the medium step's shapes, the three timed
+    in turns on the same operands; per shape the minima, and per step the sum over its calls of each side's
+    medians."""
+    print(f"{'medium transformer step, MatMul shape (calls)':<46}{'ours ms':>9}{'numpy ms':>9}{'torch ms':>9}"
+          f"{'ours/np':>9}{'ours/torch':>11}")
+    totals = [0.0, 0.0, 0.0]
+    for m, k, n, calls in STEP_SHAPES:
+        prog, shapes = case_matmul(m, k, n, "linear")
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal(shapes["w"]).astype(np.float32)
+        exe = NumpyRuntime().load(prog, {"w": w})
+        exe.execute({"x": x})
+        out = np.empty((m, n), np.float32)
+        sides = [exe.execute, lambda x=x, w=w, out=out: np.matmul(x, w.T, out=out)]
+        theirs = torch_mm(x, w, np.empty((m, n), np.float32))
+        times = interleaved_seconds(sides + ([theirs] if theirs else []), repeats)
+        best = [min(t) * 1e3 for t in times]
+        for i, t in enumerate(times):
+            totals[i] += calls * statistics.median(t) * 1e3
+        torch_cols = f"{best[2]:9.3f}" if theirs else f"{'n/a':>9}"
+        ratio = f"{best[0] / best[2]:11.2f}" if theirs else f"{'n/a':>11}"
+        label = f"{m} x {k} x {n} ({calls})"
+        print(f"{label:<46}{best[0]:9.3f}{best[1]:9.3f}{torch_cols}{best[0] / best[1]:9.2f}{ratio}")
+    their_total = f", torch mm {totals[2]:.1f} ms (ours / torch {totals[0] / totals[2]:.2f})" if totals[2] else ""
+    print(f"per step (calls x median): ours {totals[0]:.1f} ms, numpy {totals[1]:.1f} ms (ours / numpy "
+          f"{totals[0] / totals[1]:.2f}){their_total}")
+
+
 def attention_rows(sizes: list[tuple[int, int, int]], repeats: int, rng) -> list[tuple[str, list, list | None]]:
     """(label, our seconds, torch SDPA seconds) per repeat for both attention kernels at each (heads, tokens,
     head_dim), the two sides timed in turns."""
@@ -262,6 +315,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--attention-only", action="store_true", help="only the attention cases")
+    parser.add_argument("--step-only", action="store_true",
+                        help="only the medium transformer step's MatMul shapes (ours, numpy, torch mm)")
     parser.add_argument("--attention-heads", type=int, default=4,
                         help="heads of the 4608-token attention case (FLUX.2-dev has 48; time grows with it)")
     args = parser.parse_args()
@@ -274,6 +329,9 @@ def main() -> None:
         print(line)
     if args.attention_only:
         attention_report(args, rng)
+        return
+    if args.step_only:
+        step_report(max(reps, 10), rng)
         return
     baseline = Baseline(big)
 
@@ -316,6 +374,8 @@ def main() -> None:
     worst = min(ratio for _, _, ratio, _ in rows)
     print(f"lowest ratio {worst:.2f} (target >= 0.9): {'met' if worst >= 0.9 else 'NOT met'}")
 
+    if not args.quick:
+        step_report(max(reps, 10), rng)
     attention_report(args, rng)
 
 
