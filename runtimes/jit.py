@@ -65,7 +65,7 @@ def _touch(module: ModuleType) -> None:
     module.decode_fp8_rows(codes, vec[:, None], out, table)  # per-channel or per-tensor (broadcast) scales
     module.decode_fp8_rows(codes, np.broadcast_to(vec[:1, None], (2, 1)), out, table)
     for packed in (codes[:, :8], codes[:, :8].copy()):  # padded (comfy) or exact rows of bytes
-        module.decode_nvfp4_rows(packed, out, out, np.zeros((256, 2), np.float32), out[:1, :1])
+        module.decode_nvfp4_rows(packed, codes.copy(), out, np.zeros((256, 2), np.float32), table, out[:1, :1])
     image = np.zeros((2, 4, 6), np.float32)
     for x in (image, image[:, :, :5]):  # a padded image in scratch, or read in place
         module.conv_kw3_rows(x, np.zeros((2, 3, 3, 4), np.float32), vec[:1].repeat(4), np.zeros((3, 2, 3), np.float32),

@@ -218,3 +218,40 @@ def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, m
     for got in results:
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
     assert np.array_equal(results[0], results[1]) and np.array_equal(results[0], results[2])
+
+
+@pytest.mark.parametrize(("fmt", "layout"), [("fp8", ""), ("nvfp4", "modelopt"), ("nvfp4", "comfy")])
+def test_dequant_matmul_compiled_decoding_gives_the_numpy_bits(fmt, layout, numpy_runtime, monkeypatch):
+    """``DequantMatMul`` decoded by numba's row passes (f8e4m3 scales read as bytes through their 256 values)
+    gives the bits of numpy's passes (ml_dtypes' casts and table lookups), over several bands."""
+    from luminal_recipes.runtimes import jit, numpy_dequant
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    n, k = 200, 64
+    rng = np.random.default_rng(3)
+    g = Graph()
+    x = g.input("x", (3, k))
+    if fmt == "fp8":
+        w_shape, s_shape = (n, k), (n,)
+        wq, ws = g.weight("w", w_shape, "f8e4m3"), g.weight("ws", s_shape)
+        operands = [x, wq, ws]
+        weights = {"w": rng.standard_normal(w_shape).astype(ml_dtypes.float8_e4m3fn),
+                   "ws": (rng.random(s_shape) + 0.5).astype(np.float32)}
+    else:
+        w_shape, s_shape = ((n, k // 2), (n, k // 16)) if layout == "modelopt" else ((208, k // 2), (256, 4))
+        wq, ws, ws2 = g.weight("w", w_shape, "u8"), g.weight("ws", s_shape, "f8e4m3"), g.weight("ws2", ())
+        operands = [x, wq, ws, ws2]
+        weights = {"w": rng.integers(0, 256, w_shape).astype(np.uint8),
+                   "ws": (rng.random(s_shape) * 4 + 0.25).astype(ml_dtypes.float8_e4m3fn),
+                   "ws2": np.asarray(0.37, np.float32)}
+        weights["ws"].view(np.uint8)[0, :2] = (0x00, 0x01)  # a zero and a subnormal scale
+    f = Fused(g)
+    y = f.add("DequantMatMul", operands, (3, n), format=fmt, layout=layout, out_features=n, in_features=k)
+    monkeypatch.setattr(numpy_dequant, "DEQUANT_TILE", 128 * k)  # two bands (comfy: 128-row bands)
+    inputs = {"x": rng.standard_normal((3, k)).astype(np.float32)}
+    results = []
+    for compiled in (True, False):
+        monkeypatch.setattr(jit, "AVAILABLE", compiled)
+        results.append(numpy_runtime.run(f.program(y=y), inputs, weights)["y"])
+    assert np.array_equal(results[0], results[1])
