@@ -7,8 +7,8 @@ a kernel's ratio is the median over its runs of its GFLOP/s over the baseline's 
 >= 0.9. For context, the last
 column is numpy on the kernel's own operands (dense f32 for the dequant cases; numpy's stacked matmul for the
 per-head case). Then the medium FLUX.2 transformer step's MatMul shapes (``STEP_SHAPES``): our kernel, ``np.matmul``
-and PyTorch's ``mm`` on the same operands and threads, timed in turns (minima per shape; per step the calls x
-medians). Then both attention kernels against PyTorch's ``scaled_dot_product_attention`` on the same
+and PyTorch's ``mm`` on the same operands and threads, timed in turns of a few calls each (minima per shape; per
+step the calls x medians). Then both attention kernels against PyTorch's ``scaled_dot_product_attention`` on the same
 operands and threads (when torch is installed), the two timed in turns: 4 heads x 768 tokens x 64 (the medium
 pipeline) and ``--attention-heads`` x 4608 tokens (FLUX.2-dev's 4096 image + 512 text) x 128; medians and the
 ratio of medians and of minima; target ours / torch <= 1.2.
@@ -203,10 +203,28 @@ def torch_mm(x: np.ndarray, w: np.ndarray, out: np.ndarray):
     return lambda: torch.mm(tx, tw.t(), out=to)
 
 
+def blocked_seconds(calls: list, repeats: int, block: int = 4, pause: float = 0.15) -> list[list[float]]:
+    """Seconds of each call, ``repeats`` rounds of ``block`` calls of each in turn, after a pause and a first call
+    not counted: a library's threads keep spinning for a while after its call (OpenBLAS' ~0.1 s, PyTorch's OpenMP
+    ones too) and slow down whatever runs next on their cores (measured: an ``np.matmul`` right after a torch
+    ``mm`` 0.32 ms, the same call after another ``np.matmul`` 0.26 ms; a torch ``mm`` after numpy 7 ms median,
+    0.34 ms at best)."""
+    times = [[] for _ in calls]
+    for _ in range(repeats):
+        for call, ts in zip(calls, times):
+            time.sleep(pause)
+            call()
+            for _ in range(block):
+                t0 = time.perf_counter()
+                call()
+                ts.append(time.perf_counter() - t0)
+    return times
+
+
 def step_report(repeats: int, rng) -> None:
     """Our MatMul kernel, numpy's ``np.matmul`` and PyTorch's ``mm`` on the medium step's shapes, the three timed
-    in turns on the same operands; per shape the minima, and per step the sum over its calls of each side's
-    medians."""
+    in turns on the same operands (``blocked_seconds``); per shape the minima, and per step the sum over its calls
+    of each side's medians."""
     print(f"{'medium transformer step, MatMul shape (calls)':<46}{'ours ms':>9}{'numpy ms':>9}{'torch ms':>9}"
           f"{'ours/np':>9}{'ours/torch':>11}")
     totals = [0.0, 0.0, 0.0]
@@ -221,7 +239,7 @@ def step_report(repeats: int, rng) -> None:
         out = np.empty((m, n), np.float32)
         sides = [exe.execute, lambda x=x, w=w, out=out: np.matmul(x, w.T, out=out)]
         theirs = torch_mm(x, w, np.empty((m, n), np.float32))
-        times = interleaved_seconds(sides + ([theirs] if theirs else []), repeats)
+        times = blocked_seconds(sides + ([theirs] if theirs else []), repeats)
         best = [min(t) * 1e3 for t in times]
         for i, t in enumerate(times):
             totals[i] += calls * statistics.median(t) * 1e3
@@ -333,7 +351,7 @@ def main() -> None:
         attention_report(args, rng)
         return
     if args.step_only:
-        step_report(max(reps, 10), rng)
+        step_report(reps, rng)
         return
     baseline = Baseline(big)
 
@@ -377,7 +395,7 @@ def main() -> None:
     print(f"lowest ratio {worst:.2f} (target >= 0.9): {'met' if worst >= 0.9 else 'NOT met'}")
 
     if not args.quick:
-        step_report(max(reps, 10), rng)
+        step_report(reps, rng)
     attention_report(args, rng)
 
 
