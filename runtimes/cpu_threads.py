@@ -7,7 +7,8 @@ numba's threading layers: GNU OpenMP's workers spin after each parallel region a
 machine with as many cores as threads (a 10x slowdown of every BLAS call measured here), and numba's workqueue
 layer aborts the process on concurrent launches. A part not yet started by its worker when the caller has
 finished its own is run by the caller (on a loaded machine a worker may wait milliseconds for a core). A part's
-work is fixed (rows or tiles assigned at bind time), so results never depend on the schedule. Parts that call BLAS
+work is fixed (rows or tiles assigned at bind time), or, with ``claimed``, the parts take independent tasks in
+turn, each task computed the same way whoever runs it: results never depend on the schedule. Parts that call BLAS
 themselves run under ``blas_single_threaded`` (threadpoolctl): BLAS's own threads, shared by concurrent callers,
 would serialise them (measured 2x slower than one single-threaded call per core). Calls from several threads
 at once are serialised.
@@ -16,6 +17,8 @@ at once are serialised.
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import os
 import queue
 import threading
@@ -143,6 +146,33 @@ def parallel(parts: Sequence[Part]) -> Part:
     if len(parts) == 1:
         return parts[0]
     return lambda: run_parts(parts)
+
+
+def claimed(count: int, slots: int, task: Callable[[int, int], None]) -> Part:
+    """One step that runs ``task(slot, j)`` once for every ``j`` in ``range(count)``, on ``slots`` parts (at most
+    ``THREADS``; ``slot`` names the part, e.g. its scratch) that each take the next task no part has taken yet,
+    until none is left. Unlike fixed shares, a core that the OS gives less time (on a shared machine one core
+    often runs at half speed) simply runs fewer tasks. For tasks whose result does not depend on the part that
+    runs them (each writes its own output, the scratch only holds intermediates), so results still never depend
+    on the schedule."""
+    if slots <= 1:
+        def serial():
+            for j in range(count):
+                task(0, j)
+
+        return serial
+
+    def part(taken: Iterator[int], slot: int) -> None:
+        for j in taken:
+            if j >= count:
+                return
+            task(slot, j)
+
+    def step():
+        taken = itertools.count()  # next() is atomic under the GIL: each task goes to exactly one part
+        run_parts([functools.partial(part, taken, slot) for slot in range(slots)])
+
+    return step
 
 
 _BLAS: list | None = None  # threadpoolctl's controllers of the loaded BLAS libraries, found on first use (a scan)

@@ -21,6 +21,7 @@ sums at the end.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -31,6 +32,8 @@ from .views import operand
 
 ATTENTION_TILE = 1 << 20  # score elements per query block of the unblocked kernel (4 MiB in f32, per core)
 BLOCKED_ROWS = 256  # query rows per block of the key-blocked kernel
+TASKS_PER_CORE = 6  # query blocks per core the blocks are cut for (when that leaves them >= MIN_ROWS rows)
+MIN_ROWS = 128
 
 
 def _check(ctx: KernelContext) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -89,36 +92,39 @@ def _shared_kv_rows(arrays: list, out: np.ndarray, batch: tuple[int, ...]) -> li
 
 
 class _Plan:
-    """The query blocks (near-equal, at most ``rows`` each; at least one per core when the heads are fewer) and
-    their shares, one per core, each share's scratch registered with the kernel: ``(rows, width)`` scores,
-    ``q * scale``, row vectors and ``(rows, Dv)`` accumulators as the kernel asks."""
+    """The query blocks of every head (near-equal, at most ``rows`` each) as tasks, and the parts (one per core,
+    each with its own scratch, registered with the kernel: ``(rows, width)`` scores, ``q * scale``, row vectors
+    and ``(rows, Dv)`` accumulators as the kernel asks) that take the tasks in turn (``cpu_threads.claimed``).
+    Blocks are cut smaller than ``rows`` where that gives each core about ``TASKS_PER_CORE`` tasks, down to
+    ``MIN_ROWS`` (BLAS loses speed on fewer rows): with a few heads of a few hundred tokens, whole heads would
+    be a task or two per core, and a core the OS gives less time would hold the other up."""
 
     def __init__(self, ctx: KernelContext, heads: int, s: int, rows: int, scores_per_row: int):
-        blocks = -(-s // max(1, rows))
-        blocks = min(s, max(blocks, -(-cpu_threads.THREADS // max(1, heads))))  # every core gets a block
-        blocks = max(1, blocks)
+        rows = max(1, rows)
+        want = -(-TASKS_PER_CORE * cpu_threads.THREADS // max(1, heads))  # blocks per head
+        rows = min(rows, max(-(-s // want), MIN_ROWS))
+        blocks = max(1, min(s, -(-s // rows)))
         bounds = [s * i // blocks for i in range(blocks + 1)]
         self.slices = [slice(bounds[i], bounds[i + 1]) for i in range(blocks) if bounds[i + 1] > bounds[i]]
         self.rows = max((sl.stop - sl.start for sl in self.slices), default=1)
-        tasks = heads * len(self.slices)
-        self.shares = cpu_threads.split(tasks, self.rows * scores_per_row)
+        self.count = heads * len(self.slices)
+        self.slots = len(cpu_threads.split(self.count, self.rows * scores_per_row))
         self.ctx = ctx
 
     def scratch(self, shape) -> list[int]:
-        """One scratch array of ``shape`` per share."""
-        return [self.ctx.scratch.add(shape, F32) for _ in self.shares]
+        """One scratch array of ``shape`` per part."""
+        return [self.ctx.scratch.add(shape, F32) for _ in range(self.slots)]
 
-    def tasks(self, per_head: list) -> list[list]:
-        """(head entry, query rows) per share, in order."""
-        flat = [(head, sl) for head in per_head for sl in self.slices]
-        return [flat[share] for share in self.shares]
+    def tasks(self, per_head: list) -> list[tuple]:
+        """(head entry, query rows) per task, in order."""
+        return [(head, sl) for head in per_head for sl in self.slices]
 
-    def run(self, parts: list):
-        """The step running one part per share; with several, BLAS single-threaded inside (one share means
-        little work: the ~20 us of switching BLAS's threads would show)."""
-        if len(parts) == 1:
-            return parts[0]
-        step = cpu_threads.parallel(parts)
+    def run(self, count: int, task: Callable[[int, int], None]) -> Callable[[], None]:
+        """The step running ``task(slot, j)`` for ``j`` < ``count``; with several parts, BLAS single-threaded
+        inside (one part means little work: the ~20 us of switching BLAS's threads would show)."""
+        step = cpu_threads.claimed(count, self.slots, task)
+        if self.slots == 1:
+            return step
 
         def body():
             with cpu_threads.blas_single_threaded():
@@ -141,9 +147,9 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     scale = np.float32(ctx.node.attr("scale", 1.0))
     ops = _operands(ctx)
     heads = math.prod(batch)
-    plan = _Plan(ctx, heads, s, max(1, ATTENTION_TILE // max(t, 1)), t)
+    plan = _Plan(ctx, heads, s, ATTENTION_TILE // max(t, 1), t)
     # decoding on one core: the heads sharing k and v may become one block of rows (fewer, larger calls)
-    stackable = s == 1 and len(plan.shares) == 1
+    stackable = s == 1 and plan.slots == 1
     rows = max(plan.rows, heads) if stackable else plan.rows
     direct = ctx.dtype == F32  # p @ v straight into the output rows
     scores = plan.scratch((rows, t))
@@ -157,39 +163,39 @@ def prepare_attention(ctx: KernelContext) -> Bind:
         rows_kernel = jit.kernels().exp_rows_sum if compiled else None
         groups = _shared_kv_rows([q, k, v, bias], out, batch) if stackable else None
         if groups is not None:
-            shares = [[((qg, kg.T, vg, bg, dg), slice(0, qg.shape[0])) for qg, kg, vg, bg, dg in groups]]
+            tasks = [((qg, kg.T, vg, bg, dg), slice(0, qg.shape[0])) for qg, kg, vg, bg, dg in groups]
         else:
             outs = out.reshape((heads, s, dv))
-            shares = plan.tasks([(qb, kb.T, vb, biasb, outs[b]) for b, (qb, kb, vb, biasb) in
-                                 enumerate(_per_batch([q, k, v, bias], batch))])
-        parts = []
-        for i, tasks in enumerate(shares):
-            blocks = []
+            tasks = plan.tasks([(qb, kb.T, vb, biasb, outs[b]) for b, (qb, kb, vb, biasb) in
+                                enumerate(_per_batch([q, k, v, bias], batch))])
+        blocks = []  # per part, per task: the operands' rows and the part's scratch
+        for i in range(plan.slots):
+            mine = []
             for (qb, kt, vb, biasb, dst), sl in tasks:
                 r = sl.stop - sl.start
                 sc, col = scratch[scores[i]][:r], scratch[sums[i]][:r]
                 acc = dst[sl] if direct else scratch[accs[i]][:r]
-                blocks.append((qb[sl], scratch[qscaled[i]][:r], kt, vb, None if biasb is None else biasb[sl], sc,
-                               col, acc, dst[sl]))
+                mine.append((qb[sl], scratch[qscaled[i]][:r], kt, vb, None if biasb is None else biasb[sl], sc,
+                             col, acc, dst[sl]))
+            blocks.append(mine)
 
-            def part(blocks=blocks):
-                for qr, qs, kt, vb, br, sc, col, acc, dst in blocks:
-                    np.multiply(qr, scale, out=qs)
-                    np.matmul(qs, kt, out=sc)
-                    if br is not None:
-                        np.add(sc, br, out=sc, dtype=F32)
-                    if compiled:  # max, exp and the row sums, one pass per row
-                        rows_kernel(sc, col)
-                    else:
-                        np.max(sc, axis=1, out=col)
-                        np.subtract(sc, col[:, None], out=sc)
-                        np.exp(sc, out=sc)
-                        np.sum(sc, axis=1, out=col)
-                    np.matmul(sc, vb, out=acc)
-                    _store(acc, col, dst)
+        def task(slot, j):
+            qr, qs, kt, vb, br, sc, col, acc, dst = blocks[slot][j]
+            np.multiply(qr, scale, out=qs)
+            np.matmul(qs, kt, out=sc)
+            if br is not None:
+                np.add(sc, br, out=sc, dtype=F32)
+            if compiled:  # max, exp and the row sums, one pass per row
+                rows_kernel(sc, col)
+            else:
+                np.max(sc, axis=1, out=col)
+                np.subtract(sc, col[:, None], out=sc)
+                np.exp(sc, out=sc)
+                np.sum(sc, axis=1, out=col)
+            np.matmul(sc, vb, out=acc)
+            _store(acc, col, dst)
 
-            parts.append(part)
-        step = plan.run(parts)
+        step = plan.run(len(tasks), task)
 
         def body():
             if t == 0:
@@ -226,9 +232,10 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
         online = jit.kernels().exp_rows_online if compiled else None
         per_head = [(qb, kb, vb, biasb, outs[b]) for b, (qb, kb, vb, biasb) in
                     enumerate(_per_batch([q, k, v, bias], batch))]
-        parts = []
-        for i, tasks in enumerate(plan.tasks(per_head)):
-            blocks = []
+        tasks = plan.tasks(per_head)
+        blocks = []  # per part, per task: the operands' rows, their key blocks and the part's scratch
+        for i in range(plan.slots):
+            mine = []
             for (qb, kb, vb, biasb, dst), sl in tasks:
                 r = sl.stop - sl.start
                 m, total, rescale = (scratch[vec[i]][:r] for vec in vecs)
@@ -237,31 +244,31 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
                     ks = slice(t0, min(t0 + block, t))
                     keys.append((kb[ks].T, vb[ks], None if biasb is None else biasb[sl, ks],
                                  scratch[scores[i]][:r, : ks.stop - ks.start]))
-                blocks.append((qb[sl], scratch[qscaled[i]][:r], keys, m, total, rescale,
-                               scratch[pvs[i]][:r], scratch[accs[i]][:r], dst[sl]))
+                mine.append((qb[sl], scratch[qscaled[i]][:r], keys, m, total, rescale,
+                             scratch[pvs[i]][:r], scratch[accs[i]][:r], dst[sl]))
+            blocks.append(mine)
 
-            def part(blocks=blocks):
-                for qr, qs, keys, m, total, rescale, pv, acc, dst in blocks:
-                    np.multiply(qr, scale, out=qs)
-                    for j, (kt, vs, bs, sc) in enumerate(keys):
-                        first = j == 0
-                        np.matmul(qs, kt, out=sc)
-                        if bs is not None:
-                            np.add(sc, bs, out=sc, dtype=F32)
-                        if compiled:  # the block's max, the rescale factor, exp and the sums in one pass per row
-                            online(sc, m, total, rescale, first)
-                        else:
-                            _online_numpy(sc, m, total, rescale, first)
-                        if first:
-                            np.matmul(sc, vs, out=acc)
-                            continue
-                        np.matmul(sc, vs, out=pv)
-                        np.multiply(acc, rescale[:, None], out=acc)
-                        np.add(acc, pv, out=acc)
-                    _store(acc, total, dst)
+        def task(slot, j):
+            qr, qs, keys, m, total, rescale, pv, acc, dst = blocks[slot][j]
+            np.multiply(qr, scale, out=qs)
+            for n, (kt, vs, bs, sc) in enumerate(keys):
+                first = n == 0
+                np.matmul(qs, kt, out=sc)
+                if bs is not None:
+                    np.add(sc, bs, out=sc, dtype=F32)
+                if compiled:  # the block's max, the rescale factor, exp and the sums in one pass per row
+                    online(sc, m, total, rescale, first)
+                else:
+                    _online_numpy(sc, m, total, rescale, first)
+                if first:
+                    np.matmul(sc, vs, out=acc)
+                    continue
+                np.matmul(sc, vs, out=pv)
+                np.multiply(acc, rescale[:, None], out=acc)
+                np.add(acc, pv, out=acc)
+            _store(acc, total, dst)
 
-            parts.append(part)
-        step = plan.run(parts)
+        step = plan.run(len(tasks), task)
 
         def body():
             if t == 0:
