@@ -30,7 +30,7 @@ from .kernels.context import Bind, KernelContext
 from .numpy_kernels import F32, F32_MIN, bind_all, view_reshape, with_refresh
 from .views import operand
 
-ATTENTION_TILE = 1 << 20  # score elements per query block of the unblocked kernel (4 MiB in f32, per core)
+ATTENTION_TILE = 1 << 21  # score elements per query block of the unblocked kernel (8 MiB in f32, per core)
 BLOCKED_ROWS = 256  # query rows per block of the key-blocked kernel
 TASKS_PER_CORE = 6  # query blocks per core the blocks are cut for (when that leaves them >= MIN_ROWS rows)
 MIN_ROWS = 128

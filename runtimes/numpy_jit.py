@@ -60,6 +60,22 @@ def _maxnum(typingctx, a, b):
     return sig, codegen
 
 
+@intrinsic
+def _prefer_512_bit_vectors(typingctx):
+    """Lets LLVM vectorise the calling function's loops with 512-bit registers where the CPU has them: on Intel
+    cores since Skylake-X its default is 256-bit vectors (a rule against AVX-512's old clock penalty), and the
+    exp pass of attention's softmax measured 1.25-1.4x faster with 512-bit ones on a Sapphire Rapids core (the
+    same operations per element: the same bits). llvmlite has no API for string function attributes; its
+    attribute set is written into the IR as it is, so the attribute goes in unchecked."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @_inline
 def _exp_poly(r):
     """e^r for |r| <= ln(2)/2 (Cephes' expf polynomial), shared by both exp kernels."""
@@ -160,6 +176,7 @@ def exp_rows(scores, maxima):
 @_rows
 def exp_rows_sum(scores, sums):
     """``scores[i] = exp(scores[i] - max(scores[i]))`` in place; ``sums[i]`` = the row's sum."""
+    _prefer_512_bit_vectors()
     for i in range(scores.shape[0]):
         row = scores[i]
         exp_shifted(row, row_max_vec(row))
@@ -173,6 +190,7 @@ def exp_rows_online(scores, running, sums, rescale, first):
     exp(running[i] - new)`` (the factor for what was accumulated so far), ``scores[i] = exp(scores[i] - new)``,
     ``sums[i] = sums[i] * rescale[i] + sum(scores[i])``, ``running[i] = new``; when ``first``, ``running``
     and ``sums`` are only written and ``rescale`` is not touched."""
+    _prefer_512_bit_vectors()
     low = F(np.finfo(np.float32).min)
     for i in range(scores.shape[0]):
         row = scores[i]
