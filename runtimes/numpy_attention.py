@@ -32,7 +32,7 @@ from .views import operand
 
 ATTENTION_TILE = 1 << 21  # score elements per query block of the unblocked kernel (8 MiB in f32, per core)
 BLOCKED_ROWS = 256  # query rows per block of the key-blocked kernel
-TASKS_PER_CORE = 6  # query blocks per core the blocks are cut for (when that leaves them >= MIN_ROWS rows)
+MIN_TASKS = 12  # (head, query block) tasks a kernel call is cut into at least, where blocks keep >= MIN_ROWS rows
 MIN_ROWS = 128
 
 
@@ -95,13 +95,15 @@ class _Plan:
     """The query blocks of every head (near-equal, at most ``rows`` each) as tasks, and the parts (one per core,
     each with its own scratch, registered with the kernel: ``(rows, width)`` scores, ``q * scale``, row vectors
     and ``(rows, Dv)`` accumulators as the kernel asks) that take the tasks in turn (``cpu_threads.claimed``).
-    Blocks are cut smaller than ``rows`` where that gives each core about ``TASKS_PER_CORE`` tasks, down to
-    ``MIN_ROWS`` (BLAS loses speed on fewer rows): with a few heads of a few hundred tokens, whole heads would
-    be a task or two per core, and a core the OS gives less time would hold the other up."""
+    Blocks are cut smaller than ``rows`` where that makes ``MIN_TASKS`` tasks (or one per core, if more), down
+    to ``MIN_ROWS`` rows (BLAS loses speed on fewer): whole heads of a few hundred tokens would be a task or two
+    per core, and a core the OS gives less time would hold the other up. The blocks do not depend on the
+    thread count up to ``MIN_TASKS`` threads, so neither do the results (BLAS's bits depend on a product's
+    rows)."""
 
     def __init__(self, ctx: KernelContext, heads: int, s: int, rows: int, scores_per_row: int):
         rows = max(1, rows)
-        want = -(-TASKS_PER_CORE * cpu_threads.THREADS // max(1, heads))  # blocks per head
+        want = -(-max(MIN_TASKS, cpu_threads.THREADS) // max(1, heads))  # blocks per head
         rows = min(rows, max(-(-s // want), MIN_ROWS))
         blocks = max(1, min(s, -(-s // rows)))
         bounds = [s * i // blocks for i in range(blocks + 1)]

@@ -15,7 +15,7 @@ import pytest
 from fused_programs import Fused
 
 from luminal_recipes import ops
-from luminal_recipes.graph import Graph, View, cast
+from luminal_recipes.graph import Graph, View, cast, run_reference
 from luminal_recipes.runtimes import expr as expr_module
 from luminal_recipes.runtimes import numpy_attention, numpy_dequant, numpy_kernels
 from luminal_recipes.runtimes.numpy_runtime import NumpyBackend
@@ -276,6 +276,35 @@ def test_attention_split_over_cores(with_bias, compare, runtime, monkeypatch):
         compare(g, _grouped_output(f, y, grouped, merged), inputs)
     if runs_numpy_attention(runtime):
         assert shares and set(shares) == {3}, shares
+
+
+@pytest.mark.parametrize("op", ["Attention", "AttentionBlocked"])
+def test_attention_query_blocks_give_the_same_bits_on_any_thread_count(op, numpy_runtime, assert_close, monkeypatch):
+    """Heads cut into query blocks (``MIN_TASKS`` tasks at least) that the cores take in turn
+    (``cpu_threads.claimed``): the reference's values, and the same bits on 1-3 threads (the blocks, whose
+    row counts BLAS's bits depend on, do not depend on the thread count)."""
+    from luminal_recipes.runtimes import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+    monkeypatch.setattr(numpy_attention, "MIN_ROWS", 1)
+    g = Graph()
+    views, grouped, merged, inputs = _attention_case(g, True, s=7)
+    f = Fused(g)
+    y = f.add(op, views, grouped, scale=0.3, **({"block": 4} if op == "AttentionBlocked" else {}))
+    program = _grouped_output(f, y, grouped, merged)
+    plans, parts = [], []
+    real_plan, real_claimed = numpy_attention._Plan, cpu_threads.claimed
+    monkeypatch.setattr(numpy_attention, "_Plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+    monkeypatch.setattr(cpu_threads, "claimed", lambda n, slots, task: parts.append(slots) or real_claimed(
+        n, slots, task))
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        results.append(numpy_runtime.run(program, inputs)["y"])
+    assert_close("runtime", results[0], run_reference(g, inputs)["y"], "f32")
+    assert [len(p.slices) for p in plans] == [2, 2, 2]  # 8 heads of 7 rows: 2 blocks each (3 and 4 rows)
+    assert parts == [1, 2, 3]
+    assert np.array_equal(results[0], results[1]) and np.array_equal(results[0], results[2])
 
 
 @pytest.mark.parametrize("block", [1, 4, 11, 64])
