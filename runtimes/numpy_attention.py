@@ -33,7 +33,7 @@ from .views import operand
 ATTENTION_TILE = 1 << 21  # score elements per query block of the unblocked kernel (8 MiB in f32, per core)
 BLOCKED_ROWS = 256  # query rows per block of the key-blocked kernel
 MIN_TASKS = 12  # (head, query block) tasks a kernel call is cut into at least, where blocks keep >= MIN_ROWS rows
-MIN_ROWS = 128
+MIN_ROWS = 256
 
 
 def _check(ctx: KernelContext) -> tuple[tuple[int, ...], int, int, int, int]:
