@@ -7,15 +7,17 @@ softmax (running max and sum, rescaled accumulator), so neither ``(S, T)`` nor `
 use BLAS for the two products and compute in f32. Running maxima start at the most negative finite f32 rather
 than -inf, so a block of fully masked keys never produces ``-inf - -inf``.
 
-The (head, query block) tasks are independent: they are cut into one contiguous share per core
-(``cpu_threads``), each with its own scratch, and BLAS runs single-threaded inside (one BLAS call per core in
-parallel beats two-threaded calls one after another: fewer joins, each core's scores stay in its cache, and no
-call waits for a descheduled BLAS thread on a loaded machine).
+The (head, query block) tasks are independent: one part per core, each with its own scratch, takes the next
+task no part has taken yet (``cpu_threads.claimed``: a core the OS gives less time runs fewer tasks), and BLAS
+runs single-threaded inside (one BLAS call per core in parallel beats two-threaded calls one after another:
+fewer joins, each core's scores stay in its cache, and no call waits for a descheduled BLAS thread on a loaded
+machine). Query blocks are a few hundred rows (OpenBLAS is slower on fewer; larger blocks than the L2 cache
+measured faster, not slower) and at least ``MIN_TASKS`` per call where heads are few.
 Besides the two products, what costs is the passes over the scores, so each block of ``q`` is scaled once
 (``(q * scale) k^T`` instead of scaling every score) and, with numba, max, exp and the row sums are one compiled
-pass per row (``numpy_jit``), else numpy passes. ``p @ v`` reads ``v`` in place (nothing of size ``T`` is copied,
-which matters for decoding: one query row against a growing cache) and the output rows are divided by the
-sums at the end.
+pass per row (``numpy_jit``, vectorised with 512-bit registers), else numpy passes. ``p @ v`` reads ``v`` in
+place (nothing of size ``T`` is copied, which matters for decoding: one query row against a growing cache) and
+the output rows are divided by the sums at the end.
 """
 
 from __future__ import annotations
