@@ -19,6 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
+from llvmlite.ir import values as ir_values
 from numba.core import types
 from numba.extending import intrinsic
 
@@ -60,17 +61,31 @@ def _maxnum(typingctx, a, b):
     return sig, codegen
 
 
+class _WideVectorAttributes(ir_values.FunctionAttributes):
+    """A function's attributes plus ``"prefer-vector-width"="512"`` (llvmlite knows only flag attributes)."""
+
+    def __bool__(self) -> bool:
+        return True  # always printed, even with no flag attribute
+
+    def _to_list(self, ret_type):
+        return [*super()._to_list(ret_type), '"prefer-vector-width"="512"']
+
+
 @intrinsic
-def _prefer_512_bit_vectors(typingctx):
-    """Lets LLVM vectorise the calling function's loops with 512-bit registers where the CPU has them: on Intel
-    cores since Skylake-X its default is 256-bit vectors (a rule against AVX-512's old clock penalty), and the
-    exp pass of attention's softmax measured 1.25-1.4x faster with 512-bit ones on a Sapphire Rapids core (the
-    same operations per element: the same bits). llvmlite has no API for string function attributes; its
-    attribute set is written into the IR as it is, so the attribute goes in unchecked."""
-    sig = types.void()
+def _wide_vectors(typingctx):
+    """Let LLVM vectorise the calling function with the CPU's widest registers: on AVX-512 CPUs its default tuning
+    keeps 256-bit vectors (measured: the compiled exp 0.40 -> 0.27 ns per element with 512). A no-op elsewhere
+    (the width is capped at what the CPU has). Call it first thing in a compiled (not inlined) kernel."""
+    sig = types.none()
 
     def codegen(context, builder, signature, args):
-        set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        fn = builder.function
+        if not isinstance(fn.attributes, _WideVectorAttributes):
+            wide = _WideVectorAttributes()
+            for flag in fn.attributes:
+                wide.add(flag)
+            wide.alignstack, wide.personality = fn.attributes.alignstack, fn.attributes.personality
+            fn.attributes = wide
         return context.get_dummy_value()
 
     return sig, codegen
@@ -176,7 +191,7 @@ def exp_rows(scores, maxima):
 @_rows
 def exp_rows_sum(scores, sums):
     """``scores[i] = exp(scores[i] - max(scores[i]))`` in place; ``sums[i]`` = the row's sum."""
-    _prefer_512_bit_vectors()
+    _wide_vectors()
     for i in range(scores.shape[0]):
         row = scores[i]
         exp_shifted(row, row_max_vec(row))
@@ -190,7 +205,7 @@ def exp_rows_online(scores, running, sums, rescale, first):
     exp(running[i] - new)`` (the factor for what was accumulated so far), ``scores[i] = exp(scores[i] - new)``,
     ``sums[i] = sums[i] * rescale[i] + sum(scores[i])``, ``running[i] = new``; when ``first``, ``running``
     and ``sums`` are only written and ``rescale`` is not touched."""
-    _prefer_512_bit_vectors()
+    _wide_vectors()
     low = F(np.finfo(np.float32).min)
     for i in range(scores.shape[0]):
         row = scores[i]
