@@ -432,3 +432,104 @@ def elementwise_tiles(code, consts, table, shape, regs):
                     else:
                         for t in range(n):
                             z[t] = np.sin(x[t])
+
+
+# ---- Winograd F(2x2, 3x3) convolution: the transforms around one batched BLAS product per band of tiles -------
+# out = A^T [(G w G^T) * (B^T d B)] A per 2x2 output tile d-> 4x4 input patch (Lavin & Gray, "Fast Algorithms for
+# Convolutional Neural Networks", 2015): 16 products per tile instead of 36, i.e. 2.25x fewer multiplications, the
+# sum over input channels being 16 matrix products [O, C] @ [C, tiles] (BLAS). Each loop below touches one or two
+# arrays with unit stride (the vectoriser gives up on a loop with many possibly aliasing arrays), and the 16
+# planes are written one loop each (16 store streams 2^k bytes apart thrash L1's sets).
+@_rows
+def winograd_weights(w, u):
+    """``u[4a + b, o, c] = (G w[o, c] G^T)[a, b]`` for ``w [O, C, 3, 3]``, ``G = [[1, 0, 0], [1/2, 1/2, 1/2],
+    [1/2, -1/2, 1/2], [0, 0, 1]]``."""
+    no, nc = w.shape[0], w.shape[1]
+    h = F(0.5)
+    t = np.empty((16, nc), np.float32)
+    for o in range(no):
+        for c in range(nc):
+            g00, g01, g02 = w[o, c, 0, 0], w[o, c, 0, 1], w[o, c, 0, 2]
+            g10, g11, g12 = w[o, c, 1, 0], w[o, c, 1, 1], w[o, c, 1, 2]
+            g20, g21, g22 = w[o, c, 2, 0], w[o, c, 2, 1], w[o, c, 2, 2]
+            for a in range(4):  # row a of G g, then that row times G^T
+                if a == 0:
+                    b0, b1, b2 = g00, g01, g02
+                elif a == 1:
+                    b0, b1, b2 = h * ((g00 + g20) + g10), h * ((g01 + g21) + g11), h * ((g02 + g22) + g12)
+                elif a == 2:
+                    b0, b1, b2 = h * ((g00 + g20) - g10), h * ((g01 + g21) - g11), h * ((g02 + g22) - g12)
+                else:
+                    b0, b1, b2 = g20, g21, g22
+                t[4 * a, c] = b0
+                t[4 * a + 1, c] = h * ((b0 + b2) + b1)
+                t[4 * a + 2, c] = h * ((b0 + b2) - b1)
+                t[4 * a + 3, c] = b2
+        for q in range(16):
+            for c in range(nc):
+                u[q, o, c] = t[q, c]
+
+
+@_rows
+def winograd_input(x, v, ty0, ty1, tw):
+    """``v[4a + b, c, (ty - ty0) * tw + tx] = (B^T d B)[a, b]`` for the tiles of rows ``ty0:ty1``, ``d = x[c, 2ty :
+    2ty + 4, 2tx : 2tx + 4]``, ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``; ``x [C, H,
+    W]`` (already padded), ``tw`` tiles per row (rows at least ``2 tw + 2`` wide), ``v [16, C, >= (ty1 - ty0) tw]``."""
+    nc = x.shape[0]
+    n = 2 * tw + 2
+    t = np.empty((4, n), np.float32)
+    for c in range(nc):
+        for ty in range(ty0, ty1):
+            r0, r1, r2, r3 = x[c, 2 * ty], x[c, 2 * ty + 1], x[c, 2 * ty + 2], x[c, 2 * ty + 3]
+            t0, t1, t2, t3 = t[0], t[1], t[2], t[3]
+            for j in range(n):  # B^T over the four rows, whole rows at once
+                t0[j] = r0[j] - r2[j]
+            for j in range(n):
+                t1[j] = r1[j] + r2[j]
+            for j in range(n):
+                t2[j] = r2[j] - r1[j]
+            for j in range(n):
+                t3[j] = r1[j] - r3[j]
+            k0 = (ty - ty0) * tw
+            for a in range(4):  # then B over each tile's four columns, one plane per loop
+                ta = t[a]
+                d = v[4 * a, c, k0 : k0 + tw]
+                for tx in range(tw):
+                    d[tx] = ta[2 * tx] - ta[2 * tx + 2]
+                d = v[4 * a + 1, c, k0 : k0 + tw]
+                for tx in range(tw):
+                    d[tx] = ta[2 * tx + 1] + ta[2 * tx + 2]
+                d = v[4 * a + 2, c, k0 : k0 + tw]
+                for tx in range(tw):
+                    d[tx] = ta[2 * tx + 2] - ta[2 * tx + 1]
+                d = v[4 * a + 3, c, k0 : k0 + tw]
+                for tx in range(tw):
+                    d[tx] = ta[2 * tx + 1] - ta[2 * tx + 3]
+
+
+@_rows
+def winograd_output(m, bias, out, ty0, ty1, tw):
+    """``out[o, 2ty : 2ty + 2, 2tx : 2tx + 2] = bias[o] + A^T M A`` for the tiles of rows ``ty0:ty1``, ``M[a, b] =
+    m[4a + b, o, (ty - ty0) * tw + tx]``, ``A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]``; ``out [O, Ho, Wo]`` (``Wo =
+    2 tw``), ``m [16, >= O, >= (ty1 - ty0) tw]``, ``bias [>= O]``."""
+    no = out.shape[0]
+    s = np.empty((8, tw), np.float32)
+    for o in range(no):
+        b = bias[o]
+        for ty in range(ty0, ty1):
+            k0 = (ty - ty0) * tw
+            for q in range(4):  # A^T over the rows of M: s[q] its first row, s[4 + q] its second
+                m0, m1 = m[q, o, k0 : k0 + tw], m[4 + q, o, k0 : k0 + tw]
+                m2, m3 = m[8 + q, o, k0 : k0 + tw], m[12 + q, o, k0 : k0 + tw]
+                sq = s[q]
+                for tx in range(tw):
+                    sq[tx] = (m0[tx] + m1[tx]) + m2[tx]
+                sq = s[4 + q]
+                for tx in range(tw):
+                    sq[tx] = (m1[tx] - m2[tx]) - m3[tx]
+            for r in range(2):  # then A over the columns, into output row 2ty + r
+                y = out[o, 2 * ty + r]
+                s0, s1, s2, s3 = s[4 * r], s[4 * r + 1], s[4 * r + 2], s[4 * r + 3]
+                for tx in range(tw):
+                    y[2 * tx] = b + ((s0[tx] + s1[tx]) + s2[tx])
+                    y[2 * tx + 1] = b + ((s1[tx] - s2[tx]) - s3[tx])
