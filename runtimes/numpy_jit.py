@@ -471,25 +471,34 @@ def winograd_weights(w, u):
 
 
 @_rows
-def winograd_input(x, v, ty0, ty1, tw):
-    """``v[4a + b, c, (ty - ty0) * tw + tx] = (B^T d B)[a, b]`` for the tiles of rows ``ty0:ty1``, ``d = x[c, 2ty :
-    2ty + 4, 2tx : 2tx + 4]``, ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``; ``x [C, H,
-    W]`` (already padded), ``tw`` tiles per row (rows at least ``2 tw + 2`` wide), ``v [16, C, >= (ty1 - ty0) tw]``."""
-    nc = x.shape[0]
+def winograd_input(x, v, ty0, ty1, tw, top, left):
+    """``v[4a + b, c, (ty - ty0) * tw + tx] = (B^T d B)[a, b]`` for the tiles of rows ``ty0:ty1``, ``d = p[c, 2ty :
+    2ty + 4, 2tx : 2tx + 4]``, ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``, where ``p``
+    is ``x [C, H, W]`` zero-padded by ``top`` rows and ``left`` columns (and as many as needed after it: ``p[c,
+    r, j] = x[c, r - top, j - left]`` inside x, else 0; the padding is never written out); ``tw`` tiles per row,
+    ``v [16, C, >= (ty1 - ty0) tw]``."""
+    nc, hx, wx = x.shape
     n = 2 * tw + 2
-    t = np.empty((4, n), np.float32)
+    ja, jb = min(max(0, left), n), max(min(n, left + wx), 0)  # the padded row's columns that hold data
+    ja = min(ja, jb)
+    zero = np.zeros(wx, np.float32)  # a padding row
+    t = np.zeros((4, n), np.float32)  # B^T of the four input rows of a row of tiles (zero where padding)
+    t0, t1, t2, t3 = t[0], t[1], t[2], t[3]
     for c in range(nc):
         for ty in range(ty0, ty1):
-            r0, r1, r2, r3 = x[c, 2 * ty], x[c, 2 * ty + 1], x[c, 2 * ty + 2], x[c, 2 * ty + 3]
-            t0, t1, t2, t3 = t[0], t[1], t[2], t[3]
-            for j in range(n):  # B^T over the four rows, whole rows at once
-                t0[j] = r0[j] - r2[j]
-            for j in range(n):
-                t1[j] = r1[j] + r2[j]
-            for j in range(n):
-                t2[j] = r2[j] - r1[j]
-            for j in range(n):
-                t3[j] = r1[j] - r3[j]
+            r = 2 * ty - top
+            r0 = x[c, r] if 0 <= r < hx else zero
+            r1 = x[c, r + 1] if 0 <= r + 1 < hx else zero
+            r2 = x[c, r + 2] if 0 <= r + 2 < hx else zero
+            r3 = x[c, r + 3] if 0 <= r + 3 < hx else zero
+            for j in range(ja, jb):  # B^T over the four rows, whole rows at once (the padding columns stay 0)
+                t0[j] = r0[j - left] - r2[j - left]
+            for j in range(ja, jb):
+                t1[j] = r1[j - left] + r2[j - left]
+            for j in range(ja, jb):
+                t2[j] = r2[j - left] - r1[j - left]
+            for j in range(ja, jb):
+                t3[j] = r1[j - left] - r3[j - left]
             k0 = (ty - ty0) * tw
             for a in range(4):  # then B over each tile's four columns, one plane per loop
                 ta = t[a]

@@ -25,7 +25,7 @@ from . import cpu_threads, jit
 from .expr import ElementwiseCode, ElementwisePlan
 from .kernels.context import Bind, KernelContext, Step
 from .kernels.fused import conv_windows
-from .views import Operand, in_bounds, is_unmasked, operand, reshape_view, row_tiles, strided
+from .views import Operand, in_bounds, is_unmasked, operand, reshape_view, row_tiles, strided, zero_padded
 
 F32 = np.dtype(np.float32)
 FLOAT_STORAGE = {d.np for d in DType if d.is_float}  # ml_dtypes' floats have numpy kind "V"
@@ -837,11 +837,16 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
     """Winograd F(2x2, 3x3) (numpy_jit.winograd_*): per image, the 2x2 output tiles' rows split over the cores,
     each part going band by band (``WINOGRAD_BAND``): the input transform into ``v [16, C, tiles]``, 16 BLAS
     products ``[O, C] @ [C, tiles]`` (single-threaded inside the parts) into ``m [16, O, tiles]``, the output
-    transform into the output rows, a per-channel bias added there. The weight transform ``u [16, O, C]`` and the
-    bias vector are made in scratch at every run (weights may stream)."""
+    transform into the output rows, a per-channel bias added there. An f32 input zero-padded on its rows and
+    columns is read in place, the padding made by the input transform; any other input view is first gathered
+    into scratch. The weight transform ``u [16, O, C]`` and the bias vector are made in scratch at every run
+    (weights may stream)."""
     (nb, c, _, _), (o, _, _, _) = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
     th, tw = ctx.shape[2] // 2, ctx.shape[3] // 2
-    x_op = operand(ctx, 0, dtype=F32)
+    x_in = ctx.inputs[0]
+    padded = zero_padded(x_in.view, x_in.size, (2, 3)) if np.dtype(x_in.dtype) == F32 else None
+    x_op = operand(ctx, 0, dtype=F32) if padded is None else None
+    (top, left) = (0, 0) if padded is None else padded[1]
     w_op = operand(ctx, 1, dtype=F32)
     bias_op = operand(ctx, 2) if len(ctx.inputs) == 3 else None  # read in place, any float type
     band = max(1, min(th, WINOGRAD_BAND // (16 * max(c, o) * tw)))
@@ -853,6 +858,8 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
 
     def bind(out, flats, scratch):
         x, w, bias = bind_all(ops, flats, scratch)
+        if padded is not None:
+            x = strided(flats[0], padded[0])
         target = out if acc_out is None else scratch[acc_out]
         u, b_v = scratch[u_slot], scratch[bias_vec]
         k = jit.kernels()
@@ -861,7 +868,7 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
         def part(xi, yi, v, m, bands):
             def run():
                 for t0, t1, v_band, m_band in bands:  # the products read and write the band's first tiles
-                    k.winograd_input(xi, v, t0, t1, tw)
+                    k.winograd_input(xi, v, t0, t1, tw, top, left)
                     np.matmul(u, v_band, out=m_band)
                     k.winograd_output(m, b_v, yi, t0, t1, tw)
             return run

@@ -28,6 +28,8 @@ CASES = {
     "winograd, padded, bias, batch 2": (2, 5, 8, 6, 10, 1, (1, 1), True, 0),
     "winograd, no bias, nine out channels": (1, 3, 9, 4, 6, 1, (1, 1), False, 0),
     "winograd, unpadded, cropped windows": (1, 4, 8, 7, 9, 1, (0, 0), True, 1),
+    "winograd, padded after only": (1, 3, 8, 6, 8, 1, (0, 2), True, 0),
+    "winograd, padded before only": (2, 3, 8, 6, 8, 1, (2, 0), False, 0),
     # 24 rows of tiles: one part per core (on two cores or more), each in two bands of at most 8 rows
     "winograd, bands on every core": (1, 16, 16, 48, 64, 1, (1, 1), True, 0),
 }
