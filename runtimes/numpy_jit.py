@@ -481,9 +481,11 @@ def winograd_input(x, v, ty0, ty1, tw, top, left):
     n = 2 * tw + 2
     ja, jb = min(max(0, left), n), max(min(n, left + wx), 0)  # the padded row's columns that hold data
     ja = min(ja, jb)
+    m, sa = jb - ja, ja - left  # the data columns' count, and the first one's index in x
     zero = np.zeros(wx, np.float32)  # a padding row
     t = np.zeros((4, n), np.float32)  # B^T of the four input rows of a row of tiles (zero where padding)
     t0, t1, t2, t3 = t[0], t[1], t[2], t[3]
+    te, to = np.empty(tw + 1, np.float32), np.empty(tw + 1, np.float32)
     for c in range(nc):
         for ty in range(ty0, ty1):
             r = 2 * ty - top
@@ -491,29 +493,36 @@ def winograd_input(x, v, ty0, ty1, tw, top, left):
             r1 = x[c, r + 1] if 0 <= r + 1 < hx else zero
             r2 = x[c, r + 2] if 0 <= r + 2 < hx else zero
             r3 = x[c, r + 3] if 0 <= r + 3 < hx else zero
-            for j in range(ja, jb):  # B^T over the four rows, whole rows at once (the padding columns stay 0)
-                t0[j] = r0[j - left] - r2[j - left]
-            for j in range(ja, jb):
-                t1[j] = r1[j - left] + r2[j - left]
-            for j in range(ja, jb):
-                t2[j] = r2[j - left] - r1[j - left]
-            for j in range(ja, jb):
-                t3[j] = r1[j - left] - r3[j - left]
+            # B^T over the four rows, whole rows at once (the padding columns stay 0); indices from 0 on slices:
+            # an index numba cannot prove >= 0 gets a wraparound test that stops LLVM vectorising the loop
+            s0, s1, s2, s3 = r0[sa : sa + m], r1[sa : sa + m], r2[sa : sa + m], r3[sa : sa + m]
+            d0, d1, d2, d3 = t0[ja:jb], t1[ja:jb], t2[ja:jb], t3[ja:jb]
+            for j in range(m):
+                d0[j] = s0[j] - s2[j]
+            for j in range(m):
+                d1[j] = s1[j] + s2[j]
+            for j in range(m):
+                d2[j] = s2[j] - s1[j]
+            for j in range(m):
+                d3[j] = s1[j] - s3[j]
             k0 = (ty - ty0) * tw
             for a in range(4):  # then B over each tile's four columns, one plane per loop
                 ta = t[a]
+                for j in range(tw + 1):  # even and odd columns apart (one pass; a loop reading every other
+                    te[j] = ta[2 * j]  # element of a row alone compiles to gathers)
+                    to[j] = ta[2 * j + 1]
                 d = v[4 * a, c, k0 : k0 + tw]
                 for tx in range(tw):
-                    d[tx] = ta[2 * tx] - ta[2 * tx + 2]
+                    d[tx] = te[tx] - te[tx + 1]
                 d = v[4 * a + 1, c, k0 : k0 + tw]
                 for tx in range(tw):
-                    d[tx] = ta[2 * tx + 1] + ta[2 * tx + 2]
+                    d[tx] = to[tx] + te[tx + 1]
                 d = v[4 * a + 2, c, k0 : k0 + tw]
                 for tx in range(tw):
-                    d[tx] = ta[2 * tx + 2] - ta[2 * tx + 1]
+                    d[tx] = te[tx + 1] - to[tx]
                 d = v[4 * a + 3, c, k0 : k0 + tw]
                 for tx in range(tw):
-                    d[tx] = ta[2 * tx + 1] - ta[2 * tx + 3]
+                    d[tx] = to[tx] - to[tx + 1]
 
 
 @_rows
