@@ -443,31 +443,32 @@ def elementwise_tiles(code, consts, table, shape, regs):
 @_rows
 def winograd_weights(w, u):
     """``u[4a + b, o, c] = (G w[o, c] G^T)[a, b]`` for ``w [O, C, 3, 3]``, ``G = [[1, 0, 0], [1/2, 1/2, 1/2],
-    [1/2, -1/2, 1/2], [0, 0, 1]]``."""
+    [1/2, -1/2, 1/2], [0, 0, 1]]``: per output channel, the nine taps gathered into rows over the input channels,
+    then every step a loop over those rows (vectorised)."""
     no, nc = w.shape[0], w.shape[1]
     h = F(0.5)
-    t = np.empty((16, nc), np.float32)
+    g = np.empty((9, nc), np.float32)  # g[3i + j, c] = w[o, c, i, j]
+    gw = np.empty((12, nc), np.float32)  # gw[3a + j] = (G w[o])[a, j]
     for o in range(no):
         for c in range(nc):
-            g00, g01, g02 = w[o, c, 0, 0], w[o, c, 0, 1], w[o, c, 0, 2]
-            g10, g11, g12 = w[o, c, 1, 0], w[o, c, 1, 1], w[o, c, 1, 2]
-            g20, g21, g22 = w[o, c, 2, 0], w[o, c, 2, 1], w[o, c, 2, 2]
-            for a in range(4):  # row a of G g, then that row times G^T
-                if a == 0:
-                    b0, b1, b2 = g00, g01, g02
-                elif a == 1:
-                    b0, b1, b2 = h * ((g00 + g20) + g10), h * ((g01 + g21) + g11), h * ((g02 + g22) + g12)
-                elif a == 2:
-                    b0, b1, b2 = h * ((g00 + g20) - g10), h * ((g01 + g21) - g11), h * ((g02 + g22) - g12)
-                else:
-                    b0, b1, b2 = g20, g21, g22
-                t[4 * a, c] = b0
-                t[4 * a + 1, c] = h * ((b0 + b2) + b1)
-                t[4 * a + 2, c] = h * ((b0 + b2) - b1)
-                t[4 * a + 3, c] = b2
-        for q in range(16):
+            for q in range(9):
+                g[q, c] = w[o, c, q // 3, q % 3]
+        for j in range(3):  # G over the kernel's rows
+            g0, g1, g2 = g[j], g[3 + j], g[6 + j]
+            r0, r1, r2, r3 = gw[j], gw[3 + j], gw[6 + j], gw[9 + j]
             for c in range(nc):
-                u[q, o, c] = t[q, c]
+                r0[c] = g0[c]
+                r1[c] = h * ((g0[c] + g2[c]) + g1[c])
+                r2[c] = h * ((g0[c] + g2[c]) - g1[c])
+                r3[c] = g2[c]
+        for a in range(4):  # then G^T over its columns, into u's planes 4a .. 4a + 3
+            b0, b1, b2 = gw[3 * a], gw[3 * a + 1], gw[3 * a + 2]
+            d0, d1, d2, d3 = u[4 * a, o], u[4 * a + 1, o], u[4 * a + 2, o], u[4 * a + 3, o]
+            for c in range(nc):
+                d0[c] = b0[c]
+                d1[c] = h * ((b0[c] + b2[c]) + b1[c])
+                d2[c] = h * ((b0[c] + b2[c]) - b1[c])
+                d3[c] = b2[c]
 
 
 @_rows
