@@ -444,7 +444,14 @@ def prepare_copy(ctx: KernelContext) -> Bind:
         zeros = [out[b] for b in _complement(box, ctx.shape)]
 
         def copy(d, s):
-            return lambda: np.copyto(d, s)
+            steps = _repeat_steps(d, s)
+            if len(steps) == 1:
+                return lambda: np.copyto(d, s)
+
+            def run():
+                for d_step, s_step in steps:
+                    np.copyto(d_step, s_step)
+            return run
 
         copies = cpu_threads.parallel([copy(d, s) for d, s in _split_pair(dst, src)])
 
@@ -456,6 +463,28 @@ def prepare_copy(ctx: KernelContext) -> Bind:
         return body
 
     return bind
+
+
+def _repeat_steps(dst: np.ndarray, src: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``np.copyto(dst, src)`` as copies to make in order, for a source that repeats its values along its innermost
+    axis (stride 0, as a nearest-neighbour upsampling reads its input): numpy would run its inner loop over the
+    repeats (two elements for a 2x upsampling, 2.5x slower than the steps here). Instead the first entry of
+    every repeated axis is copied from ``src``, then repeated within ``dst``, innermost axis first (each copy's
+    inner loop runs along a whole row). Any other pair is one copy."""
+    axes = [a for a in range(src.ndim) if src.shape[a] > 1]
+    repeated = [a for a in axes if src.strides[a] == 0]
+    if not axes or axes[-1] not in repeated:
+        return [(dst, src)]
+    first = [slice(None)] * src.ndim
+    for a in repeated:
+        first[a] = slice(0, 1)
+    steps = [(dst[tuple(first)], src[tuple(first)])]
+    for a in reversed(repeated):  # fill axis a from its first entry, the axes inside it already whole
+        rest, head = list(first), list(first)
+        rest[a], head[a] = slice(1, None), slice(0, 1)
+        steps.append((dst[tuple(rest)], dst[tuple(head)]))
+        first[a] = slice(None)
+    return steps
 
 
 def _split_pair(dst: np.ndarray, src: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
