@@ -40,8 +40,9 @@ DIRECT_CONV_MAX_OUT = 64
 # Winograd F(2x2, 3x3) (numpy_jit.winograd_*) for stride-1 3x3 convolutions with an even output size: 2.25x fewer
 # multiplications than either path above, as 16 BLAS products per band of tiles. Measured on one core (the medium
 # VAE's layers): 128 -> 128 channels at 32x32 1.7 ms (im2col + BLAS 11 ms, torch 2.0-3.0 ms), 16 -> 16 at 256x256
-# 3.1 ms (direct 9.7 ms, torch 2.9-4.6 ms); with fewer than 8 output channels the products are too thin for BLAS.
-WINOGRAD_MIN_OUT = 8
+# 3.1 ms (direct 9.7 ms, torch 2.9-4.6 ms); with fewer than 4 input or output channels the products are too thin
+# for BLAS (3 -> 16 at 256x256: 1.7 ms, direct 1.4 ms; 4 -> 8 at 128x128 0.31 ms, direct 0.35 ms).
+WINOGRAD_MIN_CHANNELS = 4
 # elements of one band's transformed tiles (16 x channels x tiles), so that they stay in L2 between the transform
 # and the product (measured: 64 K elements 5.6-6.9 ms, 1 M elements 6.0-8.1 ms at 128 x 128 x 64 x 64)
 WINOGRAD_BAND = 1 << 16
@@ -732,8 +733,8 @@ def prepare_rmsnorm(ctx: KernelContext) -> Bind:
 # ---- Conv2d ------------------------------------------------------------------------------------------------
 def prepare_conv2d(ctx: KernelContext) -> Bind:
     """The convolution by the fastest path for its shape: Winograd F(2x2, 3x3) (stride-1 3x3 kernels, even output
-    sizes, >= ``WINOGRAD_MIN_OUT`` output channels), the direct convolution (3 wide, wide rows, few output
-    channels), else im2col + BLAS; the first two are compiled (numba), im2col is their numpy fallback."""
+    sizes, >= ``WINOGRAD_MIN_CHANNELS`` input and output channels), the direct convolution (3 wide, wide rows,
+    few output channels), else im2col + BLAS; the first two are compiled (numba), im2col is their numpy fallback."""
     if len(ctx.inputs) not in (2, 3):
         ctx.fail("expects inputs (x [N, C, H, W], w [O, C, kh, kw][, bias viewed at [N, O, Ho, Wo]])")
     (nb, c, h, w_), (o, c2, kh, kw) = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
@@ -742,8 +743,8 @@ def prepare_conv2d(ctx: KernelContext) -> Bind:
     except ValueError as exc:
         ctx.fail(str(exc))
     ho, wo = ctx.shape[2], ctx.shape[3]
-    if (jit.AVAILABLE and sh == sw == 1 and kh == kw == 3 and ho % 2 == 0 and wo % 2 == 0 and o >= WINOGRAD_MIN_OUT
-            and math.prod(ctx.shape) > 0):
+    if (jit.AVAILABLE and sh == sw == 1 and kh == kw == 3 and ho % 2 == 0 and wo % 2 == 0
+            and min(c, o) >= WINOGRAD_MIN_CHANNELS and math.prod(ctx.shape) > 0):
         return _prepare_winograd_conv(ctx)
     if (jit.AVAILABLE and sh == sw == 1 and kw == 3 and wo >= DIRECT_CONV_MIN_WIDTH and o <= DIRECT_CONV_MAX_OUT
             and math.prod(ctx.shape) > 0):

@@ -26,10 +26,10 @@ CASES = {
     "im2col, narrow rows": (2, 3, 4, 9, 11, 1, (1, 1), True, 0),
     "im2col, stride 2, encoder padding": (2, 3, 4, 9, 100, 2, (0, 1), True, 0),
     "winograd, padded, bias, batch 2": (2, 5, 8, 6, 10, 1, (1, 1), True, 0),
-    "winograd, no bias, nine out channels": (1, 3, 9, 4, 6, 1, (1, 1), False, 0),
+    "winograd, no bias, nine out channels": (1, 4, 9, 4, 6, 1, (1, 1), False, 0),
     "winograd, unpadded, cropped windows": (1, 4, 8, 7, 9, 1, (0, 0), True, 1),
-    "winograd, padded after only": (1, 3, 8, 6, 8, 1, (0, 2), True, 0),
-    "winograd, padded before only": (2, 3, 8, 6, 8, 1, (2, 0), False, 0),
+    "winograd, padded after only": (1, 4, 8, 6, 8, 1, (0, 2), True, 0),
+    "winograd, padded before only": (2, 5, 8, 6, 8, 1, (2, 0), False, 0),
     # 24 rows of tiles: one part per core (on two cores or more), each in two bands of at most 8 rows
     "winograd, bands on every core": (1, 16, 16, 48, 64, 1, (1, 1), True, 0),
 }
@@ -79,7 +79,7 @@ def test_conv2d_kernel_bias_not_per_channel(path, numpy_runtime, monkeypatch, rn
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     paths = record_paths(monkeypatch)
-    n, c, o, h, w = (1, 3, 4, 4, 100) if path == "direct" else (1, 3, 8, 4, 6)
+    n, c, o, h, w = (1, 3, 4, 4, 100) if path == "direct" else (1, 4, 8, 4, 6)
     g = Graph()
     x, wt, r = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3)), g.input("r", (n, o, h, w))
     f = Fused(g)
@@ -93,13 +93,15 @@ def test_conv2d_kernel_bias_not_per_channel(path, numpy_runtime, monkeypatch, rn
     assert paths == [path]
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
-def test_conv2d_kernel_bf16_weights_and_output(compiled, numpy_runtime, monkeypatch, rng, assert_close):
+@pytest.mark.parametrize("path", ["direct", "winograd", "im2col"])
+def test_conv2d_kernel_bf16_weights_and_output(path, numpy_runtime, monkeypatch, rng, assert_close):
     """bf16 weight and bias read by the f32 kernel, the result rounded once to a bf16 output."""
+    compiled = path != "im2col"
     if compiled and not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     monkeypatch.setattr(jit, "AVAILABLE", compiled)
-    n, c, o, h, w = 1, 3, 8, 4, 100
+    paths = record_paths(monkeypatch)
+    n, c, o, h, w = 1, 3 if path == "direct" else 4, 8, 4, 100
     g = Graph()
     x, wt, b = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3), "bf16"), g.weight("b", (o,), "bf16")
     f = Fused(g)
@@ -113,6 +115,7 @@ def test_conv2d_kernel_bf16_weights_and_output(compiled, numpy_runtime, monkeypa
     t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in {**inputs, **weights}.items()}
     want = F.conv2d(t["x"], t["w"], t["b"], padding=1)
     assert_close("conv", got, want, "bf16")
+    assert paths == [path]
 
 
 def test_conv_windows_must_lie_inside_the_input():
