@@ -81,10 +81,14 @@ def main() -> None:
     print(f"threads: torch {torch.get_num_threads()}; {args.repeats} turns; load {os.getloadavg()[0]:.1f}")
     print("side                 | median ms | min ms | median / diffusers | min / diffusers | max |image - diffusers|")
     med_ref, min_ref = statistics.median(times["diffusers"]), min(times["diffusers"])
+    worst = 0.0
     for name, ts in times.items():
         diff = float(np.abs(np.asarray(images[name], np.float64) - ref).max())
+        worst = max(worst, diff / float(np.abs(ref).max()))
         print(f"{name:<20} | {statistics.median(ts) * 1e3:9.1f} | {min(ts) * 1e3:6.1f} | "
               f"{statistics.median(ts) / med_ref:18.2f} | {min(ts) / min_ref:15.2f} | {diff:.1e}")
+    if worst > 1e-4:  # the VAE parity tests' bound (tests/pipeline/test_flux2_parity.py), relative to max |image|
+        sys.exit(f"error: an image differs from diffusers' by {worst:.1e} of its largest value, over 1e-4")
 
 
 if __name__ == "__main__":
