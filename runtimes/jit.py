@@ -70,6 +70,11 @@ def _touch(module: ModuleType) -> None:
     for x in (image, image[:, :, :5]):  # a padded image in scratch, or read in place
         module.conv_kw3_rows(x, np.zeros((2, 3, 3, 4), np.float32), vec[:1].repeat(4), np.zeros((3, 2, 3), np.float32),
                              0, 2)
+        module.winograd_input(x, np.zeros((16, 2, 2), np.float32), 0, 1, 2, 1, 1)
+    u, m = np.zeros((16, 2, 2), np.float32), np.zeros((16, 2, 2), np.float32)
+    for w in (np.zeros((2, 2, 3, 3), np.float32), np.zeros((2, 2, 3, 3, 2), np.float32)[..., 0]):  # own or a view
+        module.winograd_weights(w, u)
+    module.winograd_output(m, vec, np.zeros((2, 2, 4), np.float32), 0, 1, 2)
 
 
 def warm_up() -> None:

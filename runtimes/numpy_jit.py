@@ -465,3 +465,123 @@ def elementwise_tiles(code, consts, table, shape, regs):
                     else:
                         for t in range(n):
                             z[t] = np.sin(x[t])
+
+
+# ---- Winograd F(2x2, 3x3) convolution: the transforms around one batched BLAS product per band of tiles -------
+# out = A^T [(G w G^T) * (B^T d B)] A per 2x2 output tile d-> 4x4 input patch (Lavin & Gray, "Fast Algorithms for
+# Convolutional Neural Networks", 2015): 16 products per tile instead of 36, i.e. 2.25x fewer multiplications, the
+# sum over input channels being 16 matrix products [O, C] @ [C, tiles] (BLAS). Each loop below touches one or two
+# arrays with unit stride (the vectoriser gives up on a loop with many possibly aliasing arrays), and the 16
+# planes are written one loop each (16 store streams 2^k bytes apart thrash L1's sets).
+@_rows
+def winograd_weights(w, u):
+    """``u[4a + b, o, c] = (G w[o, c] G^T)[a, b]`` for ``w [O, C, 3, 3]``, ``G = [[1, 0, 0], [1/2, 1/2, 1/2],
+    [1/2, -1/2, 1/2], [0, 0, 1]]``: per output channel, the nine taps gathered into rows over the input channels,
+    then every step a loop over those rows (vectorised)."""
+    no, nc = w.shape[0], w.shape[1]
+    h = F(0.5)
+    g = np.empty((9, nc), np.float32)  # g[3i + j, c] = w[o, c, i, j]
+    gw = np.empty((12, nc), np.float32)  # gw[3a + j] = (G w[o])[a, j]
+    for o in range(no):
+        for c in range(nc):
+            for q in range(9):
+                g[q, c] = w[o, c, q // 3, q % 3]
+        for j in range(3):  # G over the kernel's rows
+            g0, g1, g2 = g[j], g[3 + j], g[6 + j]
+            r0, r1, r2, r3 = gw[j], gw[3 + j], gw[6 + j], gw[9 + j]
+            for c in range(nc):
+                r0[c] = g0[c]
+                r1[c] = h * ((g0[c] + g2[c]) + g1[c])
+                r2[c] = h * ((g0[c] + g2[c]) - g1[c])
+                r3[c] = g2[c]
+        for a in range(4):  # then G^T over its columns, into u's planes 4a .. 4a + 3
+            b0, b1, b2 = gw[3 * a], gw[3 * a + 1], gw[3 * a + 2]
+            d0, d1, d2, d3 = u[4 * a, o], u[4 * a + 1, o], u[4 * a + 2, o], u[4 * a + 3, o]
+            for c in range(nc):
+                d0[c] = b0[c]
+                d1[c] = h * ((b0[c] + b2[c]) + b1[c])
+                d2[c] = h * ((b0[c] + b2[c]) - b1[c])
+                d3[c] = b2[c]
+
+
+@_rows
+def winograd_input(x, v, ty0, ty1, tw, top, left):
+    """``v[4a + b, c, (ty - ty0) * tw + tx] = (B^T d B)[a, b]`` for the tiles of rows ``ty0:ty1``, ``d = p[c, 2ty :
+    2ty + 4, 2tx : 2tx + 4]``, ``B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]``, where ``p``
+    is ``x [C, H, W]`` zero-padded by ``top`` rows and ``left`` columns (and as many as needed after it: ``p[c,
+    r, j] = x[c, r - top, j - left]`` inside x, else 0; the padding is never written out); ``tw`` tiles per row,
+    ``v [16, C, >= (ty1 - ty0) tw]``."""
+    nc, hx, wx = x.shape
+    n = 2 * tw + 2
+    ja, jb = min(max(0, left), n), max(min(n, left + wx), 0)  # the padded row's columns that hold data
+    ja = min(ja, jb)
+    m, sa = jb - ja, ja - left  # the data columns' count, and the first one's index in x
+    zero = np.zeros(wx, np.float32)  # a padding row
+    t = np.zeros((4, n), np.float32)  # B^T of the four input rows of a row of tiles (zero where padding)
+    t0, t1, t2, t3 = t[0], t[1], t[2], t[3]
+    te, to = np.empty(tw + 1, np.float32), np.empty(tw + 1, np.float32)
+    for c in range(nc):
+        for ty in range(ty0, ty1):
+            r = 2 * ty - top
+            r0 = x[c, r] if 0 <= r < hx else zero
+            r1 = x[c, r + 1] if 0 <= r + 1 < hx else zero
+            r2 = x[c, r + 2] if 0 <= r + 2 < hx else zero
+            r3 = x[c, r + 3] if 0 <= r + 3 < hx else zero
+            # B^T over the four rows, whole rows at once (the padding columns stay 0); indices from 0 on slices:
+            # an index numba cannot prove >= 0 gets a wraparound test that stops LLVM vectorising the loop
+            s0, s1, s2, s3 = r0[sa : sa + m], r1[sa : sa + m], r2[sa : sa + m], r3[sa : sa + m]
+            d0, d1, d2, d3 = t0[ja:jb], t1[ja:jb], t2[ja:jb], t3[ja:jb]
+            for j in range(m):
+                d0[j] = s0[j] - s2[j]
+            for j in range(m):
+                d1[j] = s1[j] + s2[j]
+            for j in range(m):
+                d2[j] = s2[j] - s1[j]
+            for j in range(m):
+                d3[j] = s1[j] - s3[j]
+            k0 = (ty - ty0) * tw
+            for a in range(4):  # then B over each tile's four columns, one plane per loop
+                ta = t[a]
+                for j in range(tw + 1):  # even and odd columns apart (one pass; a loop reading every other
+                    te[j] = ta[2 * j]  # element of a row alone compiles to gathers)
+                    to[j] = ta[2 * j + 1]
+                d = v[4 * a, c, k0 : k0 + tw]
+                for tx in range(tw):
+                    d[tx] = te[tx] - te[tx + 1]
+                d = v[4 * a + 1, c, k0 : k0 + tw]
+                for tx in range(tw):
+                    d[tx] = to[tx] + te[tx + 1]
+                d = v[4 * a + 2, c, k0 : k0 + tw]
+                for tx in range(tw):
+                    d[tx] = te[tx + 1] - to[tx]
+                d = v[4 * a + 3, c, k0 : k0 + tw]
+                for tx in range(tw):
+                    d[tx] = to[tx] - to[tx + 1]
+
+
+@_rows
+def winograd_output(m, bias, out, ty0, ty1, tw):
+    """``out[o, 2ty : 2ty + 2, 2tx : 2tx + 2] = bias[o] + A^T M A`` for the tiles of rows ``ty0:ty1``, ``M[a, b] =
+    m[4a + b, o, (ty - ty0) * tw + tx]``, ``A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]``; ``out [O, Ho, Wo]`` (``Wo =
+    2 tw``), ``m [16, >= O, >= (ty1 - ty0) tw]``, ``bias [>= O]``."""
+    no = out.shape[0]
+    s = np.empty((8, tw), np.float32)
+    for o in range(no):
+        b = bias[o]
+        for ty in range(ty0, ty1):
+            k0 = (ty - ty0) * tw
+            for q in range(4):  # A^T over the rows of M: s[q] its first row, s[4 + q] its second
+                m0, m1 = m[q, o, k0 : k0 + tw], m[4 + q, o, k0 : k0 + tw]
+                m2, m3 = m[8 + q, o, k0 : k0 + tw], m[12 + q, o, k0 : k0 + tw]
+                sq = s[q]
+                for tx in range(tw):
+                    sq[tx] = (m0[tx] + m1[tx]) + m2[tx]
+                sq = s[4 + q]
+                for tx in range(tw):
+                    sq[tx] = (m1[tx] - m2[tx]) - m3[tx]
+            for r in range(2):  # then A over the columns, into output row 2ty + r
+                y = out[o, 2 * ty + r]
+                s0, s1, s2, s3 = s[4 * r], s[4 * r + 1], s[4 * r + 2], s[4 * r + 3]
+                for tx in range(tw):
+                    y[2 * tx] = b + ((s0[tx] + s1[tx]) + s2[tx])
+                    y[2 * tx + 1] = b + ((s1[tx] - s2[tx]) - s3[tx])

@@ -81,6 +81,22 @@ def gather_into(dst: np.ndarray, flat: np.ndarray, bv: BoundView) -> None:
         np.copyto(dst[region], src, casting="unsafe")
 
 
+def zero_padded(bv: BoundView, size: int, axes: tuple[int, ...]) -> tuple[BoundView, tuple[int, ...]] | None:
+    """A view that is in-bounds strided data zero-padded on ``axes`` only, as (the data's view, the data's first
+    index on each of ``axes``); ``None`` for any other view (masked elsewhere, reading outside the buffer). An
+    unmasked in-bounds view is its own data, at 0."""
+    box = []
+    for axis, d in enumerate(bv.shape):
+        lo, hi = (0, d) if bv.mask is None else bv.mask[axis]
+        lo, hi = max(lo, 0), min(hi, d)
+        if axis not in axes and (lo, hi) != (0, d) or lo >= hi:
+            return None
+        box.append((lo, hi))
+    offset = bv.offset + sum(lo * s for (lo, _), s in zip(box, bv.strides))
+    data = BoundView(tuple(hi - lo for lo, hi in box), bv.strides, offset, None)
+    return (data, tuple(box[axis][0] for axis in axes)) if in_bounds(data, size) else None
+
+
 def reshape_view(bv: BoundView, shape: tuple[int, ...]) -> BoundView | None:
     """The same elements at another shape, if strides can express it (no copy)."""
     if tuple(bv.shape) == tuple(shape):

@@ -1,6 +1,7 @@
-"""The numpy runtime's Conv2d against torch's conv2d: the im2col + BLAS path and the compiled direct convolution
-(numba, wide rows and few output channels), each on odd sizes, a batch of two, stride 2 with the encoder's
-one-sided padding, with and without bias, and fewer output windows than fit (the rule may give that)."""
+"""The numpy runtime's Conv2d against torch's conv2d: the im2col + BLAS path, the compiled direct convolution
+(numba, wide rows and few output channels) and Winograd F(2x2, 3x3) (numba transforms around BLAS products; even
+output sizes), each on odd sizes, a batch of two, stride 2 with the encoder's one-sided padding, with and without
+bias, and fewer output windows than fit (the rule may give that)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,15 @@ CASES = {
     "direct, three out channels (an image)": (1, 4, 3, 3, 96, 1, (1, 1), True, 0),
     "im2col, narrow rows": (2, 3, 4, 9, 11, 1, (1, 1), True, 0),
     "im2col, stride 2, encoder padding": (2, 3, 4, 9, 100, 2, (0, 1), True, 0),
+    "winograd, padded, bias, batch 2": (2, 5, 8, 6, 10, 1, (1, 1), True, 0),
+    "winograd, no bias, nine out channels": (1, 4, 9, 4, 6, 1, (1, 1), False, 0),
+    "winograd, unpadded, cropped windows": (1, 4, 8, 7, 9, 1, (0, 0), True, 1),
+    "winograd, padded after only": (1, 4, 8, 6, 8, 1, (0, 2), True, 0),
+    "winograd, padded before only": (2, 5, 8, 6, 8, 1, (2, 0), False, 0),
+    # 24 rows of tiles: one part per core (on two cores or more), each in two bands of at most 8 rows
+    "winograd, bands on every core": (1, 16, 16, 48, 64, 1, (1, 1), True, 0),
 }
-DIRECT = {name for name in CASES if name.startswith("direct")}
+COMPILED_PATH = {name: name.split(",")[0] for name in CASES}  # the path numba takes; without it: im2col
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
@@ -34,9 +42,7 @@ def test_conv2d_kernel_matches_torch(case, compiled, numpy_runtime, monkeypatch,
     if compiled and not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     monkeypatch.setattr(jit, "AVAILABLE", compiled)
-    direct = []
-    prepare = numpy_kernels._prepare_direct_conv
-    monkeypatch.setattr(numpy_kernels, "_prepare_direct_conv", lambda ctx: direct.append(ctx) or prepare(ctx))
+    paths = record_paths(monkeypatch)
     n, c, o, h, w, stride, (lo, hi), bias, crop = CASES[case]
     g = Graph()
     x = g.input("x", (n, c, h, w))
@@ -54,16 +60,48 @@ def test_conv2d_kernel_matches_torch(case, compiled, numpy_runtime, monkeypatch,
     want = F.conv2d(F.pad(t["x"], (lo, hi, lo, hi)), t["w"], t["b"] if bias else None, stride=stride)
     want = want[:, :, :ho, :wo].numpy()
     assert_close("conv", got, want)
-    assert bool(direct) == (compiled and case in DIRECT)
+    assert paths == [COMPILED_PATH[case] if compiled else "im2col"]
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
-def test_conv2d_kernel_bf16_weights_and_output(compiled, numpy_runtime, monkeypatch, rng, assert_close):
+def record_paths(monkeypatch) -> list[str]:
+    """The numpy Conv2d paths prepared from now on, in order ("direct", "winograd" or "im2col")."""
+    paths = []
+    for name in ("direct", "winograd", "im2col"):
+        prepare = getattr(numpy_kernels, f"_prepare_{name}_conv")
+        monkeypatch.setattr(numpy_kernels, f"_prepare_{name}_conv",
+                            lambda ctx, name=name, prepare=prepare: paths.append(name) or prepare(ctx))
+    return paths
+
+
+@pytest.mark.parametrize("path", ["direct", "winograd"])
+def test_conv2d_kernel_bias_not_per_channel(path, numpy_runtime, monkeypatch, rng, assert_close):
+    """A bias that varies over the image (a residual added by the rule "conv2d + bias") is added whole."""
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    paths = record_paths(monkeypatch)
+    n, c, o, h, w = (1, 3, 4, 4, 100) if path == "direct" else (1, 4, 8, 4, 6)
+    g = Graph()
+    x, wt, r = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3)), g.input("r", (n, o, h, w))
+    f = Fused(g)
+    y = f.add("Conv2d", [x.pad(2, 1, 1).pad(3, 1, 1), wt, r], (n, o, h, w), stride=1)
+    inputs = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32),
+              "r": rng.standard_normal((n, o, h, w)).astype(np.float32)}
+    weights = {"w": (rng.standard_normal((o, c, 3, 3)) / 5).astype(np.float32)}
+    got = numpy_runtime.run(f.program(y=y), inputs, weights)["y"]
+    t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in {**inputs, **weights}.items()}
+    assert_close("conv", got, (F.conv2d(t["x"], t["w"], padding=1) + t["r"]).numpy())
+    assert paths == [path]
+
+
+@pytest.mark.parametrize("path", ["direct", "winograd", "im2col"])
+def test_conv2d_kernel_bf16_weights_and_output(path, numpy_runtime, monkeypatch, rng, assert_close):
     """bf16 weight and bias read by the f32 kernel, the result rounded once to a bf16 output."""
+    compiled = path != "im2col"
     if compiled and not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     monkeypatch.setattr(jit, "AVAILABLE", compiled)
-    n, c, o, h, w = 1, 3, 8, 4, 100
+    paths = record_paths(monkeypatch)
+    n, c, o, h, w = 1, 3 if path == "direct" else 4, 8, 4, 100
     g = Graph()
     x, wt, b = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3), "bf16"), g.weight("b", (o,), "bf16")
     f = Fused(g)
@@ -77,6 +115,7 @@ def test_conv2d_kernel_bf16_weights_and_output(compiled, numpy_runtime, monkeypa
     t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in {**inputs, **weights}.items()}
     want = F.conv2d(t["x"], t["w"], t["b"], padding=1)
     assert_close("conv", got, want, "bf16")
+    assert paths == [path]
 
 
 def test_conv_windows_must_lie_inside_the_input():

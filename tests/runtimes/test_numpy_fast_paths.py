@@ -71,6 +71,34 @@ def test_concat_and_copy_kernels_take_the_box_wise_paths(runtime, monkeypatch):
         assert used and used[-1] is not None
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_copy_of_repeated_values_fills_the_repeats_from_the_output(threads, runtime, monkeypatch):
+    """A ``Copy`` of a view that repeats values along its innermost axes (a 2x nearest upsampling, and a repeat
+    with a padded axis around it): the copies repeated within the output give the reference's bits."""
+    from luminal_recipes.runtimes import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "THREADS", threads)
+    monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+    g = Graph()
+    a = g.input("a", (2, 3, 4, 5))
+    up = a.expand(3, 2).expand(5, 2)  # [2, 3, 4, 2, 5, 2]: what ops.conv.upsample_nearest2x reshapes
+    g.mark_output("up", ops.conv.upsample_nearest2x(a))
+    g.mark_output("padded", a.pad(1, 1, 0).expand(4, 3).contiguous())
+    f = Fused(g)
+    y = f.add("Copy", [up], (2, 3, 4, 2, 5, 2))
+    z = f.add("Copy", [a.pad(1, 1, 0).expand(4, 3)], (2, 4, 4, 5, 3))
+    calls = []
+    steps = numpy_kernels._repeat_steps
+    monkeypatch.setattr(numpy_kernels, "_repeat_steps", lambda d, s: calls.append(steps(d, s)) or calls[-1])
+    inputs = {"a": np.random.default_rng(2).standard_normal((2, 3, 4, 5)).astype(np.float32)}
+    got = runtime.run(f.program(y=y, z=z), inputs)
+    want = run_reference(g, inputs)
+    assert np.array_equal(got["y"].reshape(want["up"].shape), want["up"])
+    assert np.array_equal(got["z"], want["padded"])
+    if runs_numpy_kernels(runtime):
+        assert calls and all(len(c) > 1 for c in calls)  # first entries, then the repeats
+
+
 @pytest.mark.parametrize("op", ["Attention", "AttentionBlocked"])
 def test_attention_with_a_bf16_output(op, compare):
     g = Graph()

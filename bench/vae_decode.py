@@ -1,0 +1,95 @@
+"""The FLUX.2 VAE decoder alone, ours vs diffusers' ``AutoencoderKLFlux2.decode``, timed in turns on the same
+latents and threads (ours, theirs, ours, ...), so that both see the same load on a shared machine: medians and
+minima, their ratios, the largest difference of the images. ``--no-winograd`` adds a third side, ours with the
+Winograd ``Conv2d`` path off (the direct / im2col paths that ran before it), in the same turns.
+
+    python bench/flux2_cpu.py --configs medium --workdir /tmp/f2   # makes the medium checkpoint once
+    python bench/vae_decode.py --workdir /tmp/f2 [--repeats 7] [--no-winograd] [--threads 1]
+
+The decoder is the medium checkpoint's (channels 16-32-64-128) at 256x256 (latents [1, 128, 16, 16], as the
+pipeline hands them over after unpacking); the compiled program comes from ``--workdir``'s plan cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", required=True, help="flux2_cpu.py's --workdir (holds checkpoint-medium)")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--no-winograd", action="store_true", help="also time ours without the Winograd Conv2d path")
+    ap.add_argument("--threads", type=int, default=0, help="threads for both sides (default: all)")
+    args = ap.parse_args()
+    if args.threads and os.environ.get("LUMINAL_RECIPES_THREADS") != str(args.threads):
+        os.environ["LUMINAL_RECIPES_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+        os.execv(sys.executable, [sys.executable, *sys.argv])  # the thread counts are read at import
+    folder = Path(args.workdir) / "checkpoint-medium"
+    if not (folder / "vae").is_dir():
+        sys.exit(f"error: {folder / 'vae'} not found: run bench/flux2_cpu.py --configs medium --workdir "
+                 f"{args.workdir} first (it makes the checkpoint)")
+    os.environ.setdefault("LUMINAL_RECIPES_CACHE", str(Path(args.workdir) / "plan-cache-medium"))
+
+    import torch
+    from diffusers import AutoencoderKLFlux2, Flux2Pipeline
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from luminal_recipes.pipeline.driver import Pipeline
+    from luminal_recipes.pipeline.engine import ModelEngine
+    from luminal_recipes.runtimes import numpy_kernels
+
+    root = Path(__file__).resolve().parents[1]
+    pipe = Pipeline(root / "recipes" / "flux2.yaml", weights=folder, sets={"text_encoder_out_layers": [2, 5, 8]})
+    latents = np.random.default_rng(0).standard_normal((1, 128, 16, 16)).astype(np.float32)
+    sides = {"ours": ModelEngine(pipe.model("vae"))}
+    if args.no_winograd:
+        saved = numpy_kernels.WINOGRAD_MIN_CHANNELS
+        numpy_kernels.WINOGRAD_MIN_CHANNELS = 1 << 30  # read when the kernels are bound (the engine's first run)
+        sides["ours, no Winograd"] = ModelEngine(pipe.model("vae"))
+        sides["ours, no Winograd"]({"latents": latents})
+        numpy_kernels.WINOGRAD_MIN_CHANNELS = saved
+
+    vae = AutoencoderKLFlux2.from_pretrained(folder / "vae").eval()
+    lat = torch.from_numpy(latents)
+    mean = vae.bn.running_mean.view(1, -1, 1, 1)
+    std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
+
+    def theirs():
+        with torch.inference_mode():
+            return vae.decode(Flux2Pipeline._unpatchify_latents(lat * std + mean), return_dict=False)[0].numpy()
+
+    calls = {name: (lambda engine=engine: engine({"latents": latents})["image"]) for name, engine in sides.items()}
+    calls["diffusers"] = theirs
+    images = {name: call() for name, call in calls.items()}  # warm-up (and our first binding)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.repeats):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    ref = images["diffusers"]
+    print(f"threads: torch {torch.get_num_threads()}; {args.repeats} turns; load {os.getloadavg()[0]:.1f}")
+    print("side                 | median ms | min ms | median / diffusers | min / diffusers | max |image - diffusers|")
+    med_ref, min_ref = statistics.median(times["diffusers"]), min(times["diffusers"])
+    worst = 0.0
+    for name, ts in times.items():
+        diff = float(np.abs(np.asarray(images[name], np.float64) - ref).max())
+        worst = max(worst, diff / float(np.abs(ref).max()))
+        print(f"{name:<20} | {statistics.median(ts) * 1e3:9.1f} | {min(ts) * 1e3:6.1f} | "
+              f"{statistics.median(ts) / med_ref:18.2f} | {min(ts) / min_ref:15.2f} | {diff:.1e}")
+    if worst > 1e-4:  # the VAE parity tests' bound (tests/pipeline/test_flux2_parity.py), relative to max |image|
+        sys.exit(f"error: an image differs from diffusers' by {worst:.1e} of its largest value, over 1e-4")
+
+
+if __name__ == "__main__":
+    main()
