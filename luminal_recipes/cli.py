@@ -238,7 +238,7 @@ def run(
         from .runtimes.profile import KernelProfile
 
         typer.echo("kernel time per model and kernel class (--profile):\n"
-                   + KernelProfile.from_json(summary["profile"]).table())
+                   + KernelProfile.from_json(summary["profile"], summary.get("profile_instances")).table())
 
 
 def _is_language_model(recipe: Path) -> bool:

@@ -295,8 +295,10 @@ class Executable:
             out = flats[nid].reshape(declared_shape(node, dims))
             steps.append((position, bind(out, [flats[src] for src, _ in node.inputs], arrays)))
         self._steps = self.streamer.interleave(steps) if self.streamer else [step for _, step in steps]
-        kernel_of = {id(step): by_id[plan.order[pos]].op for pos, step in steps}  # profile labels
-        self._labels = [kernel_of.get(id(step), kernel_profile.STREAMING) for step in self._steps]
+        node_of = {id(step): plan.order[pos] for pos, step in steps}  # profile labels
+        self._step_nodes = [node_of.get(id(step)) for step in self._steps]
+        self._labels = [kernel_profile.STREAMING if nid is None else by_id[nid].op for nid in self._step_nodes]
+        self._instances: list[str] | None = None  # described on the first profiled run that lists instances
         self._outputs = {name: (flats[src], view.bind(dims)) for name, (src, view) in program.outputs.items()
                          if name not in self._states}
         # a state's new value computed elsewhere (not in place) is copied into its buffer after each run
@@ -445,8 +447,13 @@ class Executable:
         second run of a binding where the backend has graphs, and replayed from then on."""
         profile = kernel_profile.active()
         if profile is not None:  # ``--profile``: every step timed on its own (synchronised), no graph replay
+            if profile.top and self._instances is None:
+                self._instances = [kernel_profile.STREAMING if nid is None else
+                                   _describe(self._by_id[nid], self._by_id, self.dims)
+                                   for nid in self._step_nodes]
             with np.errstate(all="ignore"):
-                profile.run_steps(self._steps, self._labels, self.backend.synchronize)
+                profile.run_steps(self._steps, self._labels, self.backend.synchronize,
+                                  self._instances if profile.top else None)
             for buf, value in self._write_back:
                 self.backend.copy(buf, value)
             return
@@ -499,6 +506,27 @@ def _shared_state(other: Executable, node: Node, nbytes: int) -> Array:
                          f"{buf.nbytes} bytes in the executable it is shared with; load both at the same dims")
     raise InputError(f"state '{node.name}' is not a state of the executable it should be shared with (its "
                      f"states: {', '.join(other._states) or 'none'})")
+
+
+def _describe(node: Node, by_id: dict[int, Node], dims: Mapping[str, int]) -> str:
+    """A kernel instance for the profile: op, output shape and dtype, expression, and the views it reads."""
+    parts = [node.op, "x".join(map(str, declared_shape(node, dims))), node.dtype.value]
+    expr = node.attr("expr") if node.op == "Elementwise" else None
+    if isinstance(expr, str):
+        parts.append(expr)
+    reads = []
+    for src, view in node.inputs:
+        bv = view.bind(dims)
+        if by_id[src].op == "Constant" and not any(bv.strides):
+            reads.append("const")
+            continue
+        text = "x".join(map(str, bv.shape)) + ":" + ",".join(map(str, bv.strides))
+        if bv.offset:
+            text += f"+{bv.offset}"
+        if bv.mask is not None:
+            text += " masked"
+        reads.append(text)
+    return " ".join(parts) + " <- " + "; ".join(reads)
 
 
 def _copy_step(backend: Backend, dst: Array, src: Array):

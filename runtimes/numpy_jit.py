@@ -61,6 +61,19 @@ def _maxnum(typingctx, a, b):
     return sig, codegen
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``llvm.fma``: a * b + c rounded once, whatever the function's fastmath flags (a loop of it vectorises)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f32], ir.FunctionType(f32, [f32, f32, f32]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
 class _WideVectorAttributes(ir_values.FunctionAttributes):
     """A function's attributes plus ``"prefer-vector-width"="512"`` (llvmlite knows only flag attributes)."""
 
@@ -261,27 +274,57 @@ def softmax_rows(x, out):
             dst[j] = dst[j] / total
 
 
+@_inline
+def _rms_norm_row(row, dst, inv_n, eps):
+    r = F(1.0) / np.sqrt(row_sum_sq(row, F(0.0)) * inv_n + eps)
+    for j in range(row.size):
+        dst[j] = row[j] * r
+
+
+@_inline
+def _layer_norm_row(row, dst, inv_n, eps):
+    mean = row_sum(row) * inv_n
+    r = F(1.0) / np.sqrt(row_sum_sq(row, mean) * inv_n + eps)
+    for j in range(row.size):
+        dst[j] = (row[j] - mean) * r
+
+
 @_rows
 def rms_norm_rows(x, out, inv_n, eps):
     """``out[i] = x[i] / sqrt(mean(x[i]^2) + eps)``."""
-    one = F(1.0)
+    _wide_vectors()
     for i in range(x.shape[0]):
-        row, dst = x[i], out[i]
-        r = one / np.sqrt(row_sum_sq(row, F(0.0)) * inv_n + eps)
-        for j in range(row.size):
-            dst[j] = row[j] * r
+        _rms_norm_row(x[i], out[i], inv_n, eps)
 
 
 @_rows
 def layer_norm_rows(x, out, inv_n, eps):
     """``out[i] = (x[i] - mean) / sqrt(var + eps)``, the variance of the centred row."""
-    one = F(1.0)
+    _wide_vectors()
     for i in range(x.shape[0]):
-        row, dst = x[i], out[i]
-        mean = row_sum(row) * inv_n
-        r = one / np.sqrt(row_sum_sq(row, mean) * inv_n + eps)
-        for j in range(row.size):
-            dst[j] = (row[j] - mean) * r
+        _layer_norm_row(x[i], out[i], inv_n, eps)
+
+
+# The same over rows that no single array stride reaches as contiguous rows: row i of ``out`` [rows, N] is
+# ``flat[start + i * stride :][:N]`` of a 1-D buffer. numba types a 2-D strided view's rows as of unknown inner
+# stride and does not vectorise them (per-head rows of a fused q/k/v projection: 3x slower than contiguous rows);
+# a slice of a contiguous 1-D buffer it knows to be contiguous.
+@_rows
+def rms_norm_strided(flat, start, stride, out, inv_n, eps):
+    _wide_vectors()
+    n = out.shape[1]
+    for i in range(out.shape[0]):
+        at = start + i * stride
+        _rms_norm_row(flat[at : at + n], out[i], inv_n, eps)
+
+
+@_rows
+def layer_norm_strided(flat, start, stride, out, inv_n, eps):
+    _wide_vectors()
+    n = out.shape[1]
+    for i in range(out.shape[0]):
+        at = start + i * stride
+        _layer_norm_row(flat[at : at + n], out[i], inv_n, eps)
 
 
 @_rows
@@ -363,28 +406,38 @@ def _f32_pointer(typingctx, address):
 
 @_exact_inline
 def exp_any(x):
-    """e^x over every f32 input, as numpy's ``exp`` gives it: exp_f32's reduction and polynomial, with 2^n applied
-    as two factors (2^128 has no f32 exponent, and subnormal results need n < -126), inf above the f32 range, 0
-    below the subnormal one, NaN for NaN."""
-    if x > EXP_HIGH:
-        return F(np.inf)
-    if x != x:
-        return x
-    xc = x if x > EXP_ZERO else EXP_ZERO
-    n = np.floor(xc * F(1.4426950408889634) + F(0.5))
-    r = xc - n * F(0.693359375)
-    r = r - n * F(-2.12194440e-4)
-    p = _exp_poly(r)
+    """e^x over every f32 input, as numpy's ``exp`` gives it: exp_f32's reduction and polynomial (in fused
+    multiply-adds, which the exact kernels' flags would not contract), with 2^n applied as two factors (2^128 has no
+    f32 exponent, and subnormal results need n < -126), inf above the f32 range, 0 below the subnormal one, NaN for
+    NaN. No branches: the special cases are selects after the polynomial of the clamped argument, so a loop of it
+    vectorises whole. Relative error < 1e-7 (numpy's own is 2e-7)."""
+    xc = x if x > EXP_ZERO else EXP_ZERO  # NaN: clamped here, given back below
+    xc = xc if xc < EXP_HIGH else EXP_HIGH
+    n = np.floor(_fma(xc, F(1.4426950408889634), F(0.5)))
+    r = _fma(n, F(-0.693359375), xc)
+    r = _fma(n, F(2.12194440e-4), r)
+    p = _fma(F(1.9875691500e-4), r, F(1.3981999507e-3))
+    p = _fma(p, r, F(8.3334519073e-3))
+    p = _fma(p, r, F(4.1665795894e-2))
+    p = _fma(p, r, F(1.6666665459e-1))
+    p = _fma(p, r, F(5.0000001201e-1))
+    p = _fma(p * r, r, r) + F(1.0)
     k = np.int32(n)
     half = k >> np.int32(1)
     y = (p * _f32_from_bits((half + np.int32(127)) << np.int32(23))) * \
         _f32_from_bits((k - half + np.int32(127)) << np.int32(23))
-    return y if x > EXP_ZERO else F(0.0)
+    y = y if x > EXP_ZERO else F(0.0)
+    y = y if x <= EXP_HIGH else F(np.inf)
+    return y if x == x else x
 
 
 @_exact  # called, not inlined: three call sites, one compiled body (numba's inlining multiplies compile time)
-def _tile_io(table, k, reg, i, j0, rows, l0, cols, store):
-    # operand k's box [i, j0:j0+rows, l0:l0+cols] <-> reg[:rows*cols] (row by row); table[k] = (address, strides)
+def _tile_io(table, k, reg_address, i, j0, rows, l0, cols, store):
+    # operand k's box [i, j0:j0+rows, l0:l0+cols] <-> the register at reg_address (row by row); table[k] =
+    # (address, strides). Registers are raw pointers: a slice of the register array per call would cost two atomic
+    # reference-count updates, ~50 ns per instruction and tile, as much as the arithmetic of a small tile.
+    _wide_vectors()
+    reg = _f32_pointer(reg_address)
     p = _f32_pointer(table[k, 0])
     s0, s1, s2 = table[k, 1], table[k, 2], table[k, 3]
     for r in range(rows):
@@ -414,6 +467,7 @@ def elementwise_tiles(code, consts, table, shape, regs):
     """Evaluate register code over the box ``shape`` (3 axes) tile by tile: ``table[k]`` = (address, three
     strides in elements) of operand k (0 the output, k >= 1 the inputs);
     ``regs`` [registers, tile] f32 scratch. A tile is whole rows of the last axis, or a piece of one row."""
+    _wide_vectors()
     d0, d1, d2 = shape[0], shape[1], shape[2]
     width = regs.shape[1]
     if d0 == 0 or d1 == 0 or d2 == 0:
@@ -423,6 +477,7 @@ def elementwise_tiles(code, consts, table, shape, regs):
     while start < code.shape[0] and code[start, 0] == 0:  # constants: filled once
         regs[code[start, 1], :] = consts[code[start, 2]]
         start += 1
+    base, size = regs.ctypes.data, 4 * width  # register r at base + r * size
     for i in range(d0):
         for j0 in range(0, d1, rows):
             nr = min(rows, d1 - j0)
@@ -431,14 +486,16 @@ def elementwise_tiles(code, consts, table, shape, regs):
                 n = nr * nc
                 for c in range(start, code.shape[0]):
                     op, d, a, b = code[c, 0], code[c, 1], code[c, 2], code[c, 3]
-                    z = regs[d]
-                    x = regs[a]
-                    y = regs[b]
                     if op == 1:
-                        _tile_io(table, a, z, i, j0, nr, l0, nc, False)
-                    elif op == 2:
-                        _tile_io(table, 0, x, i, j0, nr, l0, nc, True)
-                    elif op == 3:
+                        _tile_io(table, a, base + d * size, i, j0, nr, l0, nc, False)
+                        continue
+                    if op == 2:
+                        _tile_io(table, 0, base + a * size, i, j0, nr, l0, nc, True)
+                        continue
+                    z = _f32_pointer(base + d * size)
+                    x = _f32_pointer(base + a * size)
+                    y = _f32_pointer(base + b * size)
+                    if op == 3:
                         for t in range(n):
                             z[t] = x[t] + y[t]
                     elif op == 4:

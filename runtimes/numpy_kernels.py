@@ -46,7 +46,7 @@ WINOGRAD_MIN_CHANNELS = 4
 # elements of one band's transformed tiles (16 x channels x tiles), so that they stay in L2 between the transform
 # and the product (measured: 64 K elements 5.6-6.9 ms, 1 M elements 6.0-8.1 ms at 128 x 128 x 64 x 64)
 WINOGRAD_BAND = 1 << 16
-JIT_TILE = 512  # f32 elements per register of the compiled Elementwise kernel (a few registers fit L1)
+JIT_TILE = 1024  # f32 elements per register of the compiled Elementwise kernel (a few registers fit L1)
 # elements per part at least: a compiled pass does ~0.1 ns per element, so a smaller part costs less than handing
 # it to another thread (20-50 us, far more when the machine is loaded and the worker waits for a core)
 JIT_PART_ELEMS = 1 << 18
@@ -616,14 +616,22 @@ def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, *scalars) -> Bind:
     per index of the leading axes, instead of gathered into scratch first; the blocks' rows dealt out over the
     cores."""
     op = operand(ctx, 0)  # direct: the caller checked the view is unmasked and in bounds
+    bv = ctx.inputs[0].view
+    # rows contiguous inside (the usual case): read as slices of the flat buffer, which numba vectorises
+    flat_kernel = _STRIDED_ROWS.get(kernel) if bv.strides[-1] == 1 or bv.shape[-1] == 1 else None
 
     def bind(out, flats, scratch):
         (x,) = bind_all([op], flats, scratch)  # at least 3 axes: two always merge into [rows, N]
         chunks = []
         for index in np.ndindex(*x.shape[:-2]):
             xb, ob = x[index], out[index]
-            chunks += [(xb[sl], ob[sl]) for sl in cpu_threads.split(xb.shape[0], xb.shape[1])]
-        fn = getattr(jit.kernels(), kernel)
+            start = bv.offset + sum(i * st for i, st in zip(index, bv.strides))
+            for sl in cpu_threads.split(xb.shape[0], xb.shape[1]):
+                if flat_kernel is None:
+                    chunks.append((xb[sl], ob[sl]))
+                else:
+                    chunks.append((flats[0], start + sl.start * bv.strides[-2], bv.strides[-2], ob[sl]))
+        fn = getattr(jit.kernels(), flat_kernel or kernel)
         count = min(cpu_threads.THREADS, len(chunks))
         return cpu_threads.parallel(
             _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count], scalars)
@@ -632,10 +640,14 @@ def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, *scalars) -> Bind:
     return bind
 
 
-def _row_chunks(fn, chunks: list[tuple[np.ndarray, np.ndarray]], scalars: tuple) -> Step:
+# row kernels with a variant reading rows out of the flat buffer (``numpy_jit.rms_norm_strided``)
+_STRIDED_ROWS = {"rms_norm_rows": "rms_norm_strided", "layer_norm_rows": "layer_norm_strided"}
+
+
+def _row_chunks(fn, chunks: list[tuple], scalars: tuple) -> Step:
     def run() -> None:
-        for x, out in chunks:
-            fn(x, out, *scalars)
+        for args in chunks:
+            fn(*args, *scalars)
 
     return run
 

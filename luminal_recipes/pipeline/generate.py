@@ -249,6 +249,8 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
                "timing": timing, "runs": runs}
     if profile is not None:
         summary["profile"] = profile.to_json()
+        if profile.top:  # LUMINAL_RECIPES_PROFILE_TOP: the costliest kernel instances too
+            summary["profile_instances"] = profile.instances_json()
     return summary
 
 
