@@ -36,23 +36,54 @@ def rotate_pairs(x: Tensor) -> Tensor:
     return concat([-im, re], -1).reshape(x.shape)
 
 
+def swap_halves(x: Tensor) -> Tensor:
+    """[x1, x2] -> [x2, x1] over the last axis (``rotate_half`` without its sign)."""
+    d = x.shape[-1]
+    return concat([x.slice(-1, d // 2, d), x.slice(-1, 0, d // 2)], -1)
+
+
+def swap_pairs(x: Tensor) -> Tensor:
+    """(x0, x1), (x2, x3)... -> (x1, x0), (x3, x2)... (``rotate_pairs`` without its sign)."""
+    d = x.shape[-1]
+    pairs = x.split_dim(-1, (d // 2, 2))
+    return concat([pairs.slice(-1, 1, 2), pairs.slice(-1, 0, 1)], -1).reshape(x.shape)
+
+
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, style: str = "half") -> Tensor:
     """``x * cos + rotate(x) * sin``; ``cos``/``sin`` have x's trailing shape ``[S, D]`` (broadcast over the rest).
 
     ``style="half"`` rotates halves (Llama, Mistral), ``style="pairs"`` rotates adjacent pairs (FLUX.2). Tables
     wider than ``x`` (f32 with bf16 activations) rotate in their dtype and round once to ``x``'s, as diffusers
     does; narrower ones are cast to ``x``'s dtype.
+
+    The rotation's sign goes onto the table: ``rotate(x) * sin = swap(x) * (sin * signs)``, signs +-1, the same
+    values (flipping a sign is exact), but the rotation is then a pure copy of x (one Concat) and the signs fuse
+    into the Elementwise pass of the sum, instead of a kernel negating half of x before the copy.
     """
     if style not in ("half", "pairs"):
         raise GraphError(f"apply_rope: style must be 'half' (Llama, Mistral) or 'pairs' (FLUX.2), got {style!r}")
-    rot = rotate_half(x) if style == "half" else rotate_pairs(x)
+    d = x.shape[-1]
+    if isinstance(d, int) and d % 2 == 0:
+        rot = swap_halves(x) if style == "half" else swap_pairs(x)
+        signs = np.ones(d)
+        if style == "half":
+            signs[: d // 2] = -1.0
+        else:
+            signs[0::2] = -1.0
+    else:  # a symbolic or odd head size: the rotation with its sign, as the references write it
+        rot, signs = rotate_half(x) if style == "half" else rotate_pairs(x), None
     if cos.dtype.is_float and x.dtype.is_float and cos.dtype.bits > x.dtype.bits and sin.dtype == cos.dtype:
-        wide = cos.dtype
-        out = cast(x, wide) * cos.broadcast_to(x.shape) + cast(rot, wide) * sin.broadcast_to(x.shape)
-        return cast(out, x.dtype)
-    cos = (cos if cos.dtype == x.dtype else cast(cos, x.dtype)).broadcast_to(x.shape)
-    sin = (sin if sin.dtype == x.dtype else cast(sin, x.dtype)).broadcast_to(x.shape)
-    return x * cos + rot * sin
+        dtype = cos.dtype
+        x_, rot_ = cast(x, dtype), cast(rot, dtype)
+    else:
+        dtype, x_, rot_ = x.dtype, x, rot
+        cos = cos if cos.dtype == x.dtype else cast(cos, x.dtype)
+        sin = sin if sin.dtype == x.dtype else cast(sin, x.dtype)
+    sin = sin.broadcast_to(x.shape)
+    if signs is not None:
+        sin = sin * x.graph.constant(signs, dtype).broadcast_to(x.shape)
+    out = x_ * cos.broadcast_to(x.shape) + rot_ * sin
+    return out if out.dtype == x.dtype else cast(out, x.dtype)
 
 
 def rope_tables(positions: np.ndarray, dim: int, theta: float = 10000.0, style: str = "half"):
