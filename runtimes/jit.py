@@ -53,11 +53,11 @@ def _touch(module: ModuleType) -> None:
     for x in (rows, rows[:, ::2]):  # rows read in place, contiguous or strided
         dst = out[:, : x.shape[1]].copy()
         module.softmax_rows(x, dst)
-        module.rms_norm_rows(x, dst, one, one)
-        module.layer_norm_rows(x, dst, one, one)
+        module.rms_norm_rows(x, dst, vec, vec, 0, one, one)
+        module.layer_norm_rows(x, dst, vec, vec, 0, one, one)
     block = np.zeros((2, 8), np.float32)  # rows read out of a flat buffer
-    module.rms_norm_strided(rows.reshape(-1), 1, 16, block, one, one)
-    module.layer_norm_strided(rows.reshape(-1), 1, 16, block, one, one)
+    module.rms_norm_strided(rows.reshape(-1), 1, 16, block, vec, vec, 0, one, one)
+    module.layer_norm_strided(rows.reshape(-1), 1, 16, block, vec, vec, 0, one, one)
     code = np.array([[0, 0, 0, 0], [1, 1, 1, 0], [8, 1, 1, 0], [3, 1, 1, 0], [2, 0, 1, 0]], np.int32)
     table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
                      np.int64)

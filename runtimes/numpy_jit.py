@@ -275,34 +275,50 @@ def softmax_rows(x, out):
 
 
 @_inline
-def _rms_norm_row(row, dst, inv_n, eps):
+def _rms_norm_row(row, dst, scale, shift, affine, inv_n, eps):
     r = F(1.0) / np.sqrt(row_sum_sq(row, F(0.0)) * inv_n + eps)
-    for j in range(row.size):
-        dst[j] = row[j] * r
+    if affine == 0:
+        for j in range(row.size):
+            dst[j] = row[j] * r
+    elif affine == 1:
+        for j in range(row.size):
+            dst[j] = (row[j] * r) * scale[j]
+    else:
+        for j in range(row.size):
+            dst[j] = (row[j] * r) * scale[j] + shift[j]
 
 
 @_inline
-def _layer_norm_row(row, dst, inv_n, eps):
+def _layer_norm_row(row, dst, scale, shift, affine, inv_n, eps):
     mean = row_sum(row) * inv_n
     r = F(1.0) / np.sqrt(row_sum_sq(row, mean) * inv_n + eps)
-    for j in range(row.size):
-        dst[j] = (row[j] - mean) * r
+    if affine == 0:
+        for j in range(row.size):
+            dst[j] = (row[j] - mean) * r
+    elif affine == 1:
+        for j in range(row.size):
+            dst[j] = ((row[j] - mean) * r) * scale[j]
+    else:
+        for j in range(row.size):
+            dst[j] = ((row[j] - mean) * r) * scale[j] + shift[j]
+
+
+# The norms: ``out[i] = norm(x[i])``, then times ``scale`` (affine 1), plus ``shift`` (affine 2): the RMSNorm
+# weight or the adaptive LayerNorm's modulation, one vector [N] for every row, applied while the row is in cache.
+@_rows
+def rms_norm_rows(x, out, scale, shift, affine, inv_n, eps):
+    """``out[i] = x[i] / sqrt(mean(x[i]^2) + eps)`` (* scale + shift)."""
+    _wide_vectors()
+    for i in range(x.shape[0]):
+        _rms_norm_row(x[i], out[i], scale, shift, affine, inv_n, eps)
 
 
 @_rows
-def rms_norm_rows(x, out, inv_n, eps):
-    """``out[i] = x[i] / sqrt(mean(x[i]^2) + eps)``."""
+def layer_norm_rows(x, out, scale, shift, affine, inv_n, eps):
+    """``out[i] = (x[i] - mean) / sqrt(var + eps)``, the variance of the centred row (* scale + shift)."""
     _wide_vectors()
     for i in range(x.shape[0]):
-        _rms_norm_row(x[i], out[i], inv_n, eps)
-
-
-@_rows
-def layer_norm_rows(x, out, inv_n, eps):
-    """``out[i] = (x[i] - mean) / sqrt(var + eps)``, the variance of the centred row."""
-    _wide_vectors()
-    for i in range(x.shape[0]):
-        _layer_norm_row(x[i], out[i], inv_n, eps)
+        _layer_norm_row(x[i], out[i], scale, shift, affine, inv_n, eps)
 
 
 # The same over rows that no single array stride reaches as contiguous rows: row i of ``out`` [rows, N] is
@@ -310,21 +326,21 @@ def layer_norm_rows(x, out, inv_n, eps):
 # stride and does not vectorise them (per-head rows of a fused q/k/v projection: 3x slower than contiguous rows);
 # a slice of a contiguous 1-D buffer it knows to be contiguous.
 @_rows
-def rms_norm_strided(flat, start, stride, out, inv_n, eps):
+def rms_norm_strided(flat, start, stride, out, scale, shift, affine, inv_n, eps):
     _wide_vectors()
     n = out.shape[1]
     for i in range(out.shape[0]):
         at = start + i * stride
-        _rms_norm_row(flat[at : at + n], out[i], inv_n, eps)
+        _rms_norm_row(flat[at : at + n], out[i], scale, shift, affine, inv_n, eps)
 
 
 @_rows
-def layer_norm_strided(flat, start, stride, out, inv_n, eps):
+def layer_norm_strided(flat, start, stride, out, scale, shift, affine, inv_n, eps):
     _wide_vectors()
     n = out.shape[1]
     for i in range(out.shape[0]):
         at = start + i * stride
-        _layer_norm_row(flat[at : at + n], out[i], inv_n, eps)
+        _layer_norm_row(flat[at : at + n], out[i], scale, shift, affine, inv_n, eps)
 
 
 @_rows

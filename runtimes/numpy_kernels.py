@@ -565,7 +565,7 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
 # ---- softmax and norms -------------------------------------------------------------------------------------
 def _rows_prepare(ctx: KernelContext, temps: int) -> tuple:
     """Row-tiled view of a [..., N] kernel: operand as (R, N), work arrays per tile, row vectors."""
-    if len(ctx.inputs) != 1 or tuple(ctx.inputs[0].view.shape) != ctx.shape or not ctx.shape:
+    if not ctx.inputs or tuple(ctx.inputs[0].view.shape) != ctx.shape or not ctx.shape:
         ctx.fail("expects one input viewed at the output shape [..., N]")
     n = ctx.shape[-1]
     rows = math.prod(ctx.shape[:-1])
@@ -589,10 +589,11 @@ def _tile_views(out, x, scratch, n, rows, tiles, work, extra, vec):
     return views
 
 
-def _prepare_compiled_rows(ctx: KernelContext, kernel: str, *scalars) -> Bind | None:
+def _prepare_compiled_rows(ctx: KernelContext, kernel: str, scalars=()) -> Bind | None:
     """A [..., N] row kernel as one compiled pass per row (``jit``), the rows split over the cores; None where
-    numba is missing or the operand or output is not f32 (the numpy passes then)."""
-    if len(ctx.inputs) != 1 or tuple(ctx.inputs[0].view.shape) != ctx.shape or not ctx.shape:
+    numba is missing or the operand or output is not f32 (the numpy passes then). ``scalars``: the kernel's
+    arguments after its arrays, or a function of the input buffers giving them (vectors read in place)."""
+    if not ctx.inputs or tuple(ctx.inputs[0].view.shape) != ctx.shape or not ctx.shape:
         ctx.fail("expects one input viewed at the output shape [..., N]")
     n = ctx.shape[-1]
     rows = math.prod(ctx.shape[:-1])
@@ -600,17 +601,18 @@ def _prepare_compiled_rows(ctx: KernelContext, kernel: str, *scalars) -> Bind | 
         return None
     k = ctx.inputs[0]
     if reshape_view(k.view, (rows, n)) is None and is_unmasked(k.view) and in_bounds(k.view, k.size):
-        return _prepare_compiled_blocks(ctx, kernel, *scalars)
+        return _prepare_compiled_blocks(ctx, kernel, scalars)
     op = operand(ctx, 0, shape=(rows, n))
 
     def bind(out, flats, scratch):
-        (x,) = bind_all([op], flats, scratch)
-        return with_refresh([op], jit.by_rows(getattr(jit.kernels(), kernel), [x, out.reshape(rows, n)], *scalars))
+        x = op.bind(flats[0], scratch)
+        args = scalars(flats) if callable(scalars) else scalars
+        return with_refresh([op], jit.by_rows(getattr(jit.kernels(), kernel), [x, out.reshape(rows, n)], *args))
 
     return bind
 
 
-def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, *scalars) -> Bind:
+def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, scalars) -> Bind:
     """A row kernel on an operand whose rows no single stride reaches (e.g. per-head rows of a fused q/k/v
     projection, [H, S, D] with the heads D apart and the tokens 3HD apart): read in place as one [rows, N] block
     per index of the leading axes, instead of gathered into scratch first; the blocks' rows dealt out over the
@@ -621,7 +623,8 @@ def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, *scalars) -> Bind:
     flat_kernel = _STRIDED_ROWS.get(kernel) if bv.strides[-1] == 1 or bv.shape[-1] == 1 else None
 
     def bind(out, flats, scratch):
-        (x,) = bind_all([op], flats, scratch)  # at least 3 axes: two always merge into [rows, N]
+        x = op.bind(flats[0], scratch)  # at least 3 axes: two always merge into [rows, N]
+        args = scalars(flats) if callable(scalars) else scalars
         chunks = []
         for index in np.ndindex(*x.shape[:-2]):
             xb, ob = x[index], out[index]
@@ -634,7 +637,7 @@ def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, *scalars) -> Bind:
         fn = getattr(jit.kernels(), flat_kernel or kernel)
         count = min(cpu_threads.THREADS, len(chunks))
         return cpu_threads.parallel(
-            _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count], scalars)
+            _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count], args)
             for i in range(count))
 
     return bind
@@ -653,6 +656,8 @@ def _row_chunks(fn, chunks: list[tuple], scalars: tuple) -> Step:
 
 
 def prepare_softmax(ctx: KernelContext) -> Bind:
+    if len(ctx.inputs) != 1:
+        ctx.fail("expects one input viewed at the output shape [..., N]")
     compiled = _prepare_compiled_rows(ctx, "softmax_rows")
     if compiled is not None:
         return compiled
@@ -679,17 +684,74 @@ def prepare_softmax(ctx: KernelContext) -> Bind:
     return bind
 
 
-def prepare_layernorm(ctx: KernelContext) -> Bind:
-    eps = np.float32(ctx.node.attr("eps", 1e-5))
-    n = ctx.shape[-1] if ctx.shape else 0
+_NO_VECTOR = np.zeros(1, F32)  # the compiled norms' scale and shift where they have none
+
+
+def _norm_vectors(ctx: KernelContext) -> list[int] | None:
+    """Where an affine norm's scale (and shift) is one f32 vector [N] for every row, read in place: the offset of
+    each in its buffer; None when one varies over the rows, is padded or strided, or is not f32 (then applied by
+    numpy after the norm)."""
+    offsets = []
+    for k in ctx.inputs[1:]:
+        bv = k.view
+        if k.dtype != F32 or not is_unmasked(bv) or not in_bounds(bv, k.size):
+            return None
+        if any(s != 0 and d != 1 for d, s in zip(bv.shape[:-1], bv.strides[:-1])):
+            return None
+        if bv.shape[-1] > 1 and bv.strides[-1] != 1:
+            return None
+        offsets.append(bv.offset)
+    return offsets
+
+
+def _prepare_norm(ctx: KernelContext, kernel: str, numpy_passes, eps: np.float32) -> Bind:
+    """LayerNorm / RMSNorm, plain or affine (``out = norm(x) * scale [+ shift]``, the RMSNorm weight or the
+    adaptive LayerNorm's modulation): one compiled pass per row, the affine part included while the row is in
+    cache; else the compiled norm or numpy's passes, then the affine part as numpy passes."""
+    affine = len(ctx.inputs) - 1
+    if not ctx.shape or affine > 2 or any(tuple(k.view.shape) != ctx.shape for k in ctx.inputs):
+        ctx.fail("expects x [..., N] and up to two affine operands (scale, shift), all viewed at the output shape")
+    n = ctx.shape[-1]
     inv_n = np.float32(1.0 / n) if n else np.float32(0)
-    compiled = _prepare_compiled_rows(ctx, "layer_norm_rows", inv_n, eps)
-    if compiled is not None:
-        return compiled
+    offsets = _norm_vectors(ctx) if affine else []
+    if offsets is not None:
+        def vectors(flats):
+            vecs = [flats[1 + i][at : at + n] for i, at in enumerate(offsets)]
+            return (*vecs, *[_NO_VECTOR] * (2 - len(vecs)), affine, inv_n, eps)
+
+        compiled = _prepare_compiled_rows(ctx, kernel, vectors if affine else (_NO_VECTOR, _NO_VECTOR, 0, inv_n, eps))
+        if compiled is not None:
+            return compiled
+    plain = _prepare_compiled_rows(ctx, kernel, (_NO_VECTOR, _NO_VECTOR, 0, inv_n, eps)) or \
+        numpy_passes(ctx, inv_n, eps)
+    if not affine:
+        return plain
+    extra = [operand(ctx, i) for i in range(1, len(ctx.inputs))]
+
+    def bind(out, flats, scratch):
+        body = plain(out, flats, scratch)
+        scale, *shift = [op.bind(flats[i + 1], scratch) for i, op in enumerate(extra)]
+
+        def step():
+            body()
+            np.multiply(out, scale, out=out)
+            for s in shift:
+                np.add(out, s, out=out)
+
+        return with_refresh(extra, step)
+
+    return bind
+
+
+def prepare_layernorm(ctx: KernelContext) -> Bind:
+    return _prepare_norm(ctx, "layer_norm_rows", _layernorm_passes, np.float32(ctx.node.attr("eps", 1e-5)))
+
+
+def _layernorm_passes(ctx: KernelContext, inv_n: np.float32, eps: np.float32) -> Bind:
     op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 1)
 
     def bind(out, flats, scratch):
-        (x,) = bind_all([op], flats, scratch)
+        x = op.bind(flats[0], scratch)
         views = _tile_views(out, x, scratch, n, rows, tiles, work, extra, vec)
 
         def body():
@@ -713,16 +775,14 @@ def prepare_layernorm(ctx: KernelContext) -> Bind:
 
 
 def prepare_rmsnorm(ctx: KernelContext) -> Bind:
-    eps = np.float32(ctx.node.attr("eps", 1e-6))
-    n = ctx.shape[-1] if ctx.shape else 0
-    inv_n = np.float32(1.0 / n) if n else np.float32(0)
-    compiled = _prepare_compiled_rows(ctx, "rms_norm_rows", inv_n, eps)
-    if compiled is not None:
-        return compiled
+    return _prepare_norm(ctx, "rms_norm_rows", _rmsnorm_passes, np.float32(ctx.node.attr("eps", 1e-6)))
+
+
+def _rmsnorm_passes(ctx: KernelContext, inv_n: np.float32, eps: np.float32) -> Bind:
     op, n, rows, tiles, work, extra, vec = _rows_prepare(ctx, 0)
 
     def bind(out, flats, scratch):
-        (x,) = bind_all([op], flats, scratch)
+        x = op.bind(flats[0], scratch)
         views = _tile_views(out, x, scratch, n, rows, tiles, work, extra, vec)
 
         def body():

@@ -295,8 +295,10 @@ def _pow2(n: int) -> int:
 
 
 def prepare_rows(ctx, options: CudaOptions) -> NodePlan:
-    if len(ctx.inputs) != 1 or tuple(ctx.inputs[0].view.shape) != tuple(ctx.shape) or not ctx.shape:
-        raise CodegenError("expects one input viewed at the output shape [..., N]")
+    most = 1 if ctx.node.op == "Softmax" else 3  # a norm's affine operands: scale, shift
+    if not 1 <= len(ctx.inputs) <= most or not ctx.shape or \
+            any(tuple(k.view.shape) != tuple(ctx.shape) for k in ctx.inputs):
+        raise CodegenError("expects x [..., N] (and a norm's scale and shift) viewed at the output shape")
     kind = {"Softmax": "ROW_SOFTMAX", "LayerNorm": "ROW_LAYERNORM", "RMSNorm": "ROW_RMSNORM"}[ctx.node.op]
     eps = float(ctx.node.attr("eps", 1e-5 if ctx.node.op == "LayerNorm" else 1e-6))
     shape = tuple(ctx.shape)
@@ -304,15 +306,18 @@ def prepare_rows(ctx, options: CudaOptions) -> NodePlan:
     plan = NodePlan()
     if n == 0 or rows == 0:
         return plan
-    rows_kernel(plan, options, kind, _operands(ctx)[0], IN(0), rows, n, eps, ctx.dtype, OUT)
+    ops = _operands(ctx)
+    rows_kernel(plan, options, kind, ops[0], IN(0), rows, n, eps, ctx.dtype, OUT,
+                affine=[(op, IN(i + 1)) for i, op in enumerate(ops[1:])])
     return plan
 
 
 def rows_kernel(plan: NodePlan, options: CudaOptions, kind: str, op: Operand, ref: Ref, rows: int, n: int,
                 eps: float, out_dtype, out_ref: Ref, bias: tuple[Operand, Ref] | None = None,
-                row_base: int = 0) -> None:
+                row_base: int = 0, affine: list[tuple[Operand, Ref]] = ()) -> None:
     """A row kernel over ``op`` viewed as [rows, n] (its leading axes merged); ``bias`` (viewed the same way,
-    rows counted from ``row_base``) is added before a softmax."""
+    rows counted from ``row_base``) is added before a softmax; ``affine`` (a norm's scale [and shift], viewed the
+    same way) multiplies [and shifts] each normalised value before it is stored."""
     nd = len(op.view.shape)
     block = min(1024, max(32, _pow2(-(-n // 8))))
     items = -(-n // block) if -(-n // block) <= 8 else 0
@@ -333,16 +338,35 @@ struct LoadXB {
   LR_DEV float operator()(long long r, long long c) const { return x(r, c) + b(base + r, c); }
 };"""
         load = "LoadXB{LoadX{x}, LoadB{bias}, row_base}"
+    epilogue = ""
+    if affine:
+        names = ("LoadS", "LoadT")[: len(affine)]
+        for name, (aop, _) in zip(names, affine):
+            extra += "\n" + view_loader(name, aop, [(0, len(aop.view.shape) - 1), (len(aop.view.shape) - 1,
+                                                                                   len(aop.view.shape))])
+        args_text = ["scale", "shift"][: len(affine)]
+        params += [f"const {ctype(aop.dtype)}*" for aop, _ in affine]
+        sig += [f"const {ctype(aop.dtype)}* __restrict__ {a}" for (aop, _), a in zip(affine, args_text)]
+        value = "v * s(r, c)" + (" + t(r, c)" if len(affine) > 1 else "")
+        members = " ".join(f"{name} {m};" for name, m in zip(names, "st"))
+        extra += f"""
+struct NormEpi {{
+  {members}
+  LR_DEV float operator()(long long r, int c, float v) const {{ return {value}; }}
+}};"""
+        epilogue = ", NormEpi{" + ", ".join(f"{name}{{{a}}}" for name, a in zip(names, args_text)) + "}"
     text = f"""{loader}
 {extra}
 extern "C" __global__ void __launch_bounds__({block}) KNAME({", ".join(sig)}) {{
   rows_kernel<{block}, {items}, {kind}>(out, {rows}LL, {n}, {cg.float_literal(eps)}, {cg.float_literal(1.0 / n)},
-                                       {load});
-}}""".replace("LoadX", "LX_KNAME").replace("LoadB", "LB_KNAME").replace("LX_KNAMEB", "LXB_KNAME")
+                                       {load}{epilogue});
+}}""".replace("LoadX", "LX_KNAME").replace("LoadB", "LB_KNAME").replace("LX_KNAMEB", "LXB_KNAME") \
+        .replace("LoadS", "LS_KNAME").replace("LoadT", "LT_KNAME").replace("NormEpi", "NE_KNAME")
     source = _source("rows", text, params, sync=True)
     source = KernelSource(source.name, source.params, source.code.replace("_KNAME", "_" + source.name), True)
     name = plan.kernel(source)
     args = (out_ref, ref) if bias is None else (out_ref, ref, bias[1], row_base)
+    args = (*args, *(r for _, r in affine))
     plan.steps.append(Launch(name, (max(1, min(rows, options.max_blocks * 4)), 1, 1), (block, 1, 1), args))
 
 

@@ -103,13 +103,17 @@ FUSED: list[KernelSpec] = [
         cost=_elementwise, elementwise_inplace=True),
     KernelSpec("Softmax", "out = softmax over the last axis (max-subtracted).",
                {"Softmax": Ctor("x:Ld")}, "x [..., N]", cost=_per_element(5.0)),
-    KernelSpec("LayerNorm", "out = (x - mean) / sqrt(var + eps) over the last axis, no affine (GroupNorm is this "
-               "kernel on the [N, groups, C/groups*HW] view).",
-               {"LayerNorm": Ctor("x:Ld eps:f64")}, "x [..., N]", {"eps": "added to the variance"},
-               cost=_per_element(8.0)),
-    KernelSpec("RMSNorm", "out = x / sqrt(mean(x^2) + eps) over the last axis, no affine.",
-               {"RMSNorm": Ctor("x:Ld eps:f64")}, "x [..., N]", {"eps": "added to the mean square"},
-               cost=_per_element(5.0)),
+    KernelSpec("LayerNorm", "out = (x - mean) / sqrt(var + eps) over the last axis (GroupNorm is this kernel on "
+               "the [N, groups, C/groups*HW] view), then times scale and plus shift when given (the adaptive "
+               "norm's modulation, in f32: ((x - mean) * inv) * scale + shift).",
+               {"LayerNorm": Ctor("x:Ld eps:f64"), "LayerNormAffine": Ctor("x:Ld scale:Ld shift:Ld eps:f64")},
+               "x [..., N][, scale, shift viewed at the output shape]", {"eps": "added to the variance"},
+               cost=_per_element(8.0), version="2"),
+    KernelSpec("RMSNorm", "out = x / sqrt(mean(x^2) + eps) over the last axis, then times scale when given (the "
+               "norm's weight, in f32: (x * inv) * scale).",
+               {"RMSNorm": Ctor("x:Ld eps:f64"), "RMSNormScale": Ctor("x:Ld scale:Ld eps:f64")},
+               "x [..., N][, scale viewed at the output shape]", {"eps": "added to the mean square"},
+               cost=_per_element(5.0), version="2"),
     KernelSpec(
         "Attention", "out [..., S, Dv] = softmax(q k^T * scale + bias) v, never materialising (S, T, D).",
         {"Attention": Ctor("q:Ld k:Ld v:Ld scale:f64"), "AttentionBias": Ctor("q:Ld k:Ld v:Ld bias:Ld scale:f64")},

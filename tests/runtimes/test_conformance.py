@@ -154,13 +154,28 @@ def _elementwise(c: Case) -> Case:
     return c.output(ops.gelu(ops.tanh(x) * y + ops.sigmoid(y)))
 
 
+NORM_AFFINE = ("vector", "per row")  # a norm's scale (and shift): one vector for every row, or varying with them
+
+
 def _row_kernel(kind: str) -> Callable:
     def build(c: Case) -> Case:
-        x = c.operand("x", (3, 6, 17), str(c.rng.choice(("f32", "bf16"))),
-                      view=str(c.rng.choice(("contiguous", "transposed", "sliced"))))
-        fn = {"Softmax": lambda t: ops.softmax(t, -1), "LayerNorm": lambda t: ops.layer_norm(t, eps=1e-5),
-              "RMSNorm": lambda t: ops.rms_norm(t, eps=1e-6)}[kind]
-        return c.output(fn(x))
+        dtype = str(c.rng.choice(("f32", "bf16")))
+        x = c.operand("x", (3, 6, 17), dtype, view=str(c.rng.choice(("contiguous", "transposed", "sliced"))))
+        if kind == "Softmax":
+            return c.output(ops.softmax(x, -1))
+        # the norm plain and affine (RMSNormScale, LayerNormAffine): the weight [N], or the modulation's scale and
+        # shift, the same for every row or varying with them
+        affine = NORM_AFFINE[int(c.rng.integers(0, 7)) % len(NORM_AFFINE)]  # the seeds draw both forms
+        shape = (17,) if affine == "vector" else (3, 6, 17)
+        w = c.operand("w", shape, dtype, view="contiguous", weight=True)
+        if kind == "RMSNorm":
+            plain = ops.rms_norm(x, None, eps=1e-6)
+            scaled = ops.rms_norm(x, w, eps=1e-6) if affine == "vector" else plain * w
+        else:
+            plain = ops.layer_norm(x, eps=1e-5)
+            b = c.operand("b", shape, dtype, view="sliced" if affine == "per row" else "contiguous")
+            scaled = ops.modulate(plain, w.broadcast_to(x.shape), b.broadcast_to(x.shape))
+        return c.output(ops.concat([plain, scaled], 0))
 
     return build
 
@@ -275,6 +290,18 @@ def test_numpy_passes_without_numba_match_the_reference(kernel, seed, numpy_runt
 
     monkeypatch.setattr(jit, "AVAILABLE", False)
     test_kernel_matches_the_reference(kernel, seed, numpy_runtime, assert_close)
+
+
+def test_norm_cases_draw_every_affine_form():
+    """The seeds give the norm kernels with a scale (and shift) vector for every row, and varying per row (each
+    case also has the plain norm)."""
+    for kernel in ("LayerNorm", "RMSNorm"):
+        forms = set()
+        for seed in SEEDS:
+            case = CASES[kernel](Case(np.random.default_rng([seed, sum(map(ord, kernel))])))
+            (w,) = [n for n in case.g.nodes if n.op == "Input" and n.name == "w"]
+            forms.add("vector" if w.shape == (17,) else "per row")
+        assert forms == set(NORM_AFFINE), (kernel, forms)
 
 
 def test_cases_draw_every_view_and_dtype():

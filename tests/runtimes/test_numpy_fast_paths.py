@@ -213,11 +213,12 @@ def test_compiled_elementwise_gives_numpys_values_on_every_layout(text, numpy_ru
             assert np.array_equal(got, results[True, 1], equal_nan=True), key
 
 
-@pytest.mark.parametrize("kind", ["RMSNorm", "LayerNorm", "Softmax"])
+@pytest.mark.parametrize("kind", ["RMSNorm", "LayerNorm", "Softmax", "RMSNorm weighted", "LayerNorm affine"])
 def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, monkeypatch):
     """A row kernel on per-head rows of a fused q/k/v projection ([H, S, D] with heads D apart and tokens 3HD
-    apart: no single row stride) reads them in place, one [S, D] block per head, rows dealt out over the cores:
-    numpy's passes (which gather the view into scratch first) and the reference agree."""
+    apart: no single row stride) reads them in place, one [S, D] block per head, rows dealt out over the cores,
+    with a norm's scale and shift vectors (FLUX.2's q/k RMSNorm weight) applied in the same pass: numpy's passes
+    (which gather the view into scratch first) and the reference agree."""
     from luminal_recipes.runtimes import cpu_threads, jit, numpy_kernels
 
     if not jit.AVAILABLE:
@@ -225,13 +226,21 @@ def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, m
     g = Graph()
     qkv = g.input("qkv", (1, 37, 3 * 4 * 8))
     q = qkv.slice(2, 32, 64).reshape((1, 37, 4, 8)).transpose(1, 2)  # k's heads: [1, 4, 37, 8]
+    w = g.input("w", (8,))
+    b = g.input("b", (8,))
     fn = {"RMSNorm": lambda t: ops.rms_norm(t, None, 1e-6), "LayerNorm": lambda t: ops.layer_norm(t, None, None, 1e-5),
-          "Softmax": lambda t: ops.softmax(t, -1)}[kind]
+          "Softmax": lambda t: ops.softmax(t, -1), "RMSNorm weighted": lambda t: ops.rms_norm(t, w, 1e-6),
+          "LayerNorm affine": lambda t: ops.layer_norm(t, None, None, 1e-5) * w.broadcast_to(t.shape)
+          + b.broadcast_to(t.shape)}[kind]
     f = Fused(g)
-    attrs = {} if kind == "Softmax" else {"eps": 1e-6 if kind == "RMSNorm" else 1e-5}
-    y = f.add(kind, [q], (1, 4, 37, 8), **attrs)
+    op = kind.split()[0]
+    attrs = {} if op == "Softmax" else {"eps": 1e-6 if op == "RMSNorm" else 1e-5}
+    affine = [w.broadcast_to(q.shape), b.broadcast_to(q.shape)][: {"weighted": 1, "affine": 2}.get(kind.split()[-1], 0)]
+    y = f.add(op, [q, *affine], (1, 4, 37, 8), **attrs)
     g.mark_output("y", fn(q))
-    inputs = {"qkv": np.random.default_rng(4).standard_normal((1, 37, 96)).astype(np.float32) * 3}
+    rng = np.random.default_rng(4)
+    inputs = {"qkv": rng.standard_normal((1, 37, 96)).astype(np.float32) * 3,
+              "w": rng.standard_normal(8).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32)}
     used = []
     real = numpy_kernels._prepare_compiled_blocks
     monkeypatch.setattr(numpy_kernels, "_prepare_compiled_blocks", lambda *a: used.append(1) or real(*a))

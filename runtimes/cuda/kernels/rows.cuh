@@ -7,8 +7,15 @@
 
 enum RowKind { ROW_SOFTMAX = 0, ROW_LAYERNORM = 1, ROW_RMSNORM = 2 };
 
-template <int BLOCK, int ITEMS, int KIND, class TO, class Load>
-LR_DEV void rows_kernel(TO* __restrict__ out, long long rows, int n, float eps, float inv_n, Load load) {
+// The norms' affine part, applied to each normalised value before it is stored: none here; a generated functor
+// (value * scale [+ shift], each read through its view) for an affine LayerNorm / RMSNorm.
+struct NoEpilogue {
+  LR_DEV float operator()(long long, int, float v) const { return v; }
+};
+
+template <int BLOCK, int ITEMS, int KIND, class TO, class Load, class Epi = NoEpilogue>
+LR_DEV void rows_kernel(TO* __restrict__ out, long long rows, int n, float eps, float inv_n, Load load,
+                        Epi epi = Epi()) {
   __shared__ float red[32];
   const int t = threadIdx.x;
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -47,13 +54,13 @@ LR_DEV void rows_kernel(TO* __restrict__ out, long long rows, int n, float eps, 
       LR_FOR_ROW(const float d = LR_X(i, c) - mean; q += d * d)
       const float var = block_reduce<BLOCK>(q, SumOp(), 0.0f, red) * inv_n;
       const float inv = 1.0f / sqrtf(var + eps);
-      LR_FOR_ROW(o[c] = from_f32<TO>((LR_X(i, c) - mean) * inv))
+      LR_FOR_ROW(o[c] = from_f32<TO>(epi(row, c, (LR_X(i, c) - mean) * inv)))
     } else {
       float q = 0.0f;
       LR_FOR_ROW(const float x = LR_X(i, c); q += x * x)
       const float ms = block_reduce<BLOCK>(q, SumOp(), 0.0f, red) * inv_n;
       const float inv = 1.0f / sqrtf(ms + eps);
-      LR_FOR_ROW(o[c] = from_f32<TO>(LR_X(i, c) * inv))
+      LR_FOR_ROW(o[c] = from_f32<TO>(epi(row, c, LR_X(i, c) * inv)))
     }
 #undef LR_X
 #undef LR_FOR_ROW
