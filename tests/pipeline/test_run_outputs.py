@@ -122,6 +122,26 @@ def test_profile_prints_kernel_time_per_model_and_kernel_class(workdir):
                      table.output), table.output
 
 
+def test_profile_lists_the_costliest_kernel_instances_when_asked(workdir, monkeypatch):
+    """LUMINAL_RECIPES_PROFILE_TOP=N: the N costliest kernel instances per model (kernel, output shape and dtype,
+    the views read), identical instances added up, in the JSON summary and at the end of the table."""
+    monkeypatch.setenv("LUMINAL_RECIPES_PROFILE_TOP", "3")
+    result = run("embed.yaml", "--prompt", PROMPT, "--no-compile", "--json", "--profile")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    rows = summary["profile_instances"]["mistral3-text-encoder"]
+    assert len(rows) == 3 and [r["seconds"] for r in rows] == sorted((r["seconds"] for r in rows), reverse=True)
+    classes = summary["profile"]["mistral3-text-encoder"]
+    for row in rows:
+        kernel = row["kernel"].split()[0]
+        assert kernel in classes and 1 <= row["calls"] <= classes[kernel]["calls"], row
+        assert " f32 " in row["kernel"] and " <- " in row["kernel"], row  # dtype and the views it reads
+    table = run("embed.yaml", "--prompt", PROMPT, "--no-compile", "--profile")
+    assert table.exit_code == 0, table.output
+    assert re.search(r"the 3 costliest kernel instances \(ms, share, calls\):\n +[\d.]+ +[\d.]+% +\d+  \w+ ",
+                     table.output), table.output
+
+
 def test_a_text_output_is_printed_and_written(workdir):
     result = run("show-tokens.yaml", "--prompt", PROMPT)
     assert result.exit_code == 0, result.output
