@@ -46,18 +46,21 @@ def _touch(module: ModuleType) -> None:
     out = np.zeros((2, 16), np.float32)
     vec = np.zeros(2, np.float32)
     one = np.float32(1)
+    fixed = _read_only(vec)  # the norms' scale and shift vectors are passed read-only
     for scores in (rows, rows[:, :8]):
         module.exp_rows(scores, vec)
         module.exp_rows_sum(scores, vec)
         module.exp_rows_online(scores, vec, vec, vec, True)
-    for x in (rows, rows[:, ::2]):  # rows read in place, contiguous or strided
+    # rows read in place (read-only views of the producer, contiguous or strided) or copied into scratch: numba
+    # compiles one version per type, read-only included, and one compiled in the middle of a run costs seconds
+    for x in (_read_only(rows), _read_only(rows[:, ::2]), rows):
         dst = out[:, : x.shape[1]].copy()
         module.softmax_rows(x, dst)
-        module.rms_norm_rows(x, dst, vec, vec, 0, one, one)
-        module.layer_norm_rows(x, dst, vec, vec, 0, one, one)
+        module.rms_norm_rows(x, dst, fixed, fixed, 0, one, one)
+        module.layer_norm_rows(x, dst, fixed, fixed, 0, one, one)
     block = np.zeros((2, 8), np.float32)  # rows read out of a flat buffer
-    module.rms_norm_strided(rows.reshape(-1), 1, 16, block, vec, vec, 0, one, one)
-    module.layer_norm_strided(rows.reshape(-1), 1, 16, block, vec, vec, 0, one, one)
+    module.rms_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
+    module.layer_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
     code = np.array([[0, 0, 0, 0], [1, 1, 1, 0], [8, 1, 1, 0], [3, 1, 1, 0], [2, 0, 1, 0]], np.int32)
     table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
                      np.int64)
@@ -78,6 +81,12 @@ def _touch(module: ModuleType) -> None:
     for w in (np.zeros((2, 2, 3, 3), np.float32), np.zeros((2, 2, 3, 3, 2), np.float32)[..., 0]):  # own or a view
         module.winograd_weights(w, u)
     module.winograd_output(m, vec, np.zeros((2, 2, 4), np.float32), 0, 1, 2)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def warm_up() -> None:

@@ -684,7 +684,16 @@ def prepare_softmax(ctx: KernelContext) -> Bind:
     return bind
 
 
-_NO_VECTOR = np.zeros(1, F32)  # the compiled norms' scale and shift where they have none
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+# the compiled norms' scale and shift where they have none. Every vector is passed read-only (a weight is a
+# read-only memory map, an activation is not): numba compiles one version per argument type, so one type here
+# means the version ``jit.warm_up`` loads is the one every call uses, never one compiled in the middle of a run
+_NO_VECTOR = _read_only(np.zeros(1, F32))
 
 
 def _norm_vectors(ctx: KernelContext) -> list[int] | None:
@@ -716,7 +725,7 @@ def _prepare_norm(ctx: KernelContext, kernel: str, numpy_passes, eps: np.float32
     offsets = _norm_vectors(ctx) if affine else []
     if offsets is not None:
         def vectors(flats):
-            vecs = [flats[1 + i][at : at + n] for i, at in enumerate(offsets)]
+            vecs = [_read_only(flats[1 + i][at : at + n]) for i, at in enumerate(offsets)]
             return (*vecs, *[_NO_VECTOR] * (2 - len(vecs)), affine, inv_n, eps)
 
         compiled = _prepare_compiled_rows(ctx, kernel, vectors if affine else (_NO_VECTOR, _NO_VECTOR, 0, inv_n, eps))
