@@ -42,7 +42,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from luminal_recipes.openblas_spin import limit_openblas_spin
+
+limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS
+
+import numpy as np  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

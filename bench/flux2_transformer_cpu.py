@@ -31,7 +31,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from luminal_recipes.openblas_spin import limit_openblas_spin
+
+limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from matmul import blas_report  # noqa: E402  (same folder: the BLAS/environment report of every benchmark)

@@ -30,15 +30,19 @@ import os
 import statistics
 import time
 
-import ml_dtypes
-import numpy as np
+from luminal_recipes.openblas_spin import limit_openblas_spin
 
-from luminal_recipes.graph import Graph, Node, View, to_dtype
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
-from luminal_recipes.runtimes.program import Program
+limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS
 
-ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS")
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+
+from luminal_recipes.graph import Graph, Node, View, to_dtype  # noqa: E402
+from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime  # noqa: E402
+from luminal_recipes.runtimes.program import Program  # noqa: E402
+
+ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",
+            "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def blas_report() -> list[str]:

@@ -19,7 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+from luminal_recipes.openblas_spin import limit_openblas_spin
+
+limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS
+
+import numpy as np  # noqa: E402
 
 
 def main() -> None:
