@@ -73,13 +73,15 @@ def _touch(module: ModuleType) -> None:
     for packed in (codes[:, :8], codes[:, :8].copy()):  # padded (comfy) or exact rows of bytes
         module.decode_nvfp4_rows(packed, codes.copy(), out, np.zeros((256, 2), np.float32), table, out[:1, :1])
     image = np.zeros((2, 4, 6), np.float32)
-    for x in (image, image[:, :, :5]):  # a padded image in scratch, or read in place
+    # a padded image in scratch, or read in place (read-only: another kernel's output or the caller's input)
+    for x in (image, image[:, :, :5], _read_only(image), _read_only(image[:, :, :5])):
         module.conv_kw3_rows(x, np.zeros((2, 3, 3, 4), np.float32), vec[:1].repeat(4), np.zeros((3, 2, 3), np.float32),
                              0, 2)
         module.winograd_input(x, np.zeros((16, 2, 2), np.float32), 0, 1, 2, 1, 1)
     u, m = np.zeros((16, 2, 2), np.float32), np.zeros((16, 2, 2), np.float32)
     for w in (np.zeros((2, 2, 3, 3), np.float32), np.zeros((2, 2, 3, 3, 2), np.float32)[..., 0]):  # own or a view
         module.winograd_weights(w, u)
+        module.winograd_weights(_read_only(w), u)  # a checkpoint weight, read in place
     module.winograd_output(m, vec, np.zeros((2, 2, 4), np.float32), 0, 1, 2)
 
 

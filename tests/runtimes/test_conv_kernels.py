@@ -124,3 +124,31 @@ def test_conv_windows_must_lie_inside_the_input():
     for bad in [(1, 4, 5, 3), (1, 4, 4, 4), (2, 4, 4, 3), (1, 5, 4, 3)]:
         with pytest.raises(ValueError, match="do not give"):
             conv_windows((1, 3, 9, 8), (4, 3, 3, 3), 2, bad)
+
+
+def _compiled_versions(module) -> dict[str, int]:
+    """How many machine-code versions (one per argument types) each numba kernel of ``module`` holds."""
+    return {name: len(f.signatures) for name, f in vars(module).items() if hasattr(f, "signatures")}
+
+
+@pytest.mark.parametrize("case", ["direct, padded, bias, batch 2", "winograd, padded, bias, batch 2"])
+def test_compiled_convolutions_compile_nothing_at_run_time(case, numpy_runtime, rng):
+    """The warm-up (``jit.kernels()``) loads every version a convolution calls: its input and weights are read in
+    place through read-only views, a numba type of their own, and a version compiled or loaded in the middle of a
+    run cost the medium VAE's first convolution ~45 ms of every run."""
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    module = jit.kernels()
+    before = _compiled_versions(module)
+    n, c, o, h, w, _, (lo, hi), _, _ = CASES[case]
+    g = Graph()
+    x = g.input("x", (n, c, h, w))
+    wt, b = g.weight("w", (o, c, 3, 3)), g.weight("b", (o,))
+    f = Fused(g)
+    y = f.add("Conv2d", [x.pad(2, lo, hi).pad(3, lo, hi), wt, b.reshape(1, o, 1, 1).broadcast_to((n, o, h, w))],
+              (n, o, h, w), stride=1)
+    weights = {"w": rng.standard_normal((o, c, 3, 3)).astype(np.float32),
+               "b": rng.standard_normal(o).astype(np.float32)}
+    numpy_runtime.run(f.program(y=y), {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}, weights)
+    after = _compiled_versions(module)
+    assert after == before, {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
