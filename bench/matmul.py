@@ -147,13 +147,9 @@ def case_attention(b: int, s: int, d: int, blocked: bool) -> Program:
 def torch_sdpa(q: np.ndarray, k: np.ndarray, v: np.ndarray):
     """A call of PyTorch's CPU ``scaled_dot_product_attention`` on the same operands and threads (None without
     torch)."""
-    try:
-        import torch
-    except ImportError:
+    torch = _torch_on_numpy_threads()
+    if torch is None:
         return None
-    threads = _blas_threads()
-    if threads:
-        torch.set_num_threads(threads)
     tq, tk, tv = (torch.from_numpy(a)[None] for a in (q, k, v))
 
     def call():
@@ -188,6 +184,19 @@ def interleaved_seconds(calls: list, repeats: int) -> list[list[float]]:
     return times
 
 
+def _torch_on_numpy_threads():
+    """PyTorch set to the threads numpy's BLAS uses, so both sides of a ratio run on the same ones (None without
+    torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    threads = _blas_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    return torch
+
+
 def _blas_threads() -> int | None:
     for path in glob.glob(os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs", "*openblas*")):
         lib = ctypes.CDLL(path)
@@ -209,13 +218,9 @@ STEP_SHAPES = ((768, 256, 2304, 16), (768, 1024, 256, 16), (512, 256, 1536, 8), 
 def torch_mm(x: np.ndarray, w: np.ndarray, out: np.ndarray):
     """A call of PyTorch's ``mm`` (its BLAS: MKL on x86) computing ``x @ w.T`` into ``out``, on the threads
     numpy's BLAS uses (None without torch)."""
-    try:
-        import torch
-    except ImportError:
+    torch = _torch_on_numpy_threads()
+    if torch is None:
         return None
-    threads = _blas_threads()
-    if threads:
-        torch.set_num_threads(threads)
     tx, tw, to = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(out)
     return lambda: torch.mm(tx, tw.t(), out=to)
 

@@ -924,15 +924,10 @@ def _prepare_direct_conv(ctx: KernelContext) -> Bind:
         def body():
             np.copyto(w_r[..., :o], w.transpose(1, 2, 3, 0))
             w_r[..., o:] = 0
-            b_v.fill(0)
-            if per_channel:
-                np.copyto(b_v[:o], bias[0, :, 0, 0], casting="unsafe")
+            _bias_vector(b_v, bias, per_channel)
             for step in steps:
                 step()
-            if bias is not None and not per_channel:
-                np.add(target, bias, out=target, dtype=F32)
-            if acc_out is not None:
-                np.copyto(out, target, casting="unsafe")
+            _conv_epilogue(out, target, bias, per_channel)
 
         return with_refresh(ops, body)
 
@@ -942,6 +937,21 @@ def _prepare_direct_conv(ctx: KernelContext) -> Bind:
 def _per_channel_bias(bias: np.ndarray | None) -> bool:
     """A bias viewed at [N, O, Ho, Wo] that is one value per output channel (the usual [O] broadcast)."""
     return bias is not None and all(bias.strides[axis] == 0 or bias.shape[axis] == 1 for axis in (0, 2, 3))
+
+
+def _bias_vector(b_v: np.ndarray, bias: np.ndarray | None, per_channel: bool) -> None:
+    """The compiled paths' per-channel start values (zero past the bias's channels, or everywhere without one)."""
+    b_v.fill(0)
+    if per_channel:
+        np.copyto(b_v[: bias.shape[1]], bias[0, :, 0, 0], casting="unsafe")
+
+
+def _conv_epilogue(out: np.ndarray, target: np.ndarray, bias: np.ndarray | None, per_channel: bool) -> None:
+    """A bias that varies over the image added whole; the f32 result cast into a lower-precision output."""
+    if bias is not None and not per_channel:
+        np.add(target, bias, out=target, dtype=F32)
+    if target is not out:
+        np.copyto(out, target, casting="unsafe")
 
 
 def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
@@ -996,16 +1006,11 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
 
         def body():
             k.winograd_weights(w, u)
-            b_v.fill(0)
-            if per_channel:
-                np.copyto(b_v, bias[0, :, 0, 0], casting="unsafe")
+            _bias_vector(b_v, bias, per_channel)
             with cpu_threads.blas_single_threaded() if len(shares) > 1 else contextlib.nullcontext():
                 for step in steps:
                     step()
-            if bias is not None and not per_channel:
-                np.add(target, bias, out=target, dtype=F32)
-            if acc_out is not None:
-                np.copyto(out, target, casting="unsafe")
+            _conv_epilogue(out, target, bias, per_channel)
 
         return with_refresh(ops, body)
 
