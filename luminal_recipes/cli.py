@@ -135,7 +135,8 @@ def run(
     max_host_memory: str | None = typer.Option(None, "--max-host-memory", help=HOST_MEMORY_HELP),
     compute_dtype: str | None = typer.Option(None, "--compute-dtype", help=COMPUTE_DTYPE_HELP),
     profile: bool = typer.Option(False, "--profile", help="time every kernel call and print the time per model "
-                                 "and kernel class (MatMul, Elementwise, Attention...) at the end"),
+                                 "and kernel class (MatMul, Elementwise, Attention...) at the end; with "
+                                 "LUMINAL_RECIPES_PROFILE_TOP=N also the N costliest kernel instances"),
     as_json: bool = typer.Option(False, "--json", help="print a machine-readable summary (language models: one "
                                  "JSON object per prompt, one per line)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only text outputs (no progress, no summary)"),
