@@ -1,0 +1,90 @@
+"""The AMX f32 product (``runtimes/amx_gemm.py``, bf16x3) against numpy's BLAS and PyTorch's ``mm`` on the
+medium FLUX.2 step's MatMul shapes: GFLOP/s on 1 and 2 threads, and the accuracy against float64.
+
+Ours on 2 threads is two parts on ``cpu_threads``' workers (each part single-threaded, as the runtime runs it);
+numpy and torch on 2 threads use their BLAS's own threads. Each side is timed in turns of a few calls (minima).
+The operands are laid out as the step has them: activations ``x [M, K]`` and a weight ``w [N, K]`` used as
+``w.T``.
+
+    python bench/amx_gemm.py [--repeats 5] [--shapes 768x256x2304,...] [--a-rows N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from luminal_recipes.openblas_spin import limit_openblas_spin
+
+limit_openblas_spin()
+
+import numpy as np  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+from luminal_recipes.runtimes import amx, cpu_threads  # noqa: E402
+
+STEP_SHAPES = ((768, 256, 2304), (768, 1024, 256), (512, 256, 1536), (512, 256, 256), (256, 256, 1536),
+               (512, 768, 256), (256, 256, 256), (256, 768, 256))
+
+
+def best_of_turns(calls, repeats: int, block: int = 3) -> list[float]:
+    best = [float("inf")] * len(calls)
+    for _ in range(repeats):
+        for i, call in enumerate(calls):
+            for _ in range(block):
+                t = time.perf_counter()
+                call()
+                best[i] = min(best[i], time.perf_counter() - t)
+    return best
+
+
+def torch_mm(x, w, out, threads):
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    tx, tw, to = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(out)
+    return lambda: torch.mm(tx, tw.t(), out=to)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in STEP_SHAPES))
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--a-rows", type=int, default=0, help="override the rows of A packed at a time")
+    args = ap.parse_args()
+    reason = amx.reason_unavailable()
+    if reason:
+        raise SystemExit(f"AMX unavailable: {reason}")
+    rng = np.random.default_rng(0)
+    print("shape M x K x N, threads: GFLOP/s ours (AMX bf16x3) / numpy / torch; ours/numpy; max |error| vs float64 "
+          "relative to max |result|, ours and numpy")
+    for shape in args.shapes.split(","):
+        m, k, n = map(int, shape.split("x"))
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+        exact = x.astype(np.float64) @ w.T.astype(np.float64)
+        for threads in map(int, args.threads.split(",")):
+            p = amx.plan(m, k, n, threads)
+            if args.a_rows:
+                p = amx.Plan(p.m, p.k, p.n, p.parts, args.a_rows, p.kc)
+            scratch = [[amx.aligned_empty(s, d) for s, d in p.scratch_shapes] for _ in p.parts]
+            ours = amx.aligned_empty((m, n), np.float32)
+            parts = amx.steps(p, x, w.T, ours, scratch)
+            ref = np.empty((m, n), np.float32)
+            with threadpool_limits(threads, user_api="blas"):
+                sides = [lambda: cpu_threads.run_parts(parts), lambda: np.matmul(x, w.T, out=ref)]
+                theirs = torch_mm(x, w, np.empty((m, n), np.float32), threads)
+                times = best_of_turns(sides + ([theirs] if theirs else []), args.repeats)
+            gf = [2 * m * k * n / t / 1e9 for t in times]
+            scale = np.abs(exact).max()
+            err = [np.abs(r - exact).max() / scale for r in (ours, ref)]
+            torch_gf = f"{gf[2]:6.1f}" if theirs else "   -  "
+            print(f"{m}x{k}x{n} t{threads}: {gf[0]:6.1f} / {gf[1]:6.1f} / {torch_gf}  {gf[0] / gf[1]:5.2f}x   "
+                  f"err {err[0]:.1e} {err[1]:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

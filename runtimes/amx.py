@@ -1,0 +1,121 @@
+"""Whether the f32 products may run on AMX (``amx_gemm``): the CPU has AMX tiles and bf16 (read from
+``/proc/cpuinfo``), numba is installed, ``LUMINAL_RECIPES_AMX`` is not ``0``, and Linux granted this process
+the tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: a process must ask before its first
+tile instruction, which would otherwise kill it with SIGILL). Asked once; the answer is kept.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+_SYS_ARCH_PRCTL = 158  # x86-64
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def reason_unavailable() -> str | None:
+    """None when AMX products can run in this process, else why not (for tests' skip messages and logs)."""
+    if os.environ.get("LUMINAL_RECIPES_AMX", "1") == "0":
+        return "LUMINAL_RECIPES_AMX=0"
+    if not {"amx_tile", "amx_bf16"} <= _cpu_flags():
+        return "the CPU has no AMX tiles with bf16 (amx_tile, amx_bf16)"
+    if os.environ.get("LUMINAL_RECIPES_JIT", "1") == "0" or importlib.util.find_spec("numba") is None:
+        return "numba is not installed or LUMINAL_RECIPES_JIT=0 (pip install luminal-recipes[jit])"
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
+        return f"Linux refused the AMX tile registers (arch_prctl: {os.strerror(ctypes.get_errno())})"
+    return None
+
+
+def available() -> bool:
+    return reason_unavailable() is None
+
+
+# ---- the product, cut into parts for the cores --------------------------------------------------------------
+BLOCK = 32
+A_BLOCK_BYTES = 3 << 19  # a thread's packed rows of A (3 bf16 parts) at most 1.5 MiB: they stay in its 2 MiB L2
+
+
+def _round_up(x: int, to: int) -> int:
+    return -(-x // to) * to
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How ``a [m, k] @ b [k, n]`` is cut: ``parts`` (rows, columns) ranges, one per thread, each with its own
+    scratch (``scratch_shapes``). The operand with more elements is split between the threads (its packing is
+    not repeated); the other is packed whole by each. K is taken ``kc`` at a time so that a part's packed rows
+    of A stay in its core's L2 (the partial sums wait in the output)."""
+
+    m: int
+    k: int
+    n: int
+    parts: tuple[tuple[int, int, int, int], ...]
+    a_rows: int  # rows of A packed at a time
+    kc: int
+
+    @property
+    def scratch_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
+        return [((3, self.a_rows, self.kc), np.dtype(np.uint16)), ((3, self.kc // 2, BLOCK, 2), np.dtype(np.uint16)),
+                ((BLOCK, BLOCK), np.dtype(np.float32)), ((64,), np.dtype(np.uint8))]
+
+
+def plan(m: int, k: int, n: int, threads: int) -> Plan:
+    if n >= m:  # B has more elements: each thread takes whole panels of columns
+        cuts = _cuts(_round_up(n, BLOCK) // BLOCK, threads)
+        parts = tuple((0, m, min(n, lo * BLOCK), min(n, hi * BLOCK)) for lo, hi in cuts)
+    else:
+        cuts = _cuts(_round_up(m, BLOCK) // BLOCK, threads)
+        parts = tuple((min(m, lo * BLOCK), min(m, hi * BLOCK), 0, n) for lo, hi in cuts)
+    a_rows = _round_up(max(r1 - r0 for r0, r1, _, _ in parts), BLOCK)
+    kc_most = max(BLOCK, A_BLOCK_BYTES // (6 * a_rows) // BLOCK * BLOCK)
+    if kc_most == BLOCK:  # so many rows that even 32 k of them overflow L2: fewer rows at a time
+        a_rows = max(BLOCK, A_BLOCK_BYTES // (6 * BLOCK) // BLOCK * BLOCK)
+    k_blocks = -(-max(k, 1) // kc_most)
+    return Plan(m, k, n, parts, a_rows, _round_up(-(-max(k, 1) // k_blocks), BLOCK))
+
+
+def _cuts(blocks: int, threads: int) -> list[tuple[int, int]]:
+    parts = max(1, min(threads, blocks))
+    bounds = [blocks * i // parts for i in range(parts + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An array starting on a cache line (numpy aligns to 16 bytes; a tile row split across two lines halves
+    the tile loads' speed)."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def steps(p: Plan, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: list[list[np.ndarray]]) -> list:
+    """One callable per part computing its block of ``out = a @ b`` (``scratch[i]``: part i's arrays, shaped
+    as ``p.scratch_shapes``); run them on the cores with ``cpu_threads.run_parts``."""
+    reason = reason_unavailable()  # also asks Linux for the tiles, before any tile instruction
+    if reason:
+        raise RuntimeError(f"AMX products unavailable: {reason}")
+    from . import amx_gemm
+
+    return [functools.partial(amx_gemm.gemm, a, b, out, r0, r1, c0, c1, *s)
+            for (r0, r1, c0, c1), s in zip(p.parts, scratch)]

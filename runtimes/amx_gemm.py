@@ -1,0 +1,371 @@
+"""An f32 matrix product on the CPU's AMX tile unit (Intel Sapphire Rapids and later), at f32 accuracy.
+
+Why: numpy's BLAS (OpenBLAS) and PyTorch's (MKL) run f32 products on AVX-512: 32 f32 multiply-adds per cycle
+per core. AMX multiplies bf16 tiles: ``tdpbf16ps`` does a 16x32 by 32x16 product (8192 multiply-adds) every 16
+cycles, 512 per cycle, 16x more - but bf16 keeps only 8 significant bits of f32's 24.
+
+"bf16x3": every f32 operand is cut exactly into three bf16 parts, ``x = hi + mid + lo`` (each part takes the top
+8 bits of what the previous ones left: truncation, so the sum is exact and no part can overflow), and the product
+is the sum of the six part products that matter, ``hi*hi + hi*mid + mid*hi + hi*lo + lo*hi + mid*mid``, each
+bf16 x bf16 product exact in the f32 accumulator. What is dropped (``mid*lo + lo*mid + lo*lo``) is below 2^-22
+of ``|x| |y|`` per term (2^-24 on average), the size of f32's own rounding: the result is as accurate as an f32
+GEMM (tests/TOLERANCES.md's f32 matmul tolerance, checked against float64 in tests/runtimes/test_amx_gemm.py).
+Six tile products leave at most 16/6 ~ 2.7x of AVX-512's peak; splitting and packing eat into it. Differences
+from IEEE f32: AMX treats denormal bf16 inputs as zero (values below ~1e-38 lose their low parts).
+
+Layouts (the C block is 32x32 f32: four 16x16 accumulator tiles, 0-3; A tiles 4-5, B tiles 6-7):
+- A, per call and row block: ``[3 parts, rows, Kp]`` bf16 (as uint16), Kp = K rounded up to 32 with zeros; a
+  tile is 16 rows x 32 k (64 bytes per row, the row stride Kp * 2).
+- B, per 32-column panel: ``[3 parts, Kp / 2, 32, 2]`` bf16, the "VNNI" layout ``tdpbf16ps`` reads: each 4-byte
+  element holds the two k of one column that a pair-wise dot product uses; a tile is 16 k-pairs x 16 columns.
+The packed buffers are small (a row block of A and one panel of B, L2-sized): weights are never kept split.
+
+Tile configuration (``ldtilecfg``): 64 bytes, byte 0 the palette (1), bytes 16-47 each tile's bytes per row
+(uint16), bytes 48-63 each tile's rows (uint8); every tile here is 16 rows x 64 bytes.
+
+Linux hands out AMX's 8 KiB of tile registers only to processes that ask (they enlarge every signal frame and
+context switch): ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`` grants it to the whole process, once;
+without it the first tile instruction kills the process (SIGILL). ``runtimes/amx.py`` asks before anything here
+runs and checks the CPU. Each call releases the tiles when it ends (``tilerelease``: the thread's AMX state is
+then "init" and costs nothing to switch).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+BLOCK = 32  # rows and columns of C per micro-kernel call; also A's k per tile
+PARTS = 3
+# which (A part, B part) products, grouped by A part so that each A tile is loaded once per k step
+PRODUCTS = ((0, (0, 1, 2)), (1, (0, 1)), (2, (0,)))
+
+_kernel = numba.njit(cache=True, nogil=True, error_model="numpy")
+_inline = numba.njit(cache=True, inline="always", error_model="numpy")
+
+_VOID, _I8, _I64 = ir.VoidType(), ir.IntType(8), ir.IntType(64)
+_PTR = ir.IntType(8).as_pointer()
+
+
+def _amx(builder, name: str, *args):
+    arg_types = [a.type for a in args]
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VOID, arg_types), f"llvm.x86.{name}")
+    builder.call(fn, list(args))
+
+
+def _tile(i: int):
+    return ir.Constant(_I8, i)
+
+
+@intrinsic
+def _load_config(typingctx, address):
+    sig = types.none(types.intp)
+
+    def codegen(context, builder, signature, args):
+        _amx(builder, "ldtilecfg", builder.inttoptr(args[0], _PTR))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _release(typingctx):
+    sig = types.none()
+
+    def codegen(context, builder, signature, args):
+        _amx(builder, "tilerelease")
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _block(typingctx, a, a_row, a_part, b, b_part, steps, c, c_row, accumulate):
+    """C[32, 32] (f32, rows ``c_row`` bytes apart) = (C if ``accumulate`` else 0) + the sum over ``steps`` k steps
+    of 32 of the six part products of A (tiles from ``a``: rows ``a_row`` bytes apart, parts ``a_part`` apart) and
+    B (a VNNI panel at ``b``, parts ``b_part`` bytes apart). Addresses and strides in bytes."""
+    sig = types.none(*([types.intp] * 9))
+
+    def codegen(context, builder, signature, args):
+        a, a_row, a_part, b, b_part, steps, c, c_row, accumulate = args
+        c_half = builder.mul(c_row, ir.Constant(_I64, 16))
+        c_tiles = [builder.inttoptr(builder.add(c, builder.add(builder.mul(c_half, ir.Constant(_I64, t // 2)),
+                                                               ir.Constant(_I64, 64 * (t % 2)))), _PTR)
+                   for t in range(4)]
+        with builder.if_else(builder.icmp_signed("!=", accumulate, ir.Constant(_I64, 0))) as (then, otherwise):
+            with then:
+                for t in range(4):
+                    _amx(builder, "tileloadd64", _tile(t), c_tiles[t], c_row)
+            with otherwise:
+                for t in range(4):
+                    _amx(builder, "tilezero", _tile(t))
+        head = builder.block
+        loop = builder.append_basic_block("amx.k")
+        done = builder.append_basic_block("amx.done")
+        zero = ir.Constant(_I64, 0)
+        builder.cbranch(builder.icmp_signed(">", steps, zero), loop, done)
+        builder.position_at_end(loop)
+        s = builder.phi(_I64)
+        s.add_incoming(zero, head)
+        a_s = builder.add(a, builder.mul(s, ir.Constant(_I64, 2 * BLOCK)))  # 32 bf16 along k
+        b_s = builder.add(b, builder.mul(s, ir.Constant(_I64, 16 * 2 * BLOCK * 2)))  # 16 k pairs x 32 columns
+        a_half = builder.mul(a_row, ir.Constant(_I64, 16))
+        panel_row = ir.Constant(_I64, BLOCK * 4)  # a VNNI row: 32 columns x 2 bf16
+        for pa, pbs in PRODUCTS:
+            a_p = builder.add(a_s, builder.mul(a_part, ir.Constant(_I64, pa)))
+            _amx(builder, "tileloadd64", _tile(4), builder.inttoptr(a_p, _PTR), a_row)
+            _amx(builder, "tileloadd64", _tile(5), builder.inttoptr(builder.add(a_p, a_half), _PTR), a_row)
+            for pb in pbs:
+                b_p = builder.add(b_s, builder.mul(b_part, ir.Constant(_I64, pb)))
+                _amx(builder, "tileloadd64", _tile(6), builder.inttoptr(b_p, _PTR), panel_row)
+                b_p2 = builder.add(b_p, ir.Constant(_I64, 64))
+                _amx(builder, "tileloadd64", _tile(7), builder.inttoptr(b_p2, _PTR), panel_row)
+                for t, (ta, tb) in enumerate(((4, 6), (4, 7), (5, 6), (5, 7))):
+                    _amx(builder, "tdpbf16ps", _tile(t), _tile(ta), _tile(tb))
+        s_next = builder.add(s, ir.Constant(_I64, 1))
+        s.add_incoming(s_next, builder.block)
+        builder.cbranch(builder.icmp_signed("<", s_next, steps), loop, done)
+        builder.position_at_end(done)
+        for t in range(4):
+            _amx(builder, "tilestored64", _tile(t), c_tiles[t], c_row)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits(typingctx, x):
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32(typingctx, bits):
+    sig = types.float32(types.uint32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+
+    return sig, codegen
+
+
+@_inline
+def _split(x):
+    """The three bf16 parts (as uint16) of an f32: exact truncations, x == hi + mid + lo. Inf and NaN go whole
+    into ``hi`` (NaN kept a NaN), their other parts zero."""
+    bits = _bits(x)
+    hi = bits >> np.uint32(16)
+    if (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000):
+        if bits & np.uint32(0x7FFFFF):
+            hi = hi | np.uint32(0x40)  # a NaN whose payload was all in the low half
+        return np.uint16(hi), np.uint16(0), np.uint16(0)
+    r1 = x - _f32(hi << np.uint32(16))
+    r1_bits = _bits(r1)
+    mid = r1_bits >> np.uint32(16)
+    r2 = r1 - _f32(mid << np.uint32(16))
+    return np.uint16(hi), np.uint16(mid), np.uint16(_bits(r2) >> np.uint32(16))
+
+
+def _vector(builder, lanes: int, value: int, bits: int = 32):
+    return ir.Constant(ir.VectorType(ir.IntType(bits), lanes), [value] * lanes)
+
+
+def _split_vector(builder, x):
+    """``_split`` on a <16 x float>: the three <16 x i16> parts."""
+    i32x16, i16x16 = ir.VectorType(ir.IntType(32), 16), ir.VectorType(ir.IntType(16), 16)
+    f32x16 = x.type
+    bits = builder.bitcast(x, i32x16)
+    top = _vector(builder, 16, -65536)  # 0xFFFF0000
+    exponent = _vector(builder, 16, 0x7F800000)
+    nonfinite = builder.icmp_unsigned("==", builder.and_(bits, exponent), exponent)
+    nan = builder.and_(nonfinite, builder.icmp_unsigned("!=", builder.and_(bits, _vector(builder, 16, 0x7FFFFF)),
+                                                        _vector(builder, 16, 0)))
+    r1 = builder.fsub(x, builder.bitcast(builder.and_(bits, top), f32x16))
+    r1_bits = builder.bitcast(r1, i32x16)
+    r2 = builder.fsub(r1, builder.bitcast(builder.and_(r1_bits, top), f32x16))
+    zero = _vector(builder, 16, 0)
+    sixteen = _vector(builder, 16, 16)
+    hi = builder.or_(builder.lshr(bits, sixteen), builder.select(nan, _vector(builder, 16, 0x40), zero))
+    mid = builder.select(nonfinite, zero, builder.lshr(r1_bits, sixteen))
+    lo = builder.select(nonfinite, zero, builder.lshr(builder.bitcast(r2, i32x16), sixteen))
+    return [builder.trunc(v, i16x16) for v in (hi, mid, lo)]
+
+
+def _transpose16(builder, rows):
+    """A 16 x 16 matrix of i32 held as 16 row vectors, transposed: four butterfly stages, each swapping one bit
+    of the row index with the same bit of the column index (one two-source shuffle per vector and stage)."""
+    rows = list(rows)
+    for s in (8, 4, 2, 1):
+        low = [j if j & s == 0 else 16 + j - s for j in range(16)]
+        high = [j + s if j & s == 0 else 16 + j for j in range(16)]
+        for i in range(16):
+            if i & s == 0:
+                a, b = rows[i], rows[i + s]
+                rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 16), low))
+                rows[i + s] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 16), high))
+    return rows
+
+
+@intrinsic
+def _split_16(typingctx, src, out, part_bytes):
+    """16 f32 at ``src`` split into three runs of 16 bf16 at ``out``, ``part_bytes`` apart."""
+    sig = types.none(types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src, out, part_bytes = args
+        x = builder.load(builder.inttoptr(src, ir.VectorType(ir.FloatType(), 16).as_pointer()), align=4)
+        for p, part in enumerate(_split_vector(builder, x)):
+            at = builder.add(out, builder.mul(part_bytes, ir.Constant(_I64, p)))
+            builder.store(part, builder.inttoptr(at, part.type.as_pointer()), align=2)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _pack_b_block(typingctx, src, row_bytes, out, part_bytes):
+    """16 columns x 32 k of B read k-contiguous (column j at ``src + j * row_bytes``, 32 f32), split and written
+    as 16 VNNI rows (k pairs) of 16 columns per part at ``out`` (rows ``BLOCK * 4`` bytes apart, parts
+    ``part_bytes`` apart): a 32-bit transpose, in registers."""
+    sig = types.none(types.intp, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src, row_bytes, out, part_bytes = args
+        f32x16 = ir.VectorType(ir.FloatType(), 16)
+        i32x16 = ir.VectorType(ir.IntType(32), 16)
+        concat = ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32)))
+        parts = [[], [], []]
+        for j in range(16):
+            base = builder.add(src, builder.mul(row_bytes, ir.Constant(_I64, j)))
+            halves = []
+            for h in range(2):
+                ptr = builder.inttoptr(builder.add(base, ir.Constant(_I64, 64 * h)), f32x16.as_pointer())
+                halves.append(_split_vector(builder, builder.load(ptr, align=4)))
+            for p in range(PARTS):
+                k32 = builder.shuffle_vector(halves[0][p], halves[1][p], concat)  # <32 x i16>, k order
+                parts[p].append(builder.bitcast(k32, i32x16))  # 16 k pairs
+        for p in range(PARTS):
+            base = builder.add(out, builder.mul(part_bytes, ir.Constant(_I64, p)))
+            for s, row in enumerate(_transpose16(builder, parts[p])):
+                ptr = builder.inttoptr(builder.add(base, ir.Constant(_I64, s * BLOCK * 4)), i32x16.as_pointer())
+                builder.store(row, ptr, align=4)  # vmovdqu: as fast when aligned
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@_kernel
+def pack_a(a, r0, r1, out):
+    """Rows ``r0:r1`` of ``a`` [M, K] (f32, any strides) split into ``out`` [3, rows, Kp] (rows >= r1 - r0 and
+    Kp a multiple of 32): padding zero (columns past K, rows up to the next multiple of 32)."""
+    kp = out.shape[2]
+    k = a.shape[1]
+    k16 = k - k % 16 if a.strides[1] == 4 else 0
+    for i in range(min(out.shape[1], (r1 - r0 + BLOCK - 1) // BLOCK * BLOCK)):  # the rows the blocks read
+        start = 0
+        if r0 + i < r1:
+            src = a.ctypes.data + (r0 + i) * a.strides[0]
+            dst = out.ctypes.data + i * out.strides[1]
+            for j in range(0, k16, 16):
+                _split_16(src + j * 4, dst + j * 2, out.strides[0])
+            for j in range(k16, k):
+                h, m, lo = _split(a[r0 + i, j])
+                out[0, i, j] = h
+                out[1, i, j] = m
+                out[2, i, j] = lo
+            start = k
+        for j in range(start, kp):
+            out[0, i, j] = 0
+            out[1, i, j] = 0
+            out[2, i, j] = 0
+
+
+@_kernel
+def pack_b(b, c0, c1, out):
+    """Columns ``c0:c1`` (at most 32) of ``b`` [K, N] (f32, any strides) split into the VNNI panel ``out``
+    [3, Kp / 2, 32, 2]: padding zero. Loops along whichever axis of ``b`` is contiguous (a weight is [N, K])."""
+    k = b.shape[0]
+    pairs = out.shape[1]
+    if c1 - c0 < BLOCK or k % BLOCK:
+        out[:] = 0  # padding: columns past c1, k past K
+    if b.strides[0] == 4 and (c1 - c0) % 16 == 0:  # k contiguous (b = w.T): 16 x 32 blocks in registers
+        k32 = k - k % BLOCK
+        for j in range(0, c1 - c0, 16):
+            src = b.ctypes.data + (c0 + j) * b.strides[1]
+            for k0 in range(0, k32, BLOCK):
+                _pack_b_block(src + k0 * 4, b.strides[1], out.ctypes.data + (k0 // 2) * out.strides[1] + j * 4,
+                              out.strides[0])
+            for j2 in range(j, j + 16):
+                for kk in range(k32, k):
+                    h, m, lo = _split(b[kk, c0 + j2])
+                    out[0, kk // 2, j2, kk % 2] = h
+                    out[1, kk // 2, j2, kk % 2] = m
+                    out[2, kk // 2, j2, kk % 2] = lo
+    elif b.strides[0] <= b.strides[1]:
+        for j in range(c1 - c0):
+            for kk in range(k):
+                h, m, lo = _split(b[kk, c0 + j])
+                out[0, kk // 2, j, kk % 2] = h
+                out[1, kk // 2, j, kk % 2] = m
+                out[2, kk // 2, j, kk % 2] = lo
+    else:
+        for kk in range(k):
+            for j in range(c1 - c0):
+                h, m, lo = _split(b[kk, c0 + j])
+                out[0, kk // 2, j, kk % 2] = h
+                out[1, kk // 2, j, kk % 2] = m
+                out[2, kk // 2, j, kk % 2] = lo
+    return pairs
+
+
+@_kernel
+def gemm(a, b, c, r0, r1, c0, c1, a_buf, b_buf, edge, config):
+    """``c[r0:r1, c0:c1] = a[r0:r1] @ b[:, c0:c1]`` (f32; ``c``'s rows contiguous). Scratch: ``a_buf``
+    [3, rows, Kc] and ``b_buf`` [3, Kc / 2, 32, 2] uint16 (Kc a multiple of 32: K is taken Kc at a time, the
+    partial sums kept in ``c``), ``edge`` [32, 32] f32, ``config`` [64] uint8 (filled here). The rows are packed
+    ``a_buf.shape[1]`` at a time (the last block of rows and of k zero-padded)."""
+    k = a.shape[1]
+    kc = a_buf.shape[2]
+    config[:] = 0
+    config[0] = 1
+    for t in range(8):
+        config[16 + 2 * t] = 64  # bytes per row
+        config[48 + t] = 16  # rows
+    a_rows = a_buf.shape[1]
+    a_part = a_buf.strides[0]
+    a_row = a_buf.strides[1]
+    b_part = b_buf.strides[0]
+    c_row = c.strides[0]
+    _load_config(config.ctypes.data)
+    for k0 in range(0, max(k, 1), kc):
+        k1 = min(k0 + kc, k)
+        steps = (k1 - k0 + BLOCK - 1) // BLOCK
+        more = 1 if k0 > 0 else 0
+        a_k, b_k = a[:, k0:k1], b[k0:k1]
+        for i0 in range(r0, r1, a_rows):
+            i1 = min(i0 + a_rows, r1)
+            pack_a(a_k, i0, i1, a_buf)
+            for j0 in range(c0, c1, BLOCK):
+                j1 = min(j0 + BLOCK, c1)
+                pack_b(b_k, j0, j1, b_buf)
+                for ib in range(i0, i1, BLOCK):
+                    a_addr = a_buf.ctypes.data + (ib - i0) * a_row
+                    if ib + BLOCK <= i1 and j1 - j0 == BLOCK:
+                        _block(a_addr, a_row, a_part, b_buf.ctypes.data, b_part, steps,
+                               c.ctypes.data + ib * c_row + j0 * 4, c_row, more)
+                    else:  # a block past the edge of c: computed in ``edge``
+                        rows, cols = min(BLOCK, i1 - ib), j1 - j0
+                        if more:
+                            edge[:] = 0
+                            edge[:rows, :cols] = c[ib:ib + rows, j0:j1]
+                        _block(a_addr, a_row, a_part, b_buf.ctypes.data, b_part, steps, edge.ctypes.data,
+                               BLOCK * 4, more)
+                        c[ib:ib + rows, j0:j1] = edge[:rows, :cols]
+    _release()
