@@ -12,6 +12,7 @@ The operands are laid out as the step has them: activations ``x [M, K]`` and a w
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 from luminal_recipes.openblas_spin import limit_openblas_spin
@@ -75,7 +76,7 @@ def main() -> None:
             parts = amx.steps(p, x, w.T, ours, scratch)
             ref = np.empty((m, n), np.float32)
             with threadpool_limits(threads, user_api="blas"):
-                sides = [lambda: cpu_threads.run_parts(parts), lambda: np.matmul(x, w.T, out=ref)]
+                sides = [functools.partial(cpu_threads.run_parts, parts), functools.partial(np.matmul, x, w.T, out=ref)]
                 theirs = torch_mm(x, w, np.empty((m, n), np.float32), threads)
                 times = best_of_turns(sides + ([theirs] if theirs else []), args.repeats)
             gf = [2 * m * k * n / t / 1e9 for t in times]
