@@ -50,6 +50,33 @@ def available() -> bool:
     return reason_unavailable() is None
 
 
+MIN_MACS = 1 << 20  # smaller products stay on BLAS: the packing and the hand-offs would not pay (~30 us)
+
+
+def worth_it(m: int, k: int, n: int) -> bool:
+    """Whether an f32 product ``[m, k] @ [k, n]`` goes to AMX: every side at least a tile and ~1M
+    multiply-adds, on a CPU (and process) where AMX runs and its kernels compiled (``ready``)."""
+    return m >= 16 and n >= 16 and k >= 16 and m * k * n >= MIN_MACS and ready()
+
+
+@functools.cache
+def ready() -> bool:
+    """AMX is available and its kernels are compiled (or loaded from numba's cache) and give numpy's product
+    on a small odd-shaped one: checked once per process, so that a broken toolchain falls back to BLAS."""
+    if not available():
+        return False
+    try:
+        rng = np.random.default_rng(0)
+        a = rng.standard_normal((40, 70)).astype(np.float32)
+        b = rng.standard_normal((70, 50)).astype(np.float32)
+        out = np.empty((40, 50), np.float32)
+        p = plan(40, 70, 50, 1)
+        product(p, a, b, out, [[aligned_empty(s, d) for s, d in p.scratch_shapes]])()
+        return bool(np.allclose(out, a @ b, rtol=1e-5, atol=1e-4))
+    except Exception:  # noqa: BLE001 - any failure to compile or run means: use BLAS
+        return False
+
+
 # ---- the product, cut into parts for the cores --------------------------------------------------------------
 BLOCK = 32
 A_BLOCK_BYTES = 3 << 19  # a thread's packed rows of A (3 bf16 parts) at most 1.5 MiB: they stay in its 2 MiB L2
@@ -75,7 +102,7 @@ class Plan:
 
     @property
     def scratch_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
-        return [((3, self.a_rows, self.kc), np.dtype(np.uint16)), ((3, self.kc // 2, BLOCK, 2), np.dtype(np.uint16)),
+        return [((3, 1, self.a_rows, self.kc), np.dtype(np.uint16)), ((3, self.kc // 2, BLOCK, 2), np.dtype(np.uint16)),
                 ((BLOCK, BLOCK), np.dtype(np.float32)), ((64,), np.dtype(np.uint8))]
 
 
@@ -109,13 +136,28 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def steps(p: Plan, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: list[list[np.ndarray]]) -> list:
-    """One callable per part computing its block of ``out = a @ b`` (``scratch[i]``: part i's arrays, shaped
-    as ``p.scratch_shapes``); run them on the cores with ``cpu_threads.run_parts``."""
+def product(p: Plan, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: list[list[np.ndarray]]):
+    """A step computing ``out = a @ b`` (f32; ``out`` C-contiguous; ``scratch[i]``: part i's arrays, shaped as
+    ``p.scratch_shapes``): the parts run on the cores (``cpu_threads``). Operands with a value that is not
+    finite are multiplied by BLAS instead (in bf16 parts, inf times a zero part would give NaN)."""
     reason = reason_unavailable()  # also asks Linux for the tiles, before any tile instruction
     if reason:
         raise RuntimeError(f"AMX products unavailable: {reason}")
-    from . import amx_gemm
+    if a.dtype != np.float32 or b.dtype != np.float32 or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError("AMX products take f32 operands and a C-contiguous f32 output")
+    from . import amx_gemm, cpu_threads
 
-    return [functools.partial(amx_gemm.gemm, a, b, out, r0, r1, c0, c1, *s)
-            for (r0, r1, c0, c1), s in zip(p.parts, scratch)]
+    operands = (a.ctypes.data, *a.strides, b.ctypes.data, *b.strides, p.k, out)
+    nonfinite = [0] * len(p.parts)
+
+    def part(i, rows_cols, buffers):
+        nonfinite[i] = amx_gemm.gemm(*operands, *rows_cols, *buffers)
+
+    parts = [functools.partial(part, i, rc, s) for i, (rc, s) in enumerate(zip(p.parts, scratch))]
+
+    def step():
+        cpu_threads.run_parts(parts)
+        if any(nonfinite):
+            np.matmul(a, b, out=out)
+
+    return step

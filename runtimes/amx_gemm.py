@@ -158,73 +158,68 @@ def _f32(typingctx, bits):
 
 @_inline
 def _split(x):
-    """The three bf16 parts (as uint16) of an f32: exact truncations, x == hi + mid + lo. Inf and NaN go whole
-    into ``hi`` (NaN kept a NaN), their other parts zero."""
+    """The three bf16 parts (as uint16) of an f32, exact truncations: x == hi + mid + lo; and 1 if x is not
+    finite (inf - inf would make the parts NaN, and inf times a zero part gives NaN: the caller computes such
+    products on BLAS instead), else 0."""
     bits = _bits(x)
     hi = bits >> np.uint32(16)
-    if (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000):
-        if bits & np.uint32(0x7FFFFF):
-            hi = hi | np.uint32(0x40)  # a NaN whose payload was all in the low half
-        return np.uint16(hi), np.uint16(0), np.uint16(0)
     r1 = x - _f32(hi << np.uint32(16))
     r1_bits = _bits(r1)
     mid = r1_bits >> np.uint32(16)
     r2 = r1 - _f32(mid << np.uint32(16))
-    return np.uint16(hi), np.uint16(mid), np.uint16(_bits(r2) >> np.uint32(16))
+    bad = 1 if (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000) else 0
+    return np.uint16(hi), np.uint16(mid), np.uint16(_bits(r2) >> np.uint32(16)), bad
 
 
-def _vector(builder, lanes: int, value: int, bits: int = 32):
+def _vector(value: int, lanes: int = 16, bits: int = 32):
     return ir.Constant(ir.VectorType(ir.IntType(bits), lanes), [value] * lanes)
 
 
 def _split_vector(builder, x):
-    """``_split`` on a <16 x float>: the three <16 x i16> parts."""
+    """``_split`` on a <16 x float>: the three <16 x i16> parts, and an i64 1 if any lane is not finite."""
     i32x16, i16x16 = ir.VectorType(ir.IntType(32), 16), ir.VectorType(ir.IntType(16), 16)
     f32x16 = x.type
     bits = builder.bitcast(x, i32x16)
-    top = _vector(builder, 16, -65536)  # 0xFFFF0000
-    exponent = _vector(builder, 16, 0x7F800000)
-    nonfinite = builder.icmp_unsigned("==", builder.and_(bits, exponent), exponent)
-    nan = builder.and_(nonfinite, builder.icmp_unsigned("!=", builder.and_(bits, _vector(builder, 16, 0x7FFFFF)),
-                                                        _vector(builder, 16, 0)))
+    top = _vector(-65536)  # 0xFFFF0000
     r1 = builder.fsub(x, builder.bitcast(builder.and_(bits, top), f32x16))
     r1_bits = builder.bitcast(r1, i32x16)
     r2 = builder.fsub(r1, builder.bitcast(builder.and_(r1_bits, top), f32x16))
-    zero = _vector(builder, 16, 0)
-    sixteen = _vector(builder, 16, 16)
-    hi = builder.or_(builder.lshr(bits, sixteen), builder.select(nan, _vector(builder, 16, 0x40), zero))
-    mid = builder.select(nonfinite, zero, builder.lshr(r1_bits, sixteen))
-    lo = builder.select(nonfinite, zero, builder.lshr(builder.bitcast(r2, i32x16), sixteen))
-    return [builder.trunc(v, i16x16) for v in (hi, mid, lo)]
+    parts = [builder.trunc(builder.lshr(v, _vector(16)), i16x16) for v in (bits, r1_bits, builder.bitcast(r2, i32x16))]
+    exponent = _vector(0x7F800000)
+    nonfinite = builder.icmp_unsigned("==", builder.and_(bits, exponent), exponent)
+    mask = builder.bitcast(nonfinite, ir.IntType(16))
+    return parts, builder.zext(builder.icmp_unsigned("!=", mask, ir.Constant(ir.IntType(16), 0)), _I64)
 
 
 def _transpose16(builder, rows):
     """A 16 x 16 matrix of i32 held as 16 row vectors, transposed: four butterfly stages, each swapping one bit
     of the row index with the same bit of the column index (one two-source shuffle per vector and stage)."""
     rows = list(rows)
+    i32x16 = ir.VectorType(ir.IntType(32), 16)
     for s in (8, 4, 2, 1):
-        low = [j if j & s == 0 else 16 + j - s for j in range(16)]
-        high = [j + s if j & s == 0 else 16 + j for j in range(16)]
+        low = ir.Constant(i32x16, [j if j & s == 0 else 16 + j - s for j in range(16)])
+        high = ir.Constant(i32x16, [j + s if j & s == 0 else 16 + j for j in range(16)])
         for i in range(16):
             if i & s == 0:
                 a, b = rows[i], rows[i + s]
-                rows[i] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 16), low))
-                rows[i + s] = builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 16), high))
+                rows[i], rows[i + s] = builder.shuffle_vector(a, b, low), builder.shuffle_vector(a, b, high)
     return rows
 
 
 @intrinsic
 def _split_16(typingctx, src, out, part_bytes):
-    """16 f32 at ``src`` split into three runs of 16 bf16 at ``out``, ``part_bytes`` apart."""
-    sig = types.none(types.intp, types.intp, types.intp)
+    """16 f32 at ``src`` split into three runs of 16 bf16 at ``out``, ``part_bytes`` apart; 1 if any is not
+    finite."""
+    sig = types.intp(types.intp, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
         src, out, part_bytes = args
         x = builder.load(builder.inttoptr(src, ir.VectorType(ir.FloatType(), 16).as_pointer()), align=4)
-        for p, part in enumerate(_split_vector(builder, x)):
+        parts, bad = _split_vector(builder, x)
+        for p, part in enumerate(parts):
             at = builder.add(out, builder.mul(part_bytes, ir.Constant(_I64, p)))
             builder.store(part, builder.inttoptr(at, part.type.as_pointer()), align=2)
-        return context.get_dummy_value()
+        return bad
 
     return sig, codegen
 
@@ -233,8 +228,8 @@ def _split_16(typingctx, src, out, part_bytes):
 def _pack_b_block(typingctx, src, row_bytes, out, part_bytes):
     """16 columns x 32 k of B read k-contiguous (column j at ``src + j * row_bytes``, 32 f32), split and written
     as 16 VNNI rows (k pairs) of 16 columns per part at ``out`` (rows ``BLOCK * 4`` bytes apart, parts
-    ``part_bytes`` apart): a 32-bit transpose, in registers."""
-    sig = types.none(types.intp, types.intp, types.intp, types.intp)
+    ``part_bytes`` apart): a 32-bit transpose, in registers. 1 if any is not finite."""
+    sig = types.intp(types.intp, types.intp, types.intp, types.intp)
 
     def codegen(context, builder, signature, args):
         src, row_bytes, out, part_bytes = args
@@ -242,12 +237,15 @@ def _pack_b_block(typingctx, src, row_bytes, out, part_bytes):
         i32x16 = ir.VectorType(ir.IntType(32), 16)
         concat = ir.Constant(ir.VectorType(ir.IntType(32), 32), list(range(32)))
         parts = [[], [], []]
+        bad = ir.Constant(_I64, 0)
         for j in range(16):
             base = builder.add(src, builder.mul(row_bytes, ir.Constant(_I64, j)))
             halves = []
             for h in range(2):
                 ptr = builder.inttoptr(builder.add(base, ir.Constant(_I64, 64 * h)), f32x16.as_pointer())
-                halves.append(_split_vector(builder, builder.load(ptr, align=4)))
+                split, nonfinite = _split_vector(builder, builder.load(ptr, align=4))
+                halves.append(split)
+                bad = builder.or_(bad, nonfinite)
             for p in range(PARTS):
                 k32 = builder.shuffle_vector(halves[0][p], halves[1][p], concat)  # <32 x i16>, k order
                 parts[p].append(builder.bitcast(k32, i32x16))  # 16 k pairs
@@ -256,91 +254,133 @@ def _pack_b_block(typingctx, src, row_bytes, out, part_bytes):
             for s, row in enumerate(_transpose16(builder, parts[p])):
                 ptr = builder.inttoptr(builder.add(base, ir.Constant(_I64, s * BLOCK * 4)), i32x16.as_pointer())
                 builder.store(row, ptr, align=4)  # vmovdqu: as fast when aligned
-        return context.get_dummy_value()
+        return bad
 
     return sig, codegen
 
 
+@intrinsic
+def _pack_b_pair(typingctx, src, row_bytes, out, part_bytes):
+    """Two rows of B (k and k + 1) x 16 columns read n-contiguous at ``src`` and ``src + row_bytes``, split and
+    interleaved into one VNNI row of 16 columns per part at ``out`` (parts ``part_bytes`` apart). 1 if any is
+    not finite."""
+    sig = types.intp(types.intp, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src, row_bytes, out, part_bytes = args
+        f32x16 = ir.VectorType(ir.FloatType(), 16)
+        split = [_split_vector(builder, builder.load(builder.inttoptr(at, f32x16.as_pointer()), align=4))
+                 for at in (src, builder.add(src, row_bytes))]
+        rows = [parts for parts, _ in split]
+        interleave = ir.Constant(ir.VectorType(ir.IntType(32), 32), [j // 2 + 16 * (j % 2) for j in range(32)])
+        for p in range(PARTS):
+            pairs = builder.shuffle_vector(rows[0][p], rows[1][p], interleave)
+            at = builder.add(out, builder.mul(part_bytes, ir.Constant(_I64, p)))
+            builder.store(pairs, builder.inttoptr(at, pairs.type.as_pointer()), align=4)
+        return builder.or_(split[0][1], split[1][1])
+
+    return sig, codegen
+
+
+@intrinsic
+def _load_f32(typingctx, address):
+    sig = types.float32(types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.load(builder.inttoptr(args[0], ir.FloatType().as_pointer()), align=4)
+
+    return sig, codegen
+
+
+@_inline
+def _put(out, p_index, i, j, x):
+    h, m, lo, bad = _split(x)
+    out[0, p_index, i, j] = h
+    out[1, p_index, i, j] = m
+    out[2, p_index, i, j] = lo
+    return bad
+
+
+# The operands are passed as (address, row stride, column stride) in bytes, so that one compiled version serves
+# every layout (contiguous, transposed, strided, read-only): numba compiles one per array type, seconds each.
+
+
 @_kernel
-def pack_a(a, r0, r1, out):
-    """Rows ``r0:r1`` of ``a`` [M, K] (f32, any strides) split into ``out`` [3, rows, Kp] (rows >= r1 - r0 and
-    Kp a multiple of 32): padding zero (columns past K, rows up to the next multiple of 32)."""
-    kp = out.shape[2]
-    k = a.shape[1]
-    k16 = k - k % 16 if a.strides[1] == 4 else 0
-    for i in range(min(out.shape[1], (r1 - r0 + BLOCK - 1) // BLOCK * BLOCK)):  # the rows the blocks read
+def pack_a(a, a_rs, a_cs, r0, r1, k0, k1, out):
+    """Rows ``r0:r1`` x k ``k0:k1`` of A split into ``out`` [3, 1, rows, Kc] (Kc a multiple of 32): padding zero
+    (k past ``k1``, rows up to the next multiple of 32). Returns 1 if A has a value that is not finite."""
+    bad = 0
+    kc = out.shape[3]
+    k = k1 - k0
+    k16 = k - k % 16 if a_cs == 4 else 0
+    for i in range(min(out.shape[2], (r1 - r0 + BLOCK - 1) // BLOCK * BLOCK)):  # the rows the blocks read
         start = 0
         if r0 + i < r1:
-            src = a.ctypes.data + (r0 + i) * a.strides[0]
-            dst = out.ctypes.data + i * out.strides[1]
+            src = a + (r0 + i) * a_rs + k0 * a_cs
+            dst = out.ctypes.data + i * out.strides[2]
             for j in range(0, k16, 16):
-                _split_16(src + j * 4, dst + j * 2, out.strides[0])
+                bad |= _split_16(src + j * 4, dst + j * 2, out.strides[0])
             for j in range(k16, k):
-                h, m, lo = _split(a[r0 + i, j])
-                out[0, i, j] = h
-                out[1, i, j] = m
-                out[2, i, j] = lo
+                bad |= _put(out, 0, i, j, _load_f32(src + j * a_cs))
             start = k
-        for j in range(start, kp):
-            out[0, i, j] = 0
-            out[1, i, j] = 0
-            out[2, i, j] = 0
+        for j in range(start, kc):
+            out[0, 0, i, j] = 0
+            out[1, 0, i, j] = 0
+            out[2, 0, i, j] = 0
+    return bad
 
 
 @_kernel
-def pack_b(b, c0, c1, out):
-    """Columns ``c0:c1`` (at most 32) of ``b`` [K, N] (f32, any strides) split into the VNNI panel ``out``
-    [3, Kp / 2, 32, 2]: padding zero. Loops along whichever axis of ``b`` is contiguous (a weight is [N, K])."""
-    k = b.shape[0]
-    pairs = out.shape[1]
-    if c1 - c0 < BLOCK or k % BLOCK:
-        out[:] = 0  # padding: columns past c1, k past K
-    if b.strides[0] == 4 and (c1 - c0) % 16 == 0:  # k contiguous (b = w.T): 16 x 32 blocks in registers
+def pack_b(b, b_rs, b_cs, k0, k1, c0, c1, out):
+    """k ``k0:k1`` x columns ``c0:c1`` (at most 32) of B split into the VNNI panel ``out`` [3, Kc / 2, 32, 2]:
+    padding zero. 16 x 32 blocks in registers where k or the columns are contiguous, else element by element.
+    Returns 1 if B has a value that is not finite."""
+    bad = 0
+    k = k1 - k0
+    cols = c1 - c0
+    base = b + k0 * b_rs + c0 * b_cs
+    if cols < BLOCK or k % BLOCK:
+        out[:] = 0  # padding: columns past c1, k past k1
+    if b_rs == 4 and cols % 16 == 0:  # k contiguous (a weight [N, K] used as w.T): transposed in registers
         k32 = k - k % BLOCK
-        for j in range(0, c1 - c0, 16):
-            src = b.ctypes.data + (c0 + j) * b.strides[1]
-            for k0 in range(0, k32, BLOCK):
-                _pack_b_block(src + k0 * 4, b.strides[1], out.ctypes.data + (k0 // 2) * out.strides[1] + j * 4,
-                              out.strides[0])
-            for j2 in range(j, j + 16):
-                for kk in range(k32, k):
-                    h, m, lo = _split(b[kk, c0 + j2])
-                    out[0, kk // 2, j2, kk % 2] = h
-                    out[1, kk // 2, j2, kk % 2] = m
-                    out[2, kk // 2, j2, kk % 2] = lo
-    elif b.strides[0] <= b.strides[1]:
-        for j in range(c1 - c0):
-            for kk in range(k):
-                h, m, lo = _split(b[kk, c0 + j])
-                out[0, kk // 2, j, kk % 2] = h
-                out[1, kk // 2, j, kk % 2] = m
-                out[2, kk // 2, j, kk % 2] = lo
+        for j in range(0, cols, 16):
+            for kk in range(0, k32, BLOCK):
+                at = out.ctypes.data + (kk // 2) * out.strides[1] + j * 4
+                bad |= _pack_b_block(base + j * b_cs + kk * 4, b_cs, at, out.strides[0])
+        for j in range(cols):
+            for kk in range(k32, k):
+                bad |= _put(out, kk // 2, j, kk % 2, _load_f32(base + j * b_cs + kk * 4))
+    elif b_cs == 4 and cols % 16 == 0:  # columns contiguous: row pairs interleaved in registers
+        for kk in range(0, k - k % 2, 2):
+            for j in range(0, cols, 16):
+                at = out.ctypes.data + (kk // 2) * out.strides[1] + j * 4
+                bad |= _pack_b_pair(base + kk * b_rs + j * 4, b_rs, at, out.strides[0])
+        if k % 2:
+            for j in range(cols):
+                bad |= _put(out, k // 2, j, 0, _load_f32(base + (k - 1) * b_rs + j * 4))
     else:
         for kk in range(k):
-            for j in range(c1 - c0):
-                h, m, lo = _split(b[kk, c0 + j])
-                out[0, kk // 2, j, kk % 2] = h
-                out[1, kk // 2, j, kk % 2] = m
-                out[2, kk // 2, j, kk % 2] = lo
-    return pairs
+            for j in range(cols):
+                bad |= _put(out, kk // 2, j, kk % 2, _load_f32(base + kk * b_rs + j * b_cs))
+    return bad
 
 
 @_kernel
-def gemm(a, b, c, r0, r1, c0, c1, a_buf, b_buf, edge, config):
-    """``c[r0:r1, c0:c1] = a[r0:r1] @ b[:, c0:c1]`` (f32; ``c``'s rows contiguous). Scratch: ``a_buf``
-    [3, rows, Kc] and ``b_buf`` [3, Kc / 2, 32, 2] uint16 (Kc a multiple of 32: K is taken Kc at a time, the
-    partial sums kept in ``c``), ``edge`` [32, 32] f32, ``config`` [64] uint8 (filled here). The rows are packed
-    ``a_buf.shape[1]`` at a time (the last block of rows and of k zero-padded)."""
-    k = a.shape[1]
-    kc = a_buf.shape[2]
+def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge, config):
+    """``c[r0:r1, c0:c1] = a[r0:r1] @ b[:, c0:c1]``: A [M, k] and B [k, N] f32 at addresses ``a`` and ``b``
+    (strides in bytes), ``c`` an f32 array with contiguous rows. Scratch: ``a_buf`` [3, 1, rows, Kc] and
+    ``b_buf`` [3, Kc / 2, 32, 2] uint16 (Kc a multiple of 32: k is taken Kc at a time, the partial sums kept
+    in ``c``), ``edge`` [32, 32] f32, ``config`` [64] uint8 (filled here). The rows are packed ``rows`` at a
+    time. Returns 1, leaving ``c`` unfinished, as soon as it meets an operand value that is not finite."""
+    kc = a_buf.shape[3]
     config[:] = 0
     config[0] = 1
     for t in range(8):
         config[16 + 2 * t] = 64  # bytes per row
         config[48 + t] = 16  # rows
-    a_rows = a_buf.shape[1]
+    a_rows = a_buf.shape[2]
     a_part = a_buf.strides[0]
-    a_row = a_buf.strides[1]
+    a_row = a_buf.strides[2]
     b_part = b_buf.strides[0]
     c_row = c.strides[0]
     _load_config(config.ctypes.data)
@@ -348,13 +388,16 @@ def gemm(a, b, c, r0, r1, c0, c1, a_buf, b_buf, edge, config):
         k1 = min(k0 + kc, k)
         steps = (k1 - k0 + BLOCK - 1) // BLOCK
         more = 1 if k0 > 0 else 0
-        a_k, b_k = a[:, k0:k1], b[k0:k1]
         for i0 in range(r0, r1, a_rows):
             i1 = min(i0 + a_rows, r1)
-            pack_a(a_k, i0, i1, a_buf)
+            if pack_a(a, a_rs, a_cs, i0, i1, k0, k1, a_buf):
+                _release()
+                return 1
             for j0 in range(c0, c1, BLOCK):
                 j1 = min(j0 + BLOCK, c1)
-                pack_b(b_k, j0, j1, b_buf)
+                if pack_b(b, b_rs, b_cs, k0, k1, j0, j1, b_buf):
+                    _release()
+                    return 1
                 for ib in range(i0, i1, BLOCK):
                     a_addr = a_buf.ctypes.data + (ib - i0) * a_row
                     if ib + BLOCK <= i1 and j1 - j0 == BLOCK:
@@ -369,3 +412,4 @@ def gemm(a, b, c, r0, r1, c0, c1, a_buf, b_buf, edge, config):
                                BLOCK * 4, more)
                         c[ib:ib + rows, j0:j1] = edge[:rows, :cols]
     _release()
+    return 0

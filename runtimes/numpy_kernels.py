@@ -21,7 +21,7 @@ from luminal_recipes.errors import InputError
 from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
-from . import cpu_threads, jit
+from . import amx, cpu_threads, jit
 from .expr import ElementwiseCode, ElementwisePlan
 from .kernels.context import Bind, KernelContext, Step
 from .kernels.fused import conv_windows
@@ -538,6 +538,7 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
     bias_op = operand(ctx, 2) if len(ctx.inputs) == 3 else None
     acc = None if compute == ctx.dtype else ctx.scratch.add(ctx.shape, compute)
     ops = [a_op, b_op, bias_op]
+    on_amx = _amx_products(ctx, rows if merged or not batch else m, k, n)
 
     def bind(out, flats, scratch):
         a, b, bias = bind_all(ops, flats, scratch)
@@ -548,8 +549,16 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
             a_full, b_full = np.broadcast_to(a, batch + (m, k)), np.broadcast_to(b, batch + (k, n))
             products = [(a_full[i], b_full[i], target[i]) for i in np.ndindex(*batch)]
         kw = {"dtype": F32} if compute == F32 else {}
+        if on_amx is not None:  # the same products, each cut into one part per core (see _amx_products)
+            plan, ids = on_amx
+            buffers = [[scratch[i] for i in part] for part in ids]
+            on_tiles = [amx.product(plan, left, right, dst, buffers) for left, right, dst in products]
+            products = []
 
         def body():
+            if on_amx is not None:
+                for product in on_tiles:
+                    product()
             for left, right, dst in products:
                 np.matmul(left, right, out=dst)
             if bias is not None:
@@ -560,6 +569,16 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
         return with_refresh(ops, body)
 
     return bind
+
+
+def _amx_products(ctx: KernelContext, m: int, k: int, n: int):
+    """An f32 MatMul's products on the CPU's AMX tiles (``runtimes/amx.py``: f32 accuracy from three bf16 parts
+    of each operand) when both operands are f32, the CPU has AMX and the products are large enough: the plan
+    (one part per core) and each part's scratch (packed bf16 parts of A and B, L2-sized). None: BLAS."""
+    if any(i.dtype != F32 for i in ctx.inputs[:2]) or not amx.worth_it(m, k, n):
+        return None
+    plan = amx.plan(m, k, n, cpu_threads.THREADS)
+    return plan, [[ctx.scratch.add(shape, dtype) for shape, dtype in plan.scratch_shapes] for _ in plan.parts]
 
 
 # ---- softmax and norms -------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 from . import jit
 from .executable import BackendRuntime, Executable
 from .kernels import Machine
+from .kernels.context import ALIGNMENT
 from .numpy_attention import prepare_attention, prepare_attention_blocked
 from .numpy_dequant import prepare_dequant_matmul
 from .numpy_kernels import PREPARE
@@ -59,7 +60,11 @@ class NumpyBackend:
         return host_memory()
 
     def allocate(self, nbytes: int) -> np.ndarray:
-        return np.zeros(nbytes, dtype=np.uint8)
+        # on a cache line, as the planner aligns every buffer inside it (numpy aligns to 16 bytes only; AMX tile
+        # loads of rows split across two lines run at half speed)
+        raw = np.zeros(nbytes + ALIGNMENT, dtype=np.uint8)
+        start = -raw.ctypes.data % ALIGNMENT
+        return raw[start:start + nbytes]
 
     def slot(self, buf: np.ndarray, offset: int, nbytes: int, dtype) -> np.ndarray:
         return buf[offset : offset + nbytes].view(dtype)

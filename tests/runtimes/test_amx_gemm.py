@@ -1,0 +1,129 @@
+"""The f32 product on AMX tiles (``runtimes/amx_gemm.py``, bf16x3): as accurate as an f32 GEMM against float64
+(tests/TOLERANCES.md, matmul f32: rtol 1e-5, atol 1e-5) on odd shapes and every operand layout, and the numpy
+runtime's MatMul kernel choosing it with the BLAS path's semantics. Skipped, with the reason, where the CPU (or
+the process) cannot run AMX."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fused_programs import Fused
+
+from luminal_recipes import ops
+from luminal_recipes.graph import Graph, run_reference
+from luminal_recipes.runtimes import amx, cpu_threads
+
+needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: {amx.reason_unavailable()}")
+
+
+def _operand(rng, shape, layout):
+    """An f32 matrix of ``shape`` laid out contiguous ("C"), transposed ("T", as a weight [N, K] used as w.T)
+    or strided in both axes ("S")."""
+    rows, cols = shape
+    if layout == "C":
+        return rng.standard_normal(shape).astype(np.float32)
+    if layout == "T":
+        return rng.standard_normal((cols, rows)).astype(np.float32).T
+    return rng.standard_normal((rows * 2, cols * 3)).astype(np.float32)[::2, 1::3]
+
+
+def _product(a, b, threads):
+    m, k = a.shape
+    plan = amx.plan(m, k, b.shape[1], threads)
+    scratch = [[amx.aligned_empty(s, d) for s, d in plan.scratch_shapes] for _ in plan.parts]
+    out = np.full((m, b.shape[1]), np.nan, np.float32)
+    amx.product(plan, a, b, out, scratch)()
+    return out
+
+
+@needs_amx
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 1, 1), (33, 70, 45), (100, 257, 31), (40, 96, 48), (65, 33, 97),
+                                           (300, 2000, 64)])
+@pytest.mark.parametrize("layouts", ["CC", "CT", "TC", "SS", "TT"])
+def test_amx_product_is_as_accurate_as_f32(m, k, n, layouts):
+    """Edges in M and N (not multiples of 32), K not a multiple of 32 (and taken in several blocks at
+    K = 2000), transposed and strided operands, one and two parts: within the f32 matmul tolerance of the
+    float64 product (unit-variance results, as a layer's), and within a few times numpy's own f32 error."""
+    rng = np.random.default_rng(m * 7 + k)
+    a, b = _operand(rng, (m, k), layouts[0]), _operand(rng, (k, n), layouts[1]) / np.float32(np.sqrt(k))
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    numpy_error = np.abs(a @ b - exact).max()
+    for threads in (1, 2):
+        got = _product(a, b, threads)
+        np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
+        assert np.abs(got - exact).max() <= 4 * numpy_error + 1e-6
+
+
+@needs_amx
+def test_amx_product_keeps_infinities_and_nans():
+    """Operands with an inf or a NaN are multiplied by BLAS (in bf16 parts inf times a zero part is NaN): the
+    product is non-finite exactly where numpy's is."""
+    rng = np.random.default_rng(3)
+    a, b = _operand(rng, (40, 64), "C"), _operand(rng, (64, 50), "T")
+    a[3, 5], a[7, 9], b[11, 20] = np.inf, np.nan, -np.inf
+    with np.errstate(invalid="ignore"):
+        want = a @ b
+        got = _product(a, b, 1)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_amx_is_refused_with_a_reason_when_turned_off(monkeypatch):
+    monkeypatch.setenv("LUMINAL_RECIPES_AMX", "0")
+    amx.reason_unavailable.cache_clear()
+    try:
+        assert amx.reason_unavailable() == "LUMINAL_RECIPES_AMX=0"
+    finally:
+        monkeypatch.delenv("LUMINAL_RECIPES_AMX")
+        amx.reason_unavailable.cache_clear()
+
+
+@needs_amx
+@pytest.mark.parametrize("case", ["linear_bias", "transposed_batched"])
+def test_matmul_kernel_runs_on_amx_within_the_f32_tolerance(case, numpy_runtime, monkeypatch):
+    """The numpy runtime's MatMul takes the AMX path for large f32 products (a linear layer with a bias over a
+    batch; per-head products of transposed operands) and gives the reference's values; the same bits on 1, 2
+    and 3 parts; with AMX refused it takes BLAS and agrees within the tolerance."""
+    rng = np.random.default_rng(11)
+    g = Graph()
+    f = Fused(g)
+    if case == "linear_bias":
+        x, w, bias = g.input("x", (2, 70, 96)), g.weight("w", (130, 96)), g.weight("bias", (130,))
+        g.mark_output("y", ops.linear(x, w, bias))
+        f = Fused(g)
+        shape = (2, 70, 130)
+        wv = w.T.unsqueeze(0).broadcast_to((2, 96, 130))
+        y = f.add("MatMul", [x, wv, bias.broadcast_to(shape)], shape)
+        inputs = {"x": rng.standard_normal((2, 70, 96)).astype(np.float32)}
+        weights = {"w": rng.standard_normal((130, 96)).astype(np.float32),
+                   "bias": rng.standard_normal(130).astype(np.float32)}
+    else:
+        a, b = g.input("a", (3, 67, 160)), g.input("b", (3, 100, 67))
+        av, bv = a.transpose(1, 2), b.transpose(1, 2)  # [3, 160, 67] @ [3, 67, 100]
+        g.mark_output("y", ops.matmul(av, bv))
+        f = Fused(g)
+        y = f.add("MatMul", [av, bv], (3, 160, 100))
+        inputs = {"a": rng.standard_normal((3, 67, 160)).astype(np.float32),
+                  "b": rng.standard_normal((3, 100, 67)).astype(np.float32)}
+        weights = {}
+    program = f.program(y=y)
+    want = run_reference(g, {**inputs, **weights})["y"]
+    calls = []
+    product = amx.product
+    monkeypatch.setattr(amx, "product", lambda *args: calls.append(1) or product(*args))
+    monkeypatch.setattr(amx, "MIN_MACS", 1)
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        results.append(numpy_runtime.run(program, inputs, weights)["y"])
+    assert calls, "the MatMul did not take the AMX path"
+    np.testing.assert_allclose(results[0], want, rtol=1e-5, atol=1e-5)
+    for other in results[1:]:
+        assert np.array_equal(other, results[0])
+    calls.clear()
+    monkeypatch.setattr(amx, "worth_it", lambda *args: False)
+    blas = numpy_runtime.run(program, inputs, weights)["y"]
+    assert not calls
+    np.testing.assert_allclose(blas, results[0], rtol=1e-5, atol=1e-5)
