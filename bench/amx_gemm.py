@@ -7,12 +7,19 @@ The operands are laid out as the step has them: activations ``x [M, K]`` and a w
 ``w.T``.
 
     python bench/amx_gemm.py [--repeats 5] [--shapes 768x256x2304,...] [--a-rows N]
+    python bench/amx_gemm.py --step [--double 8 --single 16]   # a whole transformer step, AMX vs BLAS
+
+``--step``: the FLUX.2 transformer of ``bench/flux2_transformer_cpu.py`` (default: the medium pipeline's 8 double
++ 16 single blocks, 256 image + 512 text tokens) compiled once and loaded twice on the numpy runtime, its
+MatMul kernels prepared on AMX in one and on BLAS in the other (the same program, plan and arena otherwise),
+then PyTorch eager's step: the three timed in turns (so that load changes hit all alike); medians and minima.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import time
 
 from luminal_recipes.openblas_spin import limit_openblas_spin
@@ -49,8 +56,61 @@ def torch_mm(x, w, out, threads):
     return lambda: torch.mm(tx, tw.t(), out=to)
 
 
+def step_ab(args) -> None:
+    """One transformer step with the MatMuls on AMX, on BLAS, and PyTorch's, timed in turns."""
+    import statistics
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import flux2_transformer_cpu as ft
+
+    from luminal_recipes.recipe.builder import build
+
+    threads = ft.blas_threads(None)
+    torch.set_num_threads(threads)
+    cfg = ft.TransformerConfig(double=args.double, single=args.single)
+    with tempfile.TemporaryDirectory(prefix="amx-step-") as tmp:
+        folder = Path(tmp) / "transformer"
+        reference = ft.save_diffusers_transformer(folder, cfg, 0)
+        inputs = ft.step_inputs(cfg, reference.config.axes_dims_rope, reference.config.rope_theta, 1)
+        model = build(ft.RECIPE, weights=folder)
+        runtime, program, _, dims, _, _ = ft.compile_ours(model, inputs, Path(tmp) / "cache")
+        on_amx = runtime.load(program, model.load_weight, dims)
+        worth_it = amx.worth_it
+        amx.worth_it = lambda *a: False
+        on_blas = runtime.load(program, model.load_weight, dims)
+        amx.worth_it = worth_it
+        theirs = ft.torch_step(reference, cfg, inputs)
+        want = theirs()
+        outs = [exe.run(inputs)["velocity"] for exe in (on_amx, on_blas)]
+        errs = [float(np.abs(o - want).max() / np.abs(want).max()) for o in outs]
+        sides = [lambda: on_amx.run(inputs, copy_outputs=False), lambda: on_blas.run(inputs, copy_outputs=False),
+                 theirs]
+        times = [[], [], []]
+        for i in range(args.repeats + 2):
+            for side, record in zip(sides, times):
+                t = time.perf_counter()
+                side()
+                if i >= 2:
+                    record.append(time.perf_counter() - t)
+        print(f"{cfg.double} double + {cfg.single} single blocks, {cfg.img} + {cfg.txt} tokens, {threads} threads; "
+              f"max |ours - torch| / max |torch|: AMX {errs[0]:.1e}, BLAS {errs[1]:.1e}")
+        for name, t in zip(("ours, MatMul on AMX", "ours, MatMul on BLAS", "PyTorch eager"), times):
+            print(f"  {name:22s} median {statistics.median(t) * 1e3:7.1f} ms  min {min(t) * 1e3:7.1f} ms")
+        med = [statistics.median(t) for t in times]
+        print(f"  AMX / BLAS {med[0] / med[1]:.3f} (minima {min(times[0]) / min(times[1]):.3f}); "
+              f"AMX / torch {med[0] / med[2]:.3f}, BLAS / torch {med[1] / med[2]:.3f}; load {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--step", action="store_true", help="time a whole transformer step, AMX vs BLAS vs torch")
+    ap.add_argument("--double", type=int, default=8)
+    ap.add_argument("--single", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in STEP_SHAPES))
     ap.add_argument("--threads", default="1,2")
@@ -59,6 +119,8 @@ def main() -> None:
     reason = amx.reason_unavailable()
     if reason:
         raise SystemExit(f"AMX unavailable: {reason}")
+    if args.step:
+        return step_ab(args)
     rng = np.random.default_rng(0)
     print("shape M x K x N, threads: GFLOP/s ours (AMX bf16x3) / numpy / torch; ours/numpy; max |error| vs float64 "
           "relative to max |result|, ours and numpy")
