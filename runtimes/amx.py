@@ -136,6 +136,25 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def part_buffers(m: int, k: int, n: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The scratch arrays (shapes, dtypes) of ``multiply`` for products of up to ``m`` rows."""
+    return plan(m, k, n, 1).scratch_shapes
+
+
+def multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, buffers: list[np.ndarray]) -> None:
+    """``out = a @ b`` on this thread (for kernels that run their own parts, e.g. attention's per-head
+    products): f32 operands of any strides, ``out`` with contiguous rows, ``buffers`` as ``part_buffers`` (for
+    at least as many rows) gave; operands with a value that is not finite go to BLAS. Only after ``ready()``."""
+    from . import amx_gemm
+
+    m, k = a.shape
+    # the compiled kernel takes one output layout (another would compile for seconds): any other goes to BLAS
+    on_tiles = out.flags.c_contiguous
+    args = (a.ctypes.data, *a.strides, b.ctypes.data, *b.strides, k, out, 0, m, 0, b.shape[1], *buffers)
+    if not on_tiles or amx_gemm.gemm(*args):
+        np.matmul(a, b, out=out)
+
+
 def product(p: Plan, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: list[list[np.ndarray]]):
     """A step computing ``out = a @ b`` (f32; ``out`` C-contiguous; ``scratch[i]``: part i's arrays, shaped as
     ``p.scratch_shapes``): the parts run on the cores (``cpu_threads``). Operands with a value that is not

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import cpu_threads, jit
+from . import amx, cpu_threads, jit
 from .kernels.context import Bind, KernelContext
 from .numpy_kernels import F32, F32_MIN, bind_all, view_reshape, with_refresh
 from .views import operand
@@ -160,9 +160,15 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     qscaled = plan.scratch((rows, d))
     sums = plan.scratch((rows,))
     accs = None if direct else plan.scratch((rows, dv))
+    # both products on the AMX tiles where they run (f32 inputs, large enough): per part, its packing buffers
+    on_amx = all(ctx.inputs[i].dtype == F32 for i in range(3)) and amx.worth_it(rows, d, t) and amx.worth_it(
+        rows, t, dv)
+    amx_buffers = [[[ctx.scratch.add(shape, dtype) for shape, dtype in amx.part_buffers(rows, *kn)]
+                    for kn in ((d, t), (t, dv))] for _ in range(plan.slots)] if on_amx else None
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
+        tiles = None if amx_buffers is None else [[[scratch[i] for i in ids] for ids in part] for part in amx_buffers]
         compiled = jit.AVAILABLE
         rows_kernel = jit.kernels().exp_rows_sum if compiled else None
         groups = _shared_kv_rows([q, k, v, bias], out, batch) if stackable else None
@@ -186,7 +192,10 @@ def prepare_attention(ctx: KernelContext) -> Bind:
         def task(slot, j):
             qr, qs, kt, vb, br, sc, col, acc, dst = blocks[slot][j]
             np.multiply(qr, scale, out=qs)
-            np.matmul(qs, kt, out=sc)
+            if tiles is None:
+                np.matmul(qs, kt, out=sc)
+            else:
+                amx.multiply(qs, kt, sc, tiles[slot][0])
             if br is not None:
                 np.add(sc, br, out=sc, dtype=F32)
             if compiled:  # max, exp and the row sums, one pass per row
@@ -196,7 +205,10 @@ def prepare_attention(ctx: KernelContext) -> Bind:
                 np.subtract(sc, col[:, None], out=sc)
                 np.exp(sc, out=sc)
                 np.sum(sc, axis=1, out=col)
-            np.matmul(sc, vb, out=acc)
+            if tiles is None:
+                np.matmul(sc, vb, out=acc)
+            else:
+                amx.multiply(sc, vb, acc, tiles[slot][1])
             _store(acc, col, dst)
 
         step = plan.run(len(tasks), task)

@@ -10,7 +10,7 @@ import pytest
 from fused_programs import Fused
 
 from luminal_recipes import ops
-from luminal_recipes.graph import Graph, run_reference
+from luminal_recipes.graph import Graph, View, run_reference
 from luminal_recipes.runtimes import amx, cpu_threads
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: {amx.reason_unavailable()}")
@@ -127,3 +127,42 @@ def test_matmul_kernel_runs_on_amx_within_the_f32_tolerance(case, numpy_runtime,
     blas = numpy_runtime.run(program, inputs, weights)["y"]
     assert not calls
     np.testing.assert_allclose(blas, results[0], rtol=1e-5, atol=1e-5)
+
+
+@needs_amx
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_attention_products_run_on_amx(with_bias, numpy_runtime, monkeypatch):
+    """The Attention kernel's per-head products (q k^T over a block of query rows, then p v) on AMX, each part
+    with its own packing buffers: grouped-query heads (k and v read through stride-0 views), a mask bias, query
+    blocks not a multiple of 32 rows, on 1 and 2 parts; the reference's values and the same bits on both."""
+    b, h, hkv, s, t, d = 1, 4, 2, 50, 70, 40
+    g = Graph()
+    q, k, v = g.input("q", (b, h, s, d)), g.input("k", (b, hkv, t, d)), g.input("v", (b, hkv, t, d))
+    bias = g.input("bias", (b, 1, s, t)) if with_bias else None
+    g.mark_output("y", ops.scaled_dot_product_attention(q, k, v, mask=bias, scale=0.3))
+    rep = h // hkv
+    views = [q.split_dim(1, (hkv, rep)), k.unsqueeze(2).broadcast_to((b, hkv, rep, t, d)),
+             v.unsqueeze(2).broadcast_to((b, hkv, rep, t, d))]
+    rng = np.random.default_rng(4)
+    inputs = {name: rng.standard_normal(x.shape).astype(np.float32) for name, x in (("q", q), ("k", k), ("v", v))}
+    if with_bias:
+        views.append(bias.unsqueeze(1).broadcast_to((b, hkv, rep, s, t)))
+        mask = rng.random((b, 1, s, t)) < 0.3
+        mask[..., 0] = False
+        inputs["bias"] = np.where(mask, np.finfo(np.float32).min, 0.0).astype(np.float32)
+    f = Fused(g)
+    y = f.add("Attention", views, (b, hkv, rep, s, d), scale=0.3)
+    program = f.program()
+    program.outputs["y"] = (y, View.contiguous((b, hkv, rep, s, d)).reshape((b, h, s, d)))
+    calls = []
+    multiply = amx.multiply
+    monkeypatch.setattr(amx, "multiply", lambda *args: calls.append(1) or multiply(*args))
+    monkeypatch.setattr(amx, "MIN_MACS", 1)
+    results = []
+    for threads in (1, 2):
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+        results.append(numpy_runtime.run(program, inputs)["y"])
+    assert calls, "the attention products did not take the AMX path"
+    np.testing.assert_allclose(results[0], run_reference(g, inputs)["y"], rtol=1e-5, atol=1e-5)
+    assert np.array_equal(results[1], results[0])
