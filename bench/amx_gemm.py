@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import statistics
 import time
 
 from luminal_recipes.openblas_spin import limit_openblas_spin
@@ -29,21 +30,22 @@ limit_openblas_spin()
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-from luminal_recipes.runtimes import amx, cpu_threads  # noqa: E402
+from luminal_recipes.runtimes import amx  # noqa: E402
 
 STEP_SHAPES = ((768, 256, 2304), (768, 1024, 256), (512, 256, 1536), (512, 256, 256), (256, 256, 1536),
                (512, 768, 256), (256, 256, 256), (256, 768, 256))
 
 
-def best_of_turns(calls, repeats: int, block: int = 3) -> list[float]:
-    best = [float("inf")] * len(calls)
+def turns(calls, repeats: int, block: int = 3) -> list[list[float]]:
+    """Seconds of every call, the sides taking turns of ``block`` calls ``repeats`` times."""
+    times = [[] for _ in calls]
     for _ in range(repeats):
         for i, call in enumerate(calls):
             for _ in range(block):
                 t = time.perf_counter()
                 call()
-                best[i] = min(best[i], time.perf_counter() - t)
-    return best
+                times[i].append(time.perf_counter() - t)
+    return times
 
 
 def torch_mm(x, w, out, threads):
@@ -58,7 +60,6 @@ def torch_mm(x, w, out, threads):
 
 def step_ab(args) -> None:
     """One transformer step with the MatMuls on AMX, on BLAS, and PyTorch's, timed in turns."""
-    import statistics
     import sys
     import tempfile
     from pathlib import Path
@@ -111,7 +112,7 @@ def main() -> None:
     ap.add_argument("--step", action="store_true", help="time a whole transformer step, AMX vs BLAS vs torch")
     ap.add_argument("--double", type=int, default=8)
     ap.add_argument("--single", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="turns of 3 calls per side (--step: steps per side)")
     ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in STEP_SHAPES))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--a-rows", type=int, default=0, help="override the rows of A packed at a time")
@@ -122,8 +123,8 @@ def main() -> None:
     if args.step:
         return step_ab(args)
     rng = np.random.default_rng(0)
-    print("shape M x K x N, threads: GFLOP/s ours (AMX bf16x3) / numpy / torch; ours/numpy; max |error| vs float64 "
-          "relative to max |result|, ours and numpy")
+    print("shape M x K x N, threads: GFLOP/s at best and median, ours (AMX bf16x3) / numpy / torch; ours/numpy at "
+          "best and median; max |error| vs float64 relative to max |result|, ours and numpy")
     for shape in args.shapes.split(","):
         m, k, n = map(int, shape.split("x"))
         x = rng.standard_normal((m, k)).astype(np.float32)
@@ -135,18 +136,22 @@ def main() -> None:
                 p = amx.Plan(p.m, p.k, p.n, p.parts, args.a_rows, p.kc)
             scratch = [[amx.aligned_empty(s, d) for s, d in p.scratch_shapes] for _ in p.parts]
             ours = amx.aligned_empty((m, n), np.float32)
-            parts = amx.steps(p, x, w.T, ours, scratch)
+            ours_product = amx.product(p, x, w.T, ours, scratch)
             ref = np.empty((m, n), np.float32)
             with threadpool_limits(threads, user_api="blas"):
-                sides = [functools.partial(cpu_threads.run_parts, parts), functools.partial(np.matmul, x, w.T, out=ref)]
+                sides = [ours_product, functools.partial(np.matmul, x, w.T, out=ref)]
                 theirs = torch_mm(x, w, np.empty((m, n), np.float32), threads)
-                times = best_of_turns(sides + ([theirs] if theirs else []), args.repeats)
-            gf = [2 * m * k * n / t / 1e9 for t in times]
+                times = turns(sides + ([theirs] if theirs else []), args.repeats)
+            flops = 2 * m * k * n
+            best = [flops / min(t) / 1e9 for t in times]
+            typical = [flops / statistics.median(t) / 1e9 for t in times]
             scale = np.abs(exact).max()
             err = [np.abs(r - exact).max() / scale for r in (ours, ref)]
-            torch_gf = f"{gf[2]:6.1f}" if theirs else "   -  "
-            print(f"{m}x{k}x{n} t{threads}: {gf[0]:6.1f} / {gf[1]:6.1f} / {torch_gf}  {gf[0] / gf[1]:5.2f}x   "
+            torch_gf = f"{best[2]:6.1f} {typical[2]:6.1f}" if theirs else "   -      -  "
+            print(f"{m}x{k}x{n} t{threads}: {best[0]:6.1f} {typical[0]:6.1f} / {best[1]:6.1f} {typical[1]:6.1f} / "
+                  f"{torch_gf}  {best[0] / best[1]:5.2f}x {typical[0] / typical[1]:5.2f}x  "
                   f"err {err[0]:.1e} {err[1]:.1e}", flush=True)
+    print(f"load {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
