@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import math
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,8 +60,17 @@ def worth_it(m: int, k: int, n: int) -> bool:
     return m >= 16 and n >= 16 and k >= 16 and m * k * n >= MIN_MACS and ready()
 
 
-@functools.cache
+_READY_LOCK = threading.Lock()
+
+
 def ready() -> bool:
+    """``_check_kernels()``, once per process (the jit warm-up thread usually asks first)."""
+    with _READY_LOCK:
+        return _check_kernels()
+
+
+@functools.cache
+def _check_kernels() -> bool:
     """AMX is available and its kernels are compiled (or loaded from numba's cache) and give numpy's product
     on a small odd-shaped one: checked once per process, so that a broken toolchain falls back to BLAS."""
     if not available():

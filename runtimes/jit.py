@@ -96,8 +96,15 @@ def warm_up() -> None:
     global _WARMING
     if not AVAILABLE or _WARMING is not None:
         return
-    _WARMING = threading.Thread(target=kernels, name="luminal-jit-warm-up", daemon=True)
+    _WARMING = threading.Thread(target=_warm, name="luminal-jit-warm-up", daemon=True)
     _WARMING.start()
+
+
+def _warm() -> None:
+    kernels()
+    from . import amx
+
+    amx.ready()  # the AMX product's kernels too, on a CPU with AMX (else a no-op)
 
 
 def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[], None]:
