@@ -154,7 +154,9 @@ def part_buffers(m: int, k: int, n: int) -> list[tuple[tuple[int, ...], np.dtype
 def multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, buffers: list[np.ndarray]) -> None:
     """``out = a @ b`` on this thread (for kernels that run their own parts, e.g. attention's per-head
     products): f32 operands of any strides, ``out`` with contiguous rows, ``buffers`` as ``part_buffers`` (for
-    at least as many rows) gave; operands with a value that is not finite go to BLAS. Only after ``ready()``."""
+    at least as many rows) gave; operands with a value that is not finite go to BLAS."""
+    if not available():  # also asks Linux for the tiles, before any tile instruction
+        raise RuntimeError(f"AMX products unavailable: {reason_unavailable()}")
     from . import amx_gemm
 
     m, k = a.shape

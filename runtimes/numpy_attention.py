@@ -160,15 +160,15 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     qscaled = plan.scratch((rows, d))
     sums = plan.scratch((rows,))
     accs = None if direct else plan.scratch((rows, dv))
-    # both products on the AMX tiles where they run (f32 inputs, large enough): per part, its packing buffers
-    on_amx = all(ctx.inputs[i].dtype == F32 for i in range(3)) and amx.worth_it(rows, d, t) and amx.worth_it(
-        rows, t, dv)
-    amx_buffers = [[[ctx.scratch.add(shape, dtype) for shape, dtype in amx.part_buffers(rows, *kn)]
-                    for kn in ((d, t), (t, dv))] for _ in range(plan.slots)] if on_amx else None
+    # q k^T on the AMX tiles where they run (f32 inputs, large enough): per part, its packing buffers. Not p v:
+    # splitting p (rows x T) into bf16 parts costs as much as that product saves (256 x 768 x 64: 0.7x BLAS's speed)
+    on_amx = ctx.inputs[0].dtype == F32 and ctx.inputs[1].dtype == F32 and amx.worth_it(rows, d, t)
+    amx_buffers = [[ctx.scratch.add(shape, dtype) for shape, dtype in amx.part_buffers(rows, d, t)]
+                   for _ in range(plan.slots)] if on_amx else None
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
-        tiles = None if amx_buffers is None else [[[scratch[i] for i in ids] for ids in part] for part in amx_buffers]
+        tiles = None if amx_buffers is None else [[scratch[i] for i in part] for part in amx_buffers]
         compiled = jit.AVAILABLE
         rows_kernel = jit.kernels().exp_rows_sum if compiled else None
         groups = _shared_kv_rows([q, k, v, bias], out, batch) if stackable else None
@@ -195,7 +195,7 @@ def prepare_attention(ctx: KernelContext) -> Bind:
             if tiles is None:
                 np.matmul(qs, kt, out=sc)
             else:
-                amx.multiply(qs, kt, sc, tiles[slot][0])
+                amx.multiply(qs, kt, sc, tiles[slot])
             if br is not None:
                 np.add(sc, br, out=sc, dtype=F32)
             if compiled:  # max, exp and the row sums, one pass per row
@@ -205,10 +205,7 @@ def prepare_attention(ctx: KernelContext) -> Bind:
                 np.subtract(sc, col[:, None], out=sc)
                 np.exp(sc, out=sc)
                 np.sum(sc, axis=1, out=col)
-            if tiles is None:
-                np.matmul(sc, vb, out=acc)
-            else:
-                amx.multiply(sc, vb, acc, tiles[slot][1])
+            np.matmul(sc, vb, out=acc)
             _store(acc, col, dst)
 
         step = plan.run(len(tasks), task)

@@ -132,8 +132,8 @@ def test_matmul_kernel_runs_on_amx_within_the_f32_tolerance(case, numpy_runtime,
 @needs_amx
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_attention_products_run_on_amx(with_bias, numpy_runtime, monkeypatch):
-    """The Attention kernel's per-head products (q k^T over a block of query rows, then p v) on AMX, each part
-    with its own packing buffers: grouped-query heads (k and v read through stride-0 views), a mask bias, query
+    """The Attention kernel's q k^T per (head, query block) on AMX (p v stays on BLAS), each part with its own
+    packing buffers: grouped-query heads (k and v read through stride-0 views), a mask bias, query
     blocks not a multiple of 32 rows, on 1 and 2 parts; the reference's values and the same bits on both."""
     b, h, hkv, s, t, d = 1, 4, 2, 50, 70, 40
     g = Graph()
