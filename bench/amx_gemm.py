@@ -6,7 +6,7 @@ numpy and torch on 2 threads use their BLAS's own threads. Each side is timed in
 The operands are laid out as the step has them: activations ``x [M, K]`` and a weight ``w [N, K]`` used as
 ``w.T``.
 
-    python bench/amx_gemm.py [--repeats 5] [--shapes 768x256x2304,...] [--a-rows N]
+    python bench/amx_gemm.py [--repeats 5] [--threads 1,2] [--shapes 768x256x2304,...] [--a-rows N]
     python bench/amx_gemm.py --step [--double 8 --single 16]   # a whole transformer step, AMX vs BLAS
 
 ``--step``: the FLUX.2 transformer of ``bench/flux2_transformer_cpu.py`` (default: the medium pipeline's 8 double
@@ -46,6 +46,20 @@ def turns(calls, repeats: int, block: int = 3) -> list[list[float]]:
                 call()
                 times[i].append(time.perf_counter() - t)
     return times
+
+
+def numpy_in_parts(a, b, out, p):
+    """``out = a @ b`` cut as our product is (``p.parts``), each part an ``np.matmul`` on one BLAS thread, the
+    parts on our thread pool: how the runtime's attention runs BLAS."""
+    from luminal_recipes.runtimes import cpu_threads
+
+    parts = [functools.partial(np.matmul, a[r0:r1], b[:, c0:c1], out=out[r0:r1, c0:c1]) for r0, r1, c0, c1 in p.parts]
+
+    def run():
+        with cpu_threads.blas_single_threaded():
+            cpu_threads.run_parts(parts)
+
+    return run
 
 
 def torch_mm(x, w, out, threads):
@@ -123,8 +137,9 @@ def main() -> None:
     if args.step:
         return step_ab(args)
     rng = np.random.default_rng(0)
-    print("shape M x K x N, threads: GFLOP/s at best and median, ours (AMX bf16x3) / numpy / torch; ours/numpy at "
-          "best and median; max |error| vs float64 relative to max |result|, ours and numpy")
+    print("GFLOP/s, best and median of the turns: ours (AMX bf16x3) | numpy (BLAS's threads) | numpy in parts "
+          "(BLAS on one thread per part, our thread pool) | torch mm; ours over the faster numpy, median of the "
+          "per-turn ratios; max |error| vs float64 relative to max |result|, ours and numpy")
     for shape in args.shapes.split(","):
         m, k, n = map(int, shape.split("x"))
         x = rng.standard_normal((m, k)).astype(np.float32)
@@ -136,20 +151,24 @@ def main() -> None:
                 p = amx.Plan(p.m, p.k, p.n, p.parts, args.a_rows, p.kc)
             scratch = [[amx.aligned_empty(s, d) for s, d in p.scratch_shapes] for _ in p.parts]
             ours = amx.aligned_empty((m, n), np.float32)
-            ours_product = amx.product(p, x, w.T, ours, scratch)
-            ref = np.empty((m, n), np.float32)
+            ref, split = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+            sides = {"ours": amx.product(p, x, w.T, ours, scratch),
+                     "numpy": functools.partial(np.matmul, x, w.T, out=ref)}
+            if threads > 1:
+                sides["numpy in parts"] = numpy_in_parts(x, w.T, split, p)
+            theirs = torch_mm(x, w, np.empty((m, n), np.float32), threads)
+            if theirs:
+                sides["torch"] = theirs
             with threadpool_limits(threads, user_api="blas"):
-                sides = [ours_product, functools.partial(np.matmul, x, w.T, out=ref)]
-                theirs = torch_mm(x, w, np.empty((m, n), np.float32), threads)
-                times = turns(sides + ([theirs] if theirs else []), args.repeats)
+                times = turns(list(sides.values()), args.repeats)
             flops = 2 * m * k * n
-            best = [flops / min(t) / 1e9 for t in times]
-            typical = [flops / statistics.median(t) / 1e9 for t in times]
+            cells = " | ".join(f"{flops / min(t) / 1e9:5.0f} {flops / statistics.median(t) / 1e9:5.0f}" for t in times)
+            numpys = [times[i] for i, name in enumerate(sides) if name.startswith("numpy")]
+            ratios = [min(min(t[r:r + 3]) for t in numpys) / min(times[0][r:r + 3])
+                      for r in range(0, len(times[0]), 3)]
             scale = np.abs(exact).max()
             err = [np.abs(r - exact).max() / scale for r in (ours, ref)]
-            torch_gf = f"{best[2]:6.1f} {typical[2]:6.1f}" if theirs else "   -      -  "
-            print(f"{m}x{k}x{n} t{threads}: {best[0]:6.1f} {typical[0]:6.1f} / {best[1]:6.1f} {typical[1]:6.1f} / "
-                  f"{torch_gf}  {best[0] / best[1]:5.2f}x {typical[0] / typical[1]:5.2f}x  "
+            print(f"{m}x{k}x{n} t{threads}: {cells}  {statistics.median(ratios):5.2f}x  "
                   f"err {err[0]:.1e} {err[1]:.1e}", flush=True)
     print(f"load {os.getloadavg()[0]:.2f}")
 
