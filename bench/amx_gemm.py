@@ -2,7 +2,9 @@
 medium FLUX.2 step's MatMul shapes: GFLOP/s on 1 and 2 threads, and the accuracy against float64.
 
 Ours on 2 threads is two parts on ``cpu_threads``' workers (each part single-threaded, as the runtime runs it);
-numpy and torch on 2 threads use their BLAS's own threads. Each side is timed in turns of a few calls (minima).
+numpy and torch on 2 threads use their BLAS's own threads, and "numpy in parts" is ``np.matmul`` on one BLAS thread
+per part of ours, on the same pool. The sides take turns of 3 calls; best and median GFLOP/s, and the median over
+the turns of the faster numpy's time over ours (load changes within minutes on a shared machine).
 The operands are laid out as the step has them: activations ``x [M, K]`` and a weight ``w [N, K]`` used as
 ``w.T``.
 
