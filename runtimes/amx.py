@@ -109,6 +109,7 @@ class Plan:
     parts: tuple[tuple[int, int, int, int], ...]
     a_rows: int  # rows of A packed at a time
     kc: int
+    chunks: tuple[tuple[int, int], ...] = ()  # columns taken in turn by the parts (see plan), or fixed parts
 
     @property
     def scratch_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
@@ -116,7 +117,15 @@ class Plan:
                 ((BLOCK, BLOCK), np.dtype(np.float32)), ((64,), np.dtype(np.uint8))]
 
 
+MACS_PER_PART = 1 << 22  # a part of fewer multiply-adds (~20 us) is not worth a thread hand-off
+CHUNK_PANELS = 4  # 32-column panels per chunk taken in turn
+
+
 def plan(m: int, k: int, n: int, threads: int) -> Plan:
+    """Cut the product for ``threads`` cores. When B has more elements, the parts take chunks of columns in
+    turn (``cpu_threads.claimed``: a core the OS gives less time does fewer), each part packing A once, where
+    A's packed rows fit in L2 in one piece; otherwise fixed parts (rows when A has more elements)."""
+    threads = max(1, min(threads, m * k * n // MACS_PER_PART))
     if n >= m:  # B has more elements: each thread takes whole panels of columns
         cuts = _cuts(_round_up(n, BLOCK) // BLOCK, threads)
         parts = tuple((0, m, min(n, lo * BLOCK), min(n, hi * BLOCK)) for lo, hi in cuts)
@@ -128,7 +137,13 @@ def plan(m: int, k: int, n: int, threads: int) -> Plan:
     if kc_most == BLOCK:  # so many rows that even 32 k of them overflow L2: fewer rows at a time
         a_rows = max(BLOCK, A_BLOCK_BYTES // (6 * BLOCK) // BLOCK * BLOCK)
     k_blocks = -(-max(k, 1) // kc_most)
-    return Plan(m, k, n, parts, a_rows, _round_up(-(-max(k, 1) // k_blocks), BLOCK))
+    kc = _round_up(-(-max(k, 1) // k_blocks), BLOCK)
+    chunks = ()
+    if len(parts) > 1 and n >= m and a_rows >= m and kc >= k:  # A packed once per part, in one piece
+        panels = _round_up(n, BLOCK) // BLOCK
+        per_chunk = max(1, min(CHUNK_PANELS, panels // (4 * len(parts))))
+        chunks = tuple((j * BLOCK, min(n, (j + per_chunk) * BLOCK)) for j in range(0, panels, per_chunk))
+    return Plan(m, k, n, parts, a_rows, kc, chunks)
 
 
 def _cuts(blocks: int, threads: int) -> list[tuple[int, int]]:
@@ -162,7 +177,7 @@ def multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, buffers: list[np.nda
     m, k = a.shape
     # the compiled kernel takes one output layout (another would compile for seconds): any other goes to BLAS
     on_tiles = out.flags.c_contiguous
-    args = (a.ctypes.data, *a.strides, b.ctypes.data, *b.strides, k, out, 0, m, 0, b.shape[1], *buffers)
+    args = (a.ctypes.data, *a.strides, b.ctypes.data, *b.strides, k, out, 0, m, 0, b.shape[1], *buffers, 0)
     if not on_tiles or amx_gemm.gemm(*args):
         np.matmul(a, b, out=out)
 
@@ -180,14 +195,31 @@ def product(p: Plan, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: lis
 
     operands = (a.ctypes.data, *a.strides, b.ctypes.data, *b.strides, p.k, out)
     nonfinite = [0] * len(p.parts)
+    if p.chunks:  # chunks of columns taken in turn; each part packs all of A on its first
+        packed = [0] * len(p.parts)
 
-    def part(i, rows_cols, buffers):
-        nonfinite[i] = amx_gemm.gemm(*operands, *rows_cols, *buffers)
+        def task(slot: int, j: int) -> None:
+            c0, c1 = p.chunks[j]
+            nonfinite[slot] |= amx_gemm.gemm(*operands, 0, p.m, c0, c1, *scratch[slot], packed[slot])
+            packed[slot] = 1
 
-    parts = [functools.partial(part, i, rc, s) for i, (rc, s) in enumerate(zip(p.parts, scratch))]
+        parts = cpu_threads.claimed(len(p.chunks), len(p.parts), task)
+
+        def run_parts():
+            packed[:] = [0] * len(packed)
+            parts()
+    else:
+        def part(i, rows_cols, buffers):
+            nonfinite[i] = amx_gemm.gemm(*operands, *rows_cols, *buffers, 0)
+
+        fixed = [functools.partial(part, i, rc, s) for i, (rc, s) in enumerate(zip(p.parts, scratch))]
+
+        def run_parts():
+            cpu_threads.run_parts(fixed)
 
     def step():
-        cpu_threads.run_parts(parts)
+        nonfinite[:] = [0] * len(nonfinite)
+        run_parts()
         if any(nonfinite):
             np.matmul(a, b, out=out)
 

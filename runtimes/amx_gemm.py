@@ -366,12 +366,14 @@ def pack_b(b, b_rs, b_cs, k0, k1, c0, c1, out):
 
 
 @_kernel
-def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge, config):
+def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge, config, a_packed):
     """``c[r0:r1, c0:c1] = a[r0:r1] @ b[:, c0:c1]``: A [M, k] and B [k, N] f32 at addresses ``a`` and ``b``
     (strides in bytes), ``c`` an f32 array with contiguous rows. Scratch: ``a_buf`` [3, 1, rows, Kc] and
     ``b_buf`` [3, Kc / 2, 32, 2] uint16 (Kc a multiple of 32: k is taken Kc at a time, the partial sums kept
     in ``c``), ``edge`` [32, 32] f32, ``config`` [64] uint8 (filled here). The rows are packed ``rows`` at a
-    time. Returns 1, leaving ``c`` unfinished, as soon as it meets an operand value that is not finite."""
+    time. ``a_packed``: ``a_buf`` already holds these rows of A (one block of rows and of k, packed by an earlier
+    call on other columns). Returns 1, leaving ``c`` unfinished, as soon as it meets an operand value that is not
+    finite."""
     kc = a_buf.shape[3]
     config[:] = 0
     config[0] = 1
@@ -390,7 +392,7 @@ def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge,
         more = 1 if k0 > 0 else 0
         for i0 in range(r0, r1, a_rows):
             i1 = min(i0 + a_rows, r1)
-            if pack_a(a, a_rs, a_cs, i0, i1, k0, k1, a_buf):
+            if not a_packed and pack_a(a, a_rs, a_cs, i0, i1, k0, k1, a_buf):
                 _release()
                 return 1
             for j0 in range(c0, c1, BLOCK):

@@ -38,12 +38,14 @@ def _product(a, b, threads):
 
 @needs_amx
 @pytest.mark.parametrize(("m", "k", "n"), [(1, 1, 1), (33, 70, 45), (100, 257, 31), (40, 96, 48), (65, 33, 97),
-                                           (300, 2000, 64)])
+                                           (300, 2000, 64), (40, 96, 300)])
 @pytest.mark.parametrize("layouts", ["CC", "CT", "TC", "SS", "TT"])
-def test_amx_product_is_as_accurate_as_f32(m, k, n, layouts):
+def test_amx_product_is_as_accurate_as_f32(m, k, n, layouts, monkeypatch):
     """Edges in M and N (not multiples of 32), K not a multiple of 32 (and taken in several blocks at
-    K = 2000), transposed and strided operands, one and two parts: within the f32 matmul tolerance of the
-    float64 product (unit-variance results, as a layer's), and within a few times numpy's own f32 error."""
+    K = 2000), transposed and strided operands, one and two parts (fixed rows or columns, or column chunks
+    taken in turn: (40, 96, 300)): within the f32 matmul tolerance of the float64 product (unit-variance
+    results, as a layer's), and within a few times numpy's own f32 error."""
+    monkeypatch.setattr(amx, "MACS_PER_PART", 1)
     rng = np.random.default_rng(m * 7 + k)
     a, b = _operand(rng, (m, k), layouts[0]), _operand(rng, (k, n), layouts[1]) / np.float32(np.sqrt(k))
     exact = a.astype(np.float64) @ b.astype(np.float64)
@@ -84,21 +86,22 @@ def test_amx_is_refused_with_a_reason_when_turned_off(monkeypatch):
 @pytest.mark.parametrize("case", ["linear_bias", "transposed_batched"])
 def test_matmul_kernel_runs_on_amx_within_the_f32_tolerance(case, numpy_runtime, monkeypatch):
     """The numpy runtime's MatMul takes the AMX path for large f32 products (a linear layer with a bias over a
-    batch; per-head products of transposed operands) and gives the reference's values; the same bits on 1, 2
-    and 3 parts; with AMX refused it takes BLAS and agrees within the tolerance."""
+    batch: column chunks taken in turn; per-head products of transposed operands: fixed parts of rows) and
+    gives the reference's values; the same bits on 1, 2 and 3 parts; with AMX refused it takes BLAS and agrees
+    within the tolerance."""
     rng = np.random.default_rng(11)
     g = Graph()
     f = Fused(g)
     if case == "linear_bias":
-        x, w, bias = g.input("x", (2, 70, 96)), g.weight("w", (130, 96)), g.weight("bias", (130,))
+        x, w, bias = g.input("x", (2, 70, 96)), g.weight("w", (300, 96)), g.weight("bias", (300,))
         g.mark_output("y", ops.linear(x, w, bias))
         f = Fused(g)
-        shape = (2, 70, 130)
-        wv = w.T.unsqueeze(0).broadcast_to((2, 96, 130))
+        shape = (2, 70, 300)
+        wv = w.T.unsqueeze(0).broadcast_to((2, 96, 300))
         y = f.add("MatMul", [x, wv, bias.broadcast_to(shape)], shape)
         inputs = {"x": rng.standard_normal((2, 70, 96)).astype(np.float32)}
-        weights = {"w": rng.standard_normal((130, 96)).astype(np.float32),
-                   "bias": rng.standard_normal(130).astype(np.float32)}
+        weights = {"w": rng.standard_normal((300, 96)).astype(np.float32),
+                   "bias": rng.standard_normal(300).astype(np.float32)}
     else:
         a, b = g.input("a", (3, 67, 160)), g.input("b", (3, 100, 67))
         av, bv = a.transpose(1, 2), b.transpose(1, 2)  # [3, 160, 67] @ [3, 67, 100]
@@ -114,6 +117,7 @@ def test_matmul_kernel_runs_on_amx_within_the_f32_tolerance(case, numpy_runtime,
     product = amx.product
     monkeypatch.setattr(amx, "product", lambda *args: calls.append(1) or product(*args))
     monkeypatch.setattr(amx, "MIN_MACS", 1)
+    monkeypatch.setattr(amx, "MACS_PER_PART", 1)
     results = []
     for threads in (1, 2, 3):
         monkeypatch.setattr(cpu_threads, "THREADS", threads)
