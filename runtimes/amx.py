@@ -1,7 +1,11 @@
-"""Whether the f32 products may run on AMX (``amx_gemm``): the CPU has AMX tiles and bf16 (read from
-``/proc/cpuinfo``), numba is installed, ``LUMINAL_RECIPES_AMX`` is not ``0``, and Linux granted this process
-the tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: a process must ask before its first
-tile instruction, which would otherwise kill it with SIGILL). Asked once; the answer is kept.
+"""f32 products on the CPU's AMX tiles (``amx_gemm``: bf16x3, f32 accuracy) for the numpy runtime's MatMul and
+attention kernels: whether they may run here, how a product is cut for the cores, and the step that runs it.
+
+They may run when the CPU has AMX tiles and bf16 (``/proc/cpuinfo``), numba is installed, ``LUMINAL_RECIPES_AMX``
+is not ``0``, Linux granted this process the tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM,
+XFEATURE_XTILEDATA)``: a process must ask before its first tile instruction, which would otherwise kill it with
+SIGILL; the grant covers every thread), and the compiled kernels match numpy on a probe product (``ready``).
+Kernels choose at prepare time (``worth_it``); a product with an inf or NaN operand is computed by BLAS.
 """
 
 from __future__ import annotations
@@ -99,9 +103,10 @@ def _round_up(x: int, to: int) -> int:
 @dataclass(frozen=True)
 class Plan:
     """How ``a [m, k] @ b [k, n]`` is cut: ``parts`` (rows, columns) ranges, one per thread, each with its own
-    scratch (``scratch_shapes``). The operand with more elements is split between the threads (its packing is
-    not repeated); the other is packed whole by each. K is taken ``kc`` at a time so that a part's packed rows
-    of A stay in its core's L2 (the partial sums wait in the output)."""
+    scratch (``scratch_shapes``), or, with ``chunks``, one part per thread taking chunks of columns in turn. The
+    operand with more elements is split between the threads (its packing is not repeated); the other is packed
+    whole by each. K is taken ``kc`` at a time so that a part's packed rows of A stay in its core's L2 (the
+    partial sums wait in the output)."""
 
     m: int
     k: int
@@ -168,8 +173,8 @@ def part_buffers(m: int, k: int, n: int) -> list[tuple[tuple[int, ...], np.dtype
 
 def multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, buffers: list[np.ndarray]) -> None:
     """``out = a @ b`` on this thread (for kernels that run their own parts, e.g. attention's per-head
-    products): f32 operands of any strides, ``out`` with contiguous rows, ``buffers`` as ``part_buffers`` (for
-    at least as many rows) gave; operands with a value that is not finite go to BLAS."""
+    products): f32 operands of any strides, ``buffers`` as ``part_buffers`` (for at least as many rows) gave;
+    operands with a value that is not finite, or an ``out`` that is not C-contiguous, go to BLAS."""
     if not available():  # also asks Linux for the tiles, before any tile instruction
         raise RuntimeError(f"AMX products unavailable: {reason_unavailable()}")
     from . import amx_gemm
