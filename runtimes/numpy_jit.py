@@ -499,6 +499,41 @@ def _tile_io(table, k, reg_address, i, j0, rows, l0, cols, store):
     reg = _f32_pointer(reg_address)
     p = _f32_pointer(table[k, 0])
     s0, s1, s2 = table[k, 1], table[k, 2], table[k, 3]
+    if rows > 1 and s1 == cols * s2:  # the rows follow each other: one run of rows * cols elements
+        at = i * s0 + j0 * s1 + l0 * s2
+        n = rows * cols
+        if store:
+            if s2 == 1:
+                for t in range(n):
+                    p[at + t] = reg[t]
+            else:
+                for t in range(n):
+                    p[at + t * s2] = reg[t]
+        elif s2 == 1:
+            for t in range(n):
+                reg[t] = p[at + t]
+        elif s2 == 0:
+            v = p[at]
+            for t in range(n):
+                reg[t] = v
+        else:
+            for t in range(n):
+                reg[t] = p[at + t * s2]
+        return
+    if cols == 2 and not store:  # short rows (pairs): both elements of a row per iteration
+        at = i * s0 + j0 * s1 + l0 * s2
+        if s1 == 2 and s2 == -1:  # the pairs of a contiguous run, each read reversed (vectorises: shuffles)
+            q = at - 1
+            for r in range(rows):
+                a = p[q + 2 * r]
+                b = p[q + 2 * r + 1]
+                reg[2 * r] = b
+                reg[2 * r + 1] = a
+            return
+        for r in range(rows):
+            reg[2 * r] = p[at + r * s1]
+            reg[2 * r + 1] = p[at + r * s1 + s2]
+        return
     for r in range(rows):
         at = i * s0 + (j0 + r) * s1 + l0 * s2
         t = r * cols

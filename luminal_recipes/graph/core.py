@@ -282,6 +282,10 @@ class Tensor:
             stop += size
         return self._with_view(self.view.slice(axis, start, stop, step))
 
+    def flip(self, axis: int) -> Tensor:
+        """Reverse the order along one axis (a view with a negative stride)."""
+        return self._with_view(self.view.flip(self._axis(axis, "flip")))
+
     def pad(self, axis: int, before: Dim, after: Dim) -> Tensor:
         """Zero-pad one axis (the view reads 0 outside the original range)."""
         return self._with_view(self.view.pad(self._axis(axis, "pad"), before, after))

@@ -103,7 +103,7 @@ class View:
         start, stop, size = to_dim(start), to_dim(stop), self.shape[axis]
         if step < 1:
             raise SliceError(f"slice: step must be >= 1, got {step} (axis {axis} of shape "
-                             f"{shape_str(self.shape)}); reverse order is not a view, use a gather instead")
+                             f"{shape_str(self.shape)}); for reverse order use flip(axis)")
         concrete = all(isinstance(x, int) for x in (start, stop, size))
         if concrete and not (0 <= start <= stop <= size):
             raise SliceError(
@@ -133,6 +133,20 @@ class View:
             m[axis] = (lo, max(hi, lo) if isinstance(hi, int) and isinstance(lo, int) else hi)
             mask = self._with_mask(m, shape)
         return View(shape, strides, offset, mask)
+
+    def flip(self, axis: int) -> View:
+        """Reverse one axis: index ``i`` reads what ``d - 1 - i`` read (a negative stride, no copy)."""
+        axis = self._axis(axis, "flip")
+        d, s = self.shape[axis], self.strides[axis]
+        strides = self.strides[:axis] + (mul(s, -1),) + self.strides[axis + 1 :]
+        offset = add(self.offset, mul(add(d, -1), s))
+        mask = None
+        if self.mask is not None:
+            m = list(self.mask)
+            lo, hi = m[axis]
+            m[axis] = (add(d, mul(hi, -1)), add(d, mul(lo, -1)))
+            mask = tuple(m)
+        return View(self.shape, strides, offset, mask)
 
     def pad(self, axis: int, before: Dim, after: Dim) -> View:
         axis = self._axis(axis, "pad")
@@ -267,7 +281,7 @@ class BoundView:
         if 0 in self.shape:
             return np.zeros(self.shape, dtype=flat.dtype)
         if self.mask is None:
-            last = self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.strides))
+            last = self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.strides) if s > 0)
             first = self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.strides) if s < 0)
             if first >= 0 and last < flat.size:
                 item = flat.itemsize

@@ -42,11 +42,6 @@ def swap_halves(x: Tensor) -> Tensor:
     return concat([x.slice(-1, d // 2, d), x.slice(-1, 0, d // 2)], -1)
 
 
-def swap_pairs(x: Tensor) -> Tensor:
-    """(x0, x1), (x2, x3)... -> (x1, x0), (x3, x2)... (``rotate_pairs`` without its sign)."""
-    d = x.shape[-1]
-    pairs = x.split_dim(-1, (d // 2, 2))
-    return concat([pairs.slice(-1, 1, 2), pairs.slice(-1, 0, 1)], -1).reshape(x.shape)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, style: str = "half") -> Tensor:
@@ -57,19 +52,19 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, style: str = "half") -> Tens
     does; narrower ones are cast to ``x``'s dtype.
 
     The rotation's sign goes onto the table: ``rotate(x) * sin = swap(x) * (sin * signs)``, signs +-1, the same
-    values (flipping a sign is exact), but the rotation is then a pure copy of x (one Concat) and the signs fuse
-    into the Elementwise pass of the sum, instead of a kernel negating half of x before the copy.
+    values (flipping a sign is exact), but the rotation is then a pure copy of x (one Concat; for "pairs" not even
+    that: a reversed view, see ``_apply_rope_pairs``) and the signs fuse into the Elementwise pass of the sum,
+    instead of a kernel negating half of x before the copy.
     """
     if style not in ("half", "pairs"):
         raise GraphError(f"apply_rope: style must be 'half' (Llama, Mistral) or 'pairs' (FLUX.2), got {style!r}")
     d = x.shape[-1]
+    if style == "pairs" and isinstance(d, int) and d % 2 == 0:
+        return _apply_rope_pairs(x, cos, sin)
     if isinstance(d, int) and d % 2 == 0:
-        rot = swap_halves(x) if style == "half" else swap_pairs(x)
+        rot = swap_halves(x)
         signs = np.ones(d)
-        if style == "half":
-            signs[: d // 2] = -1.0
-        else:
-            signs[0::2] = -1.0
+        signs[: d // 2] = -1.0
     else:  # a symbolic or odd head size: the rotation with its sign, as the references write it
         rot, signs = rotate_half(x) if style == "half" else rotate_pairs(x), None
     if cos.dtype.is_float and x.dtype.is_float and cos.dtype.bits > x.dtype.bits and sin.dtype == cos.dtype:
@@ -83,6 +78,30 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, style: str = "half") -> Tens
     if signs is not None:
         sin = sin * x.graph.constant(signs, dtype).broadcast_to(x.shape)
     out = x_ * cos.broadcast_to(x.shape) + rot_ * sin
+    return out if out.dtype == x.dtype else cast(out, x.dtype)
+
+
+def _apply_rope_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """``apply_rope(..., style="pairs")`` for an even head size, computed on the pairs ``[..., D/2, 2]``: there the
+    swap (x0, x1) -> (x1, x0) is a view of x (the pair axis reversed, a negative stride), so the whole rotation is
+    one element-wise pass reading x twice, instead of a copy of the swapped x (a Concat of its two halves of each
+    pair) and a pass over it. Same operations, same values, as ``x * cos + swap(x) * (sin * signs)`` on ``[..., D]``."""
+    d = x.shape[-1]
+    shape = x.shape
+    pairs = shape[:-1] + (d // 2, 2)
+    x5 = x.split_dim(-1, (d // 2, 2))
+    rot = x5.flip(-1)
+    if cos.dtype.is_float and x.dtype.is_float and cos.dtype.bits > x.dtype.bits and sin.dtype == cos.dtype:
+        dtype = cos.dtype
+        x5, rot = cast(x5, dtype), cast(rot, dtype)
+    else:
+        dtype = x.dtype
+        cos = cos if cos.dtype == x.dtype else cast(cos, x.dtype)
+        sin = sin if sin.dtype == x.dtype else cast(sin, x.dtype)
+    cos5 = cos.broadcast_to(shape).split_dim(-1, (d // 2, 2))
+    signs = x.graph.constant(np.array([-1.0, 1.0]), dtype)  # the rotation's sign, per element of a pair
+    sin5 = sin.broadcast_to(shape).split_dim(-1, (d // 2, 2)) * signs.broadcast_to(pairs)
+    out = (x5 * cos5 + rot * sin5).reshape(shape)
     return out if out.dtype == x.dtype else cast(out, x.dtype)
 
 

@@ -38,7 +38,7 @@ def _step(draw, t: Tensor, a: np.ndarray) -> tuple[Tensor, np.ndarray, str]:
     ones = [i for i, d in enumerate(a.shape) if d == 1]
     kinds = ["unsqueeze", "pad", "slice", "reshape"]
     kinds += ["permute", "transpose", "merge"] if n >= 2 else []
-    kinds += ["split"] if n >= 1 else []
+    kinds += ["split", "flip"] if n >= 1 else []
     kinds += ["squeeze", "broadcast"] if ones else []
     kinds += ["expand"] if a.size * 3 <= MAX_ELEMENTS else []
     kind = draw(st.sampled_from(kinds))
@@ -61,6 +61,9 @@ def _step(draw, t: Tensor, a: np.ndarray) -> tuple[Tensor, np.ndarray, str]:
             a.reshape(a.shape[:i] + sizes + a.shape[i + 1 :]),
             f"split_dim({i}, {sizes})",
         )
+    if kind == "flip":
+        i = draw(st.integers(-n, n - 1))
+        return t.flip(i), np.flip(a, i), f"flip({i})"
     if kind == "reshape":
         shape = _factorization(draw, a.size, draw(st.integers(1, 4)))
         return t.reshape(shape), a.reshape(shape), f"reshape{shape}"

@@ -324,3 +324,28 @@ def test_cases_draw_every_view_and_dtype():
                         seen_views.add("transposed")
     assert {"padded", "broadcast", "sliced", "transposed"} <= seen_views
     assert {"f32", "bf16", "f16", "i32", "bool"} <= seen_dtypes
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_elementwise_reads_reversed_views(dtype, runtime, assert_close):
+    """Views with a negative stride (``flip``): FLUX.2's RoPE reads each (x0, x1) pair reversed from x itself
+    (ops.apply_rope, style "pairs"); also a reversed axis of a zero-padded view. Every runtime reads them in place
+    (the numpy kernels through negative strides, the CUDA code through signed index arithmetic)."""
+    c = Case(np.random.default_rng([sum(map(ord, dtype)), 7]))
+    x = c.operand("x", (2, 5, 8), dtype, view="contiguous")
+    cos, sin = c.operand("cos", (5, 8), "f32", view="contiguous"), c.operand("sin", (5, 8), "f32", view="contiguous")
+    y = c.operand("y", (2, 5, 8), dtype, view="padded")
+    rope = ops.apply_rope(x, cos, sin, style="pairs")
+    c.output(rope * y.flip(1).flip(2))
+    program = program_with("Elementwise", c, runtime)
+    assert not {"Concat", "Copy"} & set(program.kernel_counts()), program.kernel_counts()
+    want = run_reference(c.g, c.inputs, c.weights, c.dims)["out"]
+    got = runtime.run(program, c.inputs, c.weights, c.dims)["out"]
+    assert_close("runtime", got, want, dtype)
+
+
+def test_elementwise_reads_reversed_views_without_numba(numpy_runtime, assert_close, monkeypatch):
+    from luminal_recipes.runtimes import jit
+
+    monkeypatch.setattr(jit, "AVAILABLE", False)
+    test_elementwise_reads_reversed_views("f32", numpy_runtime, assert_close)
