@@ -560,7 +560,14 @@ def _tile_io(table, k, reg_address, i, j0, rows, l0, cols, store):
 def elementwise_tiles(code, consts, table, shape, regs):
     """Evaluate register code over the box ``shape`` (3 axes) tile by tile: ``table[k]`` = (address, three
     strides in elements) of operand k (0 the output, k >= 1 the inputs);
-    ``regs`` [registers, tile] f32 scratch. A tile is whole rows of the last axis, or a piece of one row."""
+    ``regs`` [registers, tile] f32 scratch. A tile is whole rows of the last axis, or a piece of one row.
+
+    Where a tile of an operand is one contiguous run, nothing is copied: its Load makes the register read the
+    operand's memory in place, and the operation whose result the Store writes out computes straight into the
+    output (a tile of the output is always one run). Only strided, broadcast or reversed tiles are copied into
+    registers. The values are the same either way (each operation still rounds once, in the same order); in
+    place, a kernel that writes over its own input (the memory planner's in-place kernels) reads each element
+    before it writes it, in the same instruction."""
     _wide_vectors()
     d0, d1, d2 = shape[0], shape[1], shape[2]
     width = regs.shape[1]
@@ -571,24 +578,46 @@ def elementwise_tiles(code, consts, table, shape, regs):
     while start < code.shape[0] and code[start, 0] == 0:  # constants: filled once
         regs[code[start, 1], :] = consts[code[start, 2]]
         start += 1
-    base, size = regs.ctypes.data, 4 * width  # register r at base + r * size
+    base, size = regs.ctypes.data, 4 * width  # register r's own memory at base + r * size
+    address = np.empty(regs.shape[0], np.int64)  # where register r's current value is read from
+    for r in range(regs.shape[0]):
+        address[r] = base + r * size
+    last = code.shape[0] - 1
+    # the operation computing the stored register can write the output directly (not when the Store writes a
+    # load or a constant: then there is no such operation)
+    direct = last > start and code[last, 0] == 2 and code[last - 1, 0] >= 3 and code[last - 1, 1] == code[last, 2]
     for i in range(d0):
         for j0 in range(0, d1, rows):
             nr = min(rows, d1 - j0)
             for l0 in range(0, d2, cols):
                 nc = min(cols, d2 - l0)
                 n = nr * nc
+                wrote = False
                 for c in range(start, code.shape[0]):
                     op, d, a, b = code[c, 0], code[c, 1], code[c, 2], code[c, 3]
                     if op == 1:
-                        _tile_io(table, a, base + d * size, i, j0, nr, l0, nc, False)
+                        if table[a, 3] == 1 and (nr == 1 or table[a, 2] == nc):  # one run: read in place
+                            address[d] = table[a, 0] + 4 * (i * table[a, 1] + j0 * table[a, 2] + l0)
+                        else:
+                            address[d] = base + d * size
+                            _tile_io(table, a, address[d], i, j0, nr, l0, nc, False)
                         continue
                     if op == 2:
-                        _tile_io(table, 0, base + a * size, i, j0, nr, l0, nc, True)
+                        if not wrote:
+                            _tile_io(table, 0, address[a], i, j0, nr, l0, nc, True)
                         continue
-                    z = _f32_pointer(base + d * size)
-                    x = _f32_pointer(base + a * size)
-                    y = _f32_pointer(base + b * size)
+                    address[d] = base + d * size
+                    wrote = False
+                    if direct and c == last - 1:  # the result goes straight into the output's tile, unless an
+                        # operand is that very memory (in place): LLVM's overlap test would then take its
+                        # scalar loop
+                        out_at = table[0, 0] + 4 * (i * table[0, 1] + j0 * table[0, 2] + l0 * table[0, 3])
+                        if out_at != address[a] and out_at != address[b]:
+                            address[d] = out_at
+                            wrote = True
+                    z = _f32_pointer(address[d])
+                    x = _f32_pointer(address[a])
+                    y = _f32_pointer(address[b])
                     if op == 3:
                         for t in range(n):
                             z[t] = x[t] + y[t]

@@ -213,6 +213,47 @@ def test_compiled_elementwise_gives_numpys_values_on_every_layout(text, numpy_ru
             assert np.array_equal(got, results[True, 1], equal_nan=True), key
 
 
+@pytest.mark.parametrize("text", ELEMENTWISE_EXPRESSIONS)
+def test_compiled_elementwise_in_place_and_on_reversed_pairs(text, numpy_runtime, monkeypatch):
+    """The compiled Elementwise kernel reads contiguous tiles in place and computes its last operation straight
+    into the output: also right when the memory planner makes it write over its own input (in place), and with
+    operands that only the register copies can read (RoPE's pairs read reversed, rows of two). Compiled and numpy
+    passes agree, on 1-3 parts."""
+    from luminal_recipes.runtimes import cpu_threads, jit, numpy_kernels
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    g = Graph()
+    shape = (3, 7, 5, 2)  # pairs innermost, as ops.apply_rope(style="pairs") computes
+    x = g.input("x", shape)
+    r = g.input("r", shape)
+    f = Fused(g)
+    first = f.add("Elementwise", [x], shape, expr="(Mul in0 (Const 2.0))")
+    scratch = f.edge(first)
+    views = [scratch, r.flip(3), (first, scratch[1].flip(3)), r]
+    y = f.add("Elementwise", views[: 1 + max(int(i) for i in __import__("re").findall(r"in(\d)", text))], shape,
+              expr=text)
+    program = f.program(y=y)
+    rng = np.random.default_rng(5)
+    inputs = {name: (rng.standard_normal(shape) * 3).astype(np.float32) for name in ("x", "r")}
+    monkeypatch.setattr(numpy_kernels, "JIT_TILE", 16)
+    monkeypatch.setattr(numpy_kernels, "JIT_PART_ELEMS", 1)
+    results = {}
+    for compiled, threads in ((False, 1), (True, 1), (True, 2), (True, 3)):
+        monkeypatch.setattr(jit, "AVAILABLE", compiled)
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        exe = numpy_runtime.load(program, {})
+        results[compiled, threads] = exe.run(inputs)["y"]
+        if text.count("in2") == 0:  # only the identity read of the first kernel's output: written in place
+            assert exe.plan.aliases.get(y) == first, exe.plan.aliases
+    want = results[False, 1]
+    for key, got in results.items():
+        if "Exp" in text or "Sin" in text or "Log2" in text:
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30, err_msg=str(key))
+        else:
+            assert np.array_equal(got, want, equal_nan=True), key
+
+
 @pytest.mark.parametrize("kind", ["RMSNorm", "LayerNorm", "Softmax", "RMSNorm weighted", "LayerNorm affine"])
 def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, monkeypatch):
     """A row kernel on per-head rows of a fused q/k/v projection ([H, S, D] with heads D apart and tokens 3HD
