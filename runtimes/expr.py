@@ -322,9 +322,23 @@ def _tiles(shape: tuple[int, ...], budget: int) -> tuple[list[tuple], int]:
 
 
 # ---- register code for a compiled evaluator (numpy_jit.elementwise_tiles) ---------------------------------
-# opcodes of one instruction row (op, dest, a, b); registers hold one tile of f32 values
-CODE_OPS = ("Const", "Load", "Store", "Add", "Mul", "Mod", "Recip", "Sqrt", "Exp", "Exp2", "Log2", "Sin")
+# opcodes of one instruction row (op, dest, a, b, c); registers hold one tile of f32 values. "Logistic" is
+# ``Recip(Add(Exp(Mul(a, b)), c))`` (b, c constants: the sigmoid 1 / (e^-x + 1) of SiLU, SwiGLU, GELU's tanh)
+# in one pass over the tile instead of four, each operation still rounded on its own, in the same order
+CODE_OPS = ("Const", "Load", "Store", "Add", "Mul", "Mod", "Recip", "Sqrt", "Exp", "Exp2", "Log2", "Sin", "Logistic")
 OPCODE = {name: i for i, name in enumerate(CODE_OPS)}
+
+
+def _logistic(e: Expr) -> tuple[Expr, Expr, Expr] | None:
+    """``(x, b, c)`` when ``e`` is ``Recip(Add(Exp(Mul(x, b)), c))`` with constants b and c, else None."""
+    if e.op != "Recip" or e.args[0].op != "Add":
+        return None
+    total = e.args[0]
+    exp, c = total.args
+    if exp.op != "Exp" or c.op != "const" or exp.args[0].op != "Mul":
+        return None
+    x, b = exp.args[0].args
+    return (x, b, c) if b.op == "const" else None
 
 
 @dataclass
@@ -335,7 +349,7 @@ class ElementwiseCode:
     registers in all. Operand ``k + 1`` is input ``k``. The operations and their order are the expression's, so
     a compiled evaluator gives numpy's bits for everything but the transcendental functions."""
 
-    code: np.ndarray  # int32 [n, 4]
+    code: np.ndarray  # int32 [n, 5]
     consts: np.ndarray  # f32
     registers: int
 
@@ -354,7 +368,7 @@ class ElementwiseCode:
         for e in _nodes(tree):
             if e.op == "const" and float(np.float32(e.value)) not in consts:
                 consts[float(np.float32(e.value))] = len(consts)
-        rows = [(OPCODE["Const"], reg, reg, 0) for reg in consts.values()]
+        rows = [(OPCODE["Const"], reg, reg, 0, 0) for reg in consts.values()]
         free: list[int] = []
         count = len(consts)
 
@@ -370,21 +384,23 @@ class ElementwiseCode:
                 return consts[float(np.float32(e.value))], False
             if e.op == "in":
                 reg = take()
-                rows.append((OPCODE["Load"], reg, e.index + 1, 0))
+                rows.append((OPCODE["Load"], reg, e.index + 1, 0, 0))
                 return reg, True
-            args = [emit(a) for a in e.args]
+            logistic = _logistic(e)
+            op, operands = ("Logistic", logistic) if logistic is not None else (e.op, e.args)
+            args = [emit(a) for a in operands]
             dest = take()  # never an operand's register: a loop writing what it reads does not vectorise
             for reg, temporary in args:
                 if temporary:
                     free.append(reg)
-            regs = [r for r, _ in args] + [0] * (2 - len(args))
-            rows.append((OPCODE[e.op], dest, regs[0], regs[1]))
+            regs = [r for r, _ in args] + [0] * (3 - len(args))
+            rows.append((OPCODE[op], dest, regs[0], regs[1], regs[2]))
             return dest, True
 
         root, _ = emit(tree)
-        rows.append((OPCODE["Store"], 0, root, 0))
+        rows.append((OPCODE["Store"], 0, root, 0, 0))
         value = np.array(list(consts), np.float32)
-        return ElementwiseCode(np.array(rows, np.int32).reshape(-1, 4), value, max(count, 1))
+        return ElementwiseCode(np.array(rows, np.int32).reshape(-1, 5), value, max(count, 1))
 
 
 def _nodes(e: Expr):

@@ -61,7 +61,7 @@ def _touch(module: ModuleType) -> None:
     block = np.zeros((2, 8), np.float32)  # rows read out of a flat buffer
     module.rms_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
     module.layer_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
-    code = np.array([[0, 0, 0, 0], [1, 1, 1, 0], [8, 1, 1, 0], [3, 1, 1, 0], [2, 0, 1, 0]], np.int32)
+    code = np.array([[0, 0, 0, 0, 0], [1, 1, 1, 0, 0], [8, 1, 1, 0, 0], [3, 1, 1, 0, 0], [2, 0, 1, 0, 0]], np.int32)
     table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
                      np.int64)
     module.elementwise_tiles(code, np.ones(1, np.float32), table, np.array([1, 2, 16], np.int64),

@@ -642,9 +642,13 @@ def elementwise_tiles(code, consts, table, shape, regs):
                     elif op == 10:
                         for t in range(n):
                             z[t] = np.log2(x[t])
-                    else:
+                    elif op == 11:
                         for t in range(n):
                             z[t] = np.sin(x[t])
+                    else:  # Logistic: 1 / (e^(x * y) + w), y and w constant registers
+                        w = _f32_pointer(address[code[c, 4]])
+                        for t in range(n):
+                            z[t] = F(1.0) / (exp_any(x[t] * y[t]) + w[t])
 
 
 # ---- Winograd F(2x2, 3x3) convolution: the transforms around one batched BLAS product per band of tiles -------

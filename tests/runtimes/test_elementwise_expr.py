@@ -70,3 +70,36 @@ def test_mixed_operand_types_are_rejected():
         ElementwisePlan("(Add in0 in1)", [np.float32, np.int32], np.float32)
     with pytest.raises(ValueError, match="reads in2"):
         ElementwisePlan("(Add in0 in2)", [np.float32, np.float32], np.float32)
+
+
+@pytest.mark.parametrize("text", [
+    "(Mul (Mul in0 (Recip (Add (Exp (Mul in0 (Const -1.0))) (Const 1.0)))) in1)",  # SwiGLU
+    "(Mul (Add (Mul in0 in1) in1) (Recip (Add (Exp (Mul (Add (Mul in0 in1) in1) (Const -1.0))) (Const 1.0))))",
+    "(Recip (Add (Exp (Mul in0 (Const 2.5))) (Const 0.5)))",
+])
+def test_logistic_instruction_gives_the_bits_of_its_four_operations(text, monkeypatch):
+    """The compiled Elementwise kernel evaluates Recip(Add(Exp(Mul(x, b)), c)) (the sigmoid of SiLU, SwiGLU and the
+    VAE's GroupNorm + SiLU) as one instruction, one pass over a tile instead of four: the same operations in the
+    same order, so the same bits as the four instructions."""
+    from luminal_recipes.runtimes import expr, jit
+    from luminal_recipes.runtimes.numpy_kernels import JIT_TILE, _compiled_boxes
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    rng = np.random.default_rng(6)
+    inputs = [(rng.standard_normal((5, 300)) * 30).astype(np.float32) for _ in range(2)]
+    inputs[0][0, :4] = [np.inf, -np.inf, np.nan, 0.0]
+    fused = expr.ElementwiseCode.of(text, [np.float32] * 2, np.float32)
+    monkeypatch.setattr(expr, "_logistic", lambda e: None)
+    plain = expr.ElementwiseCode.of(text, [np.float32] * 2, np.float32)
+    assert expr.OPCODE["Logistic"] in fused.code[:, 0] and expr.OPCODE["Logistic"] not in plain.code[:, 0]
+    assert len(fused.code) == len(plain.code) - 3
+    outs = []
+    for code in (fused, plain):
+        out = np.empty((5, 300), np.float32)
+        regs = np.zeros((code.registers, JIT_TILE), np.float32)
+        for part in _compiled_boxes(out, inputs, 1):
+            for table, shape in part:
+                jit.kernels().elementwise_tiles(code.code, code.consts, table, shape, regs)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1], equal_nan=True)
