@@ -586,6 +586,8 @@ def elementwise_tiles(code, consts, table, shape, regs):
     # the operation computing the stored register can write the output directly (not when the Store writes a
     # load or a constant: then there is no such operation)
     direct = last > start and code[last, 0] == 2 and code[last - 1, 0] >= 3 and code[last - 1, 1] == code[last, 2]
+    # a pure copy (the stored register is a load): the load copies straight into the output's tile
+    copy = last == start + 1 and code[start, 0] == 1 and code[last, 0] == 2 and code[start, 1] == code[last, 2]
     for i in range(d0):
         for j0 in range(0, d1, rows):
             nr = min(rows, d1 - j0)
@@ -596,7 +598,11 @@ def elementwise_tiles(code, consts, table, shape, regs):
                 for c in range(start, code.shape[0]):
                     op, d, a, b = code[c, 0], code[c, 1], code[c, 2], code[c, 3]
                     if op == 1:
-                        if table[a, 3] == 1 and (nr == 1 or table[a, 2] == nc):  # one run: read in place
+                        if copy:
+                            out_at = table[0, 0] + 4 * (i * table[0, 1] + j0 * table[0, 2] + l0 * table[0, 3])
+                            _tile_io(table, a, out_at, i, j0, nr, l0, nc, False)
+                            wrote = True
+                        elif table[a, 3] == 1 and (nr == 1 or table[a, 2] == nc):  # one run: read in place
                             address[d] = table[a, 0] + 4 * (i * table[a, 1] + j0 * table[a, 2] + l0)
                         else:
                             address[d] = base + d * size
