@@ -349,3 +349,19 @@ def test_elementwise_reads_reversed_views_without_numba(numpy_runtime, assert_cl
 
     monkeypatch.setattr(jit, "AVAILABLE", False)
     test_elementwise_reads_reversed_views("f32", numpy_runtime, assert_close)
+
+
+def test_product_over_a_concatenation_runs_as_two_products(runtime, assert_close):
+    """``concat([a, b], -1) @ W`` as the rules give it (matmul.egg: two products, the second adding the first's
+    result as its bias, the weight read in two row ranges): no Concat, the reference's values on every runtime."""
+    c = Case(np.random.default_rng(8))
+    a = c.operand("a", (2, 24, 40), "f32", view="contiguous")
+    b = c.operand("b", (2, 24, 56), "f32", view="sliced")
+    w = c.operand("w", (24, 96), "f32", view="contiguous", weight=True)
+    c.output(ops.linear(ops.concat([a, b], -1), w))
+    program = program_with("MatMul", c, runtime)
+    counts = program.kernel_counts()
+    assert "Concat" not in counts and counts["MatMul"] == 2, counts
+    want = run_reference(c.g, c.inputs, c.weights, c.dims)["out"]
+    got = runtime.run(program, c.inputs, c.weights, c.dims)["out"]
+    assert_close("runtime", got, want, "f32")
