@@ -3,8 +3,8 @@
 A ``View`` maps a logical index ``(i0, i1, ...)`` of ``shape`` to the flat element ``offset + sum(i_k * strides_k)``
 of the producer's contiguous output. ``mask`` (one ``[lo, hi)`` range per dim, or ``None`` when every index is valid)
 marks padding: reads outside the valid range yield 0 and never touch memory. Movement ops (permute, slice, pad,
-expand, reshape by merging/splitting dims) compose into a new ``View`` without copying; a reshape that strides cannot
-express returns ``None`` and the caller materialises a contiguous copy first.
+expand, flip (a negative stride), reshape by merging/splitting dims) compose into a new ``View`` without copying;
+a reshape that strides cannot express returns ``None`` and the caller materialises a contiguous copy first.
 
 Views live on graph edges, so compiler rules see layouts (e.g. a transposed matmul operand is a permuted view).
 """
