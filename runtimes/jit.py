@@ -100,6 +100,13 @@ def warm_up() -> None:
     _WARMING.start()
 
 
+def wait_for_warm_up() -> None:
+    """Start the warm-up if it has not started, and wait until every kernel is loaded (or compiled)."""
+    warm_up()
+    if _WARMING is not None:
+        _WARMING.join()
+
+
 def _warm() -> None:
     kernels()
     from . import amx

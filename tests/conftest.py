@@ -100,3 +100,13 @@ def _private_plan_cache(tmp_path_factory):
         os.environ.pop("LUMINAL_RECIPES_CACHE", None)
     else:
         os.environ["LUMINAL_RECIPES_CACHE"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jit_kernels_loaded():
+    """numba compiles a kernel (on a clean clone, before its cache exists) inside ``warnings.catch_warnings``,
+    which is not thread-safe: the jit warm-up thread compiling while a test sits in ``pytest.warns`` puts the
+    warning filters back under it, and the test sees no warning. Every kernel is loaded before the first test."""
+    from luminal_recipes.runtimes import jit
+
+    jit.wait_for_warm_up()
