@@ -59,6 +59,8 @@ def _touch(module: ModuleType) -> None:
         module.rms_norm_rows(x, dst, fixed, fixed, 0, one, one)
         module.layer_norm_rows(x, dst, fixed, fixed, 0, one, one)
     block = np.zeros((2, 8), np.float32)  # rows read out of a flat buffer
+    for silu in (False, True):  # GroupNorm: rows of a read-only flat buffer, per-channel read-only vectors
+        module.group_norm_rows(_read_only(rows.reshape(-1)), 0, 16, out, 0, 2, fixed, fixed, 1, 8, one, one, silu)
     module.rms_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
     module.layer_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
     code = np.array([[0, 0, 0, 0, 0], [1, 1, 1, 0, 0], [8, 1, 1, 0, 0], [3, 1, 1, 0, 0], [2, 0, 1, 0, 0]], np.int32)

@@ -386,6 +386,40 @@ def layer_norm_strided(flat, start, stride, out, scale, shift, affine, inv_n, ep
             _store(row, out[i], mean, r, scale, shift, 2, True)
 
 
+# GroupNorm with its affine transform (and SiLU): per row of x's [N * G, n] view (one group of one sample),
+# LayerNorm's two-pass statistics, then per channel of the group t = (x - mean) * (inv * scale[c]) + shift[c] (and
+# t * sigmoid(t)) straight into the output: the row is read three times while in cache, the result written once.
+# 512-bit vectors: the SiLU pass measured ~10% faster with them (16 x 256^2 on one core: 1.0-1.1 vs 1.1-1.2 ms).
+@_inline
+def _silu(t):
+    # t * sigmoid(t) from e^-|t| (never overflows: exp_f32 gives 0 below its range), one division
+    e = exp_f32(-abs(t))
+    return t * ((F(1.0) if t >= F(0.0) else e) / (F(1.0) + e))
+
+
+@_rows
+def group_norm_rows(flat, start, stride, out, r0, r1, scale, shift, groups, hw, inv_n, eps, silu):
+    """Rows ``r0:r1`` of x, row r at ``flat[start + r * stride :][:n]`` (n = out's row length), into ``out [R,
+    n]``; row r is group ``r % groups`` of its sample, n / hw channels of hw elements each."""
+    _wide_vectors()
+    n = out.shape[1]
+    cg = n // hw
+    for r in range(r0, r1):
+        row = flat[start + r * stride : start + r * stride + n]
+        mean, inv = _layer_stats(row, inv_n, eps)
+        dst = out[r]
+        for k in range(cg):
+            c = (r % groups) * cg + k
+            a, b = inv * scale[c], shift[c]
+            src, d = row[k * hw : (k + 1) * hw], dst[k * hw : (k + 1) * hw]
+            if silu:
+                for j in range(hw):
+                    d[j] = _silu((src[j] - mean) * a + b)
+            else:
+                for j in range(hw):
+                    d[j] = (src[j] - mean) * a + b
+
+
 @_rows
 def decode_fp8_rows(codes, scale, out, table):
     """``out[i, j] = table[codes[i, j]] * scale[i, 0]`` (fp8 bytes to f32 through their 256 values)."""

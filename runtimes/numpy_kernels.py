@@ -830,6 +830,97 @@ def _rmsnorm_passes(ctx: KernelContext, inv_n: np.float32, eps: np.float32) -> B
     return bind
 
 
+# ---- GroupNorm -----------------------------------------------------------------------------------------------
+def _group_norm_layout(ctx: KernelContext) -> tuple[int, int, int, int]:
+    """(rows N*G, row length n, groups G, elements per channel hw) after checking x [N, G, n] against out [N, C,
+    *spatial] (the rule matched the reshape structurally; the sizes are checked here, where they are concrete)."""
+    if len(ctx.inputs) != 3 or len(ctx.inputs[0].view.shape) != 3 or len(ctx.shape) < 2 or \
+            any(tuple(k.view.shape) != ctx.shape for k in ctx.inputs[1:]):
+        ctx.fail("expects x [N, G, n], scale and shift viewed at the output shape [N, C, *spatial]")
+    nb, groups, n = ctx.inputs[0].view.shape
+    c, hw = ctx.shape[1], math.prod(ctx.shape[2:])
+    if nb != ctx.shape[0] or groups == 0 or c % groups or n != (c // groups) * hw:
+        ctx.fail(f"x {tuple(ctx.inputs[0].view.shape)} is not the {groups} groups of an output {ctx.shape}")
+    return nb * groups, n, groups, hw
+
+
+def _channel_vector(ctx: KernelContext, i: int) -> int | None:
+    """Where input ``i`` (viewed at [N, C, *spatial]) is one contiguous f32 value per channel: its offset."""
+    k = ctx.inputs[i]
+    bv = k.view
+    if k.dtype != F32 or not is_unmasked(bv) or not in_bounds(bv, k.size):
+        return None
+    if any(s != 0 and d != 1 for axis, (d, s) in enumerate(zip(bv.shape, bv.strides)) if axis != 1):
+        return None
+    return bv.offset if bv.shape[1] == 1 or bv.strides[1] == 1 else None
+
+
+def prepare_groupnorm(ctx: KernelContext) -> Bind:
+    """GroupNorm, its affine transform and (act 'silu') SiLU in one pass per group (``numpy_jit.group_norm_rows``,
+    the rows split over the cores) where the output and x are f32 and the scale and shift one f32 value per
+    channel; else numpy passes: the norm over x's [N*G, n] rows, then the affine transform and SiLU."""
+    rows, n, groups, hw = _group_norm_layout(ctx)
+    silu = ctx.node.attr("act", "") == "silu"
+    eps = np.float32(ctx.node.attr("eps", 1e-5))
+    inv_n = np.float32(1.0 / n) if n else np.float32(0)
+    x_in, c = ctx.inputs[0], ctx.shape[1]
+    vectors = [_channel_vector(ctx, i) for i in (1, 2)]
+    if jit.AVAILABLE and ctx.dtype == F32 and x_in.dtype == F32 and None not in vectors and rows * n > 0:
+        rv = reshape_view(x_in.view, (rows, n))
+        in_place = (rv is not None and is_unmasked(rv) and in_bounds(rv, x_in.size)
+                    and (rv.strides[1] == 1 or n == 1))
+        x_op = None if in_place else operand(ctx, 0, dtype=F32, shape=(rows, n))  # gathered into scratch
+
+        def bind(out, flats, scratch):
+            if in_place:
+                flat, start, stride = _read_only(flats[0]), rv.offset, rv.strides[0]
+            else:
+                flat, start, stride = _read_only(x_op.bind(flats[0], scratch).reshape(-1)), 0, n
+            scale, shift = (_read_only(flats[1 + i][at : at + c]) for i, at in enumerate(vectors))
+            out2, kernel = out.reshape(rows, n), jit.kernels().group_norm_rows
+            parts = [lambda part=part: kernel(flat, start, stride, out2, part.start, part.stop, scale, shift,
+                                               groups, hw, inv_n, eps, silu)
+                     for part in cpu_threads.split(rows, n)]
+            return with_refresh([] if x_op is None else [x_op], cpu_threads.parallel(parts))
+
+        return bind
+    x_op = operand(ctx, 0, dtype=F32, shape=(rows, n))
+    ops = [x_op, operand(ctx, 1, dtype=F32), operand(ctx, 2, dtype=F32)]
+    acc = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
+    stats, work = ctx.scratch.add((rows, 1), F32), ctx.scratch.add(ctx.shape, F32)
+
+    def bind(out, flats, scratch):
+        x, scale, shift = bind_all(ops, flats, scratch)
+        target = out if acc is None else scratch[acc]
+        t2, v, w = target.reshape(rows, n), scratch[stats], scratch[work]
+
+        def body():
+            np.sum(x, axis=1, out=v[:, 0], dtype=F32)
+            np.multiply(v, inv_n, out=v)
+            np.subtract(x, v, out=t2, dtype=F32)  # d = x - mean
+            np.square(t2, out=w.reshape(rows, n))
+            np.sum(w.reshape(rows, n), axis=1, out=v[:, 0])
+            np.multiply(v, inv_n, out=v)
+            np.add(v, eps, out=v)
+            np.sqrt(v, out=v)
+            np.divide(np.float32(1), v, out=v)
+            np.multiply(t2, v, out=t2)
+            np.multiply(target, scale, out=target)
+            np.add(target, shift, out=target)
+            if silu:  # t * sigmoid(t), as ops.silu composes it: t * 1 / (e^-t + 1)
+                np.negative(target, out=w)
+                with np.errstate(over="ignore"):
+                    np.exp(w, out=w)
+                np.add(w, np.float32(1), out=w)
+                np.divide(target, w, out=target)
+            if target is not out:
+                np.copyto(out, target, casting="unsafe")
+
+        return with_refresh(ops, body)
+
+    return bind
+
+
 # ---- Conv2d ------------------------------------------------------------------------------------------------
 def prepare_conv2d(ctx: KernelContext) -> Bind:
     """The convolution by the fastest path for its shape: Winograd F(2x2, 3x3) (stride-1 3x3 kernels, even output
@@ -1052,5 +1143,6 @@ PREPARE = {
     "Softmax": prepare_softmax,
     "LayerNorm": prepare_layernorm,
     "RMSNorm": prepare_rmsnorm,
+    "GroupNorm": prepare_groupnorm,
     "Conv2d": prepare_conv2d,
 }

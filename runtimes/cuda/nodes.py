@@ -312,12 +312,42 @@ def prepare_rows(ctx, options: CudaOptions) -> NodePlan:
     return plan
 
 
+def prepare_groupnorm(ctx, options: CudaOptions) -> NodePlan:
+    """GroupNorm (+ affine, + SiLU): the LayerNorm row kernel over x's [N*G, n] rows, the scale and shift read
+    through their [N, C, *spatial] views split to [N, G, C/G, *spatial] (rows: the first two axes)."""
+    if len(ctx.inputs) != 3 or len(ctx.inputs[0].view.shape) != 3 or len(ctx.shape) < 2 or \
+            any(tuple(k.view.shape) != tuple(ctx.shape) for k in ctx.inputs[1:]):
+        raise CodegenError("expects x [N, G, n], scale and shift viewed at the output shape [N, C, *spatial]")
+    nb, groups, n = ctx.inputs[0].view.shape
+    shape = tuple(ctx.shape)
+    c, hw = shape[1], math.prod(shape[2:])
+    if nb != shape[0] or groups == 0 or c % groups or n != (c // groups) * hw:
+        raise CodegenError(f"x {tuple(ctx.inputs[0].view.shape)} is not the {groups} groups of an output {shape}")
+    plan = NodePlan()
+    if n == 0 or nb == 0:
+        return plan
+    ops = _operands(ctx)
+    grouped = (nb, groups, c // groups, *shape[2:])
+    affine = []
+    for i, op in enumerate(ops[1:]):
+        bv = op.view
+        split_view = View(tuple(bv.shape), tuple(bv.strides), bv.offset, bv.mask).reshape(grouped)
+        if split_view is None:
+            raise CodegenError(f"operand {i + 1} cannot be read per group of channels")
+        affine.append((Operand(split_view.bind({}), op.size, op.dtype), IN(i + 1)))
+    rows_kernel(plan, options, "ROW_LAYERNORM", ops[0], IN(0), nb * groups, n, float(ctx.node.attr("eps", 1e-5)),
+                ctx.dtype, OUT, affine=affine, affine_rows=2, act=str(ctx.node.attr("act", "")))
+    return plan
+
+
 def rows_kernel(plan: NodePlan, options: CudaOptions, kind: str, op: Operand, ref: Ref, rows: int, n: int,
                 eps: float, out_dtype, out_ref: Ref, bias: tuple[Operand, Ref] | None = None,
-                row_base: int = 0, affine: list[tuple[Operand, Ref]] = ()) -> None:
+                row_base: int = 0, affine: list[tuple[Operand, Ref]] = (), affine_rows: int | None = None,
+                act: str = "") -> None:
     """A row kernel over ``op`` viewed as [rows, n] (its leading axes merged); ``bias`` (viewed the same way,
     rows counted from ``row_base``) is added before a softmax; ``affine`` (a norm's scale [and shift], viewed the
-    same way) multiplies [and shifts] each normalised value before it is stored."""
+    same way, or with their first ``affine_rows`` axes merged into the rows and the others into the row)
+    multiplies [and shifts] each normalised value before it is stored, then ``act`` ('silu': t * sigmoid(t))."""
     nd = len(op.view.shape)
     block = min(1024, max(32, _pow2(-(-n // 8))))
     items = -(-n // block) if -(-n // block) <= 8 else 0
@@ -342,12 +372,17 @@ struct LoadXB {
     if affine:
         names = ("LoadS", "LoadT")[: len(affine)]
         for name, (aop, _) in zip(names, affine):
-            extra += "\n" + view_loader(name, aop, [(0, len(aop.view.shape) - 1), (len(aop.view.shape) - 1,
-                                                                                   len(aop.view.shape))])
+            nd_a = len(aop.view.shape)
+            split_at = nd_a - 1 if affine_rows is None else affine_rows
+            extra += "\n" + view_loader(name, aop, [(0, split_at), (split_at, nd_a)])
         args_text = ["scale", "shift"][: len(affine)]
         params += [f"const {ctype(aop.dtype)}*" for aop, _ in affine]
         sig += [f"const {ctype(aop.dtype)}* __restrict__ {a}" for (aop, _), a in zip(affine, args_text)]
         value = "v * s(r, c)" + (" + t(r, c)" if len(affine) > 1 else "")
+        if act == "silu":
+            value = f"silu_f32({value})"
+        elif act:
+            raise CodegenError(f"unknown activation {act!r}")
         members = " ".join(f"{name} {m};" for name, m in zip(names, "st"))
         extra += f"""
 struct NormEpi {{
@@ -530,6 +565,7 @@ PREPARE = {
     "Softmax": prepare_rows,
     "LayerNorm": prepare_rows,
     "RMSNorm": prepare_rows,
+    "GroupNorm": prepare_groupnorm,
     "Gather": prepare_gather,
     "Scatter": prepare_scatter,
     "ScatterInPlace": prepare_scatter,

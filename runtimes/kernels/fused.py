@@ -29,6 +29,12 @@ def _per_element(flops: float):
     return cost
 
 
+def _group_norm(k: KernelCall) -> Work:
+    # LayerNorm's statistics and normalising pass with the affine transform (and the activation's exp and
+    # division) in the same pass: the normalised tensor is never written out and read back
+    return k.base(ew_flops=(8.0 + (6.0 if k.attrs.get("act") else 2.0)) * k.out_numel)
+
+
 def _attention(k: KernelCall) -> Work:
     q, kk = k.inputs[0][0], k.inputs[1][0]
     s, t, d = k.dim(q.shape[-2]), k.dim(kk.shape[-2]), k.dim(q.shape[-1])
@@ -103,12 +109,21 @@ FUSED: list[KernelSpec] = [
         cost=_elementwise, elementwise_inplace=True),
     KernelSpec("Softmax", "out = softmax over the last axis (max-subtracted).",
                {"Softmax": Ctor("x:Ld")}, "x [..., N]", cost=_per_element(5.0)),
-    KernelSpec("LayerNorm", "out = (x - mean) / sqrt(var + eps) over the last axis (GroupNorm is this kernel on "
-               "the [N, groups, C/groups*HW] view), then times scale and plus shift when given (the adaptive "
+    KernelSpec("LayerNorm", "out = (x - mean) / sqrt(var + eps) over the last axis (a GroupNorm without an affine "
+               "transform is this kernel on the [N, groups, C/groups*HW] view; with one, the GroupNorm kernel), then "
+               "times scale and plus shift when given (the adaptive "
                "norm's modulation, in f32: ((x - mean) * inv) * scale + shift).",
                {"LayerNorm": Ctor("x:Ld eps:f64"), "LayerNormAffine": Ctor("x:Ld scale:Ld shift:Ld eps:f64")},
                "x [..., N][, scale, shift viewed at the output shape]", {"eps": "added to the variance"},
                cost=_per_element(8.0), version="2"),
+    KernelSpec("GroupNorm", "out [N, C, H, W] = GroupNorm with its affine transform, then SiLU when act is "
+               "'silu': x [N, G, n] (n = C/G*H*W, G dividing C) normalised over its last axis as LayerNorm does "
+               "(two-pass mean and variance, in f32), its rows written in order as out's [N, C, H, W] (a reshape), "
+               "then times scale plus shift: t = ((x - mean) * (inv * scale)) + shift; SiLU: t * sigmoid(t).",
+               {"GroupNormAffine": Ctor("x:Ld scale:Ld shift:Ld eps:f64", fixed={"act": ""}),
+                "GroupNormSiLU": Ctor("x:Ld scale:Ld shift:Ld eps:f64", fixed={"act": "silu"})},
+               "x [N, G, n], scale and shift viewed at the output shape [N, C, H, W]",
+               {"eps": "added to the variance", "act": "'' (none) or 'silu'"}, cost=_group_norm),
     KernelSpec("RMSNorm", "out = x / sqrt(mean(x^2) + eps) over the last axis, then times scale when given (the "
                "norm's weight, in f32: (x * inv) * scale).",
                {"RMSNorm": Ctor("x:Ld eps:f64"), "RMSNormScale": Ctor("x:Ld scale:Ld eps:f64")},

@@ -232,7 +232,7 @@ def test_norms(norm, runtime, assert_close):
     if norm == "group":
         x = g.input("x", (2, 6, 3, 3))
         y = ops.group_norm(x, 3, g.weight("w", (6,)), g.weight("b", (6,)), 1e-5)
-        want = "LayerNorm"
+        want = "GroupNorm"
     else:
         x = g.input("x", (3, 4, 16))
         y = ops.rms_norm(x, g.weight("w", (16,)), 1e-6) if norm == "rms" else ops.layer_norm(
@@ -242,10 +242,11 @@ def test_norms(norm, runtime, assert_close):
     program = cheapest(g, runtime)
     node = next(n for n in program.nodes if n.op == want)
     assert node.attr("eps") == (1e-6 if norm == "rms" else 1e-5)
-    if norm == "group":  # the affine transform is per channel, not per row of the grouped view: one Elementwise
-        assert len(compute(program)) == 2
-    else:  # the weight (and bias) applied by the norm kernel itself (RMSNormScale, LayerNormAffine)
-        assert len(compute(program)) == 1 and len(node.inputs) == (2 if norm == "rms" else 3)
+    # the weight (and bias) applied by the norm kernel itself (RMSNormScale, LayerNormAffine, GroupNormAffine:
+    # per channel, not per row of the grouped view)
+    assert len(compute(program)) == 1 and len(node.inputs) == (2 if norm == "rms" else 3)
+    if norm == "group":
+        assert node.attr("act") == "" and tuple(node.inputs[0][1].shape) == (2, 3, 18)  # x read as its groups
     check_program(g, program, runtime, assert_close)
 
 
@@ -338,15 +339,16 @@ def test_conv2d_on_symbolic_sizes_is_one_kernel_each(runtime, assert_close):
 
 
 def test_group_norm_silu_on_symbolic_sizes(runtime, assert_close):
-    """GroupNorm over a symbolic image size (its mean divides by a count, not a constant) is the LayerNorm
-    kernel, the affine transform and SiLU one Elementwise after it; torch's group_norm + silu agree."""
+    """GroupNorm over a symbolic image size (its mean divides by a count, not a constant), its affine transform
+    and SiLU are one GroupNorm kernel (act 'silu'); torch's group_norm + silu agree."""
     torch = pytest.importorskip("torch")
     g = Graph()
     x = g.input("x", (2, 6, "h", "w"))
     g.mark_output("y", ops.silu(ops.group_norm(x, 3, g.weight("g", (6,)), g.weight("b", (6,)), 1e-6)))
     dims = {"h": 5, "w": 3}
     program = cheapest(g, runtime, dims)
-    assert sorted(n.op for n in compute(program)) == ["Elementwise", "LayerNorm"]
+    (node,) = compute(program)
+    assert node.op == "GroupNorm" and node.attr("act") == "silu" and node.attr("eps") == 1e-6
     inputs, weights = graph_values(g, 0, dims)
     got = runtime.run(program, inputs, weights, dims)["y"]
     t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in {**inputs, **weights}.items()}

@@ -180,6 +180,20 @@ def _row_kernel(kind: str) -> Callable:
     return build
 
 
+def _group_norm(c: Case) -> Case:
+    # GroupNormAffine and GroupNormSiLU: two images (two samples, 6 channels in 3 groups), one normed, one normed
+    # then SiLU, each with its own per-channel scale and shift
+    dtype = str(c.rng.choice(("f32", "bf16")))
+    outs = []
+    for i, act in enumerate((None, ops.silu)):
+        x = c.operand(f"x{i}", (2, 6, 3, 4), dtype, view=str(c.rng.choice(("contiguous", "transposed", "sliced"))))
+        w = c.operand(f"w{i}", (6,), dtype, view="contiguous", weight=True)
+        b = c.operand(f"b{i}", (6,), dtype, view="contiguous", weight=True)
+        y = ops.group_norm(x, 3, w, b, eps=1e-6)
+        outs.append(y if act is None else act(y))
+    return c.output(ops.concat(outs, 0))
+
+
 def _attention(c: Case) -> Case:
     dtype = str(c.rng.choice(("f32", "bf16")))
     q = c.operand("q", (1, 2, 7, 8), dtype, view="contiguous")
@@ -237,7 +251,8 @@ CASES: dict[str, Callable[[Case], Case]] = {
     "Iota": _iota, "Gather": _gather, "Scatter": _scatter, "Cast": _cast,
     "MatMul": _matmul, "Elementwise": _elementwise,
     "Softmax": _row_kernel("Softmax"), "LayerNorm": _row_kernel("LayerNorm"), "RMSNorm": _row_kernel("RMSNorm"),
-    "Attention": _attention, "AttentionBlocked": _attention, "Conv2d": _conv2d, "DequantMatMul": _dequant,
+    "GroupNorm": _group_norm, "Attention": _attention, "AttentionBlocked": _attention, "Conv2d": _conv2d,
+    "DequantMatMul": _dequant,
     "ScatterInPlace": _scatter_in_place, "Concat": _concat, "Copy": _copy,
 }
 RIVALS = {"Attention": {"AttentionBlocked"}, "AttentionBlocked": {"Attention"}}
@@ -278,7 +293,8 @@ def test_kernel_matches_the_reference(kernel, seed, runtime, assert_close):
         assert np.array_equal(got, want), kernel
 
 
-COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "Attention", "AttentionBlocked", "DequantMatMul")
+COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "GroupNorm", "Attention", "AttentionBlocked",
+            "DequantMatMul")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

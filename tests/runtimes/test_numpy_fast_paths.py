@@ -333,3 +333,53 @@ def test_dequant_matmul_compiled_decoding_gives_the_numpy_bits(fmt, layout, nump
         monkeypatch.setattr(jit, "AVAILABLE", compiled)
         results.append(numpy_runtime.run(f.program(y=y), inputs, weights)["y"])
     assert np.array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("layout", ["in place", "gathered", "scale per sample"])
+@pytest.mark.parametrize("act", ["", "silu"])
+def test_group_norm_kernel_matches_torch(layout, act, numpy_runtime, monkeypatch):
+    """The GroupNorm kernel (two samples of 12 channels in 4 groups, an odd image size): x read in place as its
+    [N, G, n] rows, or (rows 4 elements apart) gathered into scratch first, the compiled pass per group on 1 or 2
+    cores and numpy's passes agree with torch's group_norm (+ silu) in float64; a scale that varies per sample
+    (not one value per channel) takes numpy's passes."""
+    torch = pytest.importorskip("torch")
+    from luminal_recipes.runtimes import cpu_threads, jit
+
+    g = Graph()
+    x = g.input("x", (2, 12, 5, 7) if layout != "gathered" else (2, 105, 4))
+    rows = x.reshape((2, 4, 105)) if layout != "gathered" else x.transpose(1, 2)  # [N, G, n]
+    if layout == "scale per sample":
+        w = g.input("w", (2, 12))
+        scale = w.reshape((2, 12, 1, 1)).broadcast_to((2, 12, 5, 7))
+    else:
+        w = g.input("w", (12,))
+        scale = w.reshape((1, 12, 1, 1)).broadcast_to((2, 12, 5, 7))
+    b = g.input("b", (12,))
+    shift = b.reshape((1, 12, 1, 1)).broadcast_to((2, 12, 5, 7))
+    f = Fused(g)
+    y = f.add("GroupNorm", [rows, scale, shift], (2, 12, 5, 7), eps=1e-6, act=act)
+    rng = np.random.default_rng(5)
+    inputs = {"x": (rng.standard_normal(x.shape) * 3 + 1).astype(np.float32),
+              "w": rng.standard_normal(w.shape).astype(np.float32), "b": rng.standard_normal(12).astype(np.float32)}
+    t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in inputs.items()}
+    tx = t["x"] if layout != "gathered" else t["x"].transpose(1, 2).reshape(2, 12, 5, 7)
+    if layout == "scale per sample":
+        want = torch.nn.functional.group_norm(tx, 4, None, None, 1e-6) * t["w"].reshape(2, 12, 1, 1) + \
+            t["b"].reshape(1, 12, 1, 1)
+    else:
+        want = torch.nn.functional.group_norm(tx, 4, t["w"], t["b"], 1e-6)
+    want = (torch.nn.functional.silu(want) if act else want).numpy()
+    used = []
+    real = jit.kernels().group_norm_rows
+    fake = type("K", (), {"group_norm_rows": staticmethod(lambda *a: used.append(1) or real(*a))})
+    monkeypatch.setattr(jit, "kernels", lambda: fake)
+    monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+    results = []
+    for compiled, threads in ((True, 1), (True, 2), (False, 1)):
+        monkeypatch.setattr(jit, "AVAILABLE", compiled)
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        results.append(numpy_runtime.run(f.program(y=y), inputs)["y"])
+    assert bool(used) == (layout != "scale per sample")  # the compiled pass ran (per channel vectors only)
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert np.array_equal(results[0], results[1])  # the same bits on any number of cores

@@ -1,14 +1,18 @@
-// Row kernels over the last axis of a [rows, n] view: Softmax, LayerNorm, RMSNorm (GroupNorm is LayerNorm on the
-// grouped view). One block of BLOCK threads per row (grid-stride over rows); with ITEMS > 0 each thread keeps its
-// ITEMS values of the row in registers (n <= BLOCK * ITEMS), otherwise every pass re-reads the row (large n).
-// Arithmetic follows the numpy runtime: f32 throughout, softmax = exp(x - max) / sum, LayerNorm two-pass
-// ((x - mean) then its mean square), inv = 1 / sqrt(v + eps), out = x' * inv.
+// Row kernels over the last axis of a [rows, n] view: Softmax, LayerNorm, RMSNorm, GroupNorm (LayerNorm on the
+// grouped view, its affine transform and SiLU in the epilogue). One block of BLOCK threads per row (grid-stride
+// over rows); with ITEMS > 0 each thread keeps its ITEMS values of the row in registers (n <= BLOCK * ITEMS),
+// otherwise every pass re-reads the row (large n). Arithmetic follows the numpy runtime: f32 throughout, softmax
+// = exp(x - max) / sum, LayerNorm two-pass ((x - mean) then its mean square), inv = 1 / sqrt(v + eps), out = x' *
+// inv.
 #pragma once
 
 enum RowKind { ROW_SOFTMAX = 0, ROW_LAYERNORM = 1, ROW_RMSNORM = 2 };
 
 // The norms' affine part, applied to each normalised value before it is stored: none here; a generated functor
 // (value * scale [+ shift], each read through its view) for an affine LayerNorm / RMSNorm.
+// the GroupNorm kernel's activation, as ops.silu composes it: u * 1 / (e^-u + 1)
+LR_DEV float silu_f32(float u) { return u / (1.0f + expf(-u)); }
+
 struct NoEpilogue {
   LR_DEV float operator()(long long, int, float v) const { return v; }
 };
