@@ -1065,25 +1065,30 @@ def _conv_epilogue(out: np.ndarray, target: np.ndarray, bias: np.ndarray | None,
 
 
 def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
-    """Winograd F(2x2, 3x3) (numpy_jit.winograd_*): per image, the 2x2 output tiles' rows split over the cores,
-    each part going band by band (``WINOGRAD_BAND``): the input transform into ``v [16, C, tiles]``, 16 BLAS
-    products ``[O, C] @ [C, tiles]`` (single-threaded inside the parts) into ``m [16, O, tiles]``, the output
-    transform into the output rows, a per-channel bias added there. An f32 input zero-padded on its rows and
-    columns is read in place, the padding made by the input transform; any other input view is first gathered
-    into scratch. The weight transform ``u [16, O, C]`` and the bias vector are made in scratch at every run
-    (weights may stream)."""
+    """Winograd F(2x2, 3x3) (numpy_jit.winograd_*): the images' 2x2 output tiles cut into bands of tile rows
+    (``WINOGRAD_BAND``), which the cores take in turn (``cpu_threads.claimed``: a core the OS gives less time
+    simply does fewer bands; fixed halves left the other core waiting), each core with its own scratch: the input
+    transform into ``v [16, C, tiles]``, 16 BLAS products ``[O, C] @ [C, tiles]`` (single-threaded inside) into
+    ``m [16, O, tiles]``, the output transform into the output rows, a per-channel bias added there. An f32 input
+    zero-padded on its rows and columns is read in place, the padding made by the input transform; any other input
+    view is first gathered into scratch. The weight transform ``u [16, O, C]`` and the bias vector are made in
+    scratch at every run (weights may stream)."""
     (nb, c, _, _), (o, _, _, _) = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
     th, tw = ctx.shape[2] // 2, ctx.shape[3] // 2
     x_in = ctx.inputs[0]
     padded = zero_padded(x_in.view, x_in.size, (2, 3)) if np.dtype(x_in.dtype) == F32 else None
+    if padded is not None and padded[0].strides[3] != 1:
+        padded = None  # the input transform reads rows with unit stride in place; others are gathered first
     x_op = operand(ctx, 0, dtype=F32) if padded is None else None
     (top, left) = (0, 0) if padded is None else padded[1]
     w_op = operand(ctx, 1, dtype=F32)
     bias_op = operand(ctx, 2) if len(ctx.inputs) == 3 else None  # read in place, any float type
     band = max(1, min(th, WINOGRAD_BAND // (16 * max(c, o) * tw)))
-    shares = cpu_threads.split(th, 16 * (c + o) * tw)
+    bands = [(i, t0, min(t0 + band, th)) for i in range(nb) for t0 in range(0, th, band)]
+    slots = min(len(bands), len(cpu_threads.split(nb * th, 16 * (c + o) * tw)))
     u_slot, bias_vec = ctx.scratch.add((16, o, c), F32), ctx.scratch.add((o,), F32)
-    tiles = [(ctx.scratch.add((16, c, band * tw), F32), ctx.scratch.add((16, o, band * tw), F32)) for _ in shares]
+    tiles = [(ctx.scratch.add((16, c, band * tw), F32), ctx.scratch.add((16, o, band * tw), F32))
+             for _ in range(slots)]
     acc_out = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
     ops = [x_op, w_op, bias_op]
 
@@ -1095,31 +1100,26 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
         u, b_v = scratch[u_slot], scratch[bias_vec]
         k = jit.kernels()
         per_channel = _per_channel_bias(bias)
+        images, outputs = [x[i] for i in range(nb)], [target[i] for i in range(nb)]
+        # per slot: its transform buffers, and the products' operands for each band height (made here, once)
+        work = [(scratch[vs], scratch[ms], {r: (scratch[vs][:, :, : r * tw], scratch[ms][:, :, : r * tw])
+                                            for r in {t1 - t0 for _, t0, t1 in bands}}) for vs, ms in tiles]
 
-        def part(xi, yi, v, m, bands):
-            def run():
-                for t0, t1, v_band, m_band in bands:  # the products read and write the band's first tiles
-                    k.winograd_input(xi, v, t0, t1, tw, top, left)
-                    np.matmul(u, v_band, out=m_band)
-                    k.winograd_output(m, b_v, yi, t0, t1, tw)
-            return run
+        def task(slot: int, j: int) -> None:
+            i, t0, t1 = bands[j]
+            v, m, products = work[slot]
+            v_band, m_band = products[t1 - t0]  # the band's first tiles
+            k.winograd_input(images[i], v, t0, t1, tw, top, left)
+            np.matmul(u, v_band, out=m_band)
+            k.winograd_output(m, b_v, outputs[i], t0, t1, tw)
 
-        steps = []
-        for i in range(nb):
-            parts = []
-            for rows, (v_slot, m_slot) in zip(shares, tiles):
-                v, m = scratch[v_slot], scratch[m_slot]
-                bands = [(t0, min(t0 + band, rows.stop)) for t0 in range(rows.start, rows.stop, band)]
-                parts.append(part(x[i], target[i], v, m, [(t0, t1, v[:, :, : (t1 - t0) * tw], m[:, :, : (t1 - t0) * tw])
-                                                           for t0, t1 in bands]))
-            steps.append(cpu_threads.parallel(parts))
+        step = cpu_threads.claimed(len(bands), slots, task)
 
         def body():
             k.winograd_weights(w, u)
             _bias_vector(b_v, bias, per_channel)
-            with cpu_threads.blas_single_threaded() if len(shares) > 1 else contextlib.nullcontext():
-                for step in steps:
-                    step()
+            with cpu_threads.blas_single_threaded() if slots > 1 else contextlib.nullcontext():
+                step()
             _conv_epilogue(out, target, bias, per_channel)
 
         return with_refresh(ops, body)

@@ -30,7 +30,7 @@ CASES = {
     "winograd, unpadded, cropped windows": (1, 4, 8, 7, 9, 1, (0, 0), True, 1),
     "winograd, padded after only": (1, 4, 8, 6, 8, 1, (0, 2), True, 0),
     "winograd, padded before only": (2, 5, 8, 6, 8, 1, (2, 0), False, 0),
-    # 24 rows of tiles: one part per core (on two cores or more), each in two bands of at most 8 rows
+    # 24 rows of tiles in bands of at most 8 rows, taken in turn by the cores (on two cores or more)
     "winograd, bands on every core": (1, 16, 16, 48, 64, 1, (1, 1), True, 0),
 }
 COMPILED_PATH = {name: name.split(",")[0] for name in CASES}  # the path numba takes; without it: im2col
@@ -152,3 +152,47 @@ def test_compiled_convolutions_compile_nothing_at_run_time(case, numpy_runtime, 
     numpy_runtime.run(f.program(y=y), {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}, weights)
     after = _compiled_versions(module)
     assert after == before, {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
+
+
+def test_winograd_bands_are_taken_in_turn(numpy_runtime, monkeypatch, rng, assert_close):
+    """The Winograd convolution's bands of tile rows go to whichever core is free (``cpu_threads.claimed``): with
+    two parts and the worker's first band held up (a core the OS gives to another job), the calling thread takes
+    the bands the worker has not reached (fixed halves made it wait for the worker's whole half), and the result
+    is the same."""
+    import threading
+    import time
+
+    from luminal_recipes.runtimes import cpu_threads
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    monkeypatch.setattr(cpu_threads, "THREADS", 2)
+    monkeypatch.setattr(numpy_kernels, "WINOGRAD_BAND", 16 * 16 * 32)  # one row of tiles per band: 24 bands
+    real = jit.kernels()
+    caller, workers = threading.get_ident(), []
+
+    class Delayed:  # the kernels, with the worker's first input transform held up
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        @staticmethod
+        def winograd_input(*args):
+            if threading.get_ident() != caller:
+                if not workers:
+                    time.sleep(0.2)
+                workers.append(args[2])
+            return real.winograd_input(*args)
+
+    monkeypatch.setattr(jit, "kernels", lambda: Delayed())
+    n, c, o, h, w = 1, 16, 16, 48, 64
+    g = Graph()
+    x, wt = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3))
+    f = Fused(g)
+    y = f.add("Conv2d", [x.pad(2, 1, 1).pad(3, 1, 1), wt], (n, o, h, w), stride=1)
+    inputs = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
+    weights = {"w": (rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)}
+    got = numpy_runtime.run(f.program(y=y), inputs, weights)["y"]
+    assert len(workers) <= 2, workers  # the caller took the other 22-24 of the 24 bands
+    want = F.conv2d(torch.from_numpy(inputs["x"].astype(np.float64)),
+                    torch.from_numpy(weights["w"].astype(np.float64)), padding=1).numpy()
+    assert_close("conv", got, want)
