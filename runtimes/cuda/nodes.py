@@ -336,20 +336,22 @@ def prepare_groupnorm(ctx, options: CudaOptions) -> NodePlan:
             raise CodegenError(f"operand {i + 1} cannot be read per group of channels")
         affine.append((Operand(split_view.bind({}), op.size, op.dtype), IN(i + 1)))
     rows_kernel(plan, options, "ROW_LAYERNORM", ops[0], IN(0), nb * groups, n, float(ctx.node.attr("eps", 1e-5)),
-                ctx.dtype, OUT, affine=affine, affine_rows=2, act=str(ctx.node.attr("act", "")))
+                ctx.dtype, OUT, affine=affine, affine_rows=2, act=str(ctx.node.attr("act", "")),
+                max_block=256)  # the per-group scale and shift loaders' index arithmetic spilled at 1024 threads
     return plan
 
 
 def rows_kernel(plan: NodePlan, options: CudaOptions, kind: str, op: Operand, ref: Ref, rows: int, n: int,
                 eps: float, out_dtype, out_ref: Ref, bias: tuple[Operand, Ref] | None = None,
                 row_base: int = 0, affine: list[tuple[Operand, Ref]] = (), affine_rows: int | None = None,
-                act: str = "") -> None:
+                act: str = "", max_block: int = 1024) -> None:
     """A row kernel over ``op`` viewed as [rows, n] (its leading axes merged); ``bias`` (viewed the same way,
     rows counted from ``row_base``) is added before a softmax; ``affine`` (a norm's scale [and shift], viewed the
     same way, or with their first ``affine_rows`` axes merged into the rows and the others into the row)
-    multiplies [and shifts] each normalised value before it is stored, then ``act`` ('silu': t * sigmoid(t))."""
+    multiplies [and shifts] each normalised value before it is stored, then ``act`` ('silu': t * sigmoid(t));
+    ``max_block``: threads per block at most (fewer leave each thread more registers)."""
     nd = len(op.view.shape)
-    block = min(1024, max(32, _pow2(-(-n // 8))))
+    block = min(max_block, max(32, _pow2(-(-n // 8))))
     items = -(-n // block) if -(-n // block) <= 8 else 0
     loader = view_loader("LoadX", op, [(0, nd - 1), (nd - 1, nd)])
     out_t = ctype(out_dtype)

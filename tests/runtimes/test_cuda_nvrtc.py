@@ -4,7 +4,7 @@ ptxas reports no local-memory spills.
 The kernels come from the programs ``compile_graph`` makes (numpy runtime, no timing) for the tiny FLUX.2
 pipeline's three stages and the Llama recipe, each also rewritten to bf16 and f16 activations, plus the hot
 kernels at FLUX.2-dev sizes (norms over 3072, head-dim-128 norms, softmax over 4608 keys, fp8/nvfp4 weight
-decoders, the fp8 activation quantizers of the cuBLASLt path, im2col). All of them form one module per
+decoders, the fp8 activation quantizers of the cuBLASLt path, im2col, GroupNorm + SiLU). All of them form one module per
 architecture (NVRTC ~1 s), cached on disk afterwards.
 Needs the CUDA wheels of the test extra (cupy, nvidia-cuda-nvrtc/-runtime/-crt); no GPU.
 """
@@ -63,7 +63,7 @@ def compiled(recipe: str, weights: Path, dims: dict) -> tuple[Program, dict]:
 def dev_size_programs() -> list[tuple[Program, dict]]:
     """Hot kernels at FLUX.2-dev sizes (bf16): modulation LayerNorm over 3072, QK RMSNorm over 128-wide heads,
     a GELU-style Elementwise, softmax over 4608 keys with a bias (chunked attention), attention at head dim 128,
-    fp8 and nvfp4 weight decoders for K = 3072, the VAE's 3x3 im2col at 512 channels."""
+    fp8 and nvfp4 weight decoders for K = 3072, the VAE's 3x3 im2col and GroupNorm + SiLU at 512 channels."""
     g = Graph()
     x = g.input("x", (4608, 3072), "bf16")
     q = g.input("q", (1, 48, 4608, 128), "bf16")
@@ -73,6 +73,8 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
     w4, s4, s42 = g.weight("w4", (3072, 1536), "u8"), g.weight("s4", (3072, 192), "f8e4m3"), g.weight("s42", ())
     img = g.input("img", (1, 512, 130, 130), "bf16")
     cw = g.weight("cw", (512, 512, 3, 3), "bf16")
+    groups = g.input("groups", (1, 32, 16 * 128 * 128), "bf16")  # a [1, 512, 128, 128] image's 32 groups
+    gw = g.weight("gw", (512,), "bf16").reshape((1, 512, 1, 1)).broadcast_to((1, 512, 128, 128))
     f = Fused(g)
     outs = {
         "ln": f.add("LayerNorm", [x], (4608, 3072), "bf16", eps=1e-6),
@@ -89,6 +91,7 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
         "nvfp4": f.add("DequantMatMul", [x, w4, s4, s42], (4608, 3072), "bf16", format="nvfp4", layout="modelopt",
                        out_features=3072, in_features=3072),
         "conv": f.add("Conv2d", [img, cw], (1, 512, 128, 128), "bf16", stride=1),
+        "group_norm_silu": f.add("GroupNorm", [groups, gw, gw], (1, 512, 128, 128), "bf16", eps=1e-6, act="silu"),
     }
     return [(f.program(**outs), {})]
 
