@@ -885,7 +885,7 @@ def prepare_groupnorm(ctx: KernelContext) -> Bind:
 
         return bind
     x_op = operand(ctx, 0, dtype=F32, shape=(rows, n))
-    ops = [x_op, operand(ctx, 1, dtype=F32), operand(ctx, 2, dtype=F32)]
+    ops = [x_op, operand(ctx, 1), operand(ctx, 2)]  # read in place (a broadcast weight is not copied out whole)
     acc = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
     stats, work = ctx.scratch.add((rows, 1), F32), ctx.scratch.add(ctx.shape, F32)
 
@@ -905,8 +905,8 @@ def prepare_groupnorm(ctx: KernelContext) -> Bind:
             np.sqrt(v, out=v)
             np.divide(np.float32(1), v, out=v)
             np.multiply(t2, v, out=t2)
-            np.multiply(target, scale, out=target)
-            np.add(target, shift, out=target)
+            np.multiply(target, scale, out=target, dtype=F32)
+            np.add(target, shift, out=target, dtype=F32)
             if silu:  # t * sigmoid(t), as ops.silu composes it: t * 1 / (e^-t + 1)
                 np.negative(target, out=w)
                 with np.errstate(over="ignore"):

@@ -341,15 +341,15 @@ def test_group_norm_kernel_matches_torch(layout, act, numpy_runtime, monkeypatch
     """The GroupNorm kernel (two samples of 12 channels in 4 groups, an odd image size): x read in place as its
     [N, G, n] rows, or (rows 4 elements apart) gathered into scratch first, the compiled pass per group on 1 or 2
     cores and numpy's passes agree with torch's group_norm (+ silu) in float64; a scale that varies per sample
-    (not one value per channel) takes numpy's passes."""
+    (not one value per channel, bf16) takes numpy's passes, which read it in place."""
     torch = pytest.importorskip("torch")
     from luminal_recipes.runtimes import cpu_threads, jit
 
     g = Graph()
     x = g.input("x", (2, 12, 5, 7) if layout != "gathered" else (2, 105, 4))
     rows = x.reshape((2, 4, 105)) if layout != "gathered" else x.transpose(1, 2)  # [N, G, n]
-    if layout == "scale per sample":
-        w = g.input("w", (2, 12))
+    if layout == "scale per sample":  # and in bf16
+        w = g.input("w", (2, 12), "bf16")
         scale = w.reshape((2, 12, 1, 1)).broadcast_to((2, 12, 5, 7))
     else:
         w = g.input("w", (12,))
@@ -361,6 +361,8 @@ def test_group_norm_kernel_matches_torch(layout, act, numpy_runtime, monkeypatch
     rng = np.random.default_rng(5)
     inputs = {"x": (rng.standard_normal(x.shape) * 3 + 1).astype(np.float32),
               "w": rng.standard_normal(w.shape).astype(np.float32), "b": rng.standard_normal(12).astype(np.float32)}
+    if layout == "scale per sample":
+        inputs["w"] = inputs["w"].astype(ml_dtypes.bfloat16)
     t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in inputs.items()}
     tx = t["x"] if layout != "gathered" else t["x"].transpose(1, 2).reshape(2, 12, 5, 7)
     if layout == "scale per sample":
@@ -380,6 +382,9 @@ def test_group_norm_kernel_matches_torch(layout, act, numpy_runtime, monkeypatch
         monkeypatch.setattr(cpu_threads, "THREADS", threads)
         results.append(numpy_runtime.run(f.program(y=y), inputs)["y"])
     assert bool(used) == (layout != "scale per sample")  # the compiled pass ran (per channel vectors only)
+    if layout == "scale per sample":  # numpy's passes read the broadcast scale and shift in place, not copied out
+        (_, scratch), = [v for nid, v in numpy_runtime.prepare(f.program(y=y)).items() if nid == y]
+        assert scratch.nbytes < 2 * 4 * (2 * 12 * 5 * 7), scratch.nbytes  # one work tensor and the statistics
     for got in results:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert np.array_equal(results[0], results[1])  # the same bits on any number of cores
