@@ -483,6 +483,21 @@ def kernel_cases(dry: bool):
                 lambda t: {"y": torch.nn.functional.conv2d(t["x"], t["w"], padding=pad)}
         return build
 
+    def group_norm():  # the VAE's GroupNorm (32 groups) + SiLU, x read in place as its [N, G, n] rows
+        n, ch, hw = (1, 64, 6) if dry else (1, 512, 128)
+        g = Graph()
+        x = g.input("x", (n, ch, hw, hw), "bf16")
+        w, b = g.weight("w", (ch,)), g.weight("b", (ch,))
+        scale = w.reshape((1, ch, 1, 1)).broadcast_to((n, ch, hw, hw))
+        shift = b.reshape((1, ch, 1, 1)).broadcast_to((n, ch, hw, hw))
+        f = Fused(g)
+        y = f.add("GroupNorm", [x.reshape((n, 32, ch // 32 * hw * hw)), scale, shift], (n, ch, hw, hw), "bf16",
+                  eps=1e-6, act="silu")
+        return f.program(y=y), {"x": rnd(n, ch, hw, hw, dtype=bf, scale=3.0)}, \
+            {"w": rnd(ch), "b": rnd(ch)}, \
+            lambda t: {"y": torch.nn.functional.silu(torch.nn.functional.group_norm(
+                t["x"].float(), 32, t["w"].float(), t["b"].float(), 1e-6))}
+
     def dequant(fmt):
         def build():
             m, n, k = (24, 40, 64) if dry else (1024, 3072, 3072)
@@ -537,6 +552,7 @@ def kernel_cases(dry: bool):
         ("Attention bf16 chunked", {"attention": "chunked"}, attention("chunked")),
         ("Attention bf16 flash", {"attention": "flash"}, attention("flash")),
         ("Conv2d 3x3 bf16", {}, conv(3)), ("Conv2d 1x1 bf16", {}, conv(1)),
+        ("GroupNorm + SiLU bf16", {}, group_norm),
         ("DequantMatMul fp8", {"fp8_gemm": "dequant"}, dequant("fp8")),
         ("DequantMatMul fp8 cuBLASLt", {"fp8_gemm": "cublaslt"}, dequant("fp8-lt")),
         ("DequantMatMul nvfp4", {}, dequant("nvfp4")),
