@@ -103,10 +103,10 @@ def _round_up(x: int, to: int) -> int:
 @dataclass(frozen=True)
 class Plan:
     """How ``a [m, k] @ b [k, n]`` is cut: ``parts`` (rows, columns) ranges, one per thread, each with its own
-    scratch (``scratch_shapes``), or, with ``chunks``, one part per thread taking chunks of columns in turn. The
-    operand with more elements is split between the threads (its packing is not repeated); the other is packed
-    whole by each. K is taken ``kc`` at a time so that a part's packed rows of A stay in its core's L2 (the
-    partial sums wait in the output)."""
+    scratch (``scratch_shapes``), or, with ``chunks`` (columns) or ``row_chunks``, one part per thread taking
+    chunks in turn. The operand with more elements is split between the threads; the other is packed whole by
+    each part. K is taken ``kc`` at a time so that a part's packed rows of A stay in its core's L2 (the partial
+    sums wait in the output)."""
 
     m: int
     k: int
@@ -115,22 +115,37 @@ class Plan:
     a_rows: int  # rows of A packed at a time
     kc: int
     chunks: tuple[tuple[int, int], ...] = ()  # columns taken in turn by the parts (see plan), or fixed parts
+    row_chunks: tuple[tuple[int, int], ...] = ()  # rows taken in turn, B packed whole by each part (gemm_rows)
 
     @property
     def scratch_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
-        return [((3, 1, self.a_rows, self.kc), np.dtype(np.uint16)), ((3, self.kc // 2, BLOCK, 2), np.dtype(np.uint16)),
+        b_shape = (3, self.kc // 2, BLOCK, 2)
+        if self.row_chunks:  # every panel of B, packed once per part
+            b_shape = (_round_up(self.n, BLOCK) // BLOCK, *b_shape)
+        return [((3, 1, self.a_rows, self.kc), np.dtype(np.uint16)), (b_shape, np.dtype(np.uint16)),
                 ((BLOCK, BLOCK), np.dtype(np.float32)), ((64,), np.dtype(np.uint8))]
 
 
 MACS_PER_PART = 1 << 22  # a part of fewer multiply-adds (~20 us) is not worth a thread hand-off
 CHUNK_PANELS = 4  # 32-column panels per chunk taken in turn
+CHUNK_ROWS = 128  # rows per chunk taken in turn (at most; at least 4 chunks per part where there are rows)
+B_WHOLE_BYTES = 5 << 18  # all of B packed per part (1.25 MiB) beside a chunk of A's rows: both stay in L2
 
 
 def plan(m: int, k: int, n: int, threads: int) -> Plan:
     """Cut the product for ``threads`` cores. When B has more elements, the parts take chunks of columns in
     turn (``cpu_threads.claimed``: a core the OS gives less time does fewer), each part packing A once, where
-    A's packed rows fit in L2 in one piece; otherwise fixed parts (rows when A has more elements)."""
+    A's packed rows fit in L2 in one piece; when A has more, chunks of rows in turn, each part packing all of B
+    once, where that fits in L2 beside a chunk of A; otherwise fixed parts (rows when A has more elements)."""
     threads = max(1, min(threads, m * k * n // MACS_PER_PART))
+    kp = _round_up(max(k, 1), BLOCK)
+    if threads > 1 and n < m and kp * _round_up(n, BLOCK) * 6 <= B_WHOLE_BYTES:
+        blocks = _round_up(m, BLOCK) // BLOCK
+        rows = BLOCK * max(1, min(CHUNK_ROWS // BLOCK, blocks // (4 * threads)))
+        if rows * kp * 6 <= A_BLOCK_BYTES:
+            row_chunks = tuple((r, min(m, r + rows)) for r in range(0, m, rows))
+            parts = tuple((0, m, 0, n) for _ in range(min(threads, len(row_chunks))))
+            return Plan(m, k, n, parts, rows, kp, row_chunks=row_chunks)
     if n >= m:  # B has more elements: each thread takes whole panels of columns
         cuts = _cuts(_round_up(n, BLOCK) // BLOCK, threads)
         parts = tuple((0, m, min(n, lo * BLOCK), min(n, hi * BLOCK)) for lo, hi in cuts)
@@ -200,15 +215,20 @@ def product(p: Plan, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: lis
 
     operands = (a.ctypes.data, *a.strides, b.ctypes.data, *b.strides, p.k, out)
     nonfinite = [0] * len(p.parts)
-    if p.chunks:  # chunks of columns taken in turn; each part packs all of A on its first
+    if p.chunks or p.row_chunks:  # chunks taken in turn; each part packs all of A (B) on its first
         packed = [0] * len(p.parts)
+        if p.chunks:
+            def task(slot: int, j: int) -> None:
+                c0, c1 = p.chunks[j]
+                nonfinite[slot] |= amx_gemm.gemm(*operands, 0, p.m, c0, c1, *scratch[slot], packed[slot])
+                packed[slot] = 1
+        else:
+            def task(slot: int, j: int) -> None:
+                r0, r1 = p.row_chunks[j]
+                nonfinite[slot] |= amx_gemm.gemm_rows(*operands, r0, r1, *scratch[slot], packed[slot])
+                packed[slot] = 1
 
-        def task(slot: int, j: int) -> None:
-            c0, c1 = p.chunks[j]
-            nonfinite[slot] |= amx_gemm.gemm(*operands, 0, p.m, c0, c1, *scratch[slot], packed[slot])
-            packed[slot] = 1
-
-        parts = cpu_threads.claimed(len(p.chunks), len(p.parts), task)
+        parts = cpu_threads.claimed(len(p.chunks or p.row_chunks), len(p.parts), task)
 
         def run_parts():
             packed[:] = [0] * len(packed)

@@ -365,6 +365,39 @@ def pack_b(b, b_rs, b_cs, k0, k1, c0, c1, out):
     return bad
 
 
+@_inline
+def _configure(config):
+    """Fill ``config`` [64] uint8 (every tile 16 rows x 64 bytes) and load it."""
+    config[:] = 0
+    config[0] = 1
+    for t in range(8):
+        config[16 + 2 * t] = 64  # bytes per row
+        config[48 + t] = 16  # rows
+    _load_config(config.ctypes.data)
+
+
+@_inline
+def _row_blocks(a_buf, i0, i1, panel, j0, j1, steps, c, edge, more):
+    """``c[i0:i1, j0:j1] (+)= `` the packed rows of A (``a_buf``, from row ``i0``) times one packed VNNI panel of
+    B, 32 x 32 blocks; blocks past the edge of ``c`` go through ``edge``."""
+    a_row = a_buf.strides[2]
+    a_part = a_buf.strides[0]
+    c_row = c.strides[0]
+    for ib in range(i0, i1, BLOCK):
+        a_addr = a_buf.ctypes.data + (ib - i0) * a_row
+        if ib + BLOCK <= i1 and j1 - j0 == BLOCK:
+            _block(a_addr, a_row, a_part, panel.ctypes.data, panel.strides[0], steps,
+                   c.ctypes.data + ib * c_row + j0 * 4, c_row, more)
+        else:  # a block past the edge of c: computed in ``edge``
+            rows, cols = min(BLOCK, i1 - ib), j1 - j0
+            if more:
+                edge[:] = 0
+                edge[:rows, :cols] = c[ib:ib + rows, j0:j1]
+            _block(a_addr, a_row, a_part, panel.ctypes.data, panel.strides[0], steps, edge.ctypes.data,
+                   BLOCK * 4, more)
+            c[ib:ib + rows, j0:j1] = edge[:rows, :cols]
+
+
 @_kernel
 def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge, config, a_packed):
     """``c[r0:r1, c0:c1] = a[r0:r1] @ b[:, c0:c1]``: A [M, k] and B [k, N] f32 at addresses ``a`` and ``b``
@@ -375,17 +408,8 @@ def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge,
     call on other columns). Returns 1, leaving ``c`` unfinished, as soon as it meets an operand value that is not
     finite."""
     kc = a_buf.shape[3]
-    config[:] = 0
-    config[0] = 1
-    for t in range(8):
-        config[16 + 2 * t] = 64  # bytes per row
-        config[48 + t] = 16  # rows
     a_rows = a_buf.shape[2]
-    a_part = a_buf.strides[0]
-    a_row = a_buf.strides[2]
-    b_part = b_buf.strides[0]
-    c_row = c.strides[0]
-    _load_config(config.ctypes.data)
+    _configure(config)
     for k0 in range(0, max(k, 1), kc):
         k1 = min(k0 + kc, k)
         steps = (k1 - k0 + BLOCK - 1) // BLOCK
@@ -400,18 +424,33 @@ def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge,
                 if pack_b(b, b_rs, b_cs, k0, k1, j0, j1, b_buf):
                     _release()
                     return 1
-                for ib in range(i0, i1, BLOCK):
-                    a_addr = a_buf.ctypes.data + (ib - i0) * a_row
-                    if ib + BLOCK <= i1 and j1 - j0 == BLOCK:
-                        _block(a_addr, a_row, a_part, b_buf.ctypes.data, b_part, steps,
-                               c.ctypes.data + ib * c_row + j0 * 4, c_row, more)
-                    else:  # a block past the edge of c: computed in ``edge``
-                        rows, cols = min(BLOCK, i1 - ib), j1 - j0
-                        if more:
-                            edge[:] = 0
-                            edge[:rows, :cols] = c[ib:ib + rows, j0:j1]
-                        _block(a_addr, a_row, a_part, b_buf.ctypes.data, b_part, steps, edge.ctypes.data,
-                               BLOCK * 4, more)
-                        c[ib:ib + rows, j0:j1] = edge[:rows, :cols]
+                _row_blocks(a_buf, i0, i1, b_buf, j0, j1, steps, c, edge, more)
+    _release()
+    return 0
+
+
+@_kernel
+def gemm_rows(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, a_buf, panels, edge, config, b_packed):
+    """``c[r0:r1] = a[r0:r1] @ b`` (every column of ``c``) with all of B packed at once into ``panels`` [P, 3,
+    Kc / 2, 32, 2] (P = columns / 32 rounded up, Kc >= k: one block of k), for products with fewer columns than
+    rows: a part packs B on its first call (``b_packed`` 0) and then takes blocks of rows in turn with the other
+    parts, never packing B again. Otherwise as ``gemm`` (``a_buf`` [3, 1, rows, Kc] holds ``rows`` rows of A
+    at a time); returns 1, leaving ``c`` unfinished, as soon as it meets an operand value that is not finite."""
+    n = c.shape[1]
+    a_rows = a_buf.shape[2]
+    steps = (k + BLOCK - 1) // BLOCK
+    _configure(config)
+    if not b_packed:
+        for p in range((n + BLOCK - 1) // BLOCK):
+            if pack_b(b, b_rs, b_cs, 0, k, p * BLOCK, min(n, (p + 1) * BLOCK), panels[p]):
+                _release()
+                return 1
+    for i0 in range(r0, r1, a_rows):
+        i1 = min(i0 + a_rows, r1)
+        if pack_a(a, a_rs, a_cs, i0, i1, 0, k, a_buf):
+            _release()
+            return 1
+        for p in range((n + BLOCK - 1) // BLOCK):
+            _row_blocks(a_buf, i0, i1, panels[p], p * BLOCK, min(n, (p + 1) * BLOCK), steps, c, edge, 0)
     _release()
     return 0

@@ -72,6 +72,30 @@ def test_amx_product_keeps_infinities_and_nans():
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-5)
 
 
+@needs_amx
+@pytest.mark.parametrize(("m", "k", "n"), [(300, 70, 45), (200, 700, 96), (97, 33, 40)])
+def test_amx_row_chunks_give_the_fixed_parts_bits(m, k, n, monkeypatch):
+    """Products with fewer columns than rows: on two parts each packs all of B once and the parts take chunks
+    of rows in turn (``gemm_rows``; edge rows, K in one block). The same bits as fixed halves of the rows and as
+    one part (every element summed in the same order), and an operand with an inf or NaN still goes to BLAS."""
+    monkeypatch.setattr(amx, "MACS_PER_PART", 1)
+    rng = np.random.default_rng(m + k + n)
+    a, b = _operand(rng, (m, k), "C"), _operand(rng, (k, n), "T") / np.float32(np.sqrt(k))
+    assert amx.plan(m, k, n, 2).row_chunks and len(amx.plan(m, k, n, 2).parts) == 2
+    chunked = _product(a, b, 2)
+    np.testing.assert_allclose(chunked, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-5)
+    assert np.array_equal(chunked, _product(a, b, 1))
+    monkeypatch.setattr(amx, "B_WHOLE_BYTES", 0)  # B never packed whole: fixed halves of the rows
+    assert not amx.plan(m, k, n, 2).row_chunks and len(amx.plan(m, k, n, 2).parts) == 2
+    assert np.array_equal(chunked, _product(a, b, 2))
+    monkeypatch.undo()
+    monkeypatch.setattr(amx, "MACS_PER_PART", 1)
+    a[m - 1, 2], b[5, n - 1] = np.inf, np.nan
+    with np.errstate(invalid="ignore"):
+        want, got = a @ b, _product(a, b, 2)
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
+
+
 def test_amx_is_refused_with_a_reason_when_turned_off(monkeypatch):
     monkeypatch.setenv("LUMINAL_RECIPES_AMX", "0")
     amx.reason_unavailable.cache_clear()
