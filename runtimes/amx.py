@@ -56,12 +56,18 @@ def available() -> bool:
 
 
 MIN_MACS = 1 << 23  # smaller products stay on BLAS (below 128 x 256 x 256 no gain was measured: 0.84-1.03x)
+# MatMul's products: rows of A and columns of B at least (``worth_it(..., min_side=MIN_SIDE)``): splitting an
+# element of one operand into bf16 parts (~0.5 ns) pays only when the other has this many rows (columns) to
+# multiply it with; the VAE's 1x1 convolutions (16 x 32 x 65536, 32 x 64 x 16384) ran 1.6-2.6x slower on AMX
+# than on BLAS
+MIN_SIDE = 64
 
 
-def worth_it(m: int, k: int, n: int) -> bool:
-    """Whether an f32 product ``[m, k] @ [k, n]`` goes to AMX: every side at least a tile and ~8M
-    multiply-adds, on a CPU (and process) where AMX runs and its kernels compiled (``ready``)."""
-    return m >= 16 and n >= 16 and k >= 16 and m * k * n >= MIN_MACS and ready()
+def worth_it(m: int, k: int, n: int, min_side: int = 16) -> bool:
+    """Whether an f32 product ``[m, k] @ [k, n]`` goes to AMX: at least ``min_side`` rows and columns (a tile's
+    16 by default), k at least a tile and ~8M multiply-adds, on a CPU (and process) where AMX runs and its
+    kernels compiled (``ready``)."""
+    return min(m, n) >= min_side and k >= 16 and m * k * n >= MIN_MACS and ready()
 
 
 _READY_LOCK = threading.Lock()

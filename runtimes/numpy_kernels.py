@@ -575,7 +575,7 @@ def _amx_products(ctx: KernelContext, m: int, k: int, n: int):
     """An f32 MatMul's products on the CPU's AMX tiles (``runtimes/amx.py``: f32 accuracy from three bf16 parts
     of each operand) when both operands are f32, the CPU has AMX and the products are large enough: the plan
     (one part per core) and each part's scratch (packed bf16 parts of A and B, L2-sized). None: BLAS."""
-    if any(i.dtype != F32 for i in ctx.inputs[:2]) or not amx.worth_it(m, k, n):
+    if any(i.dtype != F32 for i in ctx.inputs[:2]) or not amx.worth_it(m, k, n, min_side=amx.MIN_SIDE):
         return None
     plan = amx.plan(m, k, n, cpu_threads.THREADS)
     return plan, [[ctx.scratch.add(shape, dtype) for shape, dtype in plan.scratch_shapes] for _ in plan.parts]

@@ -110,7 +110,7 @@ def test_amx_is_refused_with_a_reason_when_turned_off(monkeypatch):
 @pytest.mark.parametrize("case", ["linear_bias", "transposed_batched"])
 def test_matmul_kernel_runs_on_amx_within_the_f32_tolerance(case, numpy_runtime, monkeypatch):
     """The numpy runtime's MatMul takes the AMX path for large f32 products (a linear layer with a bias over a
-    batch: column chunks taken in turn; per-head products of transposed operands: fixed parts of rows) and
+    batch: column chunks taken in turn; per-head products of transposed operands: row chunks taken in turn) and
     gives the reference's values; the same bits on 1, 2 and 3 parts; with AMX refused it takes BLAS and agrees
     within the tolerance."""
     rng = np.random.default_rng(11)
@@ -151,10 +151,35 @@ def test_matmul_kernel_runs_on_amx_within_the_f32_tolerance(case, numpy_runtime,
     for other in results[1:]:
         assert np.array_equal(other, results[0])
     calls.clear()
-    monkeypatch.setattr(amx, "worth_it", lambda *args: False)
+    monkeypatch.setattr(amx, "worth_it", lambda *args, **kwargs: False)
     blas = numpy_runtime.run(program, inputs, weights)["y"]
     assert not calls
     np.testing.assert_allclose(blas, results[0], rtol=1e-5, atol=1e-5)
+
+
+@needs_amx
+def test_matmul_with_few_rows_stays_on_blas(numpy_runtime, monkeypatch):
+    """A MatMul with fewer than ``amx.MIN_SIDE`` rows (a VAE's 1x1 convolution: few output channels, many
+    pixels) is multiplied by BLAS, even when large: splitting its wide operand would cost more than its
+    product."""
+    rng = np.random.default_rng(5)
+    g = Graph()
+    w, x = g.weight("w", (16, 32)), g.input("x", (1, 32, 4096))
+    g.mark_output("y", ops.matmul(w.unsqueeze(0).broadcast_to((1, 16, 32)), x))
+    f = Fused(g)
+    y = f.add("MatMul", [w.unsqueeze(0).broadcast_to((1, 16, 32)), x], (1, 16, 4096))
+    inputs, weights = {"x": rng.standard_normal((1, 32, 4096)).astype(np.float32)}, {
+        "w": rng.standard_normal((16, 32)).astype(np.float32)}
+    calls = []
+    product = amx.product
+    monkeypatch.setattr(amx, "product", lambda *args: calls.append(1) or product(*args))
+    monkeypatch.setattr(amx, "MIN_MACS", 1)
+    got = numpy_runtime.run(f.program(y=y), inputs, weights)["y"]
+    assert not calls
+    np.testing.assert_allclose(got, run_reference(g, {**inputs, **weights})["y"], rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(amx, "MIN_SIDE", 16)  # the same product allowed on AMX takes it
+    numpy_runtime.run(f.program(y=y), inputs, weights)
+    assert calls
 
 
 @needs_amx
