@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 from luminal_recipes.runtimes import amx  # noqa: E402
 
-STEP_SHAPES = ((768, 256, 2304), (768, 1024, 256), (512, 256, 1536), (512, 256, 256), (256, 256, 1536),
+STEP_SHAPES = ((768, 256, 2304), (768, 256, 256), (768, 768, 256), (512, 256, 1536), (512, 256, 256), (256, 256, 1536),
                (512, 768, 256), (256, 256, 256), (256, 768, 256))
 
 

@@ -13,6 +13,7 @@ Semantics are graph.reference's (the oracle); float kernels other than the primi
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import numpy as np
@@ -552,15 +553,13 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
         if on_amx is not None:  # the same products, each cut into one part per core (see _amx_products)
             plan, ids = on_amx
             buffers = [[scratch[i] for i in part] for part in ids]
-            on_tiles = [amx.product(plan, left, right, dst, buffers) for left, right, dst in products]
-            products = []
+            steps = [amx.product(plan, left, right, dst, buffers) for left, right, dst in products]
+        else:
+            steps = [_blas_product(left, right, dst) for left, right, dst in products]
 
         def body():
-            if on_amx is not None:
-                for product in on_tiles:
-                    product()
-            for left, right, dst in products:
-                np.matmul(left, right, out=dst)
+            for product in steps:
+                product()
             if bias is not None:
                 np.add(target, bias, out=target, **kw)
             if acc is not None:
@@ -569,6 +568,48 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
         return with_refresh(ops, body)
 
     return bind
+
+
+BLAS_PART_MACS = 1 << 21  # multiply-adds per core at least, for a BLAS product to be cut into chunks
+BLAS_CHUNKS_PER_PART = 4
+
+
+def _blas_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray) -> Step:
+    """``dst = left @ right`` by BLAS, one thread per call: a large product cut into chunks of rows (or of
+    columns, when it has more columns) that the cores take in turn (``cpu_threads.claimed``), each chunk one
+    single-threaded call; a small one in one call on this thread. OpenBLAS's own threads cost more than they
+    give here: a call waits for its helper thread when the OS has descheduled it (16 x 32 x 65536, the VAE's
+    1x1 convolution: 5.1 ms on two OpenBLAS threads, 1.9 on one, load 4), and a small call pays their wake-up.
+    Chunk bounds are fixed at bind time: results never depend on which core runs a chunk."""
+    m, n = dst.shape
+    k = left.shape[1]
+    parts = min(cpu_threads.THREADS, m * k * n // BLAS_PART_MACS)
+    if dst.dtype.kind != "f" or parts <= 1:
+        def single():
+            with cpu_threads.blas_single_threaded():
+                np.matmul(left, right, out=dst)
+
+        return single if dst.dtype.kind == "f" else functools.partial(np.matmul, left, right, out=dst)
+    along = m if m >= n else n
+    count = min(parts * BLAS_CHUNKS_PER_PART, -(-along // 16))
+    bounds = [min(along, -(-along * i // count) // 16 * 16) if i < count else along for i in range(count + 1)]
+    cuts = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    if m >= n:
+        chunks = [(left[lo:hi], right, dst[lo:hi]) for lo, hi in cuts]
+    else:
+        chunks = [(left, right[:, lo:hi], dst[:, lo:hi]) for lo, hi in cuts]
+
+    def task(slot: int, j: int) -> None:
+        a, b, out = chunks[j]
+        np.matmul(a, b, out=out)
+
+    run = cpu_threads.claimed(len(chunks), parts, task)
+
+    def step():
+        with cpu_threads.blas_single_threaded():
+            run()
+
+    return step
 
 
 def _amx_products(ctx: KernelContext, m: int, k: int, n: int):
