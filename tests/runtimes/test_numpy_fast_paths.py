@@ -388,3 +388,33 @@ def test_group_norm_kernel_matches_torch(layout, act, numpy_runtime, monkeypatch
     for got in results:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert np.array_equal(results[0], results[1])  # the same bits on any number of cores
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(16, 32, 700), (300, 64, 40), (5, 3, 7)])
+def test_blas_matmul_chunks_match_the_reference(m, k, n, numpy_runtime, monkeypatch):
+    """A MatMul on BLAS (AMX refused) cut into chunks of columns (few rows: a VAE's 1x1 convolution) or of
+    rows, taken in turn by the cores, each a single-threaded BLAS call: the reference's values, and the same
+    values on one and two threads; a small product is one call."""
+    from luminal_recipes.runtimes import amx, cpu_threads
+
+    rng = np.random.default_rng(m + n)
+    g = Graph()
+    w, x = g.weight("w", (m, k)), g.input("x", (k, n))
+    g.mark_output("y", ops.matmul(w, x))
+    f = Fused(g)
+    y = f.add("MatMul", [w, x], (m, n))
+    inputs, weights = {"x": rng.standard_normal((k, n)).astype(np.float32)}, {
+        "w": rng.standard_normal((m, k)).astype(np.float32)}
+    monkeypatch.setattr(amx, "worth_it", lambda *args, **kwargs: False)
+    monkeypatch.setattr(numpy_kernels, "BLAS_PART_MACS", 1 if m * n > 100 else 1 << 30)
+    claimed = []
+    real = cpu_threads.claimed
+    monkeypatch.setattr(cpu_threads, "claimed", lambda count, *a: claimed.append(count) or real(count, *a))
+    results = []
+    for threads in (1, 2):
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        results.append(numpy_runtime.run(f.program(y=y), inputs, weights)["y"])
+    want = run_reference(g, {**inputs, **weights})["y"]
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert claimed == ([] if m * n <= 100 else [8])  # two threads: four chunks per core
