@@ -9,7 +9,7 @@ The operands are laid out as the step has them: activations ``x [M, K]`` and a w
 ``w.T``.
 
     python bench/amx_gemm.py [--repeats 5] [--threads 1,2] [--shapes 768x256x2304,...] [--a-rows N]
-    python bench/amx_gemm.py --step [--double 8 --single 16]   # a whole transformer step, AMX vs BLAS
+    python bench/amx_gemm.py --step [--double 8 --single 16] [--before]   # a whole transformer step, AMX vs BLAS
 
 ``--step``: the FLUX.2 transformer of ``bench/flux2_transformer_cpu.py`` (default: the medium pipeline's 8 double
 + 16 single blocks, 256 image + 512 text tokens) compiled once and loaded twice on the numpy runtime, its
@@ -86,6 +86,8 @@ def step_ab(args) -> None:
     import flux2_transformer_cpu as ft
 
     from luminal_recipes.recipe.builder import build
+    from luminal_recipes.runtimes import numpy_kernels
+    from luminal_recipes.runtimes.profile import profiling
 
     threads = ft.blas_threads(None)
     torch.set_num_threads(threads)
@@ -96,36 +98,53 @@ def step_ab(args) -> None:
         inputs = ft.step_inputs(cfg, reference.config.axes_dims_rope, reference.config.rope_theta, 1)
         model = build(ft.RECIPE, weights=folder)
         runtime, program, _, dims, _, _ = ft.compile_ours(model, inputs, Path(tmp) / "cache")
-        on_amx = runtime.load(program, model.load_weight, dims)
+        exes = {"ours, MatMul on AMX": runtime.load(program, model.load_weight, dims)}
         worth_it = amx.worth_it
         amx.worth_it = lambda *a, **kw: False
-        on_blas = runtime.load(program, model.load_weight, dims)
+        exes["ours, MatMul on BLAS"] = runtime.load(program, model.load_weight, dims)
         amx.worth_it = worth_it
+        if args.before:  # the kernels are chosen when a program is loaded: main's choices of 2026-12-01 14:50
+            saved = amx.B_WHOLE_BYTES, amx.MIN_SIDE, numpy_kernels._blas_product
+            amx.B_WHOLE_BYTES, amx.MIN_SIDE = 0, 16
+            numpy_kernels._blas_product = lambda a, b, out: functools.partial(np.matmul, a, b, out=out)
+            exes["ours, before (14:50)"] = runtime.load(program, model.load_weight, dims)
+            amx.B_WHOLE_BYTES, amx.MIN_SIDE, numpy_kernels._blas_product = saved
         theirs = ft.torch_step(reference, cfg, inputs)
         want = theirs()
-        outs = [exe.run(inputs)["velocity"] for exe in (on_amx, on_blas)]
-        errs = [float(np.abs(o - want).max() / np.abs(want).max()) for o in outs]
-        sides = [lambda: on_amx.run(inputs, copy_outputs=False), lambda: on_blas.run(inputs, copy_outputs=False),
-                 theirs]
-        times = [[], [], []]
+        errs = [float(np.abs(exe.run(inputs)["velocity"] - want).max() / np.abs(want).max()) for exe in exes.values()]
+        sides = [functools.partial(exe.run, inputs, copy_outputs=False) for exe in exes.values()] + [theirs]
+        times = [[] for _ in sides]
+        matmul = [[] for _ in exes]
         for i in range(args.repeats + 2):
-            for side, record in zip(sides, times):
-                t = time.perf_counter()
-                side()
+            for j, (side, record) in enumerate(zip(sides, times)):
+                with profiling() as kernels:
+                    t = time.perf_counter()
+                    side()
+                    dt = time.perf_counter() - t
                 if i >= 2:
-                    record.append(time.perf_counter() - t)
+                    record.append(dt)
+                    if j < len(exes):
+                        matmul[j].append(sum(s for (_, k), s in kernels.seconds.items() if k == "MatMul"))
         print(f"{cfg.double} double + {cfg.single} single blocks, {cfg.img} + {cfg.txt} tokens, {threads} threads; "
-              f"max |ours - torch| / max |torch|: AMX {errs[0]:.1e}, BLAS {errs[1]:.1e}")
-        for name, t in zip(("ours, MatMul on AMX", "ours, MatMul on BLAS", "PyTorch eager"), times):
-            print(f"  {name:22s} median {statistics.median(t) * 1e3:7.1f} ms  min {min(t) * 1e3:7.1f} ms")
+              "max |ours - torch| / max |torch|: " + ", ".join(f"{e:.1e}" for e in errs))
+        for j, (name, t) in enumerate(zip([*exes, "PyTorch eager"], times)):
+            kernel = (f"  (MatMul kernels median {statistics.median(matmul[j]) * 1e3:6.1f} ms, min "
+                      f"{min(matmul[j]) * 1e3:6.1f})") if j < len(exes) else ""
+            print(f"  {name:22s} median {statistics.median(t) * 1e3:7.1f} ms  min {min(t) * 1e3:7.1f} ms{kernel}")
         med = [statistics.median(t) for t in times]
+        before = (f", before / torch {med[2] / med[-1]:.3f}, AMX / before {med[0] / med[2]:.3f} (minima "
+                  f"{min(times[0]) / min(times[2]):.3f})") if args.before else ""
         print(f"  AMX / BLAS {med[0] / med[1]:.3f} (minima {min(times[0]) / min(times[1]):.3f}); "
-              f"AMX / torch {med[0] / med[2]:.3f}, BLAS / torch {med[1] / med[2]:.3f}; load {os.getloadavg()[0]:.2f}")
+              f"AMX / torch {med[0] / med[-1]:.3f}, BLAS / torch {med[1] / med[-1]:.3f}{before}; "
+              f"load {os.getloadavg()[0]:.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--step", action="store_true", help="time a whole transformer step, AMX vs BLAS vs torch")
+    ap.add_argument("--before", action="store_true",
+                    help="--step: also the MatMuls as main chose them at 14:50 (fixed halves of rows, AMX from 16 "
+                         "rows, OpenBLAS's own threads)")
     ap.add_argument("--double", type=int, default=8)
     ap.add_argument("--single", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5, help="turns of 3 calls per side (--step: steps per side)")
