@@ -128,7 +128,8 @@ class Plan:
         b_shape = (3, self.kc // 2, BLOCK, 2)
         if self.row_chunks:  # every panel of B, packed once per part
             b_shape = (_round_up(self.n, BLOCK) // BLOCK, *b_shape)
-        return [((3, 1, self.a_rows, self.kc), np.dtype(np.uint16)), (b_shape, np.dtype(np.uint16)),
+        a_shape = (self.a_rows // BLOCK, self.kc // BLOCK, 3, BLOCK, BLOCK)  # see amx_gemm.pack_a
+        return [(a_shape, np.dtype(np.uint16)), (b_shape, np.dtype(np.uint16)),
                 ((BLOCK, BLOCK), np.dtype(np.float32)), ((64,), np.dtype(np.uint8))]
 
 
