@@ -143,8 +143,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--step", action="store_true", help="time a whole transformer step, AMX vs BLAS vs torch")
     ap.add_argument("--before", action="store_true",
-                    help="--step: also the MatMuls as main chose them at 14:50 (fixed halves of rows, AMX from 16 "
-                         "rows, OpenBLAS's own threads)")
+                    help="--step: also the MatMuls chosen as main did at 14:50 (fixed halves of rows, AMX from 16 "
+                         "rows, OpenBLAS's own threads), with this version's kernels")
     ap.add_argument("--double", type=int, default=8)
     ap.add_argument("--single", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5, help="turns of 3 calls per side (--step: steps per side)")
