@@ -14,8 +14,10 @@ Six tile products leave at most 16/6 ~ 2.7x of AVX-512's peak; splitting and pac
 from IEEE f32: AMX treats denormal bf16 inputs as zero (values below ~1e-38 lose their low parts).
 
 Layouts (the C block is 32x32 f32: four 16x16 accumulator tiles, 0-3; A tiles 4-5, B tiles 6-7):
-- A, per call and row block: ``[rows / 32, Kp / 32, 3 parts, 32, 32]`` bf16 (as uint16), Kp = K rounded up to 32
-  with zeros: a tile (16 rows x 32 k, 64 bytes per row) is 1 KiB in one piece, and a k step's six are 6 KiB.
+- A, per call and row block: ``[3 parts, rows, Kp]`` bf16 (as uint16), Kp = K rounded up to 32 with zeros; a
+  tile is 16 rows x 32 k (64 bytes per row, the row stride Kp * 2): ``pack_a`` and ``_block``. ``gemm`` packs it
+  tile by tile instead (``pack_a_tiles``, ``_block_tiles``: ``[rows / 32, Kp / 32, 3 parts, 32, 32]``, a tile
+  1 KiB in one piece and a k step's six 6 KiB in order, ~10% faster).
 - B, per 32-column panel: ``[3 parts, Kp / 2, 32, 2]`` bf16, the "VNNI" layout ``tdpbf16ps`` reads: each 4-byte
   element holds the two k of one column that a pair-wise dot product uses; a tile is 16 k-pairs x 16 columns.
 The packed buffers are small (a row block of A and one panel of B, L2-sized): weights are never kept split.
@@ -82,57 +84,81 @@ def _release(typingctx):
     return sig, codegen
 
 
+def _block_codegen(builder, args, tiles: bool):
+    """The 32 x 32 block's LLVM IR: A's tiles addressed by rows of the whole K (``tiles`` False: ``a_rows``, the
+    row stride, and the k step 64 bytes) or tile by tile (``tiles`` True: ``a_rows`` is the k step's stride, a
+    tile's rows 64 bytes apart, the second tile 1 KiB after the first)."""
+    a, a_rows, a_part, b, b_part, steps, c, c_row, accumulate = args
+    c_half = builder.mul(c_row, ir.Constant(_I64, 16))
+    c_tiles = [builder.inttoptr(builder.add(c, builder.add(builder.mul(c_half, ir.Constant(_I64, t // 2)),
+                                                           ir.Constant(_I64, 64 * (t % 2)))), _PTR)
+               for t in range(4)]
+    with builder.if_else(builder.icmp_signed("!=", accumulate, ir.Constant(_I64, 0))) as (then, otherwise):
+        with then:
+            for t in range(4):
+                _amx(builder, "tileloadd64", _tile(t), c_tiles[t], c_row)
+        with otherwise:
+            for t in range(4):
+                _amx(builder, "tilezero", _tile(t))
+    head = builder.block
+    loop = builder.append_basic_block("amx.k")
+    done = builder.append_basic_block("amx.done")
+    zero = ir.Constant(_I64, 0)
+    builder.cbranch(builder.icmp_signed(">", steps, zero), loop, done)
+    builder.position_at_end(loop)
+    s = builder.phi(_I64)
+    s.add_incoming(zero, head)
+    if tiles:
+        a_s = builder.add(a, builder.mul(s, a_rows))
+        a_row = ir.Constant(_I64, 2 * BLOCK)  # a tile row: 32 bf16
+        a_half = ir.Constant(_I64, 16 * 2 * BLOCK)
+    else:
+        a_s = builder.add(a, builder.mul(s, ir.Constant(_I64, 2 * BLOCK)))  # 32 bf16 along k
+        a_row = a_rows
+        a_half = builder.mul(a_row, ir.Constant(_I64, 16))
+    b_s = builder.add(b, builder.mul(s, ir.Constant(_I64, 16 * 2 * BLOCK * 2)))  # 16 k pairs x 32 columns
+    panel_row = ir.Constant(_I64, BLOCK * 4)  # a VNNI row: 32 columns x 2 bf16
+    for pa, pbs in PRODUCTS:
+        a_p = builder.add(a_s, builder.mul(a_part, ir.Constant(_I64, pa)))
+        _amx(builder, "tileloadd64", _tile(4), builder.inttoptr(a_p, _PTR), a_row)
+        _amx(builder, "tileloadd64", _tile(5), builder.inttoptr(builder.add(a_p, a_half), _PTR), a_row)
+        for pb in pbs:
+            b_p = builder.add(b_s, builder.mul(b_part, ir.Constant(_I64, pb)))
+            _amx(builder, "tileloadd64", _tile(6), builder.inttoptr(b_p, _PTR), panel_row)
+            b_p2 = builder.add(b_p, ir.Constant(_I64, 64))
+            _amx(builder, "tileloadd64", _tile(7), builder.inttoptr(b_p2, _PTR), panel_row)
+            for t, (ta, tb) in enumerate(((4, 6), (4, 7), (5, 6), (5, 7))):
+                _amx(builder, "tdpbf16ps", _tile(t), _tile(ta), _tile(tb))
+    s_next = builder.add(s, ir.Constant(_I64, 1))
+    s.add_incoming(s_next, builder.block)
+    builder.cbranch(builder.icmp_signed("<", s_next, steps), loop, done)
+    builder.position_at_end(done)
+    for t in range(4):
+        _amx(builder, "tilestored64", _tile(t), c_tiles[t], c_row)
+
+
 @intrinsic
-def _block(typingctx, a, a_step, a_part, b, b_part, steps, c, c_row, accumulate):
+def _block(typingctx, a, a_row, a_part, b, b_part, steps, c, c_row, accumulate):
     """C[32, 32] (f32, rows ``c_row`` bytes apart) = (C if ``accumulate`` else 0) + the sum over ``steps`` k steps
-    of 32 of the six part products of A (tiles of the packed layout ``pack_a`` writes, from ``a``: k steps
-    ``a_step`` bytes apart, parts ``a_part`` apart, each part's two 16 x 32 tiles contiguous, 1 KiB each) and B
-    (a VNNI panel at ``b``, parts ``b_part`` bytes apart). Addresses and strides in bytes."""
+    of 32 of the six part products of A (tiles from ``a``: rows ``a_row`` bytes apart, parts ``a_part`` apart) and
+    B (a VNNI panel at ``b``, parts ``b_part`` bytes apart). Addresses and strides in bytes."""
     sig = types.none(*([types.intp] * 9))
 
     def codegen(context, builder, signature, args):
-        a, a_step, a_part, b, b_part, steps, c, c_row, accumulate = args
-        c_half = builder.mul(c_row, ir.Constant(_I64, 16))
-        c_tiles = [builder.inttoptr(builder.add(c, builder.add(builder.mul(c_half, ir.Constant(_I64, t // 2)),
-                                                               ir.Constant(_I64, 64 * (t % 2)))), _PTR)
-                   for t in range(4)]
-        with builder.if_else(builder.icmp_signed("!=", accumulate, ir.Constant(_I64, 0))) as (then, otherwise):
-            with then:
-                for t in range(4):
-                    _amx(builder, "tileloadd64", _tile(t), c_tiles[t], c_row)
-            with otherwise:
-                for t in range(4):
-                    _amx(builder, "tilezero", _tile(t))
-        head = builder.block
-        loop = builder.append_basic_block("amx.k")
-        done = builder.append_basic_block("amx.done")
-        zero = ir.Constant(_I64, 0)
-        builder.cbranch(builder.icmp_signed(">", steps, zero), loop, done)
-        builder.position_at_end(loop)
-        s = builder.phi(_I64)
-        s.add_incoming(zero, head)
-        a_s = builder.add(a, builder.mul(s, a_step))
-        b_s = builder.add(b, builder.mul(s, ir.Constant(_I64, 16 * 2 * BLOCK * 2)))  # 16 k pairs x 32 columns
-        a_row = ir.Constant(_I64, 2 * BLOCK)  # a tile row: 32 bf16
-        a_half = ir.Constant(_I64, 16 * 2 * BLOCK)
-        panel_row = ir.Constant(_I64, BLOCK * 4)  # a VNNI row: 32 columns x 2 bf16
-        for pa, pbs in PRODUCTS:
-            a_p = builder.add(a_s, builder.mul(a_part, ir.Constant(_I64, pa)))
-            _amx(builder, "tileloadd64", _tile(4), builder.inttoptr(a_p, _PTR), a_row)
-            _amx(builder, "tileloadd64", _tile(5), builder.inttoptr(builder.add(a_p, a_half), _PTR), a_row)
-            for pb in pbs:
-                b_p = builder.add(b_s, builder.mul(b_part, ir.Constant(_I64, pb)))
-                _amx(builder, "tileloadd64", _tile(6), builder.inttoptr(b_p, _PTR), panel_row)
-                b_p2 = builder.add(b_p, ir.Constant(_I64, 64))
-                _amx(builder, "tileloadd64", _tile(7), builder.inttoptr(b_p2, _PTR), panel_row)
-                for t, (ta, tb) in enumerate(((4, 6), (4, 7), (5, 6), (5, 7))):
-                    _amx(builder, "tdpbf16ps", _tile(t), _tile(ta), _tile(tb))
-        s_next = builder.add(s, ir.Constant(_I64, 1))
-        s.add_incoming(s_next, builder.block)
-        builder.cbranch(builder.icmp_signed("<", s_next, steps), loop, done)
-        builder.position_at_end(done)
-        for t in range(4):
-            _amx(builder, "tilestored64", _tile(t), c_tiles[t], c_row)
+        _block_codegen(builder, args, tiles=False)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _block_tiles(typingctx, a, a_step, a_part, b, b_part, steps, c, c_row, accumulate):
+    """``_block`` reading A in the layout ``pack_a_tiles`` writes: k steps ``a_step`` bytes apart, parts
+    ``a_part`` apart, each part's two 16 x 32 tiles contiguous (1 KiB each)."""
+    sig = types.none(*([types.intp] * 9))
+
+    def codegen(context, builder, signature, args):
+        _block_codegen(builder, args, tiles=True)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -307,6 +333,31 @@ def _put(out, p_index, i, j, x):
 # every layout (contiguous, transposed, strided, read-only): numba compiles one per array type, seconds each.
 
 
+@_kernel
+def pack_a(a, a_rs, a_cs, r0, r1, k0, k1, out):
+    """Rows ``r0:r1`` x k ``k0:k1`` of A split into ``out`` [3, 1, rows, Kc] (Kc a multiple of 32): padding zero
+    (k past ``k1``, rows up to the next multiple of 32). Returns 1 if A has a value that is not finite."""
+    bad = 0
+    kc = out.shape[3]
+    k = k1 - k0
+    k16 = k - k % 16 if a_cs == 4 else 0
+    for i in range(min(out.shape[2], (r1 - r0 + BLOCK - 1) // BLOCK * BLOCK)):  # the rows the blocks read
+        start = 0
+        if r0 + i < r1:
+            src = a + (r0 + i) * a_rs + k0 * a_cs
+            dst = out.ctypes.data + i * out.strides[2]
+            for j in range(0, k16, 16):
+                bad |= _split_16(src + j * 4, dst + j * 2, out.strides[0])
+            for j in range(k16, k):
+                bad |= _put(out, 0, i, j, _load_f32(src + j * a_cs))
+            start = k
+        for j in range(start, kc):
+            out[0, 0, i, j] = 0
+            out[1, 0, i, j] = 0
+            out[2, 0, i, j] = 0
+    return bad
+
+
 @intrinsic
 def _store_u16(typingctx, address, value):
     sig = types.none(types.intp, types.uint16)
@@ -319,12 +370,12 @@ def _store_u16(typingctx, address, value):
 
 
 @_kernel
-def pack_a(a, a_rs, a_cs, r0, r1, k0, k1, out):
-    """Rows ``r0:r1`` x k ``k0:k1`` of A split into ``out`` [rows / 32, Kc / 32, 3, 32, 32] (Kc a multiple of
-    32): per block of 32 rows and k step of 32, the three parts' 32 x 32 bf16 one after another, so that a k
-    step's six A tiles are 6 KiB read in order (rows of the whole K apart, they ran ~10% slower: 9.5-9.8 vs
-    8.6-8.8 ns per ``tdpbf16ps``). Padding zero (k past ``k1``, rows up to the next multiple of 32). Returns 1
-    if A has a value that is not finite."""
+def pack_a_tiles(a, a_rs, a_cs, r0, r1, k0, k1, out):
+    """``pack_a`` in the layout ``gemm`` reads: rows ``r0:r1`` x k ``k0:k1`` of A split into ``out`` [rows / 32,
+    Kc / 32, 3, 32, 32] (Kc a multiple of 32): per block of 32 rows and k step of 32, the three parts' 32 x 32
+    bf16 one after another, so that a k step's six A tiles are 6 KiB read in order (rows of the whole K apart,
+    as ``pack_a`` has them, they ran ~10% slower: 9.5-9.8 vs 8.6-8.8 ns per ``tdpbf16ps``). Padding zero (k past
+    ``k1``, rows up to the next multiple of 32). Returns 1 if A has a value that is not finite."""
     bad = 0
     kc = out.shape[1] * BLOCK
     step_bytes, part_bytes = out.strides[1], out.strides[2]
@@ -401,22 +452,22 @@ def _configure(config):
 
 @_inline
 def _row_blocks(a_buf, i0, i1, panel, j0, j1, steps, c, edge, more):
-    """``c[i0:i1, j0:j1] (+)= `` the packed rows of A (``a_buf``, from row ``i0``) times one packed VNNI panel of
-    B, 32 x 32 blocks; blocks past the edge of ``c`` go through ``edge``."""
+    """``c[i0:i1, j0:j1] (+)= `` the packed rows of A (``a_buf`` as ``pack_a_tiles`` writes it, from row ``i0``)
+    times one packed VNNI panel of B, 32 x 32 blocks; blocks past the edge of ``c`` go through ``edge``."""
     a_step = a_buf.strides[1]
     a_part = a_buf.strides[2]
     c_row = c.strides[0]
     for ib in range(i0, i1, BLOCK):
         a_addr = a_buf.ctypes.data + (ib - i0) // BLOCK * a_buf.strides[0]
         if ib + BLOCK <= i1 and j1 - j0 == BLOCK:
-            _block(a_addr, a_step, a_part, panel.ctypes.data, panel.strides[0], steps,
+            _block_tiles(a_addr, a_step, a_part, panel.ctypes.data, panel.strides[0], steps,
                    c.ctypes.data + ib * c_row + j0 * 4, c_row, more)
         else:  # a block past the edge of c: computed in ``edge``
             rows, cols = min(BLOCK, i1 - ib), j1 - j0
             if more:
                 edge[:] = 0
                 edge[:rows, :cols] = c[ib:ib + rows, j0:j1]
-            _block(a_addr, a_step, a_part, panel.ctypes.data, panel.strides[0], steps, edge.ctypes.data,
+            _block_tiles(a_addr, a_step, a_part, panel.ctypes.data, panel.strides[0], steps, edge.ctypes.data,
                    BLOCK * 4, more)
             c[ib:ib + rows, j0:j1] = edge[:rows, :cols]
 
@@ -439,7 +490,7 @@ def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge,
         more = 1 if k0 > 0 else 0
         for i0 in range(r0, r1, a_rows):
             i1 = min(i0 + a_rows, r1)
-            if not a_packed and pack_a(a, a_rs, a_cs, i0, i1, k0, k1, a_buf):
+            if not a_packed and pack_a_tiles(a, a_rs, a_cs, i0, i1, k0, k1, a_buf):
                 _release()
                 return 1
             for j0 in range(c0, c1, BLOCK):
@@ -471,7 +522,7 @@ def gemm_rows(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, a_buf, panels, edge, c
                 return 1
     for i0 in range(r0, r1, a_rows):
         i1 = min(i0 + a_rows, r1)
-        if pack_a(a, a_rs, a_cs, i0, i1, 0, k, a_buf):
+        if pack_a_tiles(a, a_rs, a_cs, i0, i1, 0, k, a_buf):
             _release()
             return 1
         for p in range((n + BLOCK - 1) // BLOCK):
