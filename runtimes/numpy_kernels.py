@@ -583,13 +583,15 @@ def _blas_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray) -> Step:
     Chunk bounds are fixed at bind time: results never depend on which core runs a chunk."""
     m, n = dst.shape
     k = left.shape[1]
+    if dst.dtype.kind != "f" or cpu_threads.THREADS <= 1:  # LUMINAL_RECIPES_THREADS=1: BLAS keeps its threads
+        return functools.partial(np.matmul, left, right, out=dst)
     parts = min(cpu_threads.THREADS, m * k * n // BLAS_PART_MACS)
-    if dst.dtype.kind != "f" or parts <= 1:
+    if parts <= 1:
         def single():
             with cpu_threads.blas_single_threaded():
                 np.matmul(left, right, out=dst)
 
-        return single if dst.dtype.kind == "f" else functools.partial(np.matmul, left, right, out=dst)
+        return single
     along = m if m >= n else n
     count = min(parts * BLAS_CHUNKS_PER_PART, -(-along // 16))
     bounds = [min(along, -(-along * i // count) // 16 * 16) if i < count else along for i in range(count + 1)]
