@@ -366,6 +366,26 @@ def rms_norm_strided(flat, start, stride, out, scale, shift, affine, inv_n, eps)
             _store(row, out[i], zero, _rms_inv(row, inv_n, eps), scale, shift, 2, False)
 
 
+# RMSNorm times its weight, then the rotary embedding of adjacent pairs (FLUX.2's q/k), one pass per row: row i
+# of x at ``flat[start + i * stride :][:n]``, its tables' rows at ``cos[c0 + i * cs :]`` and ``sin[s0 + i * ss :]``;
+# y = (x * inv) * scale, out[2j] = y[2j] cos[2j] + y[2j+1] (sin[2j] * -1), out[2j+1] = y[2j+1] cos[2j+1] + y[2j]
+# sin[2j+1] (n even): the normed row stays in registers, the rotated one is written once.
+@_rows
+def rms_norm_rope_rows(flat, start, stride, out, scale, cos, c0, cs, sin, s0, ss, inv_n, eps):
+    n = out.shape[1]
+    for i in range(out.shape[0]):
+        row = flat[start + i * stride : start + i * stride + n]
+        c = cos[c0 + i * cs : c0 + i * cs + n]
+        s = sin[s0 + i * ss : s0 + i * ss + n]
+        r = _rms_inv(row, inv_n, eps)
+        dst = out[i]
+        for j in range(0, n - 1, 2):
+            y0 = (row[j] * r) * scale[j]
+            y1 = (row[j + 1] * r) * scale[j + 1]
+            dst[j] = y0 * c[j] + y1 * (s[j] * F(-1.0))
+            dst[j + 1] = y1 * c[j + 1] + y0 * s[j + 1]
+
+
 @_rows
 def layer_norm_strided(flat, start, stride, out, scale, shift, affine, inv_n, eps):
     n = out.shape[1]

@@ -758,12 +758,12 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 _NO_VECTOR = _read_only(np.zeros(1, F32))
 
 
-def _norm_vectors(ctx: KernelContext) -> list[int] | None:
-    """Where an affine norm's scale (and shift) is one f32 vector [N] for every row, read in place: the offset of
-    each in its buffer; None when one varies over the rows, is padded or strided, or is not f32 (then applied by
-    numpy after the norm)."""
+def _norm_vectors(affine: list) -> list[int] | None:
+    """Where an affine norm's scale (and shift) (``affine``: those inputs) is one f32 vector [N] for every row,
+    read in place: the offset of each in its buffer; None when one varies over the rows, is padded or strided, or
+    is not f32 (then applied by numpy after the norm)."""
     offsets = []
-    for k in ctx.inputs[1:]:
+    for k in affine:
         bv = k.view
         if k.dtype != F32 or not is_unmasked(bv) or not in_bounds(bv, k.size):
             return None
@@ -784,7 +784,7 @@ def _prepare_norm(ctx: KernelContext, kernel: str, numpy_passes, eps: np.float32
         ctx.fail("expects x [..., N] and up to two affine operands (scale, shift), all viewed at the output shape")
     n = ctx.shape[-1]
     inv_n = np.float32(1.0 / n) if n else np.float32(0)
-    offsets = _norm_vectors(ctx) if affine else []
+    offsets = _norm_vectors(ctx.inputs[1:]) if affine else []
     if offsets is not None:
         def vectors(flats):
             vecs = [_read_only(flats[1 + i][at : at + n]) for i, at in enumerate(offsets)]
@@ -869,6 +869,111 @@ def _rmsnorm_passes(ctx: KernelContext, inv_n: np.float32, eps: np.float32) -> B
                     np.copyto(o, w, casting="unsafe")
 
         return with_refresh([op], body)
+
+    return bind
+
+
+# ---- RMSNorm + RoPE ------------------------------------------------------------------------------------------
+def _rope_layout(ctx: KernelContext) -> tuple[tuple[int, ...], int]:
+    """(x's shape [..., S, D], D) after checking the operands against the output [..., S, D/2, 2]."""
+    if len(ctx.inputs) != 4 or len(ctx.shape) < 3 or ctx.shape[-1] != 2:
+        ctx.fail("expects x [..., S, D], scale at x's shape, cos and sin at the output shape [..., S, D/2, 2]")
+    xs = tuple(ctx.inputs[0].view.shape)
+    d = xs[-1] if xs else -1
+    if (xs[:-1] != ctx.shape[:-2] or d != 2 * ctx.shape[-2] or tuple(ctx.inputs[1].view.shape) != xs
+            or any(tuple(k.view.shape) != ctx.shape for k in ctx.inputs[2:])):
+        ctx.fail(f"x {xs}, scale {tuple(ctx.inputs[1].view.shape)}, tables "
+                 f"{[tuple(k.view.shape) for k in ctx.inputs[2:]]} do not fit an output {ctx.shape}")
+    return xs, d
+
+
+def _table_rows(ctx: KernelContext, i: int) -> BoundView | None:
+    """Input ``i`` (a cos or sin table viewed at [..., S, D/2, 2]) as [..., S, D] with contiguous f32 rows read
+    in place, or None."""
+    k = ctx.inputs[i]
+    if k.dtype != F32 or not is_unmasked(k.view) or not in_bounds(k.view, k.size):
+        return None
+    rv = reshape_view(k.view, ctx.shape[:-2] + (ctx.shape[-2] * 2,))
+    return rv if rv is not None and (rv.strides[-1] == 1 or rv.shape[-1] == 1) else None
+
+
+def prepare_rmsnorm_rope(ctx: KernelContext) -> Bind:
+    """RMSNorm times its weight, then the rotary embedding of adjacent pairs, in one pass per row
+    (``numpy_jit.rms_norm_rope_rows``: x, cos and sin read in place, the rows split over the cores) where
+    everything is f32, the weight one vector and the rows contiguous; else numpy passes (same operations)."""
+    xs, d = _rope_layout(ctx)
+    eps = np.float32(ctx.node.attr("eps", 1e-6))
+    inv_n = np.float32(1.0 / d) if d else np.float32(0)
+    x_in = ctx.inputs[0]
+    vec = _norm_vectors(ctx.inputs[1:2])
+    tables = [_table_rows(ctx, i) for i in (2, 3)]
+    x_direct = (x_in.dtype == F32 and is_unmasked(x_in.view) and in_bounds(x_in.view, x_in.size)
+                and (x_in.view.strides[-1] == 1 or d == 1))
+    if (jit.AVAILABLE and ctx.dtype == F32 and x_direct and vec is not None and None not in tables
+            and math.prod(xs) > 0):
+        return _prepare_compiled_rope(ctx, xs, d, vec[0], tables, inv_n, eps)
+    return _rope_passes(ctx, xs, d, inv_n, eps)
+
+
+def _prepare_compiled_rope(ctx: KernelContext, xs, d: int, w_at: int, tables, inv_n, eps) -> Bind:
+    bv, (cv, sv) = ctx.inputs[0].view, tables
+    lead = xs[:-2]
+
+    def bind(out, flats, scratch):
+        x, cos, sin = (_read_only(flats[i]) for i in (0, 2, 3))
+        scale = _read_only(flats[1][w_at : w_at + d])
+        out3 = out.reshape(-1, xs[-2], d)
+        chunks = []
+        for b, index in enumerate(np.ndindex(*lead)):
+            def start(v, s=0):
+                return v.offset + sum(i * st for i, st in zip(index, v.strides)) + s * v.strides[-2]
+
+            for sl in cpu_threads.split(xs[-2], d):
+                chunks.append((x, start(bv, sl.start), bv.strides[-2], out3[b, sl], scale,
+                               cos, start(cv, sl.start), cv.strides[-2], sin, start(sv, sl.start), sv.strides[-2]))
+        fn = jit.kernels().rms_norm_rope_rows
+        count = min(cpu_threads.THREADS, len(chunks))
+        return cpu_threads.parallel(
+            _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count], (inv_n, eps))
+            for i in range(count))
+
+    return bind
+
+
+def _rope_passes(ctx: KernelContext, xs, d: int, inv_n, eps) -> Bind:
+    x_op = operand(ctx, 0, dtype=F32)
+    ops = [x_op, operand(ctx, 1), operand(ctx, 2), operand(ctx, 3)]  # weight and tables read in place
+    y_slot, v_slot = ctx.scratch.add(xs, F32), ctx.scratch.add(xs[:-1] + (1,), F32)
+    t_slot = ctx.scratch.add(ctx.shape[:-1], F32)
+    acc = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
+
+    def bind(out, flats, scratch):
+        x, w, cos, sin = bind_all(ops, flats, scratch)
+        y, v, t = scratch[y_slot], scratch[v_slot], scratch[t_slot]
+        target = out if acc is None else scratch[acc]
+        y5 = y.reshape(ctx.shape)
+        y0, y1, o0, o1 = y5[..., 0], y5[..., 1], target[..., 0], target[..., 1]
+
+        def body():
+            np.multiply(x, x, out=y)
+            np.sum(y, axis=-1, out=v[..., 0])
+            np.multiply(v, inv_n, out=v)
+            np.add(v, eps, out=v)
+            np.sqrt(v, out=v)
+            np.divide(np.float32(1), v, out=v)
+            np.multiply(x, v, out=y)
+            np.multiply(y, w, out=y, dtype=F32)  # y = (x * inv) * scale, as RMSNormScale
+            np.multiply(y0, cos[..., 0], out=o0, dtype=F32)  # y0 * cos0 + y1 * (sin0 * -1)
+            np.multiply(sin[..., 0], np.float32(-1), out=t, dtype=F32)
+            np.multiply(y1, t, out=t)
+            np.add(o0, t, out=o0)
+            np.multiply(y1, cos[..., 1], out=o1, dtype=F32)  # y1 * cos1 + y0 * sin1
+            np.multiply(y0, sin[..., 1], out=t, dtype=F32)
+            np.add(o1, t, out=o1)
+            if target is not out:
+                np.copyto(out, target, casting="unsafe")
+
+        return with_refresh(ops, body)
 
     return bind
 
@@ -1187,5 +1292,6 @@ PREPARE = {
     "LayerNorm": prepare_layernorm,
     "RMSNorm": prepare_rmsnorm,
     "GroupNorm": prepare_groupnorm,
+    "RMSNormRoPE": prepare_rmsnorm_rope,
     "Conv2d": prepare_conv2d,
 }

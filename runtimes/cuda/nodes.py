@@ -341,15 +341,38 @@ def prepare_groupnorm(ctx, options: CudaOptions) -> NodePlan:
     return plan
 
 
+def prepare_rmsnorm_rope(ctx, options: CudaOptions) -> NodePlan:
+    """RMSNorm times its weight, then the rotary embedding of adjacent pairs: the RMSNorm row kernel over x's
+    [..., S, D] rows, the weight and the cos/sin tables (viewed at [..., S, D/2, 2], the last two axes one index
+    of the row) read in the epilogue, each value rotated with its pair partner's."""
+    xs = tuple(ctx.inputs[0].view.shape) if ctx.inputs else ()
+    shape = tuple(ctx.shape)
+    if (len(ctx.inputs) != 4 or len(shape) < 3 or shape[-1] != 2 or xs[:-1] != shape[:-2]
+            or xs[-1] != 2 * shape[-2] or tuple(ctx.inputs[1].view.shape) != xs
+            or any(tuple(k.view.shape) != shape for k in ctx.inputs[2:])):
+        raise CodegenError("expects x [..., S, D], scale at x's shape, cos and sin at the output shape "
+                           "[..., S, D/2, 2]")
+    n, rows = xs[-1], math.prod(xs[:-1])
+    plan = NodePlan()
+    if n == 0 or rows == 0:
+        return plan
+    ops = _operands(ctx)
+    rows_kernel(plan, options, "ROW_RMSNORM_ROPE", ops[0], IN(0), rows, n, float(ctx.node.attr("eps", 1e-6)),
+                ctx.dtype, OUT, affine=[(ops[1], IN(1))], rope=[(ops[2], IN(2)), (ops[3], IN(3))])
+    return plan
+
+
 def rows_kernel(plan: NodePlan, options: CudaOptions, kind: str, op: Operand, ref: Ref, rows: int, n: int,
                 eps: float, out_dtype, out_ref: Ref, bias: tuple[Operand, Ref] | None = None,
                 row_base: int = 0, affine: list[tuple[Operand, Ref]] = (), affine_rows: int | None = None,
-                act: str = "", max_block: int = 1024) -> None:
+                act: str = "", max_block: int = 1024, rope: list[tuple[Operand, Ref]] = ()) -> None:
     """A row kernel over ``op`` viewed as [rows, n] (its leading axes merged); ``bias`` (viewed the same way,
     rows counted from ``row_base``) is added before a softmax; ``affine`` (a norm's scale [and shift], viewed the
     same way, or with their first ``affine_rows`` axes merged into the rows and the others into the row)
     multiplies [and shifts] each normalised value before it is stored, then ``act`` ('silu': t * sigmoid(t));
-    ``max_block``: threads per block at most (fewer leave each thread more registers)."""
+    ``max_block``: threads per block at most (fewer leave each thread more registers); ``rope`` (kind
+    ROW_RMSNORM_ROPE: the cos and sin tables, viewed at [rows..., n/2, 2]) rotates each weighted value with its
+    pair partner's."""
     nd = len(op.view.shape)
     block = min(max_block, max(32, _pow2(-(-n // 8))))
     items = -(-n // block) if -(-n // block) <= 8 else 0
@@ -386,24 +409,40 @@ struct LoadXB {
         elif act:
             raise CodegenError(f"unknown activation {act!r}")
         members = " ".join(f"{name} {m};" for name, m in zip(names, "st"))
+        inits = [f"{name}{{{a}}}" for name, a in zip(names, args_text)]
+        pair = ""
+        if rope:  # the tables, their last two axes ([n/2, 2]) one index of the row
+            for name, (top, _), a in zip(("LoadC", "LoadN"), rope, ("cos", "sin")):
+                nd_t = len(top.view.shape)
+                extra += "\n" + view_loader(name, top, [(0, nd_t - 2), (nd_t - 2, nd_t)])
+                params.append(f"const {ctype(top.dtype)}*")
+                sig.append(f"const {ctype(top.dtype)}* __restrict__ {a}")
+                inits.append(f"{name}{{{a}}}")
+            members += " LoadC cs; LoadN sn;"
+            pair = """
+  LR_DEV float pair(long long r, int c, float v, float p) const {
+    const float y = v * s(r, c), yp = p * s(r, c ^ 1);
+    return (c & 1) ? y * cs(r, c) + yp * sn(r, c) : y * cs(r, c) + yp * (sn(r, c) * -1.0f);
+  }"""
         extra += f"""
 struct NormEpi {{
   {members}
-  LR_DEV float operator()(long long r, int c, float v) const {{ return {value}; }}
+  LR_DEV float operator()(long long r, int c, float v) const {{ return {value}; }}{pair}
 }};"""
-        epilogue = ", NormEpi{" + ", ".join(f"{name}{{{a}}}" for name, a in zip(names, args_text)) + "}"
+        epilogue = ", NormEpi{" + ", ".join(inits) + "}"
     text = f"""{loader}
 {extra}
 extern "C" __global__ void __launch_bounds__({block}) KNAME({", ".join(sig)}) {{
   rows_kernel<{block}, {items}, {kind}>(out, {rows}LL, {n}, {cg.float_literal(eps)}, {cg.float_literal(1.0 / n)},
                                        {load}{epilogue});
 }}""".replace("LoadX", "LX_KNAME").replace("LoadB", "LB_KNAME").replace("LX_KNAMEB", "LXB_KNAME") \
-        .replace("LoadS", "LS_KNAME").replace("LoadT", "LT_KNAME").replace("NormEpi", "NE_KNAME")
+        .replace("LoadS", "LS_KNAME").replace("LoadT", "LT_KNAME").replace("LoadC", "LC_KNAME") \
+        .replace("LoadN", "LN_KNAME").replace("NormEpi", "NE_KNAME")
     source = _source("rows", text, params, sync=True)
     source = KernelSource(source.name, source.params, source.code.replace("_KNAME", "_" + source.name), True)
     name = plan.kernel(source)
     args = (out_ref, ref) if bias is None else (out_ref, ref, bias[1], row_base)
-    args = (*args, *(r for _, r in affine))
+    args = (*args, *(r for _, r in affine), *(r for _, r in rope))
     plan.steps.append(Launch(name, (max(1, min(rows, options.max_blocks * 4)), 1, 1), (block, 1, 1), args))
 
 
@@ -568,6 +607,7 @@ PREPARE = {
     "LayerNorm": prepare_rows,
     "RMSNorm": prepare_rows,
     "GroupNorm": prepare_groupnorm,
+    "RMSNormRoPE": prepare_rmsnorm_rope,
     "Gather": prepare_gather,
     "Scatter": prepare_scatter,
     "ScatterInPlace": prepare_scatter,

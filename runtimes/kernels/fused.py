@@ -130,6 +130,16 @@ FUSED: list[KernelSpec] = [
                "x [..., N][, scale viewed at the output shape]", {"eps": "added to the mean square"},
                cost=_per_element(5.0), version="2"),
     KernelSpec(
+        "RMSNormRoPE", "out [..., S, D/2, 2] = the rotary embedding (adjacent pairs, FLUX.2's convention) of y = "
+        "RMSNorm(x) * scale, in one pass: per pair (y0, y1) = (y[2i], y[2i+1]) of a row, out[i, 0] = y0 * cos[i, 0] "
+        "+ y1 * (sin[i, 0] * -1), out[i, 1] = y1 * cos[i, 1] + y0 * sin[i, 1]; y = (x * inv) * scale as RMSNormScale "
+        "computes it (inv = 1 / sqrt(mean(x^2) + eps)), all in f32, y not rounded to the output dtype before the "
+        "rotation.",
+        {"RMSNormRoPE": Ctor("x:Ld scale:Ld cos:Ld sin:Ld eps:f64")},
+        "x [..., S, D] (D even) and scale viewed at x's shape; cos and sin (the tables, broadcast over the leading "
+        "axes) viewed at the output shape [..., S, D/2, 2]", {"eps": "added to the mean square"},
+        cost=_per_element(9.0)),
+    KernelSpec(
         "Attention", "out [..., S, Dv] = softmax(q k^T * scale + bias) v, never materialising (S, T, D).",
         {"Attention": Ctor("q:Ld k:Ld v:Ld scale:f64"), "AttentionBias": Ctor("q:Ld k:Ld v:Ld bias:Ld scale:f64")},
         "q [..., S, D], k [..., T, D], v [..., T, Dv][, bias [..., S, T]]", {"scale": "the scores' factor"},

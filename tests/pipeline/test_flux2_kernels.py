@@ -30,13 +30,22 @@ def program():
 
 
 def test_rope_reads_the_swapped_pairs_in_place(program):
-    """RoPE's pair swap (x0, x1) -> (x1, x0) is a view (the pair axis reversed), read by the rotation's own
-    Elementwise pass: no kernel copies the swapped q or k (before: one Concat over the pair axis per q and k)."""
+    """RoPE's pair swap (x0, x1) -> (x1, x0) is a view (the pair axis reversed): no kernel copies the swapped q or
+    k (before: one Concat over the pair axis per q and k)."""
     pair_copies = [n for n in program.nodes if n.op in ("Concat", "Copy") and n.shape and n.shape[-1] == 2]
     assert not pair_copies, [f"{n.op} {n.shape}" for n in pair_copies]
-    reversed_reads = [n for n in program.nodes if n.op == "Elementwise"
+
+
+def test_each_qk_norm_and_its_rotation_are_one_pass(program):
+    """Every q/k RMSNorm (with its weight) and the rotation after it are one RMSNormRoPE kernel reading the
+    projection in place: no RMSNorm writes a normed q/k that an Elementwise rotation reads back (before: one
+    RMSNorm and one Elementwise pass per q and k). The double blocks rotate text and image q/k separately (their
+    own rows of the tables), so each of their four norms is fused too; 1 double + 2 single blocks: 4 + 4."""
+    counts = program.kernel_counts()
+    assert counts.get("RMSNormRoPE") == 4 * 1 + 2 * 2 and "RMSNorm" not in counts, counts
+    reversed_reads = [n.op for n in program.nodes if n.op != "RMSNormRoPE"
                       and any(isinstance(s, int) and s < 0 for _, v in n.inputs for s in v.strides)]
-    assert reversed_reads, "no Elementwise reads a reversed view: the RoPE rotation is not built on the pairs"
+    assert not reversed_reads, reversed_reads
 
 
 def test_no_product_reads_a_concatenation(program):

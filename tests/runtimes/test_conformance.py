@@ -194,6 +194,16 @@ def _group_norm(c: Case) -> Case:
     return c.output(ops.concat(outs, 0))
 
 
+def _rms_norm_rope(c: Case) -> Case:
+    # FLUX.2's q/k: the weighted RMSNorm, then the rotation of adjacent pairs (tables in the activations' dtype,
+    # so no casts come between them: f32 on CPU)
+    dtype = str(c.rng.choice(("f32", "bf16")))
+    x = c.operand("x", (2, 3, 5, 8), dtype, view=str(c.rng.choice(("contiguous", "transposed", "sliced"))))
+    w = c.operand("w", (8,), dtype, view="contiguous", weight=True)
+    cos, sin = c.operand("cos", (5, 8), dtype, view="contiguous"), c.operand("sin", (5, 8), dtype, view="sliced")
+    return c.output(ops.apply_rope(ops.rms_norm(x, w, eps=1e-6), cos, sin, "pairs"))
+
+
 def _attention(c: Case) -> Case:
     dtype = str(c.rng.choice(("f32", "bf16")))
     q = c.operand("q", (1, 2, 7, 8), dtype, view="contiguous")
@@ -251,7 +261,7 @@ CASES: dict[str, Callable[[Case], Case]] = {
     "Iota": _iota, "Gather": _gather, "Scatter": _scatter, "Cast": _cast,
     "MatMul": _matmul, "Elementwise": _elementwise,
     "Softmax": _row_kernel("Softmax"), "LayerNorm": _row_kernel("LayerNorm"), "RMSNorm": _row_kernel("RMSNorm"),
-    "GroupNorm": _group_norm, "Attention": _attention, "AttentionBlocked": _attention, "Conv2d": _conv2d,
+    "GroupNorm": _group_norm, "RMSNormRoPE": _rms_norm_rope, "Attention": _attention, "AttentionBlocked": _attention, "Conv2d": _conv2d,
     "DequantMatMul": _dequant,
     "ScatterInPlace": _scatter_in_place, "Concat": _concat, "Copy": _copy,
 }
@@ -293,7 +303,7 @@ def test_kernel_matches_the_reference(kernel, seed, runtime, assert_close):
         assert np.array_equal(got, want), kernel
 
 
-COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "GroupNorm", "Attention", "AttentionBlocked",
+COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "GroupNorm", "RMSNormRoPE", "Attention", "AttentionBlocked",
             "DequantMatMul")
 
 

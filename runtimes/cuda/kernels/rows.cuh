@@ -1,12 +1,13 @@
 // Row kernels over the last axis of a [rows, n] view: Softmax, LayerNorm, RMSNorm, GroupNorm (LayerNorm on the
-// grouped view, its affine transform and SiLU in the epilogue). One block of BLOCK threads per row (grid-stride
+// grouped view, its affine transform and SiLU in the epilogue), RMSNormRoPE (RMSNorm, its weight and the rotation
+// of adjacent pairs in the epilogue). One block of BLOCK threads per row (grid-stride
 // over rows); with ITEMS > 0 each thread keeps its ITEMS values of the row in registers (n <= BLOCK * ITEMS),
 // otherwise every pass re-reads the row (large n). Arithmetic follows the numpy runtime: f32 throughout, softmax
 // = exp(x - max) / sum, LayerNorm two-pass ((x - mean) then its mean square), inv = 1 / sqrt(v + eps), out = x' *
 // inv.
 #pragma once
 
-enum RowKind { ROW_SOFTMAX = 0, ROW_LAYERNORM = 1, ROW_RMSNORM = 2 };
+enum RowKind { ROW_SOFTMAX = 0, ROW_LAYERNORM = 1, ROW_RMSNORM = 2, ROW_RMSNORM_ROPE = 3 };
 
 // The norms' affine part, applied to each normalised value before it is stored: none here; a generated functor
 // (value * scale [+ shift], each read through its view) for an affine LayerNorm / RMSNorm.
@@ -64,7 +65,13 @@ LR_DEV void rows_kernel(TO* __restrict__ out, long long rows, int n, float eps, 
       LR_FOR_ROW(const float x = LR_X(i, c); q += x * x)
       const float ms = block_reduce<BLOCK>(q, SumOp(), 0.0f, red) * inv_n;
       const float inv = 1.0f / sqrtf(ms + eps);
-      LR_FOR_ROW(o[c] = from_f32<TO>(epi(row, c, LR_X(i, c) * inv)))
+      if constexpr (KIND == ROW_RMSNORM_ROPE) {
+        // RMSNorm then the rotary embedding of adjacent pairs: each value with its partner's (c ^ 1, re-read
+        // through the loader: it is another thread's), the epilogue weighting and rotating the two
+        LR_FOR_ROW(o[c] = from_f32<TO>(epi.pair(row, c, LR_X(i, c) * inv, load(row, c ^ 1) * inv)))
+      } else {
+        LR_FOR_ROW(o[c] = from_f32<TO>(epi(row, c, LR_X(i, c) * inv)))
+      }
     }
 #undef LR_X
 #undef LR_FOR_ROW
