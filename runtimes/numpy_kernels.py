@@ -925,12 +925,11 @@ def _prepare_compiled_rope(ctx: KernelContext, xs, d: int, w_at: int, tables, in
         out3 = out.reshape(-1, xs[-2], d)
         chunks = []
         for b, index in enumerate(np.ndindex(*lead)):
-            def start(v, s=0):
-                return v.offset + sum(i * st for i, st in zip(index, v.strides)) + s * v.strides[-2]
-
             for sl in cpu_threads.split(xs[-2], d):
-                chunks.append((x, start(bv, sl.start), bv.strides[-2], out3[b, sl], scale,
-                               cos, start(cv, sl.start), cv.strides[-2], sin, start(sv, sl.start), sv.strides[-2]))
+                x0, c0, s0 = (v.offset + sum(i * st for i, st in zip(index, v.strides)) + sl.start * v.strides[-2]
+                              for v in (bv, cv, sv))
+                chunks.append((x, x0, bv.strides[-2], out3[b, sl], scale, cos, c0, cv.strides[-2],
+                               sin, s0, sv.strides[-2]))
         fn = jit.kernels().rms_norm_rope_rows
         count = min(cpu_threads.THREADS, len(chunks))
         return cpu_threads.parallel(

@@ -261,8 +261,8 @@ CASES: dict[str, Callable[[Case], Case]] = {
     "Iota": _iota, "Gather": _gather, "Scatter": _scatter, "Cast": _cast,
     "MatMul": _matmul, "Elementwise": _elementwise,
     "Softmax": _row_kernel("Softmax"), "LayerNorm": _row_kernel("LayerNorm"), "RMSNorm": _row_kernel("RMSNorm"),
-    "GroupNorm": _group_norm, "RMSNormRoPE": _rms_norm_rope, "Attention": _attention, "AttentionBlocked": _attention, "Conv2d": _conv2d,
-    "DequantMatMul": _dequant,
+    "GroupNorm": _group_norm, "RMSNormRoPE": _rms_norm_rope, "Attention": _attention,
+    "AttentionBlocked": _attention, "Conv2d": _conv2d, "DequantMatMul": _dequant,
     "ScatterInPlace": _scatter_in_place, "Concat": _concat, "Copy": _copy,
 }
 RIVALS = {"Attention": {"AttentionBlocked"}, "AttentionBlocked": {"Attention"}}
@@ -303,8 +303,8 @@ def test_kernel_matches_the_reference(kernel, seed, runtime, assert_close):
         assert np.array_equal(got, want), kernel
 
 
-COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "GroupNorm", "RMSNormRoPE", "Attention", "AttentionBlocked",
-            "DequantMatMul")
+COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "GroupNorm", "RMSNormRoPE", "Attention",
+            "AttentionBlocked", "DequantMatMul")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
