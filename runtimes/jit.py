@@ -65,7 +65,7 @@ def _touch(module: ModuleType) -> None:
     module.layer_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
     flat = _read_only(rows.reshape(-1))  # RMSNorm + RoPE: x and the tables read in place, read-only
     module.rms_norm_rope_rows(flat, 0, 16, block, _read_only(np.zeros(8, np.float32)), flat, 0, 16, flat, 0, 16, one,
-                              one)
+                              one, np.zeros(16, np.float32))
     code = np.array([[0, 0, 0, 0, 0], [1, 1, 1, 0, 0], [8, 1, 1, 0, 0], [3, 1, 1, 0, 0], [2, 0, 1, 0, 0]], np.int32)
     table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
                      np.int64)

@@ -367,23 +367,31 @@ def rms_norm_strided(flat, start, stride, out, scale, shift, affine, inv_n, eps)
 
 
 # RMSNorm times its weight, then the rotary embedding of adjacent pairs (FLUX.2's q/k), one pass per row: row i
-# of x at ``flat[start + i * stride :][:n]``, its tables' rows at ``cos[c0 + i * cs :]`` and ``sin[s0 + i * ss :]``;
-# y = (x * inv) * scale, out[2j] = y[2j] cos[2j] + y[2j+1] (sin[2j] * -1), out[2j+1] = y[2j+1] cos[2j+1] + y[2j]
-# sin[2j+1] (n even): the normed row stays in registers, the rotated one is written once.
+# of x at ``flat[start + i * stride :][:n]``, its tables' rows at ``cos[c0 + i * cs :]`` and ``sin[s0 + i * ss :]``
+# (n even); out[2j] = y[2j] cos[2j] + y[2j+1] (sin[2j] * -1), out[2j+1] = y[2j+1] cos[2j+1] + y[2j] sin[2j+1].
+# Three vectorised loops over the row in cache (``work`` [2n]: y and its swapped pairs): y = (x * inv) * scale;
+# each pair swapped with the sign of its first element flipped (one 64-bit rotate and xor per pair: the sign
+# flip is exact, so t[2j] = -y[2j+1] and t[2j] * sin[2j] = y[2j+1] * (sin[2j] * -1)); out = y * cos + t * sin.
+# A loop over the pairs storing both elements measured 1.5-3x slower (LLVM keeps it scalar).
 @_rows
-def rms_norm_rope_rows(flat, start, stride, out, scale, cos, c0, cs, sin, s0, ss, inv_n, eps):
+def rms_norm_rope_rows(flat, start, stride, out, scale, cos, c0, cs, sin, s0, ss, inv_n, eps, work):
     n = out.shape[1]
+    y, t = work[:n], work[n : 2 * n]
+    yu, tu = y.view(np.uint64), t.view(np.uint64)
+    half, sign = np.uint64(32), np.uint64(0x80000000)  # the low half of a pair's 64 bits is its first element
     for i in range(out.shape[0]):
         row = flat[start + i * stride : start + i * stride + n]
         c = cos[c0 + i * cs : c0 + i * cs + n]
         s = sin[s0 + i * ss : s0 + i * ss + n]
         r = _rms_inv(row, inv_n, eps)
         dst = out[i]
-        for j in range(0, n - 1, 2):
-            y0 = (row[j] * r) * scale[j]
-            y1 = (row[j + 1] * r) * scale[j + 1]
-            dst[j] = y0 * c[j] + y1 * (s[j] * F(-1.0))
-            dst[j + 1] = y1 * c[j + 1] + y0 * s[j + 1]
+        for j in range(n):
+            y[j] = (row[j] * r) * scale[j]
+        for k in range(n // 2):
+            v = yu[k]
+            tu[k] = ((v >> half) | (v << half)) ^ sign
+        for j in range(n):
+            dst[j] = y[j] * c[j] + t[j] * s[j]
 
 
 @_rows

@@ -918,6 +918,7 @@ def prepare_rmsnorm_rope(ctx: KernelContext) -> Bind:
 def _prepare_compiled_rope(ctx: KernelContext, xs, d: int, w_at: int, tables, inv_n, eps) -> Bind:
     bv, (cv, sv) = ctx.inputs[0].view, tables
     lead = xs[:-2]
+    work = ctx.scratch.add((cpu_threads.THREADS, 2 * d), F32)  # per part (core): a normed row, its pairs swapped
 
     def bind(out, flats, scratch):
         x, cos, sin = (_read_only(flats[i]) for i in (0, 2, 3))
@@ -933,7 +934,8 @@ def _prepare_compiled_rope(ctx: KernelContext, xs, d: int, w_at: int, tables, in
         fn = jit.kernels().rms_norm_rope_rows
         count = min(cpu_threads.THREADS, len(chunks))
         return cpu_threads.parallel(
-            _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count], (inv_n, eps))
+            _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count],
+                        (inv_n, eps, scratch[work][i]))
             for i in range(count))
 
     return bind
