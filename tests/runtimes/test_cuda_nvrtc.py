@@ -61,8 +61,9 @@ def compiled(recipe: str, weights: Path, dims: dict) -> tuple[Program, dict]:
 
 
 def dev_size_programs() -> list[tuple[Program, dict]]:
-    """Hot kernels at FLUX.2-dev sizes (bf16): modulation LayerNorm over 3072, QK RMSNorm over 128-wide heads,
-    a GELU-style Elementwise, softmax over 4608 keys with a bias (chunked attention), attention at head dim 128,
+    """Hot kernels at FLUX.2-dev sizes (bf16): modulation LayerNorm over 3072, QK RMSNorm over 128-wide heads (alone,
+    and with its weight and the rotation of pairs by f32 tables), a GELU-style Elementwise, softmax over 4608 keys
+    with a bias (chunked attention), attention at head dim 128,
     fp8 and nvfp4 weight decoders for K = 3072, the VAE's 3x3 im2col and GroupNorm + SiLU at 512 channels."""
     g = Graph()
     x = g.input("x", (4608, 3072), "bf16")
@@ -74,11 +75,15 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
     img = g.input("img", (1, 512, 130, 130), "bf16")
     cw = g.weight("cw", (512, 512, 3, 3), "bf16")
     groups = g.input("groups", (1, 32, 16 * 128 * 128), "bf16")  # a [1, 512, 128, 128] image's 32 groups
+    qw = g.weight("qw", (128,), "bf16").broadcast_to((1, 48, 4608, 128))
+    cos, sin = (g.input(name, (4608, 128)).broadcast_to((1, 48, 4608, 128)).reshape((1, 48, 4608, 64, 2))
+                for name in ("cos", "sin"))
     gw = g.weight("gw", (512,), "bf16").reshape((1, 512, 1, 1)).broadcast_to((1, 512, 128, 128))
     f = Fused(g)
     outs = {
         "ln": f.add("LayerNorm", [x], (4608, 3072), "bf16", eps=1e-6),
         "rms": f.add("RMSNorm", [q], (1, 48, 4608, 128), "bf16", eps=1e-6),
+        "rms_rope": f.add("RMSNormRoPE", [q, qw, cos, sin], (1, 48, 4608, 64, 2), "bf16", eps=1e-6),
         "gelu": f.add("Elementwise", [x], (4608, 3072), "bf16", expr=(
             "(Mul (Mul in0 (Const 0.5)) (Add (Const 1.0) (Mul (Const 2.0) (Recip (Add (Const 1.0) (Exp2 (Mul in0 "
             "(Const -2.3))))))))")),

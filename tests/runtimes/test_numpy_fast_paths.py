@@ -418,3 +418,52 @@ def test_blas_matmul_chunks_match_the_reference(m, k, n, numpy_runtime, monkeypa
     for got in results:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert claimed == ([] if m * n <= 100 else [8])  # two threads: four chunks per core
+
+
+@pytest.mark.parametrize("layout", ["fused projection", "gathered"])
+def test_rms_norm_rope_kernel_matches_torch_and_diffusers(layout, numpy_runtime, monkeypatch):
+    """RMSNormRoPE (FLUX.2's q/k: RMSNorm with its weight, then the rotation of adjacent pairs) agrees with
+    torch's rms_norm and diffusers' ``apply_rotary_emb`` (FLUX's real, interleaved form) in float64: the compiled
+    pass reading k's per-head rows out of a fused q/k/v projection in place (1-3 cores, the same bits), and numpy's
+    passes (numba missing, or x transposed: its rows not contiguous)."""
+    torch = pytest.importorskip("torch")
+    embeddings = pytest.importorskip("diffusers.models.embeddings")
+    from luminal_recipes.runtimes import cpu_threads, jit
+
+    g = Graph()
+    if layout == "fused projection":
+        qkv = g.input("qkv", (1, 37, 3 * 4 * 8))
+        k = qkv.slice(2, 32, 64).reshape((1, 37, 4, 8)).transpose(1, 2)  # [1, 4, 37, 8]
+    else:
+        qkv = g.input("qkv", (1, 4, 8, 37))
+        k = qkv.transpose(2, 3)
+    w, cos, sin = g.input("w", (8,)), g.input("cos", (37, 8)), g.input("sin", (37, 8))
+    pairs = (1, 4, 37, 4, 2)
+    f = Fused(g)
+    y = f.add("RMSNormRoPE", [k, w.broadcast_to(k.shape), cos.broadcast_to(k.shape).reshape(pairs),
+                              sin.broadcast_to(k.shape).reshape(pairs)], pairs, eps=1e-6)
+    rng = np.random.default_rng(6)
+    angles = rng.random((37, 4)) * 6
+    inputs = {"qkv": rng.standard_normal(qkv.shape).astype(np.float32) * 3,
+              "w": rng.standard_normal(8).astype(np.float32),
+              "cos": np.repeat(np.cos(angles), 2, -1).astype(np.float32),
+              "sin": np.repeat(np.sin(angles), 2, -1).astype(np.float32)}
+    t = {name: torch.from_numpy(v.astype(np.float64)) for name, v in inputs.items()}
+    tk = t["qkv"][..., 32:64].reshape(1, 37, 4, 8).transpose(1, 2) if layout == "fused projection" else \
+        t["qkv"].transpose(2, 3)
+    normed = torch.nn.functional.rms_norm(tk, (8,), t["w"], 1e-6)
+    want = embeddings.apply_rotary_emb(normed, (t["cos"], t["sin"]), use_real=True, use_real_unbind_dim=-1)
+    want = want.numpy().reshape(pairs)
+    used = []
+    real = numpy_kernels._prepare_compiled_rope
+    monkeypatch.setattr(numpy_kernels, "_prepare_compiled_rope", lambda *a: used.append(1) or real(*a))
+    monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
+    results, numba = [], jit.AVAILABLE
+    for compiled, threads in ((True, 1), (True, 2), (True, 3), (False, 1)):
+        monkeypatch.setattr(jit, "AVAILABLE", compiled and numba)
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        results.append(numpy_runtime.run(f.program(y=y), inputs)["y"])
+    assert len(used) == (3 if layout == "fused projection" and numba else 0)
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert np.array_equal(results[0], results[1]) and np.array_equal(results[0], results[2])
