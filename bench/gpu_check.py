@@ -498,6 +498,27 @@ def kernel_cases(dry: bool):
             lambda t: {"y": torch.nn.functional.silu(torch.nn.functional.group_norm(
                 t["x"].float(), 32, t["w"].float(), t["b"].float(), 1e-6))}
 
+    def rms_norm_rope():  # FLUX.2's q/k: RMSNorm with its weight, then the rotation of pairs by f32 tables
+        h, s, d = (2, 48, 16) if dry else (48, 4608, 128)
+        g = Graph()
+        q = g.input("q", (1, h, s, d), "bf16")
+        w, cos, sin = g.weight("w", (d,)), g.input("cos", (s, d)), g.input("sin", (s, d))
+        pairs = (1, h, s, d // 2, 2)
+        f = Fused(g)
+        y = f.add("RMSNormRoPE", [q, w.broadcast_to(q.shape), cos.broadcast_to(q.shape).reshape(pairs),
+                                  sin.broadcast_to(q.shape).reshape(pairs)], pairs, "bf16", eps=1e-6)
+        angles = rng.random((s, d // 2)) * 6
+
+        def reference(t):
+            y = torch.nn.functional.rms_norm(t["q"].float(), (d,), t["w"].float(), 1e-6)
+            re, im = y.reshape(1, h, s, d // 2, 2).unbind(-1)
+            swapped = torch.stack([-im, re], -1).reshape(1, h, s, d)
+            return {"y": (y * t["cos"] + swapped * t["sin"]).reshape(pairs)}
+
+        return f.program(y=y), {"q": rnd(1, h, s, d, dtype=bf, scale=3.0),
+                                "cos": np.repeat(np.cos(angles), 2, -1).astype(np.float32),
+                                "sin": np.repeat(np.sin(angles), 2, -1).astype(np.float32)}, {"w": rnd(d)}, reference
+
     def dequant(fmt):
         def build():
             m, n, k = (24, 40, 64) if dry else (1024, 3072, 3072)
@@ -553,6 +574,7 @@ def kernel_cases(dry: bool):
         ("Attention bf16 flash", {"attention": "flash"}, attention("flash")),
         ("Conv2d 3x3 bf16", {}, conv(3)), ("Conv2d 1x1 bf16", {}, conv(1)),
         ("GroupNorm + SiLU bf16", {}, group_norm),
+        ("RMSNormRoPE bf16", {}, rms_norm_rope),
         ("DequantMatMul fp8", {"fp8_gemm": "dequant"}, dequant("fp8")),
         ("DequantMatMul fp8 cuBLASLt", {"fp8_gemm": "cublaslt"}, dequant("fp8-lt")),
         ("DequantMatMul nvfp4", {}, dequant("nvfp4")),
