@@ -101,8 +101,9 @@ def _apply_rope_pairs(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     cos5 = cos.broadcast_to(shape).split_dim(-1, (d // 2, 2))
     signs = x.graph.constant(np.array([-1.0, 1.0]), dtype)  # the rotation's sign, per element of a pair
     sin5 = sin.broadcast_to(shape).split_dim(-1, (d // 2, 2)) * signs.broadcast_to(pairs)
-    out = (x5 * cos5 + rot * sin5).reshape(shape)
-    return out if out.dtype == x.dtype else cast(out, x.dtype)
+    out = x5 * cos5 + rot * sin5
+    # rounded on the pairs, then reshaped (a view): the cast reads the sum whole, so rules see the whole rotation
+    return (out if out.dtype == x.dtype else cast(out, x.dtype)).reshape(shape)
 
 
 def rope_tables(positions: np.ndarray, dim: int, theta: float = 10000.0, style: str = "half"):

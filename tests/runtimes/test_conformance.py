@@ -195,12 +195,13 @@ def _group_norm(c: Case) -> Case:
 
 
 def _rms_norm_rope(c: Case) -> Case:
-    # FLUX.2's q/k: the weighted RMSNorm, then the rotation of adjacent pairs (tables in the activations' dtype,
-    # so no casts come between them: f32 on CPU)
+    # FLUX.2's q/k: the weighted RMSNorm, then the rotation of adjacent pairs by tables in the activations' dtype
+    # (f32 on CPU) or wider (f32 tables, bf16 q/k: rotated in f32, rounded once)
     dtype = str(c.rng.choice(("f32", "bf16")))
+    tables = str(c.rng.choice(("f32", dtype)))
     x = c.operand("x", (2, 3, 5, 8), dtype, view=str(c.rng.choice(("contiguous", "transposed", "sliced"))))
     w = c.operand("w", (8,), dtype, view="contiguous", weight=True)
-    cos, sin = c.operand("cos", (5, 8), dtype, view="contiguous"), c.operand("sin", (5, 8), dtype, view="sliced")
+    cos, sin = c.operand("cos", (5, 8), tables, view="contiguous"), c.operand("sin", (5, 8), tables, view="sliced")
     return c.output(ops.apply_rope(ops.rms_norm(x, w, eps=1e-6), cos, sin, "pairs"))
 
 
