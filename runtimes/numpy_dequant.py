@@ -15,6 +15,11 @@ follows ``ops.quant`` exactly (same products in the same order, in f32):
   one 256-entry table maps a byte straight to its two f32 values. ``w = (e2m1 * f32(weight_scale)) *
   weight_scale_2``, with one f8e4m3 scale per 16 inputs; comfy scales are stored in cuBLAS 128x4 tiles and are
   untiled band by band.
+
+On a CPU with AMX tiles (``runtimes/amx_dequant.py``), a large enough product runs there instead: the weight
+decoded block by block straight into bf16 tiles (exact), x cut into three bf16 parts, f32 accuracy; the bands
+above remain for what it refuses (an x with a value that is not finite, an infinite fp8 weight), with a smaller
+band (``FALLBACK_TILE``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 
 from luminal_recipes.graph.dtypes import E2M1_VALUES
 
-from . import jit
+from . import amx_dequant, cpu_threads, jit
 from .kernels.context import Bind, KernelContext
 from .numpy_kernels import F32, bind_all, with_refresh
 from .views import operand
@@ -36,6 +41,7 @@ from .views import operand
 # product's speed, 16 MiB 0.77x, the whole weight at once 0.80x; at [1024, 2048] @ [2048, 2048]^T 0.86x -> 0.90x;
 # at one row of x, where decoding is all, the same time)
 DEQUANT_TILE = 1 << 22
+FALLBACK_TILE = 1 << 18  # with AMX the bands only serve the rare x with a value that is not finite
 NVFP4_BLOCK = 16
 
 
@@ -64,12 +70,14 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
         ctx.fail(f"x {x_shape} and out {ctx.shape} do not match in_features={k_in}, out_features={n_out}")
     rows = math.prod(x_shape[:-1])
     x_op = operand(ctx, 0, dtype=F32, shape=(rows, k_in), blas=True)
+    tiles = _amx_plan(ctx, fmt, rows, k_in, n_out)
+    tile = DEQUANT_TILE if tiles is None else FALLBACK_TILE
     if fmt == "fp8":
         n_scales = 3
-        band, decode, ops = _prepare_fp8(ctx, n_out, k_in)
+        band, decode, ops, tile_weight = _prepare_fp8(ctx, n_out, k_in, tile)
     elif fmt == "nvfp4":
         n_scales = 4
-        band, decode, ops = _prepare_nvfp4(ctx, n_out, k_in)
+        band, decode, ops, tile_weight = _prepare_nvfp4(ctx, n_out, k_in, tile)
     else:
         ctx.fail(f"format must be 'fp8' or 'nvfp4', got {fmt!r}")
     if len(ctx.inputs) not in (n_scales, n_scales + 1):
@@ -89,11 +97,18 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
             n1 = min(n0 + band, n_out)
             w = scratch[dense][: n1 - n0]
             bands.append((decode(arrays[1:-1], scratch, n0, n1, w), w.T, out2[:, n0:n1]))
+        on_tiles = None
+        if tiles is not None:
+            weight = tile_weight(arrays[1:-1])
+            if weight is not None and amx_dequant.readable(weight) and out2.flags.c_contiguous:
+                p, ids = tiles
+                on_tiles = amx_dequant.product(p, x, weight, out2, [[scratch[i] for i in part] for part in ids])
 
         def body():
-            for dec, wt, dst in bands:
-                dec()
-                np.matmul(x, wt, out=dst)
+            if on_tiles is None or not on_tiles():
+                for dec, wt, dst in bands:
+                    dec()
+                    np.matmul(x, wt, out=dst)
             if bias is not None:
                 np.add(target, bias, out=target, dtype=F32)
             if acc is not None:
@@ -104,12 +119,30 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
     return bind
 
 
-def _band_rows(k_in: int, multiple: int, n_out: int) -> int:
-    rows = max(multiple, (DEQUANT_TILE // max(k_in, 1)) // multiple * multiple)
+def _amx_plan(ctx: KernelContext, fmt: str, rows: int, k_in: int, n_out: int):
+    """The AMX product's plan (one part per core) and each part's scratch, or None (the bands on BLAS): large
+    enough products of an f32-computed layer whose decoded weights are exact in bf16 (``amx_dequant``'s
+    tables), where numba and AMX run."""
+    if not jit.AVAILABLE or not amx_dequant.worth_it(rows, k_in, n_out):
+        return None
+    if fmt == "fp8" and amx_dequant.fp8_table(np.dtype(ctx.inputs[1].dtype)) is None:
+        return None
+    if fmt == "nvfp4":
+        scale_dtype = np.dtype(ctx.inputs[2].dtype)
+        layout = ctx.node.attr("layout", "modelopt")
+        if scale_dtype.itemsize != 1 or layout not in ("modelopt", "comfy") or amx_dequant.nvfp4_table(
+                layout, scale_dtype) is None:
+            return None
+    p = amx_dequant.plan(rows, k_in, n_out, cpu_threads.THREADS)
+    return p, [[ctx.scratch.add(shape, dtype) for shape, dtype in p.scratch_shapes] for _ in p.parts]
+
+
+def _band_rows(k_in: int, multiple: int, n_out: int, tile: int = DEQUANT_TILE) -> int:
+    rows = max(multiple, (tile // max(k_in, 1)) // multiple * multiple)
     return min(rows, -(-n_out // multiple) * multiple)
 
 
-def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int):
+def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int, tile: int = DEQUANT_TILE):
     w_shape, s_shape = ctx.inputs[1].view.shape, ctx.inputs[2].view.shape
     if w_shape != (n_out, k_in):
         ctx.fail(f"fp8 weight is {w_shape}, expected {(n_out, k_in)}")
@@ -119,7 +152,7 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int):
                  f"[{n_out}, 1])")
     w_op = operand(ctx, 1)
     s_op = operand(ctx, 2, dtype=F32, shape=(n_out, 1) if per_channel else (1, 1))
-    band = _band_rows(k_in, 16, n_out)
+    band = _band_rows(k_in, 16, n_out, tile)
     # byte pairs need rows contiguous along K (a direct view with unit stride, or the scratch copy)
     paired = k_in % 2 == 0 and (not w_op.direct or w_op.view.strides[-1] == 1)
     # compiled: each fp8 byte through its 256 f32 values, one pass per row (the weight read in place)
@@ -150,10 +183,19 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int):
 
         return run
 
-    return band, decode, [w_op, s_op]
+    w_dtype = np.dtype(ctx.inputs[1].dtype)
+    fmt = amx_dequant.FP8_INF if np.isinf(np.arange(256, dtype=np.uint8).view(w_dtype).astype(np.float32)).any() \
+        else amx_dequant.FP8
+
+    def tile_weight(arrays):
+        wq, s = arrays
+        table = amx_dequant.fp8_table(w_dtype)
+        return None if table is None else amx_dequant.Weight(fmt, table, wq.view(np.uint8), None, s[:, 0], n_out)
+
+    return band, decode, [w_op, s_op], tile_weight
 
 
-def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
+def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int, tile: int = DEQUANT_TILE):
     layout = ctx.node.attr("layout", "modelopt")
     if layout not in ("modelopt", "comfy"):
         ctx.fail(f"nvfp4 layout must be 'modelopt' or 'comfy', got {layout!r}")
@@ -172,7 +214,7 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
     w_op = operand(ctx, 1)
     s2_op = operand(ctx, 3, dtype=F32, shape=(1, 1))
     multiple = 128 if layout == "comfy" else 16
-    band = _band_rows(k_in, multiple, n_out)
+    band = _band_rows(k_in, multiple, n_out, tile)
     table = byte_table(layout)
     value_pairs = table.view(np.float32).reshape(256, 2)  # the same table as two f32 per byte
     # compiled: one pass per row reads the packed bytes in place and each (f8e4m3) scale as its byte through
@@ -229,4 +271,12 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int):
 
         return run
 
-    return band, decode, [w_op, s_op, s2_op]
+    def tile_weight(arrays):
+        packed, s, s2 = arrays
+        words = amx_dequant.nvfp4_table(layout, scale_dtype) if scale_dtype.itemsize == 1 else None
+        if words is None:
+            return None
+        fmt = amx_dequant.NVFP4 if layout == "modelopt" else amx_dequant.NVFP4_TILED
+        return amx_dequant.Weight(fmt, words, packed, s.view(np.uint8), s2.reshape(-1), n_out)
+
+    return band, decode, [w_op, s_op, s2_op], tile_weight

@@ -1,0 +1,216 @@
+"""The kernels of ``runtimes/amx_dequant.py`` (numba, AMX intrinsics): the three-product tile block, the decoding
+of a weight block into VNNI words, and the per-part product. Imported only where numba is installed and AMX runs
+(``amx_dequant`` asks first)."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from .amx_gemm import _I64, _PTR, BLOCK, _amx, _kernel, _load_config, _load_f32, _release, _tile, pack_a
+
+FP8, FP8_INF, NVFP4, NVFP4_TILED = 0, 1, 2, 3  # how the kernel reads the weight (``dequant_gemm``'s ``fmt``)
+
+
+# ---- tile products ----------------------------------------------------------------------------------------
+def _block_intrinsic(rows: int):
+    def block(typingctx, a, a_row, a_part, b, steps, c, c_row, accumulate):
+        """C[rows, 32] (f32, rows ``c_row`` bytes apart) = (C if ``accumulate`` else 0) + the sum over ``steps``
+        k steps of 32 of A's three parts (tiles at ``a``: rows ``a_row`` bytes apart, parts ``a_part`` apart)
+        times one VNNI panel of B at ``b`` (loaded once per step). ``rows``: 32, or 16 (half the products, for
+        one short panel of x)."""
+        sig = types.none(*([types.intp] * 8))
+
+        def codegen(context, builder, signature, args):
+            a, a_row, a_part, b, steps, c, c_row, accumulate = args
+            c_half = builder.mul(c_row, ir.Constant(_I64, 16))
+            tiles = range(4 if rows == 32 else 2)
+            c_tiles = [builder.inttoptr(builder.add(c, builder.add(builder.mul(c_half, ir.Constant(_I64, t // 2)),
+                                                                   ir.Constant(_I64, 64 * (t % 2)))), _PTR)
+                       for t in tiles]
+            with builder.if_else(builder.icmp_signed("!=", accumulate, ir.Constant(_I64, 0))) as (then, otherwise):
+                with then:
+                    for t in tiles:
+                        _amx(builder, "tileloadd64", _tile(t), c_tiles[t], c_row)
+                with otherwise:
+                    for t in tiles:
+                        _amx(builder, "tilezero", _tile(t))
+            head = builder.block
+            loop = builder.append_basic_block("amx.k")
+            done = builder.append_basic_block("amx.done")
+            zero = ir.Constant(_I64, 0)
+            builder.cbranch(builder.icmp_signed(">", steps, zero), loop, done)
+            builder.position_at_end(loop)
+            s = builder.phi(_I64)
+            s.add_incoming(zero, head)
+            a_s = builder.add(a, builder.mul(s, ir.Constant(_I64, 2 * BLOCK)))  # 32 bf16 along k
+            b_s = builder.add(b, builder.mul(s, ir.Constant(_I64, 16 * BLOCK * 4)))  # 16 k pairs x 32 columns
+            a_half = builder.mul(a_row, ir.Constant(_I64, 16))
+            panel_row = ir.Constant(_I64, BLOCK * 4)
+            _amx(builder, "tileloadd64", _tile(6), builder.inttoptr(b_s, _PTR), panel_row)
+            _amx(builder, "tileloadd64", _tile(7), builder.inttoptr(builder.add(b_s, ir.Constant(_I64, 64)), _PTR),
+                 panel_row)
+            for part in range(3):
+                a_p = builder.add(a_s, builder.mul(a_part, ir.Constant(_I64, part)))
+                _amx(builder, "tileloadd64", _tile(4), builder.inttoptr(a_p, _PTR), a_row)
+                pairs = ((4, 6), (4, 7))
+                if rows == 32:
+                    _amx(builder, "tileloadd64", _tile(5), builder.inttoptr(builder.add(a_p, a_half), _PTR), a_row)
+                    pairs += ((5, 6), (5, 7))
+                for t, (ta, tb) in enumerate(pairs):
+                    _amx(builder, "tdpbf16ps", _tile(t), _tile(ta), _tile(tb))
+            s_next = builder.add(s, ir.Constant(_I64, 1))
+            s.add_incoming(s_next, builder.block)
+            builder.cbranch(builder.icmp_signed("<", s_next, steps), loop, done)
+            builder.position_at_end(done)
+            for t in tiles:
+                _amx(builder, "tilestored64", _tile(t), c_tiles[t], c_row)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    block.__name__ = block.__qualname__ = f"_block3_rows{rows}"
+    return intrinsic(block)
+
+
+_block32 = _block_intrinsic(32)
+_block16 = _block_intrinsic(16)
+
+
+def _loader(bits: int):
+    def load(typingctx, address):
+        sig = types.intp(types.intp)
+
+        def codegen(context, builder, signature, args):
+            value = builder.load(builder.inttoptr(args[0], ir.IntType(bits).as_pointer()), align=1)
+            return builder.zext(value, _I64)
+
+        return sig, codegen
+
+    load.__name__ = load.__qualname__ = f"_load_u{bits}"
+    return intrinsic(load)
+
+
+_load_u8 = _loader(8)
+_load_u16 = _loader(16)
+
+
+# ---- the kernel -------------------------------------------------------------------------------------------
+@_kernel
+def decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, j0, j1, out):
+    """Columns ``j0:j1`` x k ``k0:k1`` of the weight decoded into ``out`` [panels, kc / 2, 32] (uint32 VNNI words,
+    bf16 pairs): zero past ``k1`` and past the weight's ``n_rows`` rows. ``w``: the packed rows' address, ``w_rs``
+    bytes apart (fp8: a byte per element; NVFP4: a byte per k pair); ``s``: NVFP4's scale bytes (``s_rs`` bytes a
+    row, or in comfy's 128 x 4 tiles with ``s_cb`` tiles a row). Returns 1 if a weight is infinite (``FP8_INF``)."""
+    bad = 0
+    pairs = (k1 - k0 + 1) // 2
+    p0 = k0 // 2
+    half = out.shape[1]
+    odd = k % 2 == 1 and k1 == k  # fp8 with an odd K: the last pair has one element
+    whole = pairs - 1 if odd else pairs
+    for j in range(j0, j1):
+        q, col = (j - j0) // BLOCK, (j - j0) % BLOCK
+        panel = out[q]
+        if j >= n_rows:
+            for p in range(half):
+                panel[p, col] = 0
+            continue
+        row = w + j * w_rs
+        if fmt == NVFP4:
+            srow = s + j * s_rs
+            for p in range(pairs):
+                g = p0 + p
+                panel[p, col] = table[(_load_u8(srow + (g >> 3)) << 8) | _load_u8(row + g)]
+        elif fmt == NVFP4_TILED:  # logical (row j, block b) at tile (j >> 7, b >> 2), row j & 31, column ...
+            stile = s + (j >> 7) * s_cb * 512 + (j & 31) * 16 + ((j >> 5) & 3) * 4
+            for p in range(pairs):
+                g = p0 + p
+                b = g >> 3
+                panel[p, col] = table[(_load_u8(stile + (b >> 2) * 512 + (b & 3)) << 8) | _load_u8(row + g)]
+        else:
+            for p in range(whole):
+                panel[p, col] = table[_load_u16(row + k0 + 2 * p)]
+            if odd:
+                panel[whole, col] = table[_load_u8(row + k - 1)]
+            if fmt == FP8_INF:
+                for p in range(pairs):
+                    word = panel[p, col]
+                    if (word & 0x7FFF) == 0x7F80 or ((word >> 16) & 0x7FFF) == 0x7F80:
+                        bad = 1
+        for p in range(pairs, half):
+            panel[p, col] = 0
+    for j in range(j1, j0 + (j1 - j0 + BLOCK - 1) // BLOCK * BLOCK):  # past the last column, in its panel
+        q, col = (j - j0) // BLOCK, (j - j0) % BLOCK
+        for p in range(half):
+            out[q, p, col] = 0
+    return bad
+
+
+@_kernel
+def _scale_columns(c, r0, r1, j0, j1, col_scale, cs_stride):
+    """``c[r0:r1, j0:j1] *= scale[j]``, the column scales read at ``col_scale + j * cs_stride`` (bytes)."""
+    for j in range(j0, j1):
+        f = _load_f32(col_scale + j * cs_stride)
+        for i in range(r0, r1):
+            c[i, j] *= f
+
+
+@_kernel
+def dequant_gemm(fmt, table, a, a_rs, a_cs, k, w, w_rs, s, s_rs, s_cb, n_rows, col_scale, cs_stride,
+                 c, r0, r1, c0, c1, a_buf, b_buf, edge, config):
+    """``c[r0:r1, c0:c1] = (a[r0:r1] @ decoded(W)[c0:c1].T) * col_scale[c0:c1]``: A [M, k] f32 at address ``a``
+    (strides in bytes), the weight as ``decode_block`` reads it, ``c`` f32 with contiguous rows. Scratch:
+    ``a_buf`` [3, 1, 32, kc] uint16 (a panel of x in three parts), ``b_buf`` [nc / 32, kc / 2, 32] uint32 (a
+    decoded block), ``edge`` [32, 32] f32, ``config`` [64] uint8. Returns 1, leaving ``c`` unfinished, as soon as
+    it meets a value of A that is not finite or an infinite weight."""
+    kc = a_buf.shape[3]
+    nc = b_buf.shape[0] * BLOCK
+    config[:] = 0
+    config[0] = 1
+    for t in range(8):
+        config[16 + 2 * t] = 64  # bytes per row
+        config[48 + t] = 16  # rows
+    a_part = a_buf.strides[0]
+    a_row = a_buf.strides[2]
+    c_row = c.strides[0]
+    _load_config(config.ctypes.data)
+    for n0 in range(c0, c1, nc):
+        n1 = min(n0 + nc, c1)
+        for k0 in range(0, max(k, 1), kc):
+            k1 = min(k0 + kc, k)
+            steps = (k1 - k0 + BLOCK - 1) // BLOCK
+            more = 1 if k0 > 0 else 0
+            last = k1 >= k
+            if decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, n0, n1, b_buf):
+                _release()
+                return 1
+            for i0 in range(r0, r1, BLOCK):
+                i1 = min(i0 + BLOCK, r1)
+                if pack_a(a, a_rs, a_cs, i0, i1, k0, k1, a_buf):
+                    _release()
+                    return 1
+                for j0 in range(n0, n1, BLOCK):
+                    j1 = min(j0 + BLOCK, n1)
+                    b_addr = b_buf.ctypes.data + (j0 - n0) // BLOCK * b_buf.strides[0]
+                    if i1 - i0 == BLOCK and j1 - j0 == BLOCK:
+                        _block32(a_buf.ctypes.data, a_row, a_part, b_addr, steps,
+                                 c.ctypes.data + i0 * c_row + j0 * 4, c_row, more)
+                        if last:
+                            _scale_columns(c, i0, i1, j0, j1, col_scale, cs_stride)
+                    else:  # a block past the edge of c: computed in ``edge``
+                        rows, cols = i1 - i0, j1 - j0
+                        if more:
+                            edge[:] = 0
+                            edge[:rows, :cols] = c[i0:i1, j0:j1]
+                        if rows <= 16:
+                            _block16(a_buf.ctypes.data, a_row, a_part, b_addr, steps, edge.ctypes.data, BLOCK * 4,
+                                     more)
+                        else:
+                            _block32(a_buf.ctypes.data, a_row, a_part, b_addr, steps, edge.ctypes.data, BLOCK * 4,
+                                     more)
+                        if last:
+                            _scale_columns(edge, 0, rows, 0, cols, col_scale + j0 * cs_stride, cs_stride)
+                        c[i0:i1, j0:j1] = edge[:rows, :cols]
+    _release()
+    return 0
