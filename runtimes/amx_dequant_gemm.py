@@ -94,6 +94,7 @@ def _loader(bits: int):
 
 _load_u8 = _loader(8)
 _load_u16 = _loader(16)
+_load_u64 = _loader(64)
 
 
 # ---- the kernel -------------------------------------------------------------------------------------------
@@ -117,11 +118,13 @@ def decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, j0, j1, 
                 panel[p, col] = 0
             continue
         row = w + j * w_rs
-        if fmt == NVFP4:
-            srow = s + j * s_rs
-            for p in range(pairs):
-                g = p0 + p
-                panel[p, col] = table[(_load_u8(srow + (g >> 3)) << 8) | _load_u8(row + g)]
+        if fmt == NVFP4:  # a block of 16 elements (8 bytes, one scale) at a time; k0 is a multiple of 16
+            srow = s + j * s_rs + (p0 >> 3)
+            for b in range(pairs >> 3):
+                scale = _load_u8(srow + b) << 8
+                codes = _load_u64(row + p0 + 8 * b)
+                for e in range(8):
+                    panel[8 * b + e, col] = table[scale | ((codes >> (8 * e)) & 255)]
         elif fmt == NVFP4_TILED:  # logical (row j, block b) at tile (j >> 7, b >> 2), row j & 31, column ...
             stile = s + (j >> 7) * s_cb * 512 + (j & 31) * 16 + ((j >> 5) & 3) * 4
             for p in range(pairs):
@@ -129,8 +132,14 @@ def decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, j0, j1, 
                 b = g >> 3
                 panel[p, col] = table[(_load_u8(stile + (b >> 2) * 512 + (b & 3)) << 8) | _load_u8(row + g)]
         else:
-            for p in range(whole):
-                panel[p, col] = table[_load_u16(row + k0 + 2 * p)]
+            for b in range(whole >> 2):  # 8 bytes at a time: four pairs
+                codes = _load_u64(row + k0 + 8 * b)
+                for e in range(4):
+                    panel[4 * b + e, col] = table[(codes >> (16 * e)) & 255] | (
+                        table[(codes >> (16 * e + 8)) & 255] << 16)
+            for p in range(whole & ~3, whole):
+                at = row + k0 + 2 * p
+                panel[p, col] = table[_load_u8(at)] | (table[_load_u8(at + 1)] << 16)
             if odd:
                 panel[whole, col] = table[_load_u8(row + k - 1)]
             if fmt == FP8_INF:
