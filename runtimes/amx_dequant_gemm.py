@@ -157,12 +157,19 @@ def decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, j0, j1, 
 
 
 @_kernel
-def _scale_columns(c, r0, r1, j0, j1, col_scale, cs_stride):
-    """``c[r0:r1, j0:j1] *= scale[j]``, the column scales read at ``col_scale + j * cs_stride`` (bytes)."""
-    for j in range(j0, j1):
-        f = _load_f32(col_scale + j * cs_stride)
-        for i in range(r0, r1):
-            c[i, j] *= f
+def _finish(c, i0, rows, j0, cols, edge, mode, scale, col_scale, cs_stride):
+    """Block ``c[i0:i0 + rows, j0:j0 + cols]``: ``mode`` 1 copies ``edge`` in, 2 adds it, 0 leaves it; then, with
+    ``scale``, each column times its scale (read at ``col_scale + j * cs_stride``, bytes)."""
+    for i in range(rows):
+        for j in range(cols):
+            v = c[i0 + i, j0 + j]
+            if mode == 1:
+                v = edge[i, j]
+            elif mode == 2:
+                v += edge[i, j]
+            if scale:
+                v *= _load_f32(col_scale + (j0 + j) * cs_stride)
+            c[i0 + i, j0 + j] = v
 
 
 @_kernel
@@ -189,7 +196,6 @@ def dequant_gemm(fmt, table, a, a_rs, a_cs, k, w, w_rs, s, s_rs, s_cb, n_rows, c
         for k0 in range(0, max(k, 1), kc):
             k1 = min(k0 + kc, k)
             steps = (k1 - k0 + BLOCK - 1) // BLOCK
-            more = 1 if k0 > 0 else 0
             last = k1 >= k
             if decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, n0, n1, b_buf):
                 _release()
@@ -202,24 +208,20 @@ def dequant_gemm(fmt, table, a, a_rs, a_cs, k, w, w_rs, s, s_rs, s_cb, n_rows, c
                 for j0 in range(n0, n1, BLOCK):
                     j1 = min(j0 + BLOCK, n1)
                     b_addr = b_buf.ctypes.data + (j0 - n0) // BLOCK * b_buf.strides[0]
-                    if i1 - i0 == BLOCK and j1 - j0 == BLOCK:
+                    rows, cols = i1 - i0, j1 - j0
+                    if k0 == 0 and rows == BLOCK and cols == BLOCK:  # straight into c
                         _block32(a_buf.ctypes.data, a_row, a_part, b_addr, steps,
-                                 c.ctypes.data + i0 * c_row + j0 * 4, c_row, more)
+                                 c.ctypes.data + i0 * c_row + j0 * 4, c_row, 0)
                         if last:
-                            _scale_columns(c, i0, i1, j0, j1, col_scale, cs_stride)
-                    else:  # a block past the edge of c: computed in ``edge``
-                        rows, cols = i1 - i0, j1 - j0
-                        if more:
-                            edge[:] = 0
-                            edge[:rows, :cols] = c[i0:i1, j0:j1]
-                        if rows <= 16:
-                            _block16(a_buf.ctypes.data, a_row, a_part, b_addr, steps, edge.ctypes.data, BLOCK * 4,
-                                     more)
-                        else:
-                            _block32(a_buf.ctypes.data, a_row, a_part, b_addr, steps, edge.ctypes.data, BLOCK * 4,
-                                     more)
-                        if last:
-                            _scale_columns(edge, 0, rows, 0, cols, col_scale + j0 * cs_stride, cs_stride)
-                        c[i0:i1, j0:j1] = edge[:rows, :cols]
+                            _finish(c, i0, rows, j0, cols, edge, 0, 1, col_scale, cs_stride)
+                        continue
+                    # a later k block (summed apart, then added: a sum of K / kc block sums rounds less than
+                    # one running sum over all of K), or a block past the edge of c: computed in ``edge``
+                    if rows <= 16:
+                        _block16(a_buf.ctypes.data, a_row, a_part, b_addr, steps, edge.ctypes.data, BLOCK * 4, 0)
+                    else:
+                        _block32(a_buf.ctypes.data, a_row, a_part, b_addr, steps, edge.ctypes.data, BLOCK * 4, 0)
+                    _finish(c, i0, rows, j0, cols, edge, 1 if k0 == 0 else 2, 1 if last else 0, col_scale,
+                            cs_stride)
     _release()
     return 0

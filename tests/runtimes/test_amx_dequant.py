@@ -96,6 +96,8 @@ CASES = [
     ("nvfp4", dict(layout="modelopt", bias=True), (1, 160, 200)),
     ("nvfp4", dict(layout="comfy"), (70, 112, 200)),  # rows padded to 208, scales to 256 x 8
     ("nvfp4", dict(layout="comfy", bias=True), (17, 48, 33)),
+    ("nvfp4", dict(layout="modelopt"), (1, 6144, 40)),  # long sums: k blocks summed apart, then added
+    ("fp8", dict(scale="channel"), (3, 4128, 40)),
 ]
 
 
