@@ -159,17 +159,23 @@ def decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, j0, j1, 
 @_kernel
 def _finish(c, i0, rows, j0, cols, edge, mode, scale, col_scale, cs_stride):
     """Block ``c[i0:i0 + rows, j0:j0 + cols]``: ``mode`` 1 copies ``edge`` in, 2 adds it, 0 leaves it; then, with
-    ``scale``, each column times its scale (read at ``col_scale + j * cs_stride``, bytes)."""
+    ``scale``, each column times its scale (read at ``col_scale + j * cs_stride``, bytes, into ``edge``'s last
+    row). One tight loop per case, so that each is vectorised."""
+    factors = edge[BLOCK]
+    for j in range(cols):
+        factors[j] = _load_f32(col_scale + (j0 + j) * cs_stride) if scale else 1.0
     for i in range(rows):
-        for j in range(cols):
-            v = c[i0 + i, j0 + j]
-            if mode == 1:
-                v = edge[i, j]
-            elif mode == 2:
-                v += edge[i, j]
-            if scale:
-                v *= _load_f32(col_scale + (j0 + j) * cs_stride)
-            c[i0 + i, j0 + j] = v
+        dst = c[i0 + i, j0:j0 + cols]
+        src = edge[i, :cols]
+        if mode == 0:
+            for j in range(cols):
+                dst[j] = dst[j] * factors[j]
+        elif mode == 1:
+            for j in range(cols):
+                dst[j] = src[j] * factors[j]
+        else:
+            for j in range(cols):
+                dst[j] = (dst[j] + src[j]) * factors[j]
 
 
 @_kernel
@@ -178,8 +184,8 @@ def dequant_gemm(fmt, table, a, a_rs, a_cs, k, w, w_rs, s, s_rs, s_cb, n_rows, c
     """``c[r0:r1, c0:c1] = (a[r0:r1] @ decoded(W)[c0:c1].T) * col_scale[c0:c1]``: A [M, k] f32 at address ``a``
     (strides in bytes), the weight as ``decode_block`` reads it, ``c`` f32 with contiguous rows. Scratch:
     ``a_buf`` [3, 1, 32, kc] uint16 (a panel of x in three parts), ``b_buf`` [nc / 32, kc / 2, 32] uint32 (a
-    decoded block), ``edge`` [32, 32] f32, ``config`` [64] uint8. Returns 1, leaving ``c`` unfinished, as soon as
-    it meets a value of A that is not finite or an infinite weight."""
+    decoded block), ``edge`` [33, 32] f32 (a block, and its column scales), ``config`` [64] uint8. Returns 1,
+    leaving ``c`` unfinished, as soon as it meets a value of A that is not finite or an infinite weight."""
     kc = a_buf.shape[3]
     nc = b_buf.shape[0] * BLOCK
     config[:] = 0

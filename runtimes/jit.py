@@ -114,9 +114,10 @@ def wait_for_warm_up() -> None:
 
 def _warm() -> None:
     kernels()
-    from . import amx
+    from . import amx, amx_dequant
 
     amx.ready()  # the AMX product's kernels too, on a CPU with AMX (else a no-op)
+    amx_dequant.ready()  # and the quantized weights' product on AMX
 
 
 def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[], None]:

@@ -123,7 +123,7 @@ def _amx_plan(ctx: KernelContext, fmt: str, rows: int, k_in: int, n_out: int):
     """The AMX product's plan (one part per core) and each part's scratch, or None (the bands on BLAS): large
     enough products of an f32-computed layer whose decoded weights are exact in bf16 (``amx_dequant``'s
     tables), where numba and AMX run."""
-    if not jit.AVAILABLE or not amx_dequant.worth_it(rows, k_in, n_out):
+    if not jit.AVAILABLE or not amx_dequant.worth_it(rows, k_in, n_out, fmt):
         return None
     if fmt == "fp8" and amx_dequant.fp8_table(np.dtype(ctx.inputs[1].dtype)) is None:
         return None

@@ -72,6 +72,7 @@ def _case(rng, fmt, m, k, n, *, scale="channel", layout="modelopt", fp8=ml_dtype
 def _on_tiles(monkeypatch, calls):
     """Every product large enough for the tiles, parts of any size; ``calls`` counts the AMX products bound."""
     monkeypatch.setattr(amx_dequant, "MIN_MACS", 1)
+    monkeypatch.setattr(amx_dequant, "FP8_MIN_ROWS", 1)
     monkeypatch.setattr(amx, "MACS_PER_PART", 1)
     product = amx_dequant.product
     monkeypatch.setattr(amx_dequant, "product", lambda *args: calls.append(1) or product(*args))
@@ -128,7 +129,7 @@ def test_dequant_matmul_on_amx_is_as_accurate_as_f32(fmt, kw, mkn, numpy_runtime
 def test_dequant_matmul_on_amx_in_several_blocks(fmt, numpy_runtime, monkeypatch):
     """k taken 64 at a time (the partial sums kept in the output, the column scale applied after the last) and
     the columns in blocks of 64 (a decoded block per 64 columns), x over several 32-row panels."""
-    m, k, n = 75, 208, 150
+    m, k, n = 75, 336, 150
     rng = np.random.default_rng(5)
     program, inputs, weights, dense64, dense32 = _case(rng, fmt, m, k, n, bias=True)
     exact, numpy_error = _reference(inputs, weights, dense64, dense32)
