@@ -41,7 +41,9 @@ from . import amx
 B_BLOCK_BYTES = 1 << 20  # a part's decoded weight block (bf16): in its core's 2 MiB L2 with a panel of x
 KC_MOST = 512  # k per block at most (more k per block: fewer passes over the output's partial sums)
 MIN_MACS = 1 << 23  # as amx.MIN_MACS: smaller products stay on the decode-then-BLAS path
-FP8_MIN_ROWS = 32  # (see worth_it) measured at 1 x 6144 x 6144: tiles 0.46-0.48x the bands' speed
+# (see worth_it) one row of x, 1 x 6144 x 6144: tiles 0.79-1.12x the bands' speed (1 x 3072 x 3072: 1.0x); 8 rows
+# already 1.5x, 16 rows 1.7x (8 and 16 x 3072 x 3072)
+FP8_MIN_ROWS = 2
 
 FP8, FP8_INF, NVFP4, NVFP4_TILED = 0, 1, 2, 3  # how the kernel reads the weight (as amx_dequant_gemm's)
 BLOCK = 32  # as amx_gemm.BLOCK: columns per panel, rows per panel of x
@@ -121,8 +123,8 @@ def plan(m: int, k: int, n: int, threads: int) -> Plan:
 def worth_it(m: int, k: int, n: int, fmt: str = "nvfp4") -> bool:
     """Whether ``x [m, k] @ W[n, k].T`` goes to the tiles: ~8M multiply-adds at least (below, the decode and
     the hand-offs to the cores cost more than the product), on a CPU where the kernels run (``ready``). fp8
-    weights with few rows of x stay on the bands: there decoding is all, and the bands' f32 decoding pass
-    (one lookup a value, vectorised) beats two lookups and a transposed store a word (``FP8_MIN_ROWS``)."""
+    weights times one row of x stay on the bands: there decoding is all, and the bands' f32 decoding pass (one
+    lookup a value, vectorised) is as fast as two lookups and a transposed store a word (``FP8_MIN_ROWS``)."""
     rows = FP8_MIN_ROWS if fmt == "fp8" else 1
     return m >= rows and m * k * n >= MIN_MACS and n >= BLOCK and ready()
 
