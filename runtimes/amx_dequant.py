@@ -91,15 +91,15 @@ def _round_up(x: int, to: int) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """``x [m, k] @ W[n, k].T`` cut into ``parts`` (column ranges, multiples of 32, one per core), each decoding
-    blocks of ``kc`` k by ``nc`` columns."""
+    """``x [m, k] @ W[n, k].T`` cut into ``parts``, one per core, each ``(r0, r1, c0, c1)``: rows of x and output
+    columns (multiples of 32), each part decoding blocks of ``kc`` k by ``nc`` columns."""
 
     m: int
     k: int
     n: int
     kc: int
     nc: int
-    parts: tuple[tuple[int, int], ...]
+    parts: tuple[tuple[int, int, int, int], ...]
 
     @property
     def scratch_shapes(self) -> list[tuple[tuple[int, ...], np.dtype]]:
@@ -108,14 +108,20 @@ class Plan:
 
 
 def plan(m: int, k: int, n: int, threads: int) -> Plan:
-    panels = _round_up(n, BLOCK) // BLOCK
-    threads = max(1, min(threads, panels, m * k * n // amx.MACS_PER_PART))
-    bounds = [panels * i // threads for i in range(threads + 1)]
-    parts = tuple((min(n, bounds[i] * BLOCK), min(n, bounds[i + 1] * BLOCK)) for i in range(threads))
+    """Parts own columns (each decodes its own, all parts cut all of x into bf16 parts) where the weight has at
+    least as many rows as x, else rows of x (each part decodes all of the smaller weight)."""
+    by_columns = n >= m
+    blocks = _round_up(n if by_columns else m, BLOCK) // BLOCK
+    threads = max(1, min(threads, blocks, m * k * n // amx.MACS_PER_PART))
+    bounds = [min(blocks * i // threads * BLOCK, n if by_columns else m) for i in range(threads + 1)]
+    if by_columns:
+        parts = tuple((0, m, bounds[i], bounds[i + 1]) for i in range(threads))
+    else:
+        parts = tuple((bounds[i], bounds[i + 1], 0, n) for i in range(threads))
     # K <= 256 in two blocks of 128: measured 1.2-1.3x faster than one of 256 (768 x 256 x 2304); larger K in
     # blocks of KC_MOST (vs 128: 1.05-1.15x at K = 2048-6144)
     kc = min(_round_up(max(k, 1), BLOCK), KC_MOST if k > 256 else 128)
-    widest = max(c1 - c0 for c0, c1 in parts)
+    widest = max(c1 - c0 for _, _, c0, c1 in parts)
     nc = min(_round_up(widest, BLOCK), max(BLOCK, B_BLOCK_BYTES // (2 * kc) // BLOCK * BLOCK))
     return Plan(m, k, n, kc, nc, parts)
 
@@ -178,10 +184,10 @@ def product(p: Plan, x: np.ndarray, weight: Weight, out: np.ndarray, scratch: li
             weight.packed.strides[0], s_addr, s_rs, s_cb, weight.n_rows, cs.ctypes.data, cs_stride, out)
     failed = [0] * len(p.parts)
 
-    def part(i, c0, c1, buffers):
-        failed[i] = dequant_gemm(*head, 0, p.m, c0, c1, *buffers)
+    def part(i, bounds, buffers):
+        failed[i] = dequant_gemm(*head, *bounds, *buffers)
 
-    parts = [functools.partial(part, i, c0, c1, bufs) for i, ((c0, c1), bufs) in enumerate(zip(p.parts, scratch))]
+    parts = [functools.partial(part, i, bounds, bufs) for i, (bounds, bufs) in enumerate(zip(p.parts, scratch))]
 
     def step() -> bool:
         failed[:] = [0] * len(failed)

@@ -99,6 +99,8 @@ CASES = [
     ("nvfp4", dict(layout="comfy", bias=True), (17, 48, 33)),
     ("nvfp4", dict(layout="modelopt"), (1, 6144, 40)),  # long sums: k blocks summed apart, then added
     ("fp8", dict(scale="channel"), (3, 4128, 40)),
+    ("nvfp4", dict(layout="modelopt"), (100, 64, 40)),  # more rows of x than of W: the cores split x's rows
+    ("fp8", dict(scale="tensor", bias=True), (75, 96, 50)),
 ]
 
 
