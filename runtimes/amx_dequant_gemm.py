@@ -118,19 +118,18 @@ def decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, j0, j1, 
                 panel[p, col] = 0
             continue
         row = w + j * w_rs
-        if fmt == NVFP4:  # a block of 16 elements (8 bytes, one scale) at a time; k0 is a multiple of 16
-            srow = s + j * s_rs + (p0 >> 3)
+        if fmt in (NVFP4, NVFP4_TILED):  # a block of 16 elements (8 bytes, one scale) at a time
+            # (k0 is a multiple of 16); comfy: logical scale (row j, block b) in 128 x 4 tile (j >> 7, b >> 2),
+            # at row j & 31, column ((j >> 5) & 3) * 4 + (b & 3)
+            srow = s + j * s_rs
+            stile = s + (j >> 7) * s_cb * 512 + (j & 31) * 16 + ((j >> 5) & 3) * 4
             for b in range(pairs >> 3):
-                scale = _load_u8(srow + b) << 8
+                g = (p0 >> 3) + b
+                at = srow + g if fmt == NVFP4 else stile + (g >> 2) * 512 + (g & 3)
+                scale = _load_u8(at) << 8
                 codes = _load_u64(row + p0 + 8 * b)
                 for e in range(8):
                     panel[8 * b + e, col] = table[scale | ((codes >> (8 * e)) & 255)]
-        elif fmt == NVFP4_TILED:  # logical (row j, block b) at tile (j >> 7, b >> 2), row j & 31, column ...
-            stile = s + (j >> 7) * s_cb * 512 + (j & 31) * 16 + ((j >> 5) & 3) * 4
-            for p in range(pairs):
-                g = p0 + p
-                b = g >> 3
-                panel[p, col] = table[(_load_u8(stile + (b >> 2) * 512 + (b & 3)) << 8) | _load_u8(row + g)]
         else:
             for b in range(whole >> 2):  # 8 bytes at a time: four pairs
                 codes = _load_u64(row + k0 + 8 * b)
