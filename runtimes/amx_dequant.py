@@ -15,15 +15,18 @@ consecutive k of one column. An NVFP4 byte holds two consecutive k of one output
 65536-entry table, ``(scale byte << 8) | code byte -> word`` (256 KiB; the few scales of a layer keep their rows
 in L1), gives a whole word; for fp8 each byte's bf16 comes from a 256-entry table, two to a word.
 
-Loop order (per part, one per core, each owning a range of output columns): the weight is decoded a block at a
-time, ``kc`` k by ``nc`` columns (<= 1 MiB of bf16: it stays in the core's L2), and that block is used for every
-32-row panel of x, each panel cut into its three bf16 parts once per block (``amx_gemm.pack_a``); the partial
-sums wait in the output between k blocks, and the column scale is applied to each 32 x 32 block after its last.
-Neither the weight nor x is ever converted whole.
+Loop order (per part, one per core, each owning a range of output columns, or of x's rows where the weight has
+fewer rows than x): the weight is decoded a block at a time, ``kc`` k by ``nc`` columns (<= 1 MiB of bf16: it
+stays in the core's L2), and that block is used for every 32-row panel of x, each panel cut into its three bf16
+parts once per block (``amx_gemm.pack_a``); each k block is summed in fresh tile accumulators and added into the
+output in f32 (a sum of block sums rounds less than one running sum over K), and the column scale is applied to
+each 32 x 32 block after its last. Neither the weight nor x is ever converted whole.
 
 Falls back (the caller's BLAS path, the same values as without AMX): an x with a value that is not finite (inf
 minus inf in its parts, inf times a zero part), a weight with an infinity (fp8 e5m2: inf times a zero part of x
-would be NaN), layouts the kernel does not read (see ``readable``), and whatever ``runtimes/amx.py`` refuses.
+would be NaN), layouts the kernel does not read (see ``readable``), products too small or decode-bound
+(``worth_it``), and whatever ``runtimes/amx.py`` refuses. (numba's disk cache checks only the file of the cached
+function: the kernels compile ``amx_gemm``'s ``pack_a`` and intrinsics into their own code.)
 """
 
 from __future__ import annotations
