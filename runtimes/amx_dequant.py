@@ -13,7 +13,8 @@ tests/runtimes/test_amx_dequant.py).
 Decoding straight into AMX's VNNI layout: a tile of B is 16 k-pairs x 16 columns, each 4-byte word the two
 consecutive k of one column. An NVFP4 byte holds two consecutive k of one output row, so one lookup of a
 65536-entry table, ``(scale byte << 8) | code byte -> word`` (256 KiB; the few scales of a layer keep their rows
-in L1), gives a whole word; for fp8 each byte's bf16 comes from a 256-entry table, two to a word.
+in L1), gives a whole word; fp8 e4m3fn is decoded arithmetically, 16 columns x 16 k pairs at a time in
+registers (transposed there into VNNI rows), other fp8 through a 256-entry bf16 table, two to a word.
 
 Loop order (per part, one per core, each owning a range of output columns, or of x's rows where the weight has
 fewer rows than x): the weight is decoded a block at a time, ``kc`` k by ``nc`` columns (<= 1 MiB of bf16: it
@@ -44,11 +45,13 @@ from . import amx
 B_BLOCK_BYTES = 1 << 20  # a part's decoded weight block (bf16): in its core's 2 MiB L2 with a panel of x
 KC_MOST = 512  # k per block at most (more k per block: fewer passes over the output's partial sums)
 MIN_MACS = 1 << 23  # as amx.MIN_MACS: smaller products stay on the decode-then-BLAS path
-# (see worth_it) one row of x, 1 x 6144 x 6144: tiles 0.79-1.12x the bands' speed (1 x 3072 x 3072: 1.0x); 8 rows
-# already 1.5x, 16 rows 1.7x (8 and 16 x 3072 x 3072)
+# (see worth_it) fp8 decoded through the table (e5m2; e4m3fn is decoded in registers, 2x faster: 1.5-1.7x the
+# bands at one row) times one row of x, 1 x 6144 x 6144: tiles 0.79-1.12x the bands' speed; 8 rows already 1.5x
 FP8_MIN_ROWS = 2
 
-FP8, FP8_INF, NVFP4, NVFP4_TILED = 0, 1, 2, 3  # how the kernel reads the weight (as amx_dequant_gemm's)
+# how the kernel reads the weight (as amx_dequant_gemm's): fp8 through the table, fp8 with infinities (checked),
+# NVFP4 (ModelOpt scales, comfy's tiled ones), fp8 e4m3fn decoded in registers
+FP8, FP8_INF, NVFP4, NVFP4_TILED, FP8_E4M3 = 0, 1, 2, 3, 4
 BLOCK = 32  # as amx_gemm.BLOCK: columns per panel, rows per panel of x
 
 
@@ -129,13 +132,12 @@ def plan(m: int, k: int, n: int, threads: int) -> Plan:
     return Plan(m, k, n, kc, nc, parts)
 
 
-def worth_it(m: int, k: int, n: int, fmt: str = "nvfp4") -> bool:
+def worth_it(m: int, k: int, n: int, min_rows: int = 1) -> bool:
     """Whether ``x [m, k] @ W[n, k].T`` goes to the tiles: ~8M multiply-adds at least (below, the decode and
-    the hand-offs to the cores cost more than the product), on a CPU where the kernels run (``ready``). fp8
-    weights times one row of x stay on the bands: there decoding is all, and the bands' f32 decoding pass (one
-    lookup a value, vectorised) is as fast as two lookups and a transposed store a word (``FP8_MIN_ROWS``)."""
-    rows = FP8_MIN_ROWS if fmt == "fp8" else 1
-    return m >= rows and m * k * n >= MIN_MACS and n >= BLOCK and ready()
+    the hand-offs to the cores cost more than the product), ``min_rows`` rows of x (``FP8_MIN_ROWS`` for fp8
+    weights decoded through the table: times one row, decoding is all, and the bands' vectorised f32 pass is as
+    fast), on a CPU where the kernels run (``ready``)."""
+    return m >= min_rows and m * k * n >= MIN_MACS and n >= BLOCK and ready()
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from .amx_gemm import _I64, _PTR, BLOCK, _amx, _kernel, _load_config, _load_f32, _release, _tile, pack_a
+from .amx_gemm import _transpose16 as transpose16
 
-FP8, FP8_INF, NVFP4, NVFP4_TILED = 0, 1, 2, 3  # how the kernel reads the weight (``dequant_gemm``'s ``fmt``)
+# how the kernel reads the weight (``dequant_gemm``'s ``fmt``)
+FP8, FP8_INF, NVFP4, NVFP4_TILED, FP8_E4M3 = 0, 1, 2, 3, 4
 
 
 # ---- tile products ----------------------------------------------------------------------------------------
@@ -110,6 +112,15 @@ def decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, j0, j1, 
     half = out.shape[1]
     odd = k % 2 == 1 and k1 == k  # fp8 with an odd K: the last pair has one element
     whole = pairs - 1 if odd else pairs
+    # fp8 e4m3fn: whole groups of 16 columns x 16 k pairs decoded and transposed in registers (``_e4m3_tile``)
+    jv, pv = j0, 0
+    if fmt == FP8_E4M3:
+        jv = j0 + (min(j1, n_rows) - j0) // 16 * 16
+        pv = whole // 16 * 16
+        for jg in range(j0, jv, 16):
+            at = out[(jg - j0) // BLOCK].ctypes.data + (jg - j0) % BLOCK * 4
+            for pg in range(0, pv, 16):
+                _e4m3_tile(w + jg * w_rs + k0 + 2 * pg, w_rs, at + pg * BLOCK * 4)
     for j in range(j0, j1):
         q, col = (j - j0) // BLOCK, (j - j0) % BLOCK
         panel = out[q]
@@ -131,12 +142,13 @@ def decode_block(fmt, table, w, w_rs, s, s_rs, s_cb, n_rows, k, k0, k1, j0, j1, 
                 for e in range(8):
                     panel[8 * b + e, col] = table[scale | ((codes >> (8 * e)) & 255)]
         else:
-            for b in range(whole >> 2):  # 8 bytes at a time: four pairs
+            start = pv if j < jv else 0  # pairs already decoded in registers
+            for b in range(start >> 2, whole >> 2):  # 8 bytes at a time: four pairs
                 codes = _load_u64(row + k0 + 8 * b)
                 for e in range(4):
                     panel[4 * b + e, col] = table[(codes >> (16 * e)) & 255] | (
                         table[(codes >> (16 * e + 8)) & 255] << 16)
-            for p in range(whole & ~3, whole):
+            for p in range(max(start, whole & ~3), whole):
                 at = row + k0 + 2 * p
                 panel[p, col] = table[_load_u8(at)] | (table[_load_u8(at + 1)] << 16)
             if odd:
@@ -230,3 +242,44 @@ def dequant_gemm(fmt, table, a, a_rs, a_cs, k, w, w_rs, s, s_rs, s_cb, n_rows, c
                             cs_stride)
     _release()
     return 0
+
+
+@intrinsic
+def _e4m3_tile(typingctx, codes, codes_rs, out):
+    """16 columns x 16 k pairs of an fp8 e4m3fn weight as VNNI words, decoded arithmetically (no lookups): column
+    j's 32 bytes at ``codes + j * codes_rs``; transposed in registers and stored as 16 rows of 16 words at
+    ``out``, ``BLOCK * 4`` bytes apart. A byte ``s eeee mmm``: normal (e > 0) -> bf16 ``s, e + 120, mmm0000``;
+    subnormal ``m * 2^-9`` through f32 (normal there); 0x7F / 0xFF (NaN) -> bf16 NaN."""
+    sig = types.none(types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        codes, codes_rs, out = args
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        n = 32
+        i32xn, f32xn = ir.VectorType(i32, n), ir.VectorType(ir.FloatType(), n)
+        i16xn = ir.VectorType(ir.IntType(16), n)
+        i32x16 = ir.VectorType(i32, 16)
+
+        def splat(value):
+            return ir.Constant(i32xn, [value] * n)
+
+        columns = []
+        for j in range(16):
+            row = builder.add(codes, builder.mul(codes_rs, ir.Constant(_I64, j)))
+            v = builder.zext(builder.load(builder.inttoptr(row, ir.VectorType(i8, n).as_pointer()), align=1), i32xn)
+            mag = builder.and_(v, splat(0x7F))
+            sign = builder.shl(builder.and_(v, splat(0x80)), splat(8))
+            normal = builder.add(builder.shl(mag, splat(4)), splat(120 << 7))
+            tiny = builder.fmul(builder.sitofp(builder.and_(mag, splat(7)), f32xn),
+                                ir.Constant(f32xn, [2.0**-9] * n))
+            tiny = builder.lshr(builder.bitcast(tiny, i32xn), splat(16))
+            bits = builder.select(builder.icmp_unsigned("<", mag, splat(8)), tiny, normal)
+            bits = builder.select(builder.icmp_unsigned("==", mag, splat(0x7F)), splat(0x7FC0), bits)
+            bits = builder.trunc(builder.or_(bits, sign), i16xn)
+            columns.append(builder.bitcast(bits, i32x16))  # element 2p in the low half of word p
+        for p, row in enumerate(transpose16(builder, columns)):
+            at = builder.add(out, ir.Constant(_I64, p * BLOCK * 4))
+            builder.store(row, builder.inttoptr(at, i32x16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+import ml_dtypes
 import numpy as np
 
 from luminal_recipes.graph.dtypes import E2M1_VALUES
@@ -123,7 +124,9 @@ def _amx_plan(ctx: KernelContext, fmt: str, rows: int, k_in: int, n_out: int):
     """The AMX product's plan (one part per core) and each part's scratch, or None (the bands on BLAS): large
     enough products of an f32-computed layer whose decoded weights are exact in bf16 (``amx_dequant``'s
     tables), where numba and AMX run."""
-    if not jit.AVAILABLE or not amx_dequant.worth_it(rows, k_in, n_out, fmt):
+    table_fp8 = fmt == "fp8" and np.dtype(ctx.inputs[1].dtype) != np.dtype(ml_dtypes.float8_e4m3fn)
+    if not jit.AVAILABLE or not amx_dequant.worth_it(rows, k_in, n_out,
+                                                     amx_dequant.FP8_MIN_ROWS if table_fp8 else 1):
         return None
     if fmt == "fp8" and amx_dequant.fp8_table(np.dtype(ctx.inputs[1].dtype)) is None:
         return None
@@ -184,8 +187,12 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int, tile: int = DEQUANT_
         return run
 
     w_dtype = np.dtype(ctx.inputs[1].dtype)
-    fmt = amx_dequant.FP8_INF if np.isinf(np.arange(256, dtype=np.uint8).view(w_dtype).astype(np.float32)).any() \
-        else amx_dequant.FP8
+    if w_dtype == np.dtype(ml_dtypes.float8_e4m3fn):
+        fmt = amx_dequant.FP8_E4M3
+    elif np.isinf(np.arange(256, dtype=np.uint8).view(w_dtype).astype(np.float32)).any():
+        fmt = amx_dequant.FP8_INF
+    else:
+        fmt = amx_dequant.FP8
 
     def tile_weight(arrays):
         wq, s = arrays

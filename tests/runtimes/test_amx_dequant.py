@@ -210,3 +210,23 @@ def test_dequant_matmul_without_amx_keeps_the_band_path(off, numpy_runtime, monk
         assert np.array_equal(got, want)
     else:  # numpy's decoding passes give the compiled passes' bits (test_numpy_fast_paths); BLAS the rest
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@needs_amx
+def test_e4m3_decoded_in_registers_is_the_table_decoding():
+    """fp8 e4m3fn decoded arithmetically (16 columns x 16 k pairs in registers: normals, subnormals, zeros of
+    both signs, NaN) gives the words of the table decoding (ml_dtypes' values as bf16), every byte value."""
+    from luminal_recipes.runtimes.amx_dequant_gemm import decode_block
+
+    n, k = 40, 72  # a group of 16 columns and of 16 pairs, and the scalar path around it
+    codes = (np.arange(n * k) * 7 % 256).astype(np.uint8).reshape(n, k)
+    table = amx_dequant.fp8_table(np.dtype(ml_dtypes.float8_e4m3fn))
+    words = []
+    for fmt in (amx_dequant.FP8, amx_dequant.FP8_E4M3):
+        out = np.full((2, 48, 32), 0xDEAD, np.uint32)
+        decode_block(fmt, table, codes.ctypes.data, k, 0, 0, 0, n, k, 0, k, 0, n, out)
+        words.append(out)
+    assert np.array_equal(words[0], words[1])
+    values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    bf16 = (words[0][0, :36, :].T.copy().view(np.uint16).reshape(32, 72).astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_array_equal(bf16, values[:32])
