@@ -116,7 +116,10 @@ def _warm() -> None:
     kernels()
     from . import amx, amx_dequant
 
-    amx.ready()  # the AMX product's kernels too, on a CPU with AMX (else a no-op)
+    if amx.ready():  # the AMX product's kernels too, on a CPU with AMX (else a no-op)
+        from . import amx_attention
+
+        amx_attention.ready()
     amx_dequant.ready()  # and the quantized weights' product on AMX
 
 

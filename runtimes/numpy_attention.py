@@ -123,11 +123,12 @@ class _Plan:
         """(head entry, query rows) per task, in order."""
         return [(head, sl) for head in per_head for sl in self.slices]
 
-    def run(self, count: int, task: Callable[[int, int], None]) -> Callable[[], None]:
-        """The step running ``task(slot, j)`` for ``j`` < ``count``; with several parts, BLAS single-threaded
-        inside (one part means little work: the ~20 us of switching BLAS's threads would show)."""
+    def run(self, count: int, task: Callable[[int, int], None], blas: bool = True) -> Callable[[], None]:
+        """The step running ``task(slot, j)`` for ``j`` < ``count``; with several parts and ``blas`` (the tasks
+        call BLAS), BLAS single-threaded inside (one part means little work: the ~20 us of switching BLAS's
+        threads would show)."""
         step = cpu_threads.claimed(count, self.slots, task)
-        if self.slots == 1:
+        if self.slots == 1 or not blas:
             return step
 
         def body():
@@ -160,15 +161,23 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     qscaled = plan.scratch((rows, d))
     sums = plan.scratch((rows,))
     accs = None if direct else plan.scratch((rows, dv))
-    # q k^T on the AMX tiles where they run (f32 inputs, large enough): per part, its packing buffers. Not p v:
-    # splitting p (rows x T) into bf16 parts costs as much as that product saves (256 x 768 x 64: 0.7x BLAS's speed)
-    on_amx = ctx.inputs[0].dtype == F32 and ctx.inputs[1].dtype == F32 and amx.worth_it(rows, d, t)
+    # Both products on the AMX tiles where they run (f32 operands and output, no bias, large enough): one compiled
+    # call per task (``amx_attention``: the softmax pass writes p's bf16 parts), per part its packing buffers.
+    # With a bias, only q k^T goes to AMX (p v stays on BLAS: splitting p in a pass of its own costs as much as
+    # the product saves, 256 x 768 x 64: 0.7x BLAS's speed).
+    f32_in = all(ctx.inputs[i].dtype == F32 for i in range(3))
+    fused = (f32_in and len(ctx.inputs) == 3 and direct and not stackable and min(d, dv) >= 16
+             and amx.worth_it(rows, d, t) and amx.worth_it(rows, t, dv) and amx_attention_ready())
+    on_amx = not fused and f32_in and amx.worth_it(rows, d, t)
     amx_buffers = [[ctx.scratch.add(shape, dtype) for shape, dtype in amx.part_buffers(rows, d, t)]
                    for _ in range(plan.slots)] if on_amx else None
+    fused_buffers = [[ctx.scratch.add(shape, dtype) for shape, dtype in amx_attention_buffers(rows, d, t, dv)]
+                     for _ in range(plan.slots)] if fused else None
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
         tiles = None if amx_buffers is None else [[scratch[i] for i in part] for part in amx_buffers]
+        fused_kernel = amx_task() if fused_buffers is not None else None
         compiled = jit.AVAILABLE
         rows_kernel = jit.kernels().exp_rows_sum if compiled else None
         groups = _shared_kv_rows([q, k, v, bias], out, batch) if stackable else None
@@ -185,12 +194,25 @@ def prepare_attention(ctx: KernelContext) -> Bind:
                 r = sl.stop - sl.start
                 sc, col = scratch[scores[i]][:r], scratch[sums[i]][:r]
                 acc = dst[sl] if direct else scratch[accs[i]][:r]
+                args = None
+                if fused_kernel is not None and acc.flags.c_contiguous:  # else this task takes the BLAS path
+                    qr, kb = qb[sl], kt.T
+                    args = (qr.ctypes.data, *qr.strides, kb.ctypes.data, *kb.strides, vb.ctypes.data, *vb.strides,
+                            scale, sc, col, acc, *(scratch[n] for n in fused_buffers[i]))
                 mine.append((qb[sl], scratch[qscaled[i]][:r], kt, vb, None if biasb is None else biasb[sl], sc,
-                             col, acc, dst[sl]))
+                             col, acc, dst[sl], args))
             blocks.append(mine)
 
         def task(slot, j):
-            qr, qs, kt, vb, br, sc, col, acc, dst = blocks[slot][j]
+            qr, qs, kt, vb, br, sc, col, acc, dst, args = blocks[slot][j]
+            if args is not None:
+                status = fused_kernel(*args)
+                if status == 0:
+                    return
+                if status == 2:  # p or v not finite: sc holds p in f32, col its sums
+                    np.matmul(sc, vb, out=acc)
+                    _store(acc, col, dst)
+                    return
             np.multiply(qr, scale, out=qs)
             if tiles is None:
                 np.matmul(qs, kt, out=sc)
@@ -208,7 +230,8 @@ def prepare_attention(ctx: KernelContext) -> Bind:
             np.matmul(sc, vb, out=acc)
             _store(acc, col, dst)
 
-        step = plan.run(len(tasks), task)
+        # the fused tasks call no BLAS (but where an operand is not finite)
+        step = plan.run(len(tasks), task, blas=fused_kernel is None)
 
         def body():
             if t == 0:
@@ -219,6 +242,24 @@ def prepare_attention(ctx: KernelContext) -> Bind:
         return with_refresh(ops, body)
 
     return bind
+
+
+def amx_attention_buffers(rows: int, d: int, t: int, dv: int) -> list:
+    from . import amx_attention  # numba, loaded only where AMX runs
+
+    return amx_attention.buffers(rows, d, t, dv)
+
+
+def amx_attention_ready() -> bool:
+    from . import amx_attention
+
+    return amx_attention.ready()
+
+
+def amx_task() -> Callable:
+    from . import amx_attention
+
+    return amx_attention.task
 
 
 def prepare_attention_blocked(ctx: KernelContext) -> Bind:

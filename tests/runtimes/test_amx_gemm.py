@@ -11,7 +11,7 @@ from fused_programs import Fused
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, View, run_reference
-from luminal_recipes.runtimes import amx, cpu_threads
+from luminal_recipes.runtimes import amx, cpu_threads, numpy_attention
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: {amx.reason_unavailable()}")
 
@@ -185,9 +185,10 @@ def test_matmul_with_few_rows_stays_on_blas(numpy_runtime, monkeypatch):
 @needs_amx
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_attention_products_run_on_amx(with_bias, numpy_runtime, monkeypatch):
-    """The Attention kernel's q k^T per (head, query block) on AMX (p v stays on BLAS), each part with its own
-    packing buffers: grouped-query heads (k and v read through stride-0 views), a mask bias, query
-    blocks not a multiple of 32 rows, on 1 and 2 parts; the reference's values and the same bits on both."""
+    """The Attention kernel's products per (head, query block) on AMX, each part with its own packing buffers:
+    without a bias both (``amx_attention.task``: the softmax pass writes p's bf16 parts), with a mask bias
+    q k^T only (p v on BLAS); grouped-query heads (k and v read through stride-0 views), query blocks not a
+    multiple of 32 rows, on 1 and 2 parts; the reference's values and the same bits on both."""
     b, h, hkv, s, t, d = 1, 4, 2, 50, 70, 40
     g = Graph()
     q, k, v = g.input("q", (b, h, s, d)), g.input("k", (b, hkv, t, d)), g.input("v", (b, hkv, t, d))
@@ -207,15 +208,18 @@ def test_attention_products_run_on_amx(with_bias, numpy_runtime, monkeypatch):
     y = f.add("Attention", views, (b, hkv, rep, s, d), scale=0.3)
     program = f.program()
     program.outputs["y"] = (y, View.contiguous((b, hkv, rep, s, d)).reshape((b, h, s, d)))
-    calls = []
+    calls, fused = [], []
     multiply = amx.multiply
     monkeypatch.setattr(amx, "multiply", lambda *args: calls.append(1) or multiply(*args))
+    task = numpy_attention.amx_task()
+    monkeypatch.setattr(numpy_attention, "amx_task", lambda: lambda *args: fused.append(1) or task(*args))
     monkeypatch.setattr(amx, "MIN_MACS", 1)
     results = []
     for threads in (1, 2):
         monkeypatch.setattr(cpu_threads, "THREADS", threads)
         monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
         results.append(numpy_runtime.run(program, inputs)["y"])
-    assert calls, "the attention products did not take the AMX path"
+    took = (bool(calls), bool(fused))
+    assert took == ((True, False) if with_bias else (False, True)), f"AMX paths taken (q k^T, fused): {took}"
     np.testing.assert_allclose(results[0], run_reference(g, inputs)["y"], rtol=1e-5, atol=1e-5)
     assert np.array_equal(results[1], results[0])
