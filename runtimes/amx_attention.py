@@ -1,23 +1,27 @@
-"""One (head, query block) task of the numpy runtime's Attention kernel, both products on the AMX tiles (bf16x3,
-f32 accuracy: ``amx_gemm``), in one compiled call that releases the GIL.
+"""The numpy runtime's Attention kernel with both products on the AMX tiles (bf16x3, f32 accuracy: ``amx_gemm``):
+one compiled call per (head, query block) task, releasing the GIL, plus one per head to pack k and v.
 
-``p v`` on AMX needs ``p`` cut into its three bf16 parts; done as a separate pass over the ``(rows, T)`` block of
-``p`` that costs what the faster product saves (bench/README "MatMul and attention on AMX tiles"). Here the
-softmax pass that computes ``p`` writes its parts as it goes, straight into the packed A layout ``amx_gemm.gemm``
-reads (``[3, 1, rows, Tp]`` bf16: k = the keys, padded to 32 with zeros), while the row is in L1; the product
-then runs with ``a_packed`` and never packs ``p`` itself. In order, per task:
+``p v`` on AMX needs ``p`` cut into its three bf16 parts; done as a pass of its own over the block of ``p`` it
+costs what the faster product saves (bench/README "MatMul and attention on AMX tiles"). Here the softmax pass
+that computes ``p`` writes the parts as it goes, while the row is in L1, straight into the packed layout the tile
+loads read (``[3, 1, rows, keys]`` bf16, as ``amx_gemm.pack_a`` makes), so the product packs nothing of ``p``.
 
-1. ``q * scale`` (the rows of the block, read in place at any strides), as the BLAS path scales q;
-2. ``scores = (q * scale) k^T`` on AMX (``gemm``: k read in place, panels of 32 keys packed per call);
-3. per score row: max, ``exp(x - max)`` in place, the row's sum, then the row split into p's three parts
-   (numpy_jit's compiled exp, 512-bit vectors);
-4. ``out = p v`` on AMX (v read in place) and each output row divided by its sum.
+Per head, ``pack_kv`` splits k (as k^T: panels of 32 keys) and v (panels of 32 columns) once into VNNI panels
+(``amx_gemm.pack_b``); a part keeps the packed head it last worked on, so the query blocks of a head that one
+part takes in turn pack it once (the BLAS path reads k and v in place, but an AMX product must pack them).
 
-Returns 0 when done, 1 when q or k holds a value that is not finite (nothing is finished: the caller computes
-the task on BLAS), 2 when p or v does (``scores`` then holds ``p`` in f32 and ``sums`` its sums: the caller
-finishes with ``p v`` on BLAS): in bf16 parts inf times a zero part would give NaN. ``runtimes/amx.py`` says
-when AMX may run; ``numpy_attention`` decides per kernel at prepare time and keeps the BLAS path for every other
-case (a bias, outputs that are not f32 rows, no AMX, no numba).
+Per task, ``task``: ``q * scale`` split into bf16 parts (as the BLAS path scales q), then the keys in blocks (all
+at once for a few hundred; ``KEY_BLOCK`` at a time for thousands, so that a block's scores, p's parts and k's
+and v's panels stay in the core's 2 MiB L2) with an online softmax (running max and sum, the accumulator
+rescaled, as ``AttentionBlocked``): scores of the block = q k^T on the tiles, per row max / ``exp(x - max)`` /
+sum (numpy_jit's compiled exp) / the split into p's parts, then ``acc (* rescale) + p v`` on the tiles; the
+output rows are ``acc / sum``. Every tile product is of whole 32 x 32 blocks: the packed operands are zero past
+their edges, and the scratch is padded.
+
+Returns 0 when done, 1 when an operand or p holds a value that is not finite (in bf16 parts inf times a zero
+part would give NaN: the caller computes that task on BLAS). ``runtimes/amx.py`` says when AMX may run;
+``numpy_attention`` decides per kernel at prepare time and keeps the BLAS path for every other case (a bias,
+output that is not f32, no AMX, no numba).
 """
 
 from __future__ import annotations
@@ -26,111 +30,196 @@ import functools
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
-from .amx_gemm import BLOCK, _load_f32, _put, _split_16, gemm
-from .numpy_jit import _wide_vectors, exp_shifted, row_max_vec, row_sum_vec
+from .amx_gemm import BLOCK, _block, _load_config, _load_f32, _put, _release, _split_16, pack_a, pack_b
+from .numpy_jit import _wide_vectors, exp_f32, exp_shifted, row_max_vec, row_sum_vec
 
 _FAST = {"contract"}  # as numpy_jit's row kernels: FMA contraction only, IEEE infinities and NaNs
+KEY_BLOCK = 256  # keys per block of the online softmax where the keys do not fit in one (``key_block``)
+ONE_BLOCK = 1024  # up to this many keys, one block
+ROWS = 256  # query rows per task at most
+PANEL_STEP = 16 * BLOCK * 2 * 2  # bytes of a VNNI panel per 32 k: 16 pairs x 32 columns x 2 bf16
 
 
 def _round_up(x: int, to: int) -> int:
     return -(-x // to) * to
 
 
-def buffers(rows: int, d: int, t: int, dv: int) -> list[tuple[tuple[int, ...], np.dtype]]:
-    """The scratch arrays of ``task`` (shapes, dtypes) for blocks of up to ``rows`` query rows: packed q, a
-    panel of k^T, packed p, a panel of v, the edge block and the tile configuration. Besides these a task needs
-    its ``(rows, T)`` f32 scores and ``(rows,)`` sums."""
-    r, dp, tp = _round_up(rows, BLOCK), _round_up(d, BLOCK), _round_up(t, BLOCK)
+def key_block(t: int) -> int:
+    """Keys per block of ``task`` for ``t`` keys (a multiple of 32)."""
+    return _round_up(t, BLOCK) if t <= ONE_BLOCK else KEY_BLOCK
+
+
+def head_buffers(t: int, d: int, dv: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The scratch arrays of ``pack_kv`` (a part's packed head): k^T's and v's panels."""
+    tp, dp, dvp = _round_up(t, BLOCK), _round_up(d, BLOCK), _round_up(dv, BLOCK)
+    u16 = np.dtype(np.uint16)
+    return [((tp // BLOCK, 3, dp // 2, BLOCK, 2), u16), ((dvp // BLOCK, 3, tp // 2, BLOCK, 2), u16)]
+
+
+def task_buffers(rows: int, t: int, d: int, dv: int) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The scratch arrays of ``task`` after the packed head, for blocks of up to ``rows`` query rows: q * scale,
+    its parts, a key block's scores and p's parts, the accumulator, the running max, sum and rescale factor,
+    the tile configuration."""
+    r, dp, dvp, kb = _round_up(rows, BLOCK), _round_up(d, BLOCK), _round_up(dv, BLOCK), key_block(t)
     u16, f32 = np.dtype(np.uint16), np.dtype(np.float32)
-    return [((r, d), f32), ((3, 1, r, dp), u16), ((3, dp // 2, BLOCK, 2), u16), ((3, 1, r, tp), u16),
-            ((3, tp // 2, BLOCK, 2), u16), ((BLOCK, BLOCK), f32), ((64,), np.dtype(np.uint8))]
+    return [((r, d), f32), ((3, 1, r, dp), u16), ((r, kb), f32), ((3, 1, r, kb), u16), ((r, dvp), f32),
+            ((r,), f32), ((r,), f32), ((r,), f32), ((64,), np.dtype(np.uint8))]
 
 
-@numba.njit(fastmath=_FAST, cache=True, nogil=True, error_model="numpy")
-def _softmax_parts(scores, rows, sums, p_buf):
-    """Rows ``0:rows`` of ``scores``: ``exp(x - max)`` in place, their sums, and p's three bf16 parts written to
-    ``p_buf`` [3, 1, R, Tp] (zero past the keys and on the padding rows up to a multiple of 32). 1 if p holds a
-    value that is not finite."""
-    _wide_vectors()
-    t = scores.shape[1]
-    tp = p_buf.shape[3]
-    t16 = t - t % 16
-    part_bytes = p_buf.strides[0]
+@intrinsic
+def _store_f32(typingctx, address, value):
+    sig = types.none(types.intp, types.float32)
+
+    def codegen(context, builder, signature, args):
+        builder.store(args[1], builder.inttoptr(args[0], ir.FloatType().as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def pack_kv(k, k_rs, k_cs, v, v_rs, v_cs, t, d, dv, kp, vp):
+    """k [T, D] (as k^T: panel j = keys 32j..) into ``kp`` and v [T, Dv] (panel j = columns 32j..) into ``vp``,
+    f32 at addresses ``k`` and ``v`` (strides in bytes); zero past the edges. 1 if one holds a value that is not
+    finite."""
     bad = 0
-    for i in range(rows):
-        row = scores[i]
-        exp_shifted(row, row_max_vec(row))
-        sums[i] = row_sum_vec(row)
-        src = row.ctypes.data
-        dst = p_buf.ctypes.data + i * p_buf.strides[2]
-        for j in range(0, t16, 16):
-            bad |= _split_16(src + j * 4, dst + j * 2, part_bytes)
-        for j in range(t16, t):
-            bad |= _put(p_buf, 0, i, j, row[j])
-        for j in range(t, tp):
-            p_buf[0, 0, i, j] = 0
-            p_buf[1, 0, i, j] = 0
-            p_buf[2, 0, i, j] = 0
-    for i in range(rows, min(p_buf.shape[2], _round_up_rows(rows))):
-        p_buf[:, 0, i, :] = 0
+    for j in range(kp.shape[0]):
+        bad |= pack_b(k, k_cs, k_rs, 0, d, j * BLOCK, min(t, j * BLOCK + BLOCK), kp[j])
+    for j in range(vp.shape[0]):
+        bad |= pack_b(v, v_rs, v_cs, 0, t, j * BLOCK, min(dv, j * BLOCK + BLOCK), vp[j])
     return bad
 
 
-@numba.njit(cache=True, inline="always")
-def _round_up_rows(rows):
-    return (rows + BLOCK - 1) // BLOCK * BLOCK
+@numba.njit(fastmath=_FAST, cache=True, nogil=True, error_model="numpy")
+def _softmax_parts(scores, rows, n, running, sums, rescale, first, p_buf):
+    """One key block (``n`` keys) of an online softmax over rows ``0:rows`` of ``scores``, as
+    ``numpy_jit.exp_rows_online`` (in place: ``exp(x - new max)``, the sums and the rescale factors), and p's
+    three bf16 parts written to ``p_buf`` [3, 1, R, KB] (zero from ``n`` to the next multiple of 32). 1 if p
+    holds a value that is not finite."""
+    _wide_vectors()
+    low = np.float32(np.finfo(np.float32).min)
+    n16 = n - n % 16
+    part_bytes = p_buf.strides[0]
+    bad = 0
+    for i in range(rows):
+        row = scores[i, :n]
+        m = max(row_max_vec(row), low)
+        if not first:
+            m = max(m, running[i])
+            rescale[i] = exp_f32(running[i] - m)
+        running[i] = m
+        exp_shifted(row, m)
+        total = row_sum_vec(row)
+        sums[i] = total if first else sums[i] * rescale[i] + total
+        src = row.ctypes.data
+        dst = p_buf.ctypes.data + i * p_buf.strides[2]
+        for j in range(0, n16, 16):
+            bad |= _split_16(src + j * 4, dst + j * 2, part_bytes)
+        for j in range(n16, n):
+            bad |= _put(p_buf, 0, i, j, row[j])
+        for j in range(n, (n + BLOCK - 1) // BLOCK * BLOCK):
+            p_buf[0, 0, i, j] = 0
+            p_buf[1, 0, i, j] = 0
+            p_buf[2, 0, i, j] = 0
+    return bad
 
 
 @numba.njit(fastmath=_FAST, cache=True, nogil=True, error_model="numpy")
-def task(q, q_rs, q_cs, k, k_rs, k_cs, v, v_rs, v_cs, scale, scores, sums, out,
-         qs, q_buf, k_buf, p_buf, v_buf, edge, config):
-    """``out = softmax((q * scale) k^T) v`` for one block of query rows: ``q`` [rows, D], ``k`` [T, D] and ``v``
-    [T, Dv] f32 at addresses ``q``, ``k``, ``v`` (strides in bytes), ``scores`` [rows, T] and ``sums`` [rows]
-    f32 scratch, ``out`` [rows, Dv] f32 with contiguous rows; the rest as ``buffers`` gave (``qs``: at least
-    ``rows`` rows). 0, 1 or 2 as the module says."""
-    rows, t = scores.shape[0], scores.shape[1]
+def task(q, q_rs, q_cs, rows, scale, t, out, o_rs, o_cs, dv, kp, vp, qs, q_buf, scores, p_buf, acc, running, sums,
+         rescale, config):
+    """``out = softmax((q * scale) k^T) v`` for ``rows`` query rows: ``q`` [rows, D] and ``out`` [rows, Dv] f32
+    at addresses ``q`` and ``out`` (strides in bytes), k and v (``t`` keys) packed by ``pack_kv`` into ``kp``
+    and ``vp``; the rest as ``task_buffers`` gave. 0, or 1 as the module says (``out`` then unfinished)."""
     d = qs.shape[1]
     for i in range(rows):
         src = q + i * q_rs
         for j in range(d):
             qs[i, j] = _load_f32(src + j * q_cs) * scale
-    if gemm(qs.ctypes.data, qs.strides[0], qs.strides[1], k, k_cs, k_rs, d, scores, 0, rows, 0, t,
-            q_buf, k_buf, edge, config, 0):
+    if pack_a(qs.ctypes.data, qs.strides[0], qs.strides[1], 0, rows, 0, d, q_buf):
         return 1
-    if _softmax_parts(scores, rows, sums, p_buf):
-        return 2
-    if gemm(0, 0, 0, v, v_rs, v_cs, t, out, 0, rows, 0, out.shape[1], p_buf, v_buf, edge, config, 1):
-        return 2
+    config[:] = 0
+    config[0] = 1
+    for tile in range(8):
+        config[16 + 2 * tile] = 64  # bytes per row
+        config[48 + tile] = 16  # rows
+    _load_config(config.ctypes.data)
+    kb = scores.shape[1]
+    q_row, q_part, d_steps = q_buf.strides[2], q_buf.strides[0], q_buf.shape[3] // BLOCK
+    p_row, p_part = p_buf.strides[2], p_buf.strides[0]
+    s_row, acc_row = scores.strides[0], acc.strides[0]
+    bad = 0
+    for t0 in range(0, t, kb):
+        n = min(kb, t - t0)
+        panels = (n + BLOCK - 1) // BLOCK
+        first = t0 == 0
+        for jp in range(panels):  # scores = (q * scale) k^T, in 32 x 32 blocks
+            panel = kp.ctypes.data + (t0 // BLOCK + jp) * kp.strides[0]
+            for ib in range(0, rows, BLOCK):
+                _block(q_buf.ctypes.data + ib * q_row, q_row, q_part, panel, kp.strides[1], d_steps,
+                       scores.ctypes.data + ib * s_row + jp * BLOCK * 4, s_row, 0)
+        bad |= _softmax_parts(scores, rows, n, running, sums, rescale, first, p_buf)
+        if not first:
+            for i in range(rows):
+                f = rescale[i]
+                for j in range(acc.shape[1]):
+                    acc[i, j] *= f
+        for jj in range(vp.shape[0]):  # acc (+)= p v
+            panel = vp.ctypes.data + jj * vp.strides[0] + (t0 // BLOCK) * PANEL_STEP
+            for ib in range(0, rows, BLOCK):
+                _block(p_buf.ctypes.data + ib * p_row, p_row, p_part, panel, vp.strides[1], panels,
+                       acc.ctypes.data + ib * acc_row + jj * BLOCK * 4, acc_row, 0 if first else 1)
+    _release()
+    if bad:
+        return 1
     for i in range(rows):
         s = sums[i]
-        for j in range(out.shape[1]):
-            out[i, j] = out[i, j] / s
+        dst = out + i * o_rs
+        for j in range(dv):
+            _store_f32(dst + j * o_cs, acc[i, j] / s)
     return 0
 
 
 
+def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, out: np.ndarray, rows: int = ROWS) -> int:
+    """``out = softmax(q k^T * scale) v`` for one head (f32 arrays of any strides), in blocks of ``rows``
+    query rows, on this thread: for tests and the probe. 0, or 1 as ``task``."""
+    (s, d), (t, dv) = q.shape, v.shape
+    kp, vp = (np.empty(shape, dtype) for shape, dtype in head_buffers(t, d, dv))
+    scratch = [np.empty(shape, dtype) for shape, dtype in task_buffers(rows, t, d, dv)]
+    if pack_kv(k.ctypes.data, *k.strides, v.ctypes.data, *v.strides, t, d, dv, kp, vp):
+        return 1
+    for r0 in range(0, s, rows):
+        r = min(rows, s - r0)
+        qr, dst = q[r0:r0 + r], out[r0:r0 + r]
+        if task(qr.ctypes.data, *qr.strides, r, np.float32(scale), t, dst.ctypes.data, *dst.strides, dv, kp, vp,
+                *scratch):
+            return 1
+    return 0
+
+
 @functools.cache
 def ready() -> bool:
-    """AMX products run here (``amx.ready``) and ``task`` compiles (or loads from numba's cache) and gives the
-    float64 reference on a small odd-shaped block: checked once per process, so that a broken toolchain
-    falls back to the BLAS path."""
+    """AMX products run here (``amx.ready``) and these kernels compile (or load from numba's cache) and give the
+    float64 reference on a small odd-shaped head, in one key block and in several: checked once per process, so
+    that a broken toolchain falls back to the BLAS path."""
     from . import amx
 
     if not amx.ready():
         return False
     try:
         rng = np.random.default_rng(0)
-        rows, t, d, dv = 40, 70, 33, 20
-        q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((rows, d), (t, d), (t, dv)))
-        scores, out = np.empty((rows, t), np.float32), np.empty((rows, dv), np.float32)
-        sums = np.empty(rows, np.float32)
-        scratch = [amx.aligned_empty(shape, dtype) for shape, dtype in buffers(rows, d, t, dv)]
-        status = task(q.ctypes.data, *q.strides, k.ctypes.data, *k.strides, v.ctypes.data, *v.strides,
-                      np.float32(0.3), scores, sums, out, *scratch)
-        s = (q.astype(np.float64) @ k.T.astype(np.float64)) * 0.3
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        want = (p @ v.astype(np.float64)) / p.sum(axis=1, keepdims=True)
-        return status == 0 and bool(np.allclose(out, want, rtol=1e-5, atol=1e-5))
+        for s, t, d, dv in ((40, 70, 33, 20), (20, ONE_BLOCK + 40, 16, 40)):
+            q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((s, d), (t, d), (t, dv)))
+            out = np.empty((s, dv), np.float32)
+            x = (q.astype(np.float64) @ k.T.astype(np.float64)) * 0.3
+            p = np.exp(x - x.max(axis=1, keepdims=True))
+            want = (p @ v.astype(np.float64)) / p.sum(axis=1, keepdims=True)
+            if run(q, k, v, 0.3, out, rows=32) or not np.allclose(out, want, rtol=1e-5, atol=1e-5):
+                return False
+        return True
     except Exception:  # noqa: BLE001 - any failure to compile or run means: use BLAS
         return False

@@ -36,6 +36,7 @@ ATTENTION_TILE = 1 << 21  # score elements per query block of the unblocked kern
 BLOCKED_ROWS = 256  # query rows per block of the key-blocked kernel
 MIN_TASKS = 12  # (head, query block) tasks a kernel call is cut into at least, where blocks keep >= MIN_ROWS rows
 MIN_ROWS = 256
+FUSED_ROWS = 256  # query rows per block at most where both products run on AMX (amx_attention)
 
 
 def _check(ctx: KernelContext) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -155,29 +156,31 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     plan = _Plan(ctx, heads, s, ATTENTION_TILE // max(t, 1), t)
     # decoding on one core: the heads sharing k and v may become one block of rows (fewer, larger calls)
     stackable = s == 1 and plan.slots == 1
-    rows = max(plan.rows, heads) if stackable else plan.rows
     direct = ctx.dtype == F32  # p @ v straight into the output rows
-    scores = plan.scratch((rows, t))
+    # Both products on the AMX tiles where they run (f32 operands and output, no bias, large enough):
+    # ``amx_attention``, one compiled call per task, whose softmax pass writes p's bf16 parts, and per part the
+    # packed k and v of the head it last took. With a bias, only q k^T goes to AMX (p v stays on BLAS: splitting
+    # p in a pass of its own costs as much as the product saves, 256 x 768 x 64: 0.7x BLAS's speed).
+    f32_in = all(ctx.inputs[i].dtype == F32 for i in range(3))
+    fused = (f32_in and len(ctx.inputs) == 3 and direct and not stackable and min(d, dv) >= 16
+             and amx.worth_it(min(plan.rows, FUSED_ROWS), d, t) and amx_attention().ready())
+    if fused:  # smaller query blocks: the keys are taken in blocks, and k and v are packed once per head and part
+        plan = _Plan(ctx, heads, s, min(plan.rows, FUSED_ROWS), t)
+    rows = max(plan.rows, heads) if stackable else plan.rows
+    scores = plan.scratch((rows, t))  # the BLAS path's (the fused one's where an operand is not finite)
     qscaled = plan.scratch((rows, d))
     sums = plan.scratch((rows,))
     accs = None if direct else plan.scratch((rows, dv))
-    # Both products on the AMX tiles where they run (f32 operands and output, no bias, large enough): one compiled
-    # call per task (``amx_attention``: the softmax pass writes p's bf16 parts), per part its packing buffers.
-    # With a bias, only q k^T goes to AMX (p v stays on BLAS: splitting p in a pass of its own costs as much as
-    # the product saves, 256 x 768 x 64: 0.7x BLAS's speed).
-    f32_in = all(ctx.inputs[i].dtype == F32 for i in range(3))
-    fused = (f32_in and len(ctx.inputs) == 3 and direct and not stackable and min(d, dv) >= 16
-             and amx.worth_it(rows, d, t) and amx.worth_it(rows, t, dv) and amx_attention_ready())
     on_amx = not fused and f32_in and amx.worth_it(rows, d, t)
     amx_buffers = [[ctx.scratch.add(shape, dtype) for shape, dtype in amx.part_buffers(rows, d, t)]
                    for _ in range(plan.slots)] if on_amx else None
-    fused_buffers = [[ctx.scratch.add(shape, dtype) for shape, dtype in amx_attention_buffers(rows, d, t, dv)]
+    fused_buffers = [[ctx.scratch.add(shape, dtype) for shape, dtype in
+                      amx_attention().head_buffers(t, d, dv) + amx_attention().task_buffers(rows, t, d, dv)]
                      for _ in range(plan.slots)] if fused else None
 
     def bind(out, flats, scratch):
         q, k, v, bias = bind_all(ops, flats, scratch)
         tiles = None if amx_buffers is None else [[scratch[i] for i in part] for part in amx_buffers]
-        fused_kernel = amx_task() if fused_buffers is not None else None
         compiled = jit.AVAILABLE
         rows_kernel = jit.kernels().exp_rows_sum if compiled else None
         groups = _shared_kv_rows([q, k, v, bias], out, batch) if stackable else None
@@ -194,25 +197,12 @@ def prepare_attention(ctx: KernelContext) -> Bind:
                 r = sl.stop - sl.start
                 sc, col = scratch[scores[i]][:r], scratch[sums[i]][:r]
                 acc = dst[sl] if direct else scratch[accs[i]][:r]
-                args = None
-                if fused_kernel is not None and acc.flags.c_contiguous:  # else this task takes the BLAS path
-                    qr, kb = qb[sl], kt.T
-                    args = (qr.ctypes.data, *qr.strides, kb.ctypes.data, *kb.strides, vb.ctypes.data, *vb.strides,
-                            scale, sc, col, acc, *(scratch[n] for n in fused_buffers[i]))
                 mine.append((qb[sl], scratch[qscaled[i]][:r], kt, vb, None if biasb is None else biasb[sl], sc,
-                             col, acc, dst[sl], args))
+                             col, acc, dst[sl]))
             blocks.append(mine)
 
-        def task(slot, j):
-            qr, qs, kt, vb, br, sc, col, acc, dst, args = blocks[slot][j]
-            if args is not None:
-                status = fused_kernel(*args)
-                if status == 0:
-                    return
-                if status == 2:  # p or v not finite: sc holds p in f32, col its sums
-                    np.matmul(sc, vb, out=acc)
-                    _store(acc, col, dst)
-                    return
+        def blas_task(slot, j):
+            qr, qs, kt, vb, br, sc, col, acc, dst = blocks[slot][j]
             np.multiply(qr, scale, out=qs)
             if tiles is None:
                 np.matmul(qs, kt, out=sc)
@@ -230,8 +220,10 @@ def prepare_attention(ctx: KernelContext) -> Bind:
             np.matmul(sc, vb, out=acc)
             _store(acc, col, dst)
 
-        # the fused tasks call no BLAS (but where an operand is not finite)
-        step = plan.run(len(tasks), task, blas=fused_kernel is None)
+        if fused_buffers is None:
+            step = plan.run(len(tasks), blas_task)
+        else:
+            step = _fused_step(plan, tasks, scale, [[scratch[n] for n in part] for part in fused_buffers], blas_task)
 
         def body():
             if t == 0:
@@ -244,22 +236,48 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     return bind
 
 
-def amx_attention_buffers(rows: int, d: int, t: int, dv: int) -> list:
-    from . import amx_attention  # numba, loaded only where AMX runs
+def _fused_step(plan: _Plan, tasks: list, scale: np.float32, buffers: list, blas_task: Callable) -> Callable:
+    """The step running ``tasks`` with ``amx_attention``: a part packs k and v of a task's head unless it holds
+    them from its previous task (reset every run: the operands change), then runs the task in one call; a task
+    whose operands hold a value that is not finite runs ``blas_task`` (without BLAS single-threaded: rare)."""
+    kernels = amx_attention()
+    per_head = len(plan.slices)
+    heads = []  # per head: pack_kv's operands
+    calls = []  # per task: task's operands, less the part's buffers
+    for j, ((qb, kt, vb, _, dst), sl) in enumerate(tasks):
+        if j % per_head == 0:
+            kb = kt.T
+            heads.append((kb.ctypes.data, *kb.strides, vb.ctypes.data, *vb.strides, kb.shape[0], kb.shape[1],
+                          vb.shape[1]))
+        qr, out = qb[sl], dst[sl]
+        calls.append((qr.ctypes.data, *qr.strides, qr.shape[0], scale, kt.shape[1], out.ctypes.data, *out.strides,
+                      out.shape[1]))
+    held = [-1] * plan.slots  # the head whose k and v a part holds packed
+    bad = [0] * plan.slots
 
-    return amx_attention.buffers(rows, d, t, dv)
+    def task(slot, j):
+        head = j // per_head
+        kp, vp, *rest = buffers[slot]
+        if held[slot] != head:
+            bad[slot] = kernels.pack_kv(*heads[head], kp, vp)
+            held[slot] = head
+        if bad[slot] or kernels.task(*calls[j], kp, vp, *rest):
+            blas_task(slot, j)
+
+    step = plan.run(len(tasks), task, blas=False)
+
+    def run():
+        held[:] = [-1] * len(held)
+        step()
+
+    return run
 
 
-def amx_attention_ready() -> bool:
-    from . import amx_attention
+def amx_attention():
+    """``amx_attention`` (numba: imported only where AMX runs)."""
+    from . import amx_attention as module
 
-    return amx_attention.ready()
-
-
-def amx_task() -> Callable:
-    from . import amx_attention
-
-    return amx_attention.task
+    return module
 
 
 def prepare_attention_blocked(ctx: KernelContext) -> Bind:

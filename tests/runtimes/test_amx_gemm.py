@@ -11,7 +11,7 @@ from fused_programs import Fused
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, View, run_reference
-from luminal_recipes.runtimes import amx, cpu_threads, numpy_attention
+from luminal_recipes.runtimes import amx, cpu_threads
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: {amx.reason_unavailable()}")
 
@@ -211,8 +211,10 @@ def test_attention_products_run_on_amx(with_bias, numpy_runtime, monkeypatch):
     calls, fused = [], []
     multiply = amx.multiply
     monkeypatch.setattr(amx, "multiply", lambda *args: calls.append(1) or multiply(*args))
-    task = numpy_attention.amx_task()
-    monkeypatch.setattr(numpy_attention, "amx_task", lambda: lambda *args: fused.append(1) or task(*args))
+    from luminal_recipes.runtimes import amx_attention  # numba: only where AMX runs
+
+    task = amx_attention.task
+    monkeypatch.setattr(amx_attention, "task", lambda *args: fused.append(1) or task(*args))
     monkeypatch.setattr(amx, "MIN_MACS", 1)
     results = []
     for threads in (1, 2):
