@@ -27,7 +27,7 @@ def _exact(q, k, v, scale):
 @needs_amx
 @pytest.mark.parametrize(("s", "t", "d", "dv", "rows"), [(256, 768, 64, 64, 256), (37, 70, 33, 20, 32),
                                                          (100, 300, 128, 96, 64), (5, 40, 16, 48, 32)])
-@pytest.mark.parametrize("key_block", [None, 64])
+@pytest.mark.parametrize("key_block", [None, 64])  # None: all keys in one block
 def test_fused_attention_is_as_accurate_as_f32(s, t, d, dv, rows, key_block, monkeypatch):
     """q, k and v strided views of one fused projection (as the transformer's [q|k|v] linear gives them), query
     blocks and key counts that are not multiples of 32, head dims 16-128; keys in one block, or (``key_block``)
@@ -35,9 +35,7 @@ def test_fused_attention_is_as_accurate_as_f32(s, t, d, dv, rows, key_block, mon
     error of numpy's f32 attention."""
     from luminal_recipes.runtimes import amx_attention
 
-    if key_block:
-        monkeypatch.setattr(amx_attention, "ONE_BLOCK", 0)
-        monkeypatch.setattr(amx_attention, "KEY_BLOCK", key_block)
+    monkeypatch.setattr(amx_attention, "KEY_BLOCK", key_block or 1024)
     rng = np.random.default_rng(s + t)
     qkv = rng.standard_normal((max(s, t), 2 * d + dv)).astype(np.float32) * 2
     q, k, v = qkv[:s, :d], qkv[:t, d:2 * d], qkv[:t, 2 * d:]
@@ -105,7 +103,6 @@ def test_fused_attention_in_key_blocks_through_the_runtime(numpy_runtime, monkey
     rng = np.random.default_rng(3)
     inputs = {name: rng.standard_normal(x.shape).astype(np.float32) * 2 for name, x in (("q", q), ("k", k), ("v", v))}
     monkeypatch.setattr(amx, "MIN_MACS", 1)
-    monkeypatch.setattr(amx_attention, "ONE_BLOCK", 0)
     monkeypatch.setattr(amx_attention, "KEY_BLOCK", 64)
     monkeypatch.setattr(numpy_attention, "FUSED_ROWS", 32)  # 3 query blocks per head
     monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
