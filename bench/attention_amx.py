@@ -85,6 +85,7 @@ def step_rows(repeats: int) -> None:
     import torch
 
     from luminal_recipes.recipe.builder import build
+    from luminal_recipes.runtimes.profile import profiling
 
     threads = ft.blas_threads(None)
     torch.set_num_threads(threads)
@@ -116,6 +117,17 @@ def step_rows(repeats: int) -> None:
         per_turn = [statistics.median(a / c for a, c in zip(times[i], times[j])) for i, j in ((0, 1), (0, 2), (1, 2))]
         print(f"  per-turn ratio medians: fused / BLAS path {per_turn[0]:.3f}, fused / torch {per_turn[1]:.3f}, "
               f"BLAS path / torch {per_turn[2]:.3f}; load {os.getloadavg()[0]:.2f}")
+        # the Attention kernels' own time per step (the runtime's per-kernel clock), the two sides in turns
+        attention = [[], []]
+        for _ in range(repeats):
+            for side, record in zip(sides[:2], attention):
+                with profiling() as profile:
+                    side()
+                record.append(sum(sec for (_, kernel), sec in profile.seconds.items() if kernel == "Attention"))
+        med, low = ([f(t) * 1e3 for t in attention] for f in (statistics.median, min))
+        ratio = statistics.median(a / b for a, b in zip(*attention))
+        print(f"  Attention kernels per step: fused median {med[0]:.1f} ms (min {low[0]:.1f}), BLAS path {med[1]:.1f} "
+              f"ms (min {low[1]:.1f}); per-turn ratio median {ratio:.3f}")
 
 
 def main() -> None:
