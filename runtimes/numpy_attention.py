@@ -157,13 +157,7 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     # decoding on one core: the heads sharing k and v may become one block of rows (fewer, larger calls)
     stackable = s == 1 and plan.slots == 1
     direct = ctx.dtype == F32  # p @ v straight into the output rows
-    # Both products on the AMX tiles where they run (f32 operands and output, no bias, large enough):
-    # ``amx_attention``, one compiled call per task, whose softmax pass writes p's bf16 parts, and per part the
-    # packed k and v of the head it last took. With a bias, only q k^T goes to AMX (p v stays on BLAS: splitting
-    # p in a pass of its own costs as much as the product saves, 256 x 768 x 64: 0.7x BLAS's speed).
-    f32_in = all(ctx.inputs[i].dtype == F32 for i in range(3))
-    fused = (f32_in and len(ctx.inputs) == 3 and direct and not stackable and min(d, dv) >= 16
-             and amx.worth_it(min(plan.rows, FUSED_ROWS), d, t) and amx_attention().ready())
+    fused = _fused(ctx, plan, s, d, t, dv)
     if fused:  # smaller query blocks: the keys are taken in blocks, and k and v are packed once per head and part
         plan = _Plan(ctx, heads, s, min(plan.rows, FUSED_ROWS), t)
     rows = max(plan.rows, heads) if stackable else plan.rows
@@ -171,7 +165,7 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     qscaled = plan.scratch((rows, d))
     sums = plan.scratch((rows,))
     accs = None if direct else plan.scratch((rows, dv))
-    on_amx = not fused and f32_in and amx.worth_it(rows, d, t)
+    on_amx = not fused and ctx.inputs[0].dtype == F32 and ctx.inputs[1].dtype == F32 and amx.worth_it(rows, d, t)
     amx_buffers = [[ctx.scratch.add(shape, dtype) for shape, dtype in amx.part_buffers(rows, d, t)]
                    for _ in range(plan.slots)] if on_amx else None
     fused_buffers = [[ctx.scratch.add(shape, dtype) for shape, dtype in
@@ -236,6 +230,18 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     return bind
 
 
+def _fused(ctx: KernelContext, plan: _Plan, s: int, d: int, t: int, dv: int) -> bool:
+    """Both products on the AMX tiles where they run (f32 operands and output, no bias, not decoding's stacked
+    rows, large enough): ``amx_attention``, one compiled call per task, whose softmax pass writes p's bf16 parts,
+    and per part the packed k and v of the head it last took. With a bias, only q k^T goes to AMX (p v stays on
+    BLAS: splitting p in a pass of its own costs as much as the product saves, 256 x 768 x 64: 0.7x BLAS's
+    speed)."""
+    stackable = s == 1 and plan.slots == 1
+    return (all(ctx.inputs[i].dtype == F32 for i in range(3)) and len(ctx.inputs) == 3 and ctx.dtype == F32
+            and not stackable and min(d, dv) >= 16 and amx.worth_it(min(plan.rows, FUSED_ROWS), d, t)
+            and amx_attention().ready())
+
+
 def _fused_step(plan: _Plan, tasks: list, scale: np.float32, buffers: list, blas_task: Callable) -> Callable:
     """The step running ``tasks`` with ``amx_attention``: a part packs k and v of a task's head unless it holds
     them from its previous task (reset every run: the operands change), then runs the task in one call; a task
@@ -290,6 +296,8 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
     ops = _operands(ctx)
     heads = math.prod(batch)
     plan = _Plan(ctx, heads, s, BLOCKED_ROWS, t)
+    if _fused(ctx, plan, s, d, t, dv):
+        return prepare_attention(ctx)  # the fused kernel takes the keys in blocks of its own (the same values)
     scores = plan.scratch((plan.rows, block))
     qscaled = plan.scratch((plan.rows, d))
     vecs = [plan.scratch((plan.rows,)) for _ in range(3)]  # running max, running sum, rescale factor

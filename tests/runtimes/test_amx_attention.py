@@ -85,11 +85,12 @@ def test_fused_attention_leaves_nonfinite_operands_to_blas(bad, numpy_runtime, m
 
 
 @needs_amx
-def test_fused_attention_in_key_blocks_through_the_runtime(numpy_runtime, monkeypatch):
-    """The runtime's kernel on the fused path with keys in several blocks and query blocks taken in turn by 1, 2
-    and 3 parts, each part packing k and v of the heads it meets: the reference's values, the same bits on every
-    part count (a task's result does not depend on the part that runs it); the view of the merged heads is the
-    output layout the transformer reads."""
+@pytest.mark.parametrize(("op", "attrs"), [("Attention", {}), ("AttentionBlocked", {"block": 16})])
+def test_fused_attention_in_key_blocks_through_the_runtime(op, attrs, numpy_runtime, monkeypatch):
+    """The runtime's kernels (``AttentionBlocked`` too: the fused kernel takes keys in blocks of its own) on the
+    fused path with keys in several blocks and query blocks taken in turn by 1, 2 and 3 parts, each part packing
+    k and v of the heads it meets: the reference's values, the same bits on every part count (a task's result
+    does not depend on the part that runs it)."""
     from luminal_recipes.runtimes import amx_attention, numpy_attention
 
     b, h, s, t, d = 1, 3, 90, 150, 32
@@ -97,7 +98,7 @@ def test_fused_attention_in_key_blocks_through_the_runtime(numpy_runtime, monkey
     q, k, v = g.input("q", (b, h, s, d)), g.input("k", (b, h, t, d)), g.input("v", (b, h, t, d))
     g.mark_output("y", ops.scaled_dot_product_attention(q, k, v, scale=0.2))
     f = Fused(g)
-    y = f.add("Attention", [q, k, v], (b, h, s, d), scale=0.2)
+    y = f.add(op, [q, k, v], (b, h, s, d), scale=0.2, **attrs)
     program = f.program()
     program.outputs["y"] = (y, View.contiguous((b, h, s, d)))
     rng = np.random.default_rng(3)
