@@ -54,6 +54,8 @@ class SearchOptions:
     max_timing_bytes: int = 512 << 20  # time candidates only when a run touches less than this
     timing_budget_s: float = 2.0       # timing of one graph's candidates stays within this (the segments that
                                        # weigh most in the program are timed first; the rest: the cost model)
+    time_margin: float = 0.05          # a timed candidate displaces the cost model's choice only when it is
+                                       # this much faster (a shared machine's noise is not a reason to switch)
     limits: Limits = field(default_factory=Limits)
     families: tuple[str, ...] = FAMILIES
     machine: Machine | None = None     # cost-model constants; default: the runtime's own (``runtime.machine``)
@@ -140,7 +142,7 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     for seg_key, times in timing.items():  # what each segment's candidates measured, in the report
         names = searched[seg_key][1]["candidates"]
         searched[seg_key][1]["timed_ms"] = {names[i]: round(t * 1e3, 4) for i, t in times.items()}
-    fastest = _fastest_segments(graph, segments, searched, timing)
+    fastest = _fastest_segments(graph, segments, searched, timing, options.time_margin)
     if fastest is not None and signature(fastest) not in seen:
         fastest.meta["candidate"] = len(candidates)
         candidates.append(fastest)
@@ -165,8 +167,10 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     timed = [(p, r) for p, r in fitting if "measured_s" in r]
     if stateful and time.perf_counter() < deadline:
         timed = _time_candidates(runtime, graph, fitting, dims, inputs, weights, options)
-    if len(timed) > 1:
-        chosen, how = min(timed, key=lambda pr: pr[1]["measured_s"]), "measured"
+    if len(timed) > 1:  # the cost model's choice stays unless a timed candidate is clearly faster
+        measured = {id(p): r["measured_s"] for p, r in timed}
+        pick = _clear_winner(measured, id(chosen[0]), options.time_margin)
+        chosen, how = next(pr for pr in timed if id(pr[0]) == pick), "measured"
     program, row = chosen
     cut = [r["segment"] for _, r in searched.values() if r["saturation"]["stop_reason"] == "time_limit"]
     report = {
@@ -318,15 +322,14 @@ def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dic
                 original = graph.nodes[seg.locals[name]]
                 target = seg_weights if node.attr("kind") == "weight" else seg_inputs
                 target[name] = _value_of(original, inputs, weights, dims)
-        times = {}
+        runs = []
         for i in top:
             program = programs[i]
             # a program reads only the inputs its outputs depend on
             read = {n.attr("name") for n in program.nodes if n.op == "Input"
                     and n.attr("kind") not in ("weight", "state")}
-            times[i] = _best_time(runtime, program, {k: v for k, v in seg_inputs.items() if k in read},
-                                  seg_weights, dims, options.timing_repeats)
-        timing[key] = times
+            runs.append((i, program, {k: v for k, v in seg_inputs.items() if k in read}))
+        timing[key] = _best_times(runtime, runs, seg_weights, dims, options.timing_repeats)
     return timing
 
 
@@ -368,33 +371,53 @@ def _boundary_values(runtime, graph: Graph, segments: list[Segment], searched: d
     return out
 
 
-def _best_time(runtime, program: Program, inputs, weights, dims, repeats: int) -> float:
-    """The fastest of at least ``repeats`` runs after a warm-up run, with more runs while they are short (up to
-    5 runs or 10 ms): a run is only ever slowed down by other work on the machine (a descheduled thread costs
-    a scheduler tick, 4 ms), so the minimum is the estimate."""
+def _best_times(runtime, runs: list[tuple[int, Program, dict]], weights, dims, repeats: int) -> dict[int, float]:
+    """Seconds per run of each candidate ``(index, program, inputs)``: the fastest of at least ``repeats`` runs
+    after a warm-up run, with more runs while they are short (up to 5 rounds or 10 ms per candidate). The
+    candidates run in turns, one run each per round: on a shared machine the speed changes over seconds (a
+    neighbour's load, a core at half speed), and timing one candidate after the other would hand whichever ran
+    in a slow phase a loss it did not earn. A run is only ever slowed down by other work, so the minimum is the
+    estimate."""
     if not hasattr(runtime, "load"):
-        return runtime.time(program, inputs, weights, dims, repeats=repeats)
-    exe = runtime.load(program, weights, dims)
+        return {i: runtime.time(program, inputs, weights, dims, repeats=repeats) for i, program, inputs in runs}
+    exes = []
     try:
-        exe.run(inputs, copy_outputs=False)
-        best, spent, runs = float("inf"), 0.0, 0
-        while runs < max(1, repeats) or (runs < 5 and spent < 0.01):
-            t0 = time.perf_counter()
-            exe.run(inputs, copy_outputs=False)
-            took = time.perf_counter() - t0
-            best, spent, runs = min(best, took), spent + took, runs + 1
+        for i, program, inputs in runs:
+            exes.append((i, runtime.load(program, weights, dims), inputs))
+            exes[-1][1].run(inputs, copy_outputs=False)  # warm-up
+        best = {i: float("inf") for i, _, _ in exes}
+        spent, rounds = 0.0, 0
+        while rounds < max(1, repeats) or (rounds < 5 and spent < 0.01 * len(exes)):
+            for i, exe, inputs in exes:
+                t0 = time.perf_counter()
+                exe.run(inputs, copy_outputs=False)
+                took = time.perf_counter() - t0
+                best[i], spent = min(best[i], took), spent + took
+            rounds += 1
         return best
     finally:
-        exe.close()
+        for _, exe, _ in exes:
+            exe.close()
+
+
+def _clear_winner(times: dict, default, margin: float):
+    """The key of the fastest of ``times``, unless ``default`` (the cost model's choice) is within ``margin`` of
+    it: then ``default``."""
+    fastest = min(times, key=times.get)
+    if default in times and times[default] <= times[fastest] * (1 + margin):
+        return default
+    return fastest
 
 
 def _fastest_segments(graph: Graph, segments: list[Segment], searched: dict,
-                      timing: dict[str, dict[int, float]]) -> Program | None:
-    """The whole program made of every timed segment's fastest candidate (the others: their cheapest by the
-    cost model, index 0), or None when nothing was timed."""
+                      timing: dict[str, dict[int, float]], margin: float) -> Program | None:
+    """The whole program made of every timed segment's fastest candidate, where it beats the cost model's
+    cheapest (the first one timed) by more than ``margin`` (the other segments: their cheapest by the cost model,
+    index 0), or None when nothing was timed."""
     if not timing:
         return None
-    picks = {key: min(timing[key], key=timing[key].get) if key in timing else 0 for key in searched}
+    picks = {key: _clear_winner(timing[key], next(iter(timing[key])), margin) if key in timing else 0
+             for key in searched}
     program = assemble(graph, segments, [searched[s.key][0][picks[s.key]] for s in segments])
     program.meta.update(templates=picks, strategy="fastest segments")
     return program
