@@ -34,8 +34,8 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from .amx_gemm import BLOCK, _block, _load_config, _load_f32, _put, _release, _split_16, pack_a, pack_b
-from .numpy_jit import _wide_vectors, exp_f32, exp_shifted, row_max_vec, row_sum_vec
+from .amx_gemm import BLOCK, _block, _load_f32, _put, _release, _split_16, configure, pack_a, pack_b
+from .numpy_jit import _wide_vectors, online_softmax_row
 
 _FAST = {"contract"}  # as numpy_jit's row kernels: FMA contraction only, IEEE infinities and NaNs
 KEY_BLOCK = 256  # keys per block of the online softmax (``key_block``)
@@ -108,14 +108,7 @@ def _softmax_parts(scores, rows, n, running, sums, rescale, first, p_buf):
     bad = 0
     for i in range(rows):
         row = scores[i, :n]
-        m = max(row_max_vec(row), low)
-        if not first:
-            m = max(m, running[i])
-            rescale[i] = exp_f32(running[i] - m)
-        running[i] = m
-        exp_shifted(row, m)
-        total = row_sum_vec(row)
-        sums[i] = total if first else sums[i] * rescale[i] + total
+        online_softmax_row(row, i, first, running, sums, rescale, low)
         src = row.ctypes.data
         dst = p_buf.ctypes.data + i * p_buf.strides[2]
         for j in range(0, n16, 16):
@@ -143,12 +136,7 @@ def task(q, q_rs, q_cs, rows, scale, t, out, o_rs, o_cs, dv, kp, vp, qs, q_buf, 
             qs[i, j] = _load_f32(src + j * q_cs) * scale
     if pack_a(qs.ctypes.data, qs.strides[0], qs.strides[1], 0, rows, 0, d, q_buf):
         return 1
-    config[:] = 0
-    config[0] = 1
-    for tile in range(8):
-        config[16 + 2 * tile] = 64  # bytes per row
-        config[48 + tile] = 16  # rows
-    _load_config(config.ctypes.data)
+    configure(config)
     kb = scores.shape[1]
     q_row, q_part, d_steps = q_buf.strides[2], q_buf.strides[0], q_buf.shape[3] // BLOCK
     p_row, p_part = p_buf.strides[2], p_buf.strides[0]

@@ -8,7 +8,21 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from .amx_gemm import _I64, _PTR, BLOCK, _amx, _kernel, _load_config, _load_f32, _release, _tile, pack_a
+from .amx_gemm import (
+    _I64,
+    _PTR,
+    BLOCK,
+    _amx,
+    _kernel,
+    _load_f32,
+    _release,
+    _tile,
+    begin_k_loop,
+    configure,
+    end_k_loop,
+    open_accumulators,
+    pack_a,
+)
 from .amx_gemm import _transpose16 as transpose16
 
 # how the kernel reads the weight (``dequant_gemm``'s ``fmt``)
@@ -26,26 +40,8 @@ def _block_intrinsic(rows: int):
 
         def codegen(context, builder, signature, args):
             a, a_row, a_part, b, steps, c, c_row, accumulate = args
-            c_half = builder.mul(c_row, ir.Constant(_I64, 16))
-            tiles = range(4 if rows == 32 else 2)
-            c_tiles = [builder.inttoptr(builder.add(c, builder.add(builder.mul(c_half, ir.Constant(_I64, t // 2)),
-                                                                   ir.Constant(_I64, 64 * (t % 2)))), _PTR)
-                       for t in tiles]
-            with builder.if_else(builder.icmp_signed("!=", accumulate, ir.Constant(_I64, 0))) as (then, otherwise):
-                with then:
-                    for t in tiles:
-                        _amx(builder, "tileloadd64", _tile(t), c_tiles[t], c_row)
-                with otherwise:
-                    for t in tiles:
-                        _amx(builder, "tilezero", _tile(t))
-            head = builder.block
-            loop = builder.append_basic_block("amx.k")
-            done = builder.append_basic_block("amx.done")
-            zero = ir.Constant(_I64, 0)
-            builder.cbranch(builder.icmp_signed(">", steps, zero), loop, done)
-            builder.position_at_end(loop)
-            s = builder.phi(_I64)
-            s.add_incoming(zero, head)
+            c_tiles = open_accumulators(builder, c, c_row, accumulate, 4 if rows == 32 else 2)
+            s, loop_state = begin_k_loop(builder, steps)
             a_s = builder.add(a, builder.mul(s, ir.Constant(_I64, 2 * BLOCK)))  # 32 bf16 along k
             b_s = builder.add(b, builder.mul(s, ir.Constant(_I64, 16 * BLOCK * 4)))  # 16 k pairs x 32 columns
             a_half = builder.mul(a_row, ir.Constant(_I64, 16))
@@ -62,12 +58,7 @@ def _block_intrinsic(rows: int):
                     pairs += ((5, 6), (5, 7))
                 for t, (ta, tb) in enumerate(pairs):
                     _amx(builder, "tdpbf16ps", _tile(t), _tile(ta), _tile(tb))
-            s_next = builder.add(s, ir.Constant(_I64, 1))
-            s.add_incoming(s_next, builder.block)
-            builder.cbranch(builder.icmp_signed("<", s_next, steps), loop, done)
-            builder.position_at_end(done)
-            for t in tiles:
-                _amx(builder, "tilestored64", _tile(t), c_tiles[t], c_row)
+            end_k_loop(builder, loop_state, c_tiles, c_row)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -199,15 +190,10 @@ def dequant_gemm(fmt, table, a, a_rs, a_cs, k, w, w_rs, s, s_rs, s_cb, n_rows, c
     leaving ``c`` unfinished, as soon as it meets a value of A that is not finite or an infinite weight."""
     kc = a_buf.shape[3]
     nc = b_buf.shape[0] * BLOCK
-    config[:] = 0
-    config[0] = 1
-    for t in range(8):
-        config[16 + 2 * t] = 64  # bytes per row
-        config[48 + t] = 16  # rows
     a_part = a_buf.strides[0]
     a_row = a_buf.strides[2]
     c_row = c.strides[0]
-    _load_config(config.ctypes.data)
+    configure(config)
     for n0 in range(c0, c1, nc):
         n1 = min(n0 + nc, c1)
         for k0 in range(0, max(k, 1), kc):

@@ -84,22 +84,26 @@ def _release(typingctx):
     return sig, codegen
 
 
-def _block_codegen(builder, args, tiles: bool):
-    """The 32 x 32 block's LLVM IR: A's tiles addressed by rows of the whole K (``tiles`` False: ``a_rows``, the
-    row stride, and the k step 64 bytes) or tile by tile (``tiles`` True: ``a_rows`` is the k step's stride, a
-    tile's rows 64 bytes apart, the second tile 1 KiB after the first)."""
-    a, a_rows, a_part, b, b_part, steps, c, c_row, accumulate = args
+def open_accumulators(builder, c, c_row, accumulate, count: int) -> list:
+    """IR: accumulator tiles 0 .. ``count`` - 1 (16 x 16 f32 each, two per 16 rows of C at ``c``, rows ``c_row``
+    bytes apart) loaded from C if ``accumulate`` is not 0, else zeroed; returns the tiles' addresses in C."""
     c_half = builder.mul(c_row, ir.Constant(_I64, 16))
     c_tiles = [builder.inttoptr(builder.add(c, builder.add(builder.mul(c_half, ir.Constant(_I64, t // 2)),
                                                            ir.Constant(_I64, 64 * (t % 2)))), _PTR)
-               for t in range(4)]
+               for t in range(count)]
     with builder.if_else(builder.icmp_signed("!=", accumulate, ir.Constant(_I64, 0))) as (then, otherwise):
         with then:
-            for t in range(4):
+            for t in range(count):
                 _amx(builder, "tileloadd64", _tile(t), c_tiles[t], c_row)
         with otherwise:
-            for t in range(4):
+            for t in range(count):
                 _amx(builder, "tilezero", _tile(t))
+    return c_tiles
+
+
+def begin_k_loop(builder, steps):
+    """IR: a loop over ``steps`` k steps (none if ``steps`` <= 0), the builder placed in its body; returns the
+    step index (a phi) and what ``end_k_loop`` needs."""
     head = builder.block
     loop = builder.append_basic_block("amx.k")
     done = builder.append_basic_block("amx.done")
@@ -108,6 +112,27 @@ def _block_codegen(builder, args, tiles: bool):
     builder.position_at_end(loop)
     s = builder.phi(_I64)
     s.add_incoming(zero, head)
+    return s, (s, steps, loop, done)
+
+
+def end_k_loop(builder, loop_state, c_tiles: list, c_row) -> None:
+    """IR: the loop's back edge, then the accumulator tiles stored to their addresses in C."""
+    s, steps, loop, done = loop_state
+    s_next = builder.add(s, ir.Constant(_I64, 1))
+    s.add_incoming(s_next, builder.block)
+    builder.cbranch(builder.icmp_signed("<", s_next, steps), loop, done)
+    builder.position_at_end(done)
+    for t, at in enumerate(c_tiles):
+        _amx(builder, "tilestored64", _tile(t), at, c_row)
+
+
+def _block_codegen(builder, args, tiles: bool):
+    """The 32 x 32 block's LLVM IR: A's tiles addressed by rows of the whole K (``tiles`` False: ``a_rows``, the
+    row stride, and the k step 64 bytes) or tile by tile (``tiles`` True: ``a_rows`` is the k step's stride, a
+    tile's rows 64 bytes apart, the second tile 1 KiB after the first)."""
+    a, a_rows, a_part, b, b_part, steps, c, c_row, accumulate = args
+    c_tiles = open_accumulators(builder, c, c_row, accumulate, 4)
+    s, loop_state = begin_k_loop(builder, steps)
     if tiles:
         a_s = builder.add(a, builder.mul(s, a_rows))
         a_row = ir.Constant(_I64, 2 * BLOCK)  # a tile row: 32 bf16
@@ -129,12 +154,7 @@ def _block_codegen(builder, args, tiles: bool):
             _amx(builder, "tileloadd64", _tile(7), builder.inttoptr(b_p2, _PTR), panel_row)
             for t, (ta, tb) in enumerate(((4, 6), (4, 7), (5, 6), (5, 7))):
                 _amx(builder, "tdpbf16ps", _tile(t), _tile(ta), _tile(tb))
-    s_next = builder.add(s, ir.Constant(_I64, 1))
-    s.add_incoming(s_next, builder.block)
-    builder.cbranch(builder.icmp_signed("<", s_next, steps), loop, done)
-    builder.position_at_end(done)
-    for t in range(4):
-        _amx(builder, "tilestored64", _tile(t), c_tiles[t], c_row)
+    end_k_loop(builder, loop_state, c_tiles, c_row)
 
 
 @intrinsic
@@ -440,7 +460,7 @@ def pack_b(b, b_rs, b_cs, k0, k1, c0, c1, out):
 
 
 @_inline
-def _configure(config):
+def configure(config):
     """Fill ``config`` [64] uint8 (every tile 16 rows x 64 bytes) and load it."""
     config[:] = 0
     config[0] = 1
@@ -483,7 +503,7 @@ def gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge,
     finite."""
     kc = a_buf.shape[1] * BLOCK
     a_rows = a_buf.shape[0] * BLOCK
-    _configure(config)
+    configure(config)
     for k0 in range(0, max(k, 1), kc):
         k1 = min(k0 + kc, k)
         steps = (k1 - k0 + BLOCK - 1) // BLOCK
@@ -514,7 +534,7 @@ def gemm_rows(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, a_buf, panels, edge, c
     n = c.shape[1]
     a_rows = a_buf.shape[0] * BLOCK
     steps = (k + BLOCK - 1) // BLOCK
-    _configure(config)
+    configure(config)
     if not b_packed:
         for p in range((n + BLOCK - 1) // BLOCK):
             if pack_b(b, b_rs, b_cs, 0, k, p * BLOCK, min(n, (p + 1) * BLOCK), panels[p]):

@@ -221,15 +221,21 @@ def exp_rows_online(scores, running, sums, rescale, first):
     _wide_vectors()
     low = F(np.finfo(np.float32).min)
     for i in range(scores.shape[0]):
-        row = scores[i]
-        m = max(row_max_vec(row), low)
-        if not first:
-            m = max(m, running[i])
-            rescale[i] = exp_f32(running[i] - m)
-        running[i] = m
-        exp_shifted(row, m)
-        total = row_sum_vec(row)
-        sums[i] = total if first else sums[i] * rescale[i] + total
+        online_softmax_row(scores[i], i, first, running, sums, rescale, low)
+
+
+@_inline
+def online_softmax_row(row, i, first, running, sums, rescale, low):
+    """One row of ``exp_rows_online`` (row ``i`` of its state; ``low``: f32's lowest, the max of an all-masked
+    row)."""
+    m = max(row_max_vec(row), low)
+    if not first:
+        m = max(m, running[i])
+        rescale[i] = exp_f32(running[i] - m)
+    running[i] = m
+    exp_shifted(row, m)
+    total = row_sum_vec(row)
+    sums[i] = total if first else sums[i] * rescale[i] + total
 
 
 @_inline
