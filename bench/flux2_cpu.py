@@ -10,7 +10,8 @@ Two configurations of the FLUX.2 architecture, both with random weights saved by
 
 Both pipelines get the same prompt, the same initial latents and the same number of steps, on the same number
 of threads (torch.set_num_threads = the threads numpy's BLAS uses). Each is run ``--repeats`` times after one
-warm-up run (ours with a warm plan cache) and the median per stage is printed with the ratio ours / diffusers:
+warm-up run (ours with a warm plan cache), the two sides in turns, and the median per stage is printed with the
+ratio ours / diffusers (then each turn's ratio, median and range):
 text encoder (tokenizer + model), each denoising step (transformer + Euler update) and the VAE decode. Our
 times exclude loading the compiled program (printed separately, with the compile time on a cold and a warm
 plan cache). The images are compared (PSNR) to show both computed the same thing.
@@ -329,6 +330,17 @@ def print_table(compute: Timings, wall: Timings, theirs: Timings, repeats: int) 
     row("whole run", compute.total, wall.total, theirs.total)
 
 
+def print_turn_ratios(ours: list[Timings], theirs: list[Timings]) -> None:
+    """Ours / diffusers of each turn (the two runs of a turn are next to each other in time): median, range."""
+    def spread(label: str, pick) -> str:
+        ratios = sorted(pick(a) / pick(b) for a, b in zip(ours, theirs))
+        return f"{label} {statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+    print("  ours/diffusers per turn, median (range): " + ", ".join([
+        spread("text encoder", lambda t: t.text), spread("per step", lambda t: statistics.median(t.steps)),
+        spread("VAE", lambda t: t.vae), spread("whole run", lambda t: t.total)]))
+
+
 def bench_config(cfg: BenchConfig, workdir: Path, repeats: int, threads: int, memory: bool) -> None:
     import torch
 
@@ -346,24 +358,27 @@ def bench_config(cfg: BenchConfig, workdir: Path, repeats: int, threads: int, me
     _, cold_s = our_pipeline(cfg, folder)
     pipe, warm_s = our_pipeline(cfg, folder)
     first, _ = run_ours(pipe, cfg)  # warm-up: reads the tokenizer, loads the models, touches the checkpoint pages
-    computes, walls, image = [], [], None
-    for _ in range(repeats):
-        report, runs = run_ours(pipe, cfg)
-        compute, wall = our_timings(report, runs)
-        computes.append(compute)
-        walls.append(wall)
-        image = to_uint8(report.values["image"])
-    pipe.release()
     loads = ", ".join(f"{m} {s:.2f} s" for m, s in first.compile_seconds.items())
     print(f"ours: plan + compile every stage {cold_s:.2f} s (cold plan cache), {warm_s:.2f} s (warm); "
           f"loading compiled programs (first run only): {loads}")
-
     reference = load_diffusers(folder)
     run_diffusers(reference, cfg)  # warm-up
-    their_runs = []
-    for _ in range(repeats):
-        t, their_image = run_diffusers(reference, cfg)
-        their_runs.append(t)
+
+    # The sides run in turns (ours first in even turns, diffusers first in odd ones), so that a change in the
+    # shared host's speed during the benchmark falls on both: each turn gives one ratio.
+    computes, walls, their_runs, image = [], [], [], None
+    for turn in range(repeats):
+        for side in ("ours", "diffusers") if turn % 2 == 0 else ("diffusers", "ours"):
+            if side == "ours":
+                report, runs = run_ours(pipe, cfg)
+                compute, wall = our_timings(report, runs)
+                computes.append(compute)
+                walls.append(wall)
+                image = to_uint8(report.values["image"])
+            else:
+                t, their_image = run_diffusers(reference, cfg)
+                their_runs.append(t)
+    pipe.release()
     theirs = median_timings(their_runs)
     del reference
     their_uint8 = (their_image * 255).round().astype(np.uint8)
@@ -372,6 +387,7 @@ def bench_config(cfg: BenchConfig, workdir: Path, repeats: int, threads: int, me
     print("  ours ms: model execution (+ tokenizer and latent unpacking); ours wall: the stage as the "
           "pipeline runs it (models loaded by the warm-up run, as for a second prompt)")
     print_table(median_timings(computes), median_timings(walls), theirs, repeats)
+    print_turn_ratios(computes, their_runs)
     if not memory:
         return
 
