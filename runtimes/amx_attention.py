@@ -35,7 +35,10 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from .amx_gemm import BLOCK, _block, _load_f32, _put, _release, _split_16, configure, pack_a, pack_b
+from .numba_cache import install as _install_cache_locator
 from .numpy_jit import _wide_vectors, online_softmax_row
+
+_install_cache_locator()  # before the kernels: their cache goes stale with amx_gemm's and numpy_jit's helpers
 
 _FAST = {"contract"}  # as numpy_jit's row kernels: FMA contraction only, IEEE infinities and NaNs
 KEY_BLOCK = 256  # keys per block of the online softmax (``key_block``)

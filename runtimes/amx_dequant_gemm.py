@@ -24,6 +24,9 @@ from .amx_gemm import (
     pack_a,
 )
 from .amx_gemm import _transpose16 as transpose16
+from .numba_cache import install as _install_cache_locator
+
+_install_cache_locator()  # before the kernels: their cache goes stale with amx_gemm's helpers
 
 # how the kernel reads the weight (``dequant_gemm``'s ``fmt``)
 FP8, FP8_INF, NVFP4, NVFP4_TILED, FP8_E4M3 = 0, 1, 2, 3, 4
