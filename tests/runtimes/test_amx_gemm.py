@@ -56,6 +56,48 @@ def test_amx_product_is_as_accurate_as_f32(m, k, n, layouts, monkeypatch):
         assert np.abs(got - exact).max() <= 4 * numpy_error + 1e-6
 
 
+def _bf16_parts(x: np.ndarray) -> np.ndarray:
+    """The three bf16 parts of f32 values (as uint16, stacked first), cut by truncation: x == hi + mid + lo."""
+    parts, rest = [], x.astype(np.float32)
+    for _ in range(3):
+        bits = rest.view(np.uint32)
+        parts.append((bits >> 16).astype(np.uint16))
+        rest = rest - (bits & np.uint32(0xFFFF0000)).view(np.float32)
+    return np.stack(parts)
+
+
+@needs_amx
+@pytest.mark.parametrize(("k", "n"), [(256, 64), (70, 50), (33, 16), (96, 40)])
+@pytest.mark.parametrize("layout", ["T", "C", "S"])
+def test_packed_operands_hold_the_exact_bf16_parts(k, n, layout):
+    """``pack_b`` (k-contiguous weights transposed in registers, n-contiguous rows interleaved in registers,
+    strided element by element) writes each panel's VNNI words, and ``pack_a_tiles`` A's 32 x 32 tiles, with the
+    three truncated bf16 parts of every element and zeros past the edges: against a numpy construction."""
+    from luminal_recipes.runtimes import amx_gemm
+
+    rng = np.random.default_rng(k * n)
+    b = _operand(rng, (k, n), layout) * np.float32(1e3)
+    kp = -(-k // 32) * 32
+    padded = np.zeros((kp, -(-n // 32) * 32), np.float32)
+    padded[:k, :n] = b
+    want = _bf16_parts(padded)  # [3, kp, np]
+    for j in range(0, n, 32):
+        panel = amx.aligned_empty((3, kp // 2, 32, 2), np.uint16)
+        panel[:] = 7  # every word written
+        assert amx_gemm.pack_b(b.ctypes.data, *b.strides, 0, k, j, min(n, j + 32), panel) == 0
+        vnni = want[:, :, j:j + 32].reshape(3, kp // 2, 2, 32).transpose(0, 1, 3, 2)  # [part, k pair, column, k]
+        assert np.array_equal(panel, vnni)
+    a = _operand(rng, (n, k), layout)
+    rows = -(-n // 32) * 32
+    tiles = amx.aligned_empty((rows // 32, kp // 32, 3, 32, 32), np.uint16)
+    tiles[:] = 7
+    assert amx_gemm.pack_a_tiles(a.ctypes.data, *a.strides, 0, n, 0, k, tiles) == 0
+    padded = np.zeros((rows, kp), np.float32)
+    padded[:n, :k] = a
+    want = _bf16_parts(padded).reshape(3, rows // 32, 32, kp // 32, 32).transpose(1, 3, 0, 2, 4)
+    assert np.array_equal(tiles, want)
+
+
 @needs_amx
 def test_amx_product_keeps_infinities_and_nans():
     """Operands with an inf or a NaN are multiplied by BLAS (in bf16 parts inf times a zero part is NaN): the
