@@ -45,7 +45,7 @@ PARTS = 3
 # the six (A part, B part) products of a k step, in an order where each changes one operand: 14 tile loads per
 # step (the first product loads two A and two B tiles, every later one two tiles) instead of 18 when grouped by
 # A part (each A tile loaded once, the B tiles once per A part): 3-5% fewer ns per ``tdpbf16ps`` measured
-# (6.4-6.6 vs 6.7-7.0 on 768 x 256 x 2304's blocks). The smallest products come first.
+# (6.4-6.6 vs 6.7-7.0 on 768 x 256 x 2304's blocks).
 PRODUCTS = ((0, 2), (0, 1), (1, 1), (1, 0), (0, 0), (2, 0))
 
 _kernel = numba.njit(cache=True, nogil=True, error_model="numpy")
