@@ -16,7 +16,6 @@ at once are serialised.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import os
@@ -132,10 +131,16 @@ def run_parts(parts: Sequence[Part]) -> None:
     _POOL.run(parts)
 
 
+def part_count(items: int, elements: int) -> int:
+    """How many parts ``items`` independent pieces of work, ``elements`` elements in all, are worth: at most
+    ``THREADS`` and ``items``, at least ``MIN_PART`` elements each (so 1 for a whole below ``2 * MIN_PART``)."""
+    return max(1, min(THREADS, items, elements // MIN_PART))
+
+
 def split(n: int, elements_per_item: int = 1) -> list[slice]:
     """``range(n)`` cut into at most ``THREADS`` contiguous, near-equal parts (one part when the whole is
     smaller than ``MIN_PART`` elements per extra thread)."""
-    parts = max(1, min(THREADS, n, (n * elements_per_item) // MIN_PART))
+    parts = part_count(n, n * elements_per_item)
     bounds = [n * i // parts for i in range(parts + 1)]
     return [slice(bounds[i], bounds[i + 1]) for i in range(parts)]
 
@@ -175,25 +180,49 @@ def claimed(count: int, slots: int, task: Callable[[int, int], None]) -> Part:
     return step
 
 
-_BLAS: list | None = None  # threadpoolctl's controllers of the loaded BLAS libraries, found on first use (a scan)
+_BLAS: list | None = None  # per loaded BLAS library: (get, set) of its thread count, found on first use (a scan)
 
 
-@contextlib.contextmanager
-def blas_single_threaded() -> Iterator[None]:
-    """BLAS on one thread per call while inside, restored on leaving (~10 us). For kernels that call BLAS from
-    their parts, one per core, and for small BLAS calls: on a shared machine a multi-threaded call waits for
-    its descheduled helper thread (a 768 x 64 x 768 product measured 24x slower with two OpenBLAS threads than
-    with one under load). Process-wide: kernels run one at a time."""
+def _blas_controls() -> list[tuple[Callable[[], int], Callable[[int], object]]]:
+    """(get threads, set threads) of each BLAS library loaded in the process (threadpoolctl finds them). For
+    OpenBLAS on its own threads, its C functions themselves: threadpoolctl's methods cost ~1 us a call in Python
+    (symbol look-up, a check of which Python thread controls the library), and kernels switch per call."""
     global _BLAS
     if _BLAS is None:
         from threadpoolctl import ThreadpoolController
 
-        _BLAS = ThreadpoolController().select(user_api="blas").lib_controllers
-    before = [lib.get_num_threads() for lib in _BLAS]
-    for lib in _BLAS:
-        lib.set_num_threads(1)
-    try:
-        yield
-    finally:
-        for lib, n in zip(_BLAS, before):
-            lib.set_num_threads(n)
+        controls = []
+        for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+            get = put = None
+            if lib.internal_api == "openblas" and getattr(lib, "threading_layer", None) == "pthreads":
+                try:  # threadpoolctl's own symbol look-up (prefixed, suffixed names of numpy's OpenBLAS)
+                    get = lib._get_symbol("openblas_get_num_threads")
+                    put = lib._get_symbol("openblas_set_num_threads")
+                except AttributeError:
+                    get = put = None
+            if get is None or put is None:
+                get, put = lib.get_num_threads, lib.set_num_threads
+            controls.append((get, put))
+        _BLAS = controls
+    return _BLAS
+
+
+class blas_single_threaded:  # noqa: N801 - used as a function: ``with blas_single_threaded():``
+    """BLAS on one thread per call while inside, restored on leaving. For kernels that call BLAS from their parts,
+    one per core, and for small BLAS calls: on a shared machine a multi-threaded call waits for its descheduled
+    helper thread (a 768 x 64 x 768 product measured 24x slower with two OpenBLAS threads than with one under
+    load). Process-wide: kernels run one at a time. A library already on one thread is left alone."""
+
+    __slots__ = ("before",)
+
+    def __enter__(self) -> None:
+        controls = _blas_controls()
+        self.before = before = [get() for get, _ in controls]
+        for (_, put), n in zip(controls, before):
+            if n != 1:
+                put(1)
+
+    def __exit__(self, *exc) -> None:
+        for (_, put), n in zip(_BLAS, self.before):
+            if n != 1:
+                put(n)

@@ -697,7 +697,7 @@ def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, scalars) -> Bind:
                 else:
                     chunks.append((flats[0], start + sl.start * bv.strides[-2], bv.strides[-2], ob[sl]))
         fn = getattr(jit.kernels(), flat_kernel or kernel)
-        count = min(cpu_threads.THREADS, len(chunks))
+        count = cpu_threads.part_count(len(chunks), math.prod(x.shape))  # the whole's size decides, not a block's
         return cpu_threads.parallel(
             _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count], args)
             for i in range(count))
@@ -932,7 +932,7 @@ def _prepare_compiled_rope(ctx: KernelContext, xs, d: int, w_at: int, tables, in
                 chunks.append((x, x0, bv.strides[-2], out3[b, sl], scale, cos, c0, cv.strides[-2],
                                sin, s0, sv.strides[-2]))
         fn = jit.kernels().rms_norm_rope_rows
-        count = min(cpu_threads.THREADS, len(chunks))
+        count = cpu_threads.part_count(len(chunks), math.prod(xs))  # the whole's size decides, not a head's
         return cpu_threads.parallel(
             _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count],
                         (inv_n, eps, scratch[work][i]))
