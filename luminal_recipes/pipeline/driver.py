@@ -93,6 +93,7 @@ class Pipeline:
         self._recipes: dict[str, LoadedRecipe] = {}  # model recipes, loaded once
         self._checkpoints: dict = {}  # model name -> its open Checkpoint (maps dropped when the model is released)
         self._engines: dict[str, ModelEngine] = {}  # loaded models kept between stages or runs
+        self._parsed: dict[str, ast.expr] = {}  # expression text -> its tree: a loop evaluates the same ones each step
         self.plans: list[StagePlan] | None = None
         self._lora_flags = [(Path(path), float(scale)) for path, scale in loras]  # --lora PATH[:SCALE]
         self._loras: dict[str, list[LoraSpec]] | None = None
@@ -309,10 +310,13 @@ class Pipeline:
     def _eval(self, text: Any, env: Mapping[str, Any], where: str) -> Any:
         if not isinstance(text, str):
             return text
-        try:
-            node = parse(unwrap(text))
-        except ExprError as exc:
-            raise PipelineError(f"{self.path}: {where}: {exc.message}") from None
+        node = self._parsed.get(text)
+        if node is None:
+            try:
+                node = parse(unwrap(text))
+            except ExprError as exc:
+                raise PipelineError(f"{self.path}: {where}: {exc.message}") from None
+            self._parsed[text] = node
 
         def resolve(name: str, at: ast.Name) -> Any:
             if name in env:
