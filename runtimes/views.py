@@ -63,22 +63,34 @@ def strided(flat: np.ndarray, bv: BoundView, writeable: bool = False) -> np.ndar
 def gather_into(dst: np.ndarray, flat: np.ndarray, bv: BoundView) -> None:
     """``dst[...] = bv.gather(flat)`` (zeros outside the mask), without allocating for ordinary padded
     views."""
-    dst.fill(0)
+    gatherer(dst, flat, bv)()
+
+
+def gatherer(dst: np.ndarray, flat: np.ndarray, bv: BoundView) -> Callable[[], None]:
+    """The step doing ``gather_into(dst, flat, bv)`` with the view's box, the strided source and the region of
+    ``dst`` it fills worked out once (a scratch operand is refreshed so at every run): zeros written only where
+    the mask leaves some."""
     box = []
     for axis, d in enumerate(bv.shape):
         lo, hi = (0, d) if bv.mask is None else bv.mask[axis]
         lo, hi = max(lo, 0), min(hi, d)
         if lo >= hi:
-            return
+            return lambda: dst.fill(0)
         box.append((lo, hi))
     offset = bv.offset + sum(lo * s for (lo, _), s in zip(box, bv.strides))
     inner = BoundView(tuple(hi - lo for lo, hi in box), bv.strides, offset, None)
     src = strided(flat, inner)
-    region = tuple(slice(lo, hi) for lo, hi in box)
     if src is None:  # reads past its buffer: the reference semantics (zeros there) via a full gather
-        np.copyto(dst, bv.gather(flat), casting="unsafe")
-    else:
-        np.copyto(dst[region], src, casting="unsafe")
+        return lambda: np.copyto(dst, bv.gather(flat), casting="unsafe")
+    region = dst[tuple(slice(lo, hi) for lo, hi in box)]
+    if region.shape == dst.shape:  # no padding: every element is copied
+        return lambda: np.copyto(region, src, casting="unsafe")
+
+    def step() -> None:
+        dst.fill(0)
+        np.copyto(region, src, casting="unsafe")
+
+    return step
 
 
 def zero_padded(bv: BoundView, size: int, axes: tuple[int, ...]) -> tuple[BoundView, tuple[int, ...]] | None:
@@ -167,8 +179,7 @@ class Operand:
             self.refresh = lambda: np.copyto(shaped, src, casting="unsafe")
         else:
             shaped = dst.reshape(self.source.shape)
-            source = self.source
-            self.refresh = lambda: gather_into(shaped, flat, source)
+            self.refresh = gatherer(shaped, flat, self.source)
         self.array = dst
         return dst
 

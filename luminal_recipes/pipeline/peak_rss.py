@@ -8,22 +8,30 @@ maximum. Resident memory counts the pages of memory-mapped checkpoint files that
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from pathlib import Path
 
-_STATUS = Path("/proc/self/status")
+_STATUS = "/proc/self/status"
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def _status_bytes(field: str) -> int | None:
+    # read and searched as bytes, without a text file object: 3 us rather than 13 (read at every pipeline stage)
     try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # reported in kB
+        fd = os.open(_STATUS, os.O_RDONLY)
+        try:
+            status = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        at = status.find(b"\n" + field.encode() + b":")
+        if at < 0:
+            return None
+        line = status[at + len(field) + 2 : status.find(b"\n", at + 1)]
+        return int(line.split()[0]) * 1024  # reported in kB
     except (OSError, ValueError, IndexError):
         return None
-    return None
 
 
 def current() -> int | None:
