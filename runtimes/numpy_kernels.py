@@ -1107,6 +1107,10 @@ def _prepare_im2col_conv(ctx: KernelContext) -> Bind:
     cols = None if pointwise else ctx.scratch.add((ckk, tile_rows * wo), F32)
     acc = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
     ops = [x_op, w_op, bias_op]
+    # products too small to cut in chunks run on one BLAS thread, as MatMul's do (``_blas_product``): a two-threaded
+    # call waits for its helper thread whenever the OS has descheduled it (the tiny VAE's last layer, 3 x 144 x
+    # 3840: 0.3-0.4 ms on one thread; on two, median 8 ms with other jobs running)
+    one_thread = cpu_threads.THREADS > 1 and o * ckk * (h * w_ if pointwise else tile_rows * wo) < 2 * BLAS_PART_MACS
 
     def bind(out, flats, scratch):
         x, w2, bias = bind_all(ops, flats, scratch)
@@ -1148,7 +1152,11 @@ def _prepare_im2col_conv(ctx: KernelContext) -> Bind:
             if acc is not None:
                 np.copyto(out, target, casting="unsafe")
 
-        return with_refresh(ops, body)
+        def single_threaded():
+            with cpu_threads.blas_single_threaded():
+                body()
+
+        return with_refresh(ops, single_threaded if one_thread else body)
 
     return bind
 
