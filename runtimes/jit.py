@@ -88,6 +88,15 @@ def _touch(module: ModuleType) -> None:
         module.winograd_weights(w, u)
         module.winograd_weights(_read_only(w), u)  # a checkpoint weight, read in place
     module.winograd_output(m, vec, np.zeros((2, 2, 4), np.float32), 0, 1, 2)
+    from . import cblas
+
+    blas = cblas.sgemm()
+    if blas is not None:  # the band loop, on the same input layouts (no band to run: nothing is multiplied)
+        images = np.zeros((1, 2, 4, 6), np.float32)
+        no_bands, counter = np.zeros((0, 3), np.int64), np.zeros(1, np.int64)
+        for x in (images, images[..., :5], _read_only(images), _read_only(images[..., :5])):
+            module.winograd_bands(x, u, vec, np.zeros((1, 2, 2, 4), np.float32), u, m, no_bands, counter, 2, 1, 1,
+                                  *blas)
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

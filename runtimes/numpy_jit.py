@@ -856,3 +856,79 @@ def winograd_output(m, bias, out, ty0, ty1, tw):
                 for tx in range(tw):
                     y[2 * tx] = b + ((s0[tx] + s1[tx]) + s2[tx])
                     y[2 * tx + 1] = b + ((s1[tx] - s2[tx]) - s3[tx])
+
+
+@intrinsic
+def _fetch_add(typingctx, address, value):
+    """The int64 at ``address`` increased by ``value`` atomically; returns the value before (the cores' shared
+    counter of claimed tasks)."""
+    sig = types.int64(types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        return builder.atomic_rmw("add", builder.inttoptr(args[0], i64.as_pointer()), args[1], "seq_cst")
+
+    return sig, codegen
+
+
+def _sgemm_intrinsic(int_bits: int):
+    """``cblas_sgemm(RowMajor, NoTrans, NoTrans, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)`` through the function at
+    ``fn`` (an address), its integer arguments ``int_bits`` wide (ILP64 or LP64 BLAS); matrices by address."""
+
+    @intrinsic
+    def sgemm(typingctx, fn, m, n, k, a, lda, b, ldb, c, ldc):
+        sig = types.none(*([types.int64] * 10))
+
+        def codegen(context, builder, signature, args):
+            i32, ix, f32 = ir.IntType(32), ir.IntType(int_bits), ir.FloatType()
+            ptr = f32.as_pointer()
+            fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, ix, ix, ix, f32, ptr, ix, ptr, ix, f32, ptr, ix])
+            callee = builder.inttoptr(args[0], fnty.as_pointer())
+            m_, n_, k_, a_, lda_, b_, ldb_, c_, ldc_ = args[1:]
+
+            def width(v):
+                return v if int_bits == 64 else builder.trunc(v, ix)
+
+            builder.call(callee, [ir.Constant(i32, 101), ir.Constant(i32, 111), ir.Constant(i32, 111),
+                                  width(m_), width(n_), width(k_), ir.Constant(f32, 1.0), builder.inttoptr(a_, ptr),
+                                  width(lda_), builder.inttoptr(b_, ptr), width(ldb_), ir.Constant(f32, 0.0),
+                                  builder.inttoptr(c_, ptr), width(ldc_)])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return sgemm
+
+
+_sgemm64, _sgemm32 = _sgemm_intrinsic(64), _sgemm_intrinsic(32)
+
+
+@_rows
+def winograd_bands(x, u, bias, out, v, m, bands, counter, tw, top, left, sgemm, ilp64):
+    """A core's share of a Winograd convolution in one compiled call: it takes the next untaken band of tile rows
+    (``bands[j] = (image, ty0, ty1)``; ``counter``, shared by the cores, is the first band not yet taken, increased
+    atomically) until none is left, and per band runs ``winograd_input`` into ``v``, the 16 products ``m[p] = u[p]
+    @ v[p]`` (``u [16, O, C]``, contiguous) as single-threaded calls of the BLAS's ``cblas_sgemm`` at address
+    ``sgemm`` (``ilp64``: 64-bit integers), and ``winograd_output`` into ``out[image]``. The same arithmetic as
+    the per-band Python loop, without its ~2 us per band of dispatch and the GIL it holds between the calls.
+    Returns how many bands this call ran."""
+    no, nc = u.shape[1], u.shape[2]
+    ua, va, ma = np.int64(u.ctypes.data), np.int64(v.ctypes.data), np.int64(m.ctypes.data)
+    su, sv, sm = np.int64(u.strides[0]), np.int64(v.strides[0]), np.int64(m.strides[0])  # bytes between planes
+    ldb, ldc = v.strides[1] // 4, m.strides[1] // 4
+    at = np.int64(counter.ctypes.data)
+    ran = 0
+    while True:
+        j = _fetch_add(at, np.int64(1))
+        if j >= bands.shape[0]:
+            return ran
+        ran += 1
+        i, t0, t1 = bands[j, 0], bands[j, 1], bands[j, 2]
+        winograd_input(x[i], v, t0, t1, tw, top, left)
+        n = (t1 - t0) * tw
+        for p in range(16):
+            if ilp64:
+                _sgemm64(sgemm, no, n, nc, ua + p * su, nc, va + p * sv, ldb, ma + p * sm, ldc)
+            else:
+                _sgemm32(sgemm, no, n, nc, ua + p * su, nc, va + p * sv, ldb, ma + p * sm, ldc)
+        winograd_output(m, bias, out[i], t0, t1, tw)

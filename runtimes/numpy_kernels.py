@@ -22,7 +22,7 @@ from luminal_recipes.errors import InputError
 from luminal_recipes.graph.dtypes import DType
 from luminal_recipes.graph.view import BoundView
 
-from . import amx, cpu_threads, jit
+from . import amx, cblas, cpu_threads, jit
 from .expr import ElementwiseCode, ElementwisePlan
 from .kernels.context import Bind, KernelContext, Step
 from .kernels.fused import conv_windows
@@ -1262,15 +1262,25 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
         work = [(scratch[vs], scratch[ms], {r: (scratch[vs][:, :, : r * tw], scratch[ms][:, :, : r * tw])
                                             for r in {t1 - t0 for _, t0, t1 in bands}}) for vs, ms in tiles]
 
-        def task(slot: int, j: int) -> None:
-            i, t0, t1 = bands[j]
-            v, m, products = work[slot]
-            v_band, m_band = products[t1 - t0]  # the band's first tiles
-            k.winograd_input(images[i], v, t0, t1, tw, top, left)
-            np.matmul(u, v_band, out=m_band)
-            k.winograd_output(m, b_v, outputs[i], t0, t1, tw)
+        blas = cblas.sgemm()
+        if blas is not None:  # one compiled call per core takes the bands in turn (an atomic counter)
+            table, counter = np.array(bands, np.int64).reshape(-1, 3), np.zeros(1, np.int64)
+            parts = [functools.partial(k.winograd_bands, x, u, b_v, target, v, m, table, counter, tw, top, left,
+                                       *blas) for v, m, _ in work]
 
-        step = cpu_threads.claimed(len(bands), slots, task)
+            def step():
+                counter[0] = 0
+                cpu_threads.run_parts(parts)
+        else:
+            def task(slot: int, j: int) -> None:
+                i, t0, t1 = bands[j]
+                v, m, products = work[slot]
+                v_band, m_band = products[t1 - t0]  # the band's first tiles
+                k.winograd_input(images[i], v, t0, t1, tw, top, left)
+                np.matmul(u, v_band, out=m_band)
+                k.winograd_output(m, b_v, outputs[i], t0, t1, tw)
+
+            step = cpu_threads.claimed(len(bands), slots, task)
 
         def body():
             k.winograd_weights(w, u)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from fused_programs import Fused
 
 from luminal_recipes.graph import Graph
-from luminal_recipes.runtimes import jit, numpy_kernels
+from luminal_recipes.runtimes import cblas, jit, numpy_kernels
 from luminal_recipes.runtimes.kernels.fused import conv_windows
 
 # (batch, in channels, out channels, height, width, stride, padding (top/left, bottom/right), bias, crop)
@@ -36,11 +36,18 @@ CASES = {
 COMPILED_PATH = {name: name.split(",")[0] for name in CASES}  # the path numba takes; without it: im2col
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
+@pytest.mark.parametrize("mode", ["numba", "numba, Python band loop", "numpy"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_conv2d_kernel_matches_torch(case, compiled, numpy_runtime, monkeypatch, rng, assert_close):
+def test_conv2d_kernel_matches_torch(case, mode, numpy_runtime, monkeypatch, rng, assert_close):
+    """``numba, Python band loop``: Winograd's bands run from Python (``cpu_threads.claimed``), as where numpy's
+    BLAS is not OpenBLAS; ``numba``: one compiled call per core (``numpy_jit.winograd_bands``) where it is."""
+    compiled = mode != "numpy"
     if compiled and not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
+    if mode == "numba, Python band loop":
+        if COMPILED_PATH[case] != "winograd":
+            pytest.skip("only the Winograd path has a band loop")
+        monkeypatch.setattr(cblas, "sgemm", lambda: None)
     monkeypatch.setattr(jit, "AVAILABLE", compiled)
     paths = record_paths(monkeypatch)
     n, c, o, h, w, stride, (lo, hi), bias, crop = CASES[case]
@@ -154,11 +161,13 @@ def test_compiled_convolutions_compile_nothing_at_run_time(case, numpy_runtime, 
     assert after == before, {k: (before.get(k), v) for k, v in after.items() if before.get(k) != v}
 
 
-def test_winograd_bands_are_taken_in_turn(numpy_runtime, monkeypatch, rng, assert_close):
-    """The Winograd convolution's bands of tile rows go to whichever core is free (``cpu_threads.claimed``): with
-    two parts and the worker's first band held up (a core the OS gives to another job), the calling thread takes
-    the bands the worker has not reached (fixed halves made it wait for the worker's whole half), and the result
-    is the same."""
+@pytest.mark.parametrize("band_loop", ["compiled", "python"])
+def test_winograd_bands_are_taken_in_turn(band_loop, numpy_runtime, monkeypatch, rng, assert_close):
+    """The Winograd convolution's bands of tile rows go to whichever core is free: with two parts and the worker
+    held up (a core the OS gives to another job), the calling thread takes the bands the worker has not reached
+    (fixed halves made it wait for the worker's whole half), and the result is the same. Both band loops: one
+    compiled call per core claiming bands through an atomic counter (``numpy_jit.winograd_bands``, where numpy's
+    BLAS is OpenBLAS), and the Python loop over ``cpu_threads.claimed`` (any other BLAS)."""
     import threading
     import time
 
@@ -166,12 +175,16 @@ def test_winograd_bands_are_taken_in_turn(numpy_runtime, monkeypatch, rng, asser
 
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
+    if band_loop == "compiled" and cblas.sgemm() is None:
+        pytest.skip("numpy's BLAS is not OpenBLAS")
+    if band_loop == "python":
+        monkeypatch.setattr(cblas, "sgemm", lambda: None)
     monkeypatch.setattr(cpu_threads, "THREADS", 2)
     monkeypatch.setattr(numpy_kernels, "WINOGRAD_BAND", 16 * 16 * 32)  # one row of tiles per band: 24 bands
     real = jit.kernels()
-    caller, workers = threading.get_ident(), []
+    caller, workers, callers = threading.get_ident(), [], []
 
-    class Delayed:  # the kernels, with the worker's first input transform held up
+    class Delayed:  # the kernels, with one thread held up
         def __getattr__(self, name):
             return getattr(real, name)
 
@@ -180,8 +193,16 @@ def test_winograd_bands_are_taken_in_turn(numpy_runtime, monkeypatch, rng, asser
             if threading.get_ident() != caller:
                 if not workers:
                     time.sleep(0.2)
-                workers.append(args[2])
+                workers.append(1)
             return real.winograd_input(*args)
+
+        @staticmethod
+        def winograd_bands(*args):  # here the caller is held up: the worker, free, takes the bands
+            if threading.get_ident() == caller:
+                time.sleep(0.2)
+                callers.append(real.winograd_bands(*args))
+            else:
+                workers.append(real.winograd_bands(*args))
 
     monkeypatch.setattr(jit, "kernels", lambda: Delayed())
     n, c, o, h, w = 1, 16, 16, 48, 64
@@ -192,7 +213,11 @@ def test_winograd_bands_are_taken_in_turn(numpy_runtime, monkeypatch, rng, asser
     inputs = {"x": rng.standard_normal((n, c, h, w)).astype(np.float32)}
     weights = {"w": (rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)}
     got = numpy_runtime.run(f.program(y=y), inputs, weights)["y"]
-    assert len(workers) <= 2, workers  # the caller took the other 22-24 of the 24 bands
+    if band_loop == "compiled":
+        assert len(callers) == len(workers) == 1 and callers[0] + workers[0] == 24, (callers, workers)
+        assert workers[0] >= 22, workers  # fixed halves would have left 12 bands waiting for the caller
+    else:
+        assert not callers and len(workers) <= 2, workers  # the caller took the other 22-24 of the 24 bands
     want = F.conv2d(torch.from_numpy(inputs["x"].astype(np.float64)),
                     torch.from_numpy(weights["w"].astype(np.float64)), padding=1).numpy()
     assert_close("conv", got, want)
