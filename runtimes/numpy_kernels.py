@@ -42,11 +42,20 @@ DIRECT_CONV_MAX_OUT = 64
 # multiplications than either path above, as 16 BLAS products per band of tiles. Measured on one core (the medium
 # VAE's layers): 128 -> 128 channels at 32x32 1.7 ms (im2col + BLAS 11 ms, torch 2.0-3.0 ms), 16 -> 16 at 256x256
 # 3.1 ms (direct 9.7 ms, torch 2.9-4.6 ms); with fewer than 4 input or output channels the products are too thin
-# for BLAS (3 -> 16 at 256x256: 1.7 ms, direct 1.4 ms; 4 -> 8 at 128x128 0.31 ms, direct 0.35 ms).
+# for BLAS (3 -> 16 at 256x256: 1.7 ms, direct 1.4 ms; 4 -> 8 at 128x128 0.31 ms, direct 0.35 ms). That was with
+# the bands run from Python; with one compiled call per core (``numpy_jit.winograd_bands``, numpy's BLAS being
+# OpenBLAS) any channel count gains (two cores, fastest of 150: 16 -> 3 at 256x256 0.86 ms, direct 1.26 ms; at
+# 48x80 0.083 ms, direct 0.126, im2col 0.35; 3 -> 16 at 48x80 0.068, direct 0.084; 2 -> 8 at 64x64 0.041, direct
+# 0.049).
 WINOGRAD_MIN_CHANNELS = 4
+WINOGRAD_MIN_CHANNELS_COMPILED = 1
 # elements of one band's transformed tiles (16 x channels x tiles), so that they stay in L2 between the transform
 # and the product (measured: 64 K elements 5.6-6.9 ms, 1 M elements 6.0-8.1 ms at 128 x 128 x 64 x 64)
 WINOGRAD_BAND = 1 << 16
+# rows of tiles left unused between the 16 planes of a band's transformed input: a full band's plane is 16 KiB,
+# so without a gap the planes the input transform writes in turn fall on the same L1 sets and 4 KiB-alias its
+# loads (measured on one core: the transform's time varied up to 1.5x with the buffers' addresses, 10-40% slower)
+WINOGRAD_PLANE_GAP = 1
 JIT_TILE = 1024  # f32 elements per register of the compiled Elementwise kernel (a few registers fit L1)
 # elements per part at least: a compiled pass does ~0.1 ns per element, so a smaller part costs less than handing
 # it to another thread (20-50 us, far more when the machine is loaded and the worker waits for a core)
@@ -1073,8 +1082,9 @@ def prepare_groupnorm(ctx: KernelContext) -> Bind:
 # ---- Conv2d ------------------------------------------------------------------------------------------------
 def prepare_conv2d(ctx: KernelContext) -> Bind:
     """The convolution by the fastest path for its shape: Winograd F(2x2, 3x3) (stride-1 3x3 kernels, even output
-    sizes, >= ``WINOGRAD_MIN_CHANNELS`` input and output channels), the direct convolution (3 wide, wide rows,
-    few output channels), else im2col + BLAS; the first two are compiled (numba), im2col is their numpy fallback."""
+    sizes, input and output channels >= ``WINOGRAD_MIN_CHANNELS_COMPILED``, or ``WINOGRAD_MIN_CHANNELS`` where its
+    bands run from Python), the direct convolution (3 wide, wide rows, few output channels), else im2col + BLAS;
+    the first two are compiled (numba), im2col is their numpy fallback."""
     if len(ctx.inputs) not in (2, 3):
         ctx.fail("expects inputs (x [N, C, H, W], w [O, C, kh, kw][, bias viewed at [N, O, Ho, Wo]])")
     (nb, c, h, w_), (o, c2, kh, kw) = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
@@ -1084,7 +1094,8 @@ def prepare_conv2d(ctx: KernelContext) -> Bind:
         ctx.fail(str(exc))
     ho, wo = ctx.shape[2], ctx.shape[3]
     if (jit.AVAILABLE and sh == sw == 1 and kh == kw == 3 and ho % 2 == 0 and wo % 2 == 0
-            and min(c, o) >= WINOGRAD_MIN_CHANNELS and math.prod(ctx.shape) > 0):
+            and min(c, o) >= (WINOGRAD_MIN_CHANNELS if cblas.sgemm() is None else WINOGRAD_MIN_CHANNELS_COMPILED)
+            and math.prod(ctx.shape) > 0):
         return _prepare_winograd_conv(ctx)
     if (jit.AVAILABLE and sh == sw == 1 and kw == 3 and wo >= DIRECT_CONV_MIN_WIDTH and o <= DIRECT_CONV_MAX_OUT
             and math.prod(ctx.shape) > 0):
@@ -1244,7 +1255,7 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
     bands = [(i, t0, min(t0 + band, th)) for i in range(nb) for t0 in range(0, th, band)]
     slots = min(len(bands), len(cpu_threads.split(nb * th, 16 * (c + o) * tw)))
     u_slot, bias_vec = ctx.scratch.add((16, o, c), F32), ctx.scratch.add((o,), F32)
-    tiles = [(ctx.scratch.add((16, c, band * tw), F32), ctx.scratch.add((16, o, band * tw), F32))
+    tiles = [(ctx.scratch.add((16, c + WINOGRAD_PLANE_GAP, band * tw), F32), ctx.scratch.add((16, o, band * tw), F32))
              for _ in range(slots)]
     acc_out = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
     ops = [x_op, w_op, bias_op]
@@ -1259,7 +1270,7 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
         per_channel = _per_channel_bias(bias)
         images, outputs = [x[i] for i in range(nb)], [target[i] for i in range(nb)]
         # per slot: its transform buffers, and the products' operands for each band height (made here, once)
-        work = [(scratch[vs], scratch[ms], {r: (scratch[vs][:, :, : r * tw], scratch[ms][:, :, : r * tw])
+        work = [(scratch[vs], scratch[ms], {r: (scratch[vs][:, :c, : r * tw], scratch[ms][:, :, : r * tw])
                                             for r in {t1 - t0 for _, t0, t1 in bands}}) for vs, ms in tiles]
 
         blas = cblas.sgemm()

@@ -30,6 +30,9 @@ CASES = {
     "winograd, unpadded, cropped windows": (1, 4, 8, 7, 9, 1, (0, 0), True, 1),
     "winograd, padded after only": (1, 4, 8, 6, 8, 1, (0, 2), True, 0),
     "winograd, padded before only": (2, 5, 8, 6, 8, 1, (2, 0), False, 0),
+    # fewer than 4 channels: Winograd where its bands are one compiled call per core (else direct / im2col)
+    "winograd, three out channels (an image)": (1, 16, 3, 6, 10, 1, (1, 1), True, 0),
+    "winograd, three in channels, batch 2": (2, 3, 8, 4, 8, 1, (1, 1), False, 0),
     # 24 rows of tiles in bands of at most 8 rows, taken in turn by the cores (on two cores or more)
     "winograd, bands on every core": (1, 16, 16, 48, 64, 1, (1, 1), True, 0),
 }
@@ -45,8 +48,8 @@ def test_conv2d_kernel_matches_torch(case, mode, numpy_runtime, monkeypatch, rng
     if compiled and not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     if mode == "numba, Python band loop":
-        if COMPILED_PATH[case] != "winograd":
-            pytest.skip("only the Winograd path has a band loop")
+        if COMPILED_PATH[case] != "winograd" or min(CASES[case][1:3]) < numpy_kernels.WINOGRAD_MIN_CHANNELS:
+            pytest.skip("only the Winograd path has a band loop (from Python: with >= 4 channels)")
         monkeypatch.setattr(cblas, "sgemm", lambda: None)
     monkeypatch.setattr(jit, "AVAILABLE", compiled)
     paths = record_paths(monkeypatch)
@@ -86,7 +89,7 @@ def test_conv2d_kernel_bias_not_per_channel(path, numpy_runtime, monkeypatch, rn
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     paths = record_paths(monkeypatch)
-    n, c, o, h, w = (1, 3, 4, 4, 100) if path == "direct" else (1, 4, 8, 4, 6)
+    n, c, o, h, w = (1, 3, 4, 5, 100) if path == "direct" else (1, 4, 8, 4, 6)  # odd: not Winograd's
     g = Graph()
     x, wt, r = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3)), g.input("r", (n, o, h, w))
     f = Fused(g)
@@ -108,7 +111,7 @@ def test_conv2d_kernel_bf16_weights_and_output(path, numpy_runtime, monkeypatch,
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     monkeypatch.setattr(jit, "AVAILABLE", compiled)
     paths = record_paths(monkeypatch)
-    n, c, o, h, w = 1, 3 if path == "direct" else 4, 8, 4, 100
+    n, c, o, h, w = 1, 3 if path == "direct" else 4, 8, 5 if path == "direct" else 4, 100  # odd: not Winograd's
     g = Graph()
     x, wt, b = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3), "bf16"), g.weight("b", (o,), "bf16")
     f = Fused(g)
