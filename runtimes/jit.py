@@ -93,10 +93,10 @@ def _touch(module: ModuleType) -> None:
     blas = cblas.sgemm()
     if blas is not None:  # the band loop, on the same input layouts (no band to run: nothing is multiplied)
         images = np.zeros((1, 2, 4, 6), np.float32)
-        no_bands, counter = np.zeros((0, 3), np.int64), np.zeros(1, np.int64)
+        no_bands = np.zeros((0, 3), np.int64)
         for x in (images, images[..., :5], _read_only(images), _read_only(images[..., :5])):
-            module.winograd_bands(x, u, vec, np.zeros((1, 2, 2, 4), np.float32), u, m, no_bands, counter, 2, 1, 1,
-                                  *blas)
+            module.winograd_bands(x, u.ctypes.data, np.ones(4, np.int64), u, vec, np.zeros((1, 2, 2, 4), np.float32), u,
+                                  m, no_bands, np.zeros(2, np.int64), 2, 1, 1, *blas)
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

@@ -16,11 +16,13 @@ folder); imported through ``jit`` (lazily, warmed up in the background), never d
 
 from __future__ import annotations
 
+import platform
+
 import numba
 import numpy as np
 from llvmlite import ir
 from llvmlite.ir import values as ir_values
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 F = np.float32
@@ -734,16 +736,25 @@ def elementwise_tiles(code, consts, table, shape, regs):
 @_rows
 def winograd_weights(w, u):
     """``u[4a + b, o, c] = (G w[o, c] G^T)[a, b]`` for ``w [O, C, 3, 3]``, ``G = [[1, 0, 0], [1/2, 1/2, 1/2],
-    [1/2, -1/2, 1/2], [0, 0, 1]]``: per output channel, the nine taps gathered into rows over the input channels,
-    then every step a loop over those rows (vectorised)."""
-    no, nc = w.shape[0], w.shape[1]
+    [1/2, -1/2, 1/2], [0, 0, 1]]`` (``winograd_weight_rows`` over every output channel)."""
+    winograd_weight_rows(np.int64(w.ctypes.data), w.strides[0] // 4, w.strides[1] // 4, w.strides[2] // 4,
+                         w.strides[3] // 4, w.shape[1], u, 0, w.shape[0])
+
+
+@_rows
+def winograd_weight_rows(wa, s0, s1, s2, s3, nc, u, o0, o1):
+    """``winograd_weights`` for the output channels ``o0:o1`` of the f32 weight at address ``wa`` with element
+    strides ``s0..s3`` (by address: one machine-code version whatever the weight's layout), ``nc`` input
+    channels: per output channel, the nine taps gathered into rows over the input channels, then every step a
+    loop over those rows (vectorised)."""
     h = F(0.5)
+    wp = _f32_pointer(wa)
     g = np.empty((9, nc), np.float32)  # g[3i + j, c] = w[o, c, i, j]
     gw = np.empty((12, nc), np.float32)  # gw[3a + j] = (G w[o])[a, j]
-    for o in range(no):
+    for o in range(o0, o1):
         for c in range(nc):
             for q in range(9):
-                g[q, c] = w[o, c, q // 3, q % 3]
+                g[q, c] = wp[o * s0 + c * s1 + (q // 3) * s2 + (q % 3) * s3]
         for j in range(3):  # G over the kernel's rows
             g0, g1, g2 = g[j], g[3 + j], g[6 + j]
             r0, r1, r2, r3 = gw[j], gw[3 + j], gw[6 + j], gw[9 + j]
@@ -903,28 +914,61 @@ def _sgemm_intrinsic(int_bits: int):
 _sgemm64, _sgemm32 = _sgemm_intrinsic(64), _sgemm_intrinsic(32)
 
 
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+
+
+@intrinsic
+def _pause(typingctx):
+    """The x86 ``pause`` hint in a spin-wait loop (a no-op elsewhere: an empty statement)."""
+    sig = types.none()
+
+    def codegen(context, builder, signature, args):
+        if _X86:
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+WEIGHT_CHUNK = 32  # output channels per weight-transform task of ``winograd_bands``
+
+
 @_rows
-def winograd_bands(x, u, bias, out, v, m, bands, counter, tw, top, left, sgemm, ilp64):
-    """A core's share of a Winograd convolution in one compiled call: it takes the next untaken band of tile rows
-    (``bands[j] = (image, ty0, ty1)``; ``counter``, shared by the cores, is the first band not yet taken, increased
-    atomically) until none is left, and per band runs ``winograd_input`` into ``v``, the 16 products ``m[p] = u[p]
-    @ v[p]`` (``u [16, O, C]``, contiguous) as single-threaded calls of the BLAS's ``cblas_sgemm`` at address
-    ``sgemm`` (``ilp64``: 64-bit integers), and ``winograd_output`` into ``out[image]``. The same arithmetic as
-    the per-band Python loop, without its ~2 us per band of dispatch and the GIL it holds between the calls.
-    Returns how many bands this call ran."""
+def winograd_bands(x, wa, ws, u, bias, out, v, m, bands, counter, tw, top, left, sgemm, ilp64):
+    """A core's share of a Winograd convolution in one compiled call. The tasks, numbered by ``counter[0]``
+    (shared by the cores, increased atomically: each core takes the next untaken one until none is left), are
+    first the weight transform (``winograd_weight_rows`` of the f32 weight at address ``wa``, element strides
+    ``ws``, into ``u [16, O, C]``, contiguous) in chunks of ``WEIGHT_CHUNK`` output channels, then the bands of
+    tile rows ``bands[j] = (image, ty0, ty1)``: ``winograd_input`` into ``v``, then, once every chunk of ``u`` is
+    done (``counter[1]`` counts them; a core spins only while the other finishes a chunk it took), the 16
+    products ``m[p] = u[p] @ v[p]`` as single-threaded calls of the BLAS's ``cblas_sgemm`` at address ``sgemm``
+    (``ilp64``: 64-bit integers), and ``winograd_output`` into ``out[image]``. The same arithmetic as the
+    per-band Python loop, without its ~2 us per band of dispatch, the GIL it holds between the calls, and the
+    weight transform on one core. Returns how many bands this call ran."""
     no, nc = u.shape[1], u.shape[2]
+    chunks = (no + WEIGHT_CHUNK - 1) // WEIGHT_CHUNK
     ua, va, ma = np.int64(u.ctypes.data), np.int64(v.ctypes.data), np.int64(m.ctypes.data)
     su, sv, sm = np.int64(u.strides[0]), np.int64(v.strides[0]), np.int64(m.strides[0])  # bytes between planes
     ldb, ldc = v.strides[1] // 4, m.strides[1] // 4
-    at = np.int64(counter.ctypes.data)
+    taken, done = np.int64(counter.ctypes.data), np.int64(counter.ctypes.data) + 8
     ran = 0
     while True:
-        j = _fetch_add(at, np.int64(1))
+        j = _fetch_add(taken, np.int64(1))
+        if j < chunks:
+            winograd_weight_rows(wa, ws[0], ws[1], ws[2], ws[3], nc, u, j * WEIGHT_CHUNK,
+                                 min(no, (j + 1) * WEIGHT_CHUNK))
+            _fetch_add(done, np.int64(1))
+            continue
+        j -= chunks
         if j >= bands.shape[0]:
             return ran
         ran += 1
         i, t0, t1 = bands[j, 0], bands[j, 1], bands[j, 2]
         winograd_input(x[i], v, t0, t1, tw, top, left)
+        while _fetch_add(done, np.int64(0)) < chunks:
+            _pause()
         n = (t1 - t0) * tw
         for p in range(16):
             if ilp64:

@@ -1274,13 +1274,14 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
                                             for r in {t1 - t0 for _, t0, t1 in bands}}) for vs, ms in tiles]
 
         blas = cblas.sgemm()
-        if blas is not None:  # one compiled call per core takes the bands in turn (an atomic counter)
-            table, counter = np.array(bands, np.int64).reshape(-1, 3), np.zeros(1, np.int64)
-            parts = [functools.partial(k.winograd_bands, x, u, b_v, target, v, m, table, counter, tw, top, left,
-                                       *blas) for v, m, _ in work]
+        if blas is not None:  # one compiled call per core takes the weight chunks and bands in turn
+            table, counter = np.array(bands, np.int64).reshape(-1, 3), np.zeros(2, np.int64)
+            w_strides = np.array([stride // 4 for stride in w.strides], np.int64)
+            parts = [functools.partial(k.winograd_bands, x, w.ctypes.data, w_strides, u, b_v, target, v, m, table,
+                                       counter, tw, top, left, *blas) for v, m, _ in work]
 
             def step():
-                counter[0] = 0
+                counter[:] = 0
                 cpu_threads.run_parts(parts)
         else:
             def task(slot: int, j: int) -> None:
@@ -1294,7 +1295,8 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
             step = cpu_threads.claimed(len(bands), slots, task)
 
         def body():
-            k.winograd_weights(w, u)
+            if blas is None:
+                k.winograd_weights(w, u)
             _bias_vector(b_v, bias, per_channel)
             with cpu_threads.blas_single_threaded() if slots > 1 else contextlib.nullcontext():
                 step()

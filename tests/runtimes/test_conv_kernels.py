@@ -33,6 +33,8 @@ CASES = {
     # fewer than 4 channels: Winograd where its bands are one compiled call per core (else direct / im2col)
     "winograd, three out channels (an image)": (1, 16, 3, 6, 10, 1, (1, 1), True, 0),
     "winograd, three in channels, batch 2": (2, 3, 8, 4, 8, 1, (1, 1), False, 0),
+    # the weight transform in chunks of 32 output channels, taken in turn with the bands
+    "winograd, 70 out channels": (1, 6, 70, 6, 8, 1, (1, 1), True, 0),
     # 24 rows of tiles in bands of at most 8 rows, taken in turn by the cores (on two cores or more)
     "winograd, bands on every core": (1, 16, 16, 48, 64, 1, (1, 1), True, 0),
 }
