@@ -16,13 +16,11 @@ folder); imported through ``jit`` (lazily, warmed up in the background), never d
 
 from __future__ import annotations
 
-import platform
-
 import numba
 import numpy as np
 from llvmlite import ir
 from llvmlite.ir import values as ir_values
-from numba.core import cgutils, types
+from numba.core import types
 from numba.extending import intrinsic
 
 F = np.float32
@@ -914,24 +912,6 @@ def _sgemm_intrinsic(int_bits: int):
 _sgemm64, _sgemm32 = _sgemm_intrinsic(64), _sgemm_intrinsic(32)
 
 
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-
-@intrinsic
-def _pause(typingctx):
-    """The x86 ``pause`` hint in a spin-wait loop (a no-op elsewhere: an empty statement)."""
-    sig = types.none()
-
-    def codegen(context, builder, signature, args):
-        if _X86:
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
-                                                "llvm.x86.sse2.pause")
-            builder.call(fn, [])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 WEIGHT_CHUNK = 32  # output channels per weight-transform task of ``winograd_bands``
 
 
@@ -940,26 +920,27 @@ def winograd_bands(x, wa, ws, u, bias, out, v, m, bands, counter, tw, top, left,
     """A core's share of a Winograd convolution in one compiled call. The tasks, numbered by ``counter[0]``
     (shared by the cores, increased atomically: each core takes the next untaken one until none is left), are
     first the weight transform (``winograd_weight_rows`` of the f32 weight at address ``wa``, element strides
-    ``ws``, into ``u [16, O, C]``, contiguous) in chunks of ``WEIGHT_CHUNK`` output channels, then the bands of
-    tile rows ``bands[j] = (image, ty0, ty1)``: ``winograd_input`` into ``v``, then, once every chunk of ``u`` is
-    done (``counter[1]`` counts them; a core spins only while the other finishes a chunk it took), the 16
-    products ``m[p] = u[p] @ v[p]`` as single-threaded calls of the BLAS's ``cblas_sgemm`` at address ``sgemm``
-    (``ilp64``: 64-bit integers), and ``winograd_output`` into ``out[image]``. The same arithmetic as the
-    per-band Python loop, without its ~2 us per band of dispatch, the GIL it holds between the calls, and the
-    weight transform on one core. Returns how many bands this call ran."""
+    ``ws``, into ``u [16, O, C]``, contiguous) in chunks of ``WEIGHT_CHUNK`` output channels, ``counter[1 + q]``
+    set once chunk ``q`` is done, then the bands of tile rows ``bands[j] = (image, ty0, ty1)``: ``winograd_input``
+    into ``v``, the 16 products ``m[p] = u[p] @ v[p]`` as single-threaded calls of the BLAS's ``cblas_sgemm`` at
+    address ``sgemm`` (``ilp64``: 64-bit integers), and ``winograd_output`` into ``out[image]``. Before its first
+    products a core transforms itself any chunk another core took but has not finished (the same values written
+    twice, never a wait for a core the OS has descheduled). The same arithmetic as the per-band Python loop,
+    without its ~2 us per band of dispatch, the GIL it holds between the calls, and the weight transform on one
+    core. Returns how many bands this call ran."""
     no, nc = u.shape[1], u.shape[2]
     chunks = (no + WEIGHT_CHUNK - 1) // WEIGHT_CHUNK
     ua, va, ma = np.int64(u.ctypes.data), np.int64(v.ctypes.data), np.int64(m.ctypes.data)
     su, sv, sm = np.int64(u.strides[0]), np.int64(v.strides[0]), np.int64(m.strides[0])  # bytes between planes
     ldb, ldc = v.strides[1] // 4, m.strides[1] // 4
     taken, done = np.int64(counter.ctypes.data), np.int64(counter.ctypes.data) + 8
-    ran = 0
+    ran, weights_ready = 0, False
     while True:
         j = _fetch_add(taken, np.int64(1))
         if j < chunks:
             winograd_weight_rows(wa, ws[0], ws[1], ws[2], ws[3], nc, u, j * WEIGHT_CHUNK,
                                  min(no, (j + 1) * WEIGHT_CHUNK))
-            _fetch_add(done, np.int64(1))
+            _fetch_add(done + 8 * j, np.int64(1))
             continue
         j -= chunks
         if j >= bands.shape[0]:
@@ -967,8 +948,13 @@ def winograd_bands(x, wa, ws, u, bias, out, v, m, bands, counter, tw, top, left,
         ran += 1
         i, t0, t1 = bands[j, 0], bands[j, 1], bands[j, 2]
         winograd_input(x[i], v, t0, t1, tw, top, left)
-        while _fetch_add(done, np.int64(0)) < chunks:
-            _pause()
+        if not weights_ready:
+            for q in range(chunks):
+                if _fetch_add(done + 8 * q, np.int64(0)) == 0:
+                    winograd_weight_rows(wa, ws[0], ws[1], ws[2], ws[3], nc, u, q * WEIGHT_CHUNK,
+                                         min(no, (q + 1) * WEIGHT_CHUNK))
+                    _fetch_add(done + 8 * q, np.int64(1))
+            weights_ready = True
         n = (t1 - t0) * tw
         for p in range(16):
             if ilp64:

@@ -1275,7 +1275,8 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
 
         blas = cblas.sgemm()
         if blas is not None:  # one compiled call per core takes the weight chunks and bands in turn
-            table, counter = np.array(bands, np.int64).reshape(-1, 3), np.zeros(2, np.int64)
+            table = np.array(bands, np.int64).reshape(-1, 3)
+            counter = np.zeros(1 + -(-o // k.WEIGHT_CHUNK), np.int64)  # next task, then a flag per chunk
             w_strides = np.array([stride // 4 for stride in w.strides], np.int64)
             parts = [functools.partial(k.winograd_bands, x, w.ctypes.data, w_strides, u, b_v, target, v, m, table,
                                        counter, tw, top, left, *blas) for v, m, _ in work]

@@ -226,3 +226,29 @@ def test_winograd_bands_are_taken_in_turn(band_loop, numpy_runtime, monkeypatch,
     want = F.conv2d(torch.from_numpy(inputs["x"].astype(np.float64)),
                     torch.from_numpy(weights["w"].astype(np.float64)), padding=1).numpy()
     assert_close("conv", got, want)
+
+
+def test_winograd_band_loop_never_waits_for_a_weight_chunk(rng, assert_close):
+    """``numpy_jit.winograd_bands`` with every weight-transform chunk taken by another core that never finishes
+    (its counter past the chunks, no chunk marked done): the call transforms the chunks itself before its first
+    products, instead of spinning on a core the OS may have descheduled, and the result is the convolution."""
+    from luminal_recipes.runtimes import cblas
+
+    if not jit.AVAILABLE or cblas.sgemm() is None:
+        pytest.skip("needs numba and numpy's BLAS being OpenBLAS")
+    k = jit.kernels()
+    c, o, h, w = 8, 40, 8, 8  # two chunks of output channels
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    u = np.full((16, o, c), np.nan, np.float32)  # a chunk left untransformed would show
+    v, m = np.zeros((16, c + 1, 16), np.float32), np.zeros((16, o, 16), np.float32)
+    out = np.zeros((1, o, h, w), np.float32)
+    chunks = -(-o // k.WEIGHT_CHUNK)
+    counter = np.zeros(1 + chunks, np.int64)
+    counter[0] = chunks  # the chunks taken, none done
+    ran = k.winograd_bands(x, wt.ctypes.data, np.array([s // 4 for s in wt.strides], np.int64), u,
+                           np.zeros(o, np.float32), out, v, m, np.array([[0, 0, 4]], np.int64), counter, 4, 1, 1,
+                           *cblas.sgemm())
+    assert ran == 1 and (counter[1:] >= 1).all()
+    want = F.conv2d(torch.from_numpy(x.astype(np.float64)), torch.from_numpy(wt.astype(np.float64)), padding=1)
+    assert_close("conv", out, want.numpy())
