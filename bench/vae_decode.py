@@ -1,11 +1,13 @@
 """The FLUX.2 VAE decoder alone, ours vs diffusers' ``AutoencoderKLFlux2.decode``, timed in turns on the same
 latents and threads (ours, theirs, ours, ...), so that both see the same load on a shared machine: medians and
 minima, their ratios, the largest difference of the images. ``--no-winograd`` adds a third side, ours with the
-Winograd ``Conv2d`` path off (the direct / im2col paths that ran before it), in the same turns.
+Winograd ``Conv2d`` path off (the direct / im2col paths that ran before it), ``--python-bands`` one with its bands
+run from Python (as before ``numpy_jit.winograd_bands``), in the same turns.
 
     python bench/flux2_cpu.py --configs medium --workdir /tmp/f2   # makes the medium checkpoint once
-    python bench/vae_decode.py --workdir /tmp/f2 [--repeats 7] [--no-winograd] [--threads 1]
+    python bench/vae_decode.py --workdir /tmp/f2 [--repeats 7] [--no-winograd] [--python-bands] [--threads 1]
 
+With ``--threads 1`` the clock is the calling thread's CPU time (as in ``conv_layers.py``), else wall time.
 The decoder is the medium checkpoint's (channels 16-32-64-128) at 256x256 (latents [1, 128, 16, 16], as the
 pipeline hands them over after unpacking); the compiled program comes from ``--workdir``'s plan cache.
 """
@@ -18,6 +20,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from luminal_recipes.openblas_spin import limit_openblas_spin
 
@@ -31,6 +34,8 @@ def main() -> None:
     ap.add_argument("--workdir", required=True, help="flux2_cpu.py's --workdir (holds checkpoint-medium)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--no-winograd", action="store_true", help="also time ours without the Winograd Conv2d path")
+    ap.add_argument("--python-bands", action="store_true",
+                    help="also time ours with Winograd's bands run from Python (as before numpy_jit.winograd_bands)")
     ap.add_argument("--threads", type=int, default=0, help="threads for both sides (default: all)")
     args = ap.parse_args()
     if args.threads and os.environ.get("LUMINAL_RECIPES_THREADS") != str(args.threads):
@@ -66,6 +71,14 @@ def main() -> None:
         for name, value in saved.items():
             setattr(numpy_kernels, name, value)
 
+    if args.python_bands:  # no cblas_sgemm for the compiled band loop: the per-band Python loop, no plane gap
+        saved_blas, saved_gap = numpy_kernels.cblas, numpy_kernels.WINOGRAD_PLANE_GAP
+        numpy_kernels.cblas = SimpleNamespace(sgemm=lambda: None)
+        numpy_kernels.WINOGRAD_PLANE_GAP = 0
+        sides["ours, Python bands"] = ModelEngine(pipe.model("vae"))
+        sides["ours, Python bands"]({"latents": latents})
+        numpy_kernels.cblas, numpy_kernels.WINOGRAD_PLANE_GAP = saved_blas, saved_gap
+
     vae = AutoencoderKLFlux2.from_pretrained(folder / "vae").eval()
     lat = torch.from_numpy(latents)
     mean = vae.bn.running_mean.view(1, -1, 1, 1)
@@ -79,13 +92,17 @@ def main() -> None:
     calls["diffusers"] = theirs
     images = {name: call() for name, call in calls.items()}  # warm-up (and our first binding)
     times: dict[str, list[float]] = {name: [] for name in calls}
+    # one thread: that thread's CPU time (every kernel of both sides runs on it), which the time spent descheduled
+    # by other jobs on a shared machine does not inflate; else wall time
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
     for _ in range(args.repeats):
         for name, call in calls.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             call()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     ref = images["diffusers"]
-    print(f"threads: torch {torch.get_num_threads()}; {args.repeats} turns; load {os.getloadavg()[0]:.1f}")
+    print(f"threads: torch {torch.get_num_threads()}; {args.repeats} turns; load {os.getloadavg()[0]:.1f}; "
+          f"clock: {clock.__name__}")
     print("side                 | median ms | min ms | median / diffusers | min / diffusers | max |image - diffusers|")
     med_ref, min_ref = statistics.median(times["diffusers"]), min(times["diffusers"])
     worst = 0.0
