@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from pathlib import Path
 
 
 @functools.cache
@@ -24,9 +25,11 @@ def sgemm() -> tuple[int, bool] | None:
     import numpy as np
 
     np.ones((2, 2)) @ np.ones((2, 2))  # numpy loads its BLAS on first use
-    for info in threadpool_info():
-        if info.get("user_api") != "blas" or info.get("internal_api") != "openblas":
-            continue
+    libraries = [info for info in threadpool_info()
+                 if info.get("user_api") == "blas" and info.get("internal_api") == "openblas"]
+    numpy_dir = Path(np.__file__).resolve().parent.parent  # numpy's own (e.g. numpy.libs/) first, then any other
+    libraries.sort(key=lambda info: not Path(info["filepath"]).resolve().is_relative_to(numpy_dir / "numpy.libs"))
+    for info in libraries:
         try:
             lib = ctypes.CDLL(info["filepath"])
         except OSError:

@@ -219,8 +219,10 @@ def test_winograd_bands_are_taken_in_turn(band_loop, numpy_runtime, monkeypatch,
     weights = {"w": (rng.standard_normal((o, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)}
     got = numpy_runtime.run(f.program(y=y), inputs, weights)["y"]
     if band_loop == "compiled":
-        assert len(callers) == len(workers) == 1 and callers[0] + workers[0] == 24, (callers, workers)
-        assert workers[0] >= 22, workers  # fixed halves would have left 12 bands waiting for the caller
+        assert sum(callers) + sum(workers) == 24 and len(callers) + len(workers) == 2, (callers, workers)
+        # fixed halves would have left 12 bands waiting for the caller (on a machine so loaded that the worker
+        # has not started within the caller's sleep, the caller runs both parts: the second finds no band left)
+        assert sum(workers) >= 22 if workers else callers[1] == 0, (callers, workers)
     else:
         assert not callers and len(workers) <= 2, workers  # the caller took the other 22-24 of the 24 bands
     want = F.conv2d(torch.from_numpy(inputs["x"].astype(np.float64)),
