@@ -9,7 +9,8 @@ run from Python (as before ``numpy_jit.winograd_bands``), in the same turns.
 
 With ``--threads 1`` the clock is the calling thread's CPU time (as in ``conv_layers.py``), else wall time.
 The decoder is the medium checkpoint's (channels 16-32-64-128) at 256x256 (latents [1, 128, 16, 16], as the
-pipeline hands them over after unpacking); the compiled program comes from ``--workdir``'s plan cache.
+pipeline hands them over after unpacking), or with ``--config tiny`` the shipped tiny checkpoint's at 80x48; the
+compiled program comes from ``--workdir``'s plan cache.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import numpy as np  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", required=True, help="flux2_cpu.py's --workdir (holds checkpoint-medium)")
+    ap.add_argument("--config", choices=("medium", "tiny"), default="medium",
+                    help="tiny: the shipped tiny checkpoint's decoder at the tiny recipe's 80x48")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--no-winograd", action="store_true", help="also time ours without the Winograd Conv2d path")
     ap.add_argument("--python-bands", action="store_true",
@@ -41,11 +44,13 @@ def main() -> None:
     if args.threads and os.environ.get("LUMINAL_RECIPES_THREADS") != str(args.threads):
         os.environ["LUMINAL_RECIPES_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
         os.execv(sys.executable, [sys.executable, *sys.argv])  # the thread counts are read at import
-    folder = Path(args.workdir) / "checkpoint-medium"
+    root = Path(__file__).resolve().parents[1]
+    tiny = args.config == "tiny"
+    folder = root / "recipes" / "flux2-tiny" / "checkpoint" if tiny else Path(args.workdir) / "checkpoint-medium"
     if not (folder / "vae").is_dir():
         sys.exit(f"error: {folder / 'vae'} not found: run bench/flux2_cpu.py --configs medium --workdir "
                  f"{args.workdir} first (it makes the checkpoint)")
-    os.environ.setdefault("LUMINAL_RECIPES_CACHE", str(Path(args.workdir) / "plan-cache-medium"))
+    os.environ.setdefault("LUMINAL_RECIPES_CACHE", str(Path(args.workdir) / f"plan-cache-{args.config}"))
 
     import torch
     from diffusers import AutoencoderKLFlux2, Flux2Pipeline
@@ -57,9 +62,13 @@ def main() -> None:
     from luminal_recipes.pipeline.engine import ModelEngine
     from luminal_recipes.runtimes import numpy_kernels
 
-    root = Path(__file__).resolve().parents[1]
-    pipe = Pipeline(root / "recipes" / "flux2.yaml", weights=folder, sets={"text_encoder_out_layers": [2, 5, 8]})
-    latents = np.random.default_rng(0).standard_normal((1, 128, 16, 16)).astype(np.float32)
+    if tiny:  # 80x48: latents [1, 32 * 4, 48 / 16, 80 / 16]
+        pipe = Pipeline(root / "recipes" / "flux2-tiny.yaml", weights=folder)
+        shape = (1, 128, 3, 5)
+    else:
+        pipe = Pipeline(root / "recipes" / "flux2.yaml", weights=folder, sets={"text_encoder_out_layers": [2, 5, 8]})
+        shape = (1, 128, 16, 16)
+    latents = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     sides = {"ours": ModelEngine(pipe.model("vae"))}
     if args.no_winograd:
         bounds = ("WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_CHANNELS_COMPILED")
