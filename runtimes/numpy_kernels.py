@@ -1234,13 +1234,16 @@ def _conv_epilogue(out: np.ndarray, target: np.ndarray, bias: np.ndarray | None,
 
 def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
     """Winograd F(2x2, 3x3) (numpy_jit.winograd_*): the images' 2x2 output tiles cut into bands of tile rows
-    (``WINOGRAD_BAND``), which the cores take in turn (``cpu_threads.claimed``: a core the OS gives less time
-    simply does fewer bands; fixed halves left the other core waiting), each core with its own scratch: the input
-    transform into ``v [16, C, tiles]``, 16 BLAS products ``[O, C] @ [C, tiles]`` (single-threaded inside) into
-    ``m [16, O, tiles]``, the output transform into the output rows, a per-channel bias added there. An f32 input
-    zero-padded on its rows and columns is read in place, the padding made by the input transform; any other input
-    view is first gathered into scratch. The weight transform ``u [16, O, C]`` and the bias vector are made in
-    scratch at every run (weights may stream)."""
+    (``WINOGRAD_BAND``), which the cores take in turn (a core the OS gives less time simply does fewer bands;
+    fixed halves left the other core waiting), each core with its own scratch: the input transform into ``v [16,
+    C, tiles]`` (planes ``WINOGRAD_PLANE_GAP`` rows apart), 16 BLAS products ``[O, C] @ [C, tiles]``
+    (single-threaded inside) into ``m [16, O, tiles]``, the output transform into the output rows, a per-channel
+    bias added there. Where numpy's BLAS is OpenBLAS (``cblas.sgemm``) each core's share is one compiled call
+    (``numpy_jit.winograd_bands``: tasks from an atomic counter, the weight transform in chunks among them, the
+    products as direct ``cblas_sgemm`` calls); else the bands run from Python (``cpu_threads.claimed``). An f32
+    input zero-padded on its rows and columns is read in place, the padding made by the input transform; any other
+    input view is first gathered into scratch. The weight transform ``u [16, O, C]`` and the bias vector are made
+    in scratch at every run (weights may stream)."""
     (nb, c, _, _), (o, _, _, _) = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
     th, tw = ctx.shape[2] // 2, ctx.shape[3] // 2
     x_in = ctx.inputs[0]
