@@ -88,6 +88,9 @@ def _touch(module: ModuleType) -> None:
         module.winograd_weights(w, u)
         module.winograd_weights(_read_only(w), u)  # a checkpoint weight, read in place
     module.winograd_output(m, vec, np.zeros((2, 2, 4), np.float32), 0, 1, 2)
+    source = np.zeros((2, 4), np.float32)  # Copy's upsampling: rows of a read-only view, one run or strided
+    for src in (_read_only(source), _read_only(source[:, :3])):
+        module.upsample2_rows(src, np.zeros((4, 2 * src.shape[1]), np.float32), 0, 2)
     from . import cblas
 
     blas = cblas.sgemm()

@@ -464,7 +464,14 @@ def prepare_copy(ctx: KernelContext) -> Bind:
                     np.copyto(d_step, s_step)
             return run
 
-        copies = cpu_threads.parallel([copy(d, s) for d, s in _split_pair(dst, src)])
+        rows = _upsampled_rows(dst, src) if jit.AVAILABLE and not zeros else None
+        if rows is not None:  # a 2x nearest-neighbour upsampling: one compiled pass, its rows split over the cores
+            kernel, (src_rows, dst_rows) = jit.kernels().upsample2_rows, rows
+            copies = cpu_threads.parallel([
+                lambda part=part: kernel(src_rows, dst_rows, part.start, part.stop)
+                for part in cpu_threads.split(src_rows.shape[0], 4 * src_rows.shape[1])])
+        else:
+            copies = cpu_threads.parallel([copy(d, s) for d, s in _split_pair(dst, src)])
 
         def body():
             for z in zeros:
@@ -474,6 +481,24 @@ def prepare_copy(ctx: KernelContext) -> Bind:
         return body
 
     return bind
+
+
+def _upsampled_rows(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(src as [R, W], dst as [2R, 2W])`` where ``src`` is an f32 ``[..., H, 2, W, 2]`` view repeating each
+    value along both 2-axes (stride 0; W with unit stride, H and the axes before it one run of rows) and ``dst``
+    is contiguous: a 2x nearest-neighbour upsampling, ``numpy_jit.upsample2_rows``'s layout; else None."""
+    if src.dtype != F32 or src.ndim < 4 or not dst.flags.c_contiguous:
+        return None
+    (h, two_h, w, two_w), (sh, zh, sw, zw) = src.shape[-4:], src.strides[-4:]
+    if (two_h, two_w, zh, zw, sw) != (2, 2, 0, 0, 4) and not (w == 1 and (two_h, two_w, zh, zw) == (2, 2, 0, 0)):
+        return None
+    expected, rows = sh * h, h
+    for d, stride in zip(reversed(src.shape[:-4]), reversed(src.strides[:-4])):
+        if d != 1 and stride != expected:
+            return None
+        expected, rows = expected * d, rows * d
+    src_rows = np.lib.stride_tricks.as_strided(src, (rows, w), (sh, 4), writeable=False)
+    return src_rows, dst.reshape(2 * rows, 2 * w)
 
 
 def _repeat_steps(dst: np.ndarray, src: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:

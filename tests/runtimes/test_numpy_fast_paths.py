@@ -71,12 +71,17 @@ def test_concat_and_copy_kernels_take_the_box_wise_paths(runtime, monkeypatch):
         assert used and used[-1] is not None
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["numba", "numpy"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_copy_of_repeated_values_fills_the_repeats_from_the_output(threads, runtime, monkeypatch):
+def test_copy_of_repeated_values_fills_the_repeats_from_the_output(threads, compiled, runtime, monkeypatch):
     """A ``Copy`` of a view that repeats values along its innermost axes (a 2x nearest upsampling, and a repeat
-    with a padded axis around it): the copies repeated within the output give the reference's bits."""
-    from luminal_recipes.runtimes import cpu_threads
+    with a padded axis around it): the copies repeated within the output give the reference's bits. With numba
+    the upsampling is one compiled pass (``numpy_jit.upsample2_rows``), without it first entries then repeats."""
+    from luminal_recipes.runtimes import cpu_threads, jit
 
+    if compiled and not jit.AVAILABLE:
+        pytest.skip("numba is not installed (luminal-recipes[jit])")
+    monkeypatch.setattr(jit, "AVAILABLE", compiled)
     monkeypatch.setattr(cpu_threads, "THREADS", threads)
     monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
     g = Graph()
@@ -87,9 +92,10 @@ def test_copy_of_repeated_values_fills_the_repeats_from_the_output(threads, runt
     f = Fused(g)
     y = f.add("Copy", [up], (2, 3, 4, 2, 5, 2))
     z = f.add("Copy", [a.pad(1, 1, 0).expand(4, 3)], (2, 4, 4, 5, 3))
-    calls = []
-    steps = numpy_kernels._repeat_steps
+    calls, upsampled = [], []
+    steps, rows = numpy_kernels._repeat_steps, numpy_kernels._upsampled_rows
     monkeypatch.setattr(numpy_kernels, "_repeat_steps", lambda d, s: calls.append(steps(d, s)) or calls[-1])
+    monkeypatch.setattr(numpy_kernels, "_upsampled_rows", lambda d, s: upsampled.append(rows(d, s)) or upsampled[-1])
     inputs = {"a": np.random.default_rng(2).standard_normal((2, 3, 4, 5)).astype(np.float32)}
     got = runtime.run(f.program(y=y, z=z), inputs)
     want = run_reference(g, inputs)
@@ -97,6 +103,9 @@ def test_copy_of_repeated_values_fills_the_repeats_from_the_output(threads, runt
     assert np.array_equal(got["z"], want["padded"])
     if runs_numpy_kernels(runtime):
         assert calls and all(len(c) > 1 for c in calls)  # first entries, then the repeats
+        # compiled: the upsampling (y, 6 axes) in one pass, the padded repeat (z, 5 axes) by steps; else both
+        assert any(c[0][0].ndim == 6 for c in calls) != compiled and any(c[0][0].ndim == 5 for c in calls)
+        assert [r is not None for r in upsampled] == ([True] if compiled else []), upsampled
 
 
 @pytest.mark.parametrize("op", ["Attention", "AttentionBlocked"])
