@@ -56,6 +56,7 @@ WINOGRAD_BAND = 1 << 16
 # so without a gap the planes the input transform writes in turn fall on the same L1 sets and 4 KiB-alias its
 # loads (measured on one core: the transform's time varied up to 1.5x with the buffers' addresses, 10-40% slower)
 WINOGRAD_PLANE_GAP = 1
+OPENBLAS_THREADED_PRODUCT = 1 << 18  # m * n * k above which OpenBLAS runs a product on its threads
 JIT_TILE = 1024  # f32 elements per register of the compiled Elementwise kernel (a few registers fit L1)
 # elements per part at least: a compiled pass does ~0.1 ns per element, so a smaller part costs less than handing
 # it to another thread (20-50 us, far more when the machine is loaded and the worker waits for a core)
@@ -1287,6 +1288,9 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
              for _ in range(slots)]
     acc_out = None if ctx.dtype == F32 else ctx.scratch.add(ctx.shape, F32)
     ops = [x_op, w_op, bias_op]
+    # BLAS on one thread inside the parts, and for one part whose products OpenBLAS would thread (above its
+    # m * n * k threshold, 2^18 by default): a two-threaded call waits for its descheduled helper thread
+    one_blas_thread = slots > 1 or o * c * band * tw > OPENBLAS_THREADED_PRODUCT
 
     def bind(out, flats, scratch):
         x, w, bias = bind_all(ops, flats, scratch)
@@ -1327,7 +1331,7 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
             if blas is None:
                 k.winograd_weights(w, u)
             _bias_vector(b_v, bias, per_channel)
-            with cpu_threads.blas_single_threaded() if slots > 1 else contextlib.nullcontext():
+            with cpu_threads.blas_single_threaded() if one_blas_thread else contextlib.nullcontext():
                 step()
             _conv_epilogue(out, target, bias, per_channel)
 
