@@ -23,6 +23,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
+def _defines_numba_code(text: str) -> bool:
+    """Whether a file defines compiled functions or intrinsics (not merely mentions or imports numba)."""
+    return "njit(" in text or "@intrinsic" in text
+
+
 @functools.cache
 def _numba_imports(path: Path) -> tuple[Path, ...]:
     """The files of this package that ``path`` imports with ``from .name import ...`` and that define numba
@@ -31,7 +36,7 @@ def _numba_imports(path: Path) -> tuple[Path, ...]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
             dep = HERE / f"{node.module.replace('.', '/')}.py"
-            if dep.is_file() and dep != Path(__file__).resolve() and "numba" in dep.read_text():
+            if dep.is_file() and dep != Path(__file__).resolve() and _defines_numba_code(dep.read_text()):
                 found.append(dep)
     return tuple(found)
 
