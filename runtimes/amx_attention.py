@@ -34,7 +34,8 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from .amx_gemm import BLOCK, _block, _load_f32, _put, _release, _split_16, configure, pack_a, pack_b
+from .amx_gemm import (BLOCK, _block_tiles, _load_f32, _release, _split, _split_16, _split_32, _store_u16, configure,
+                       pack_a_tiles, pack_b)
 from .numba_cache import install as _install_cache_locator
 from .numpy_jit import _wide_vectors, online_softmax_row
 
@@ -66,12 +67,13 @@ def head_buffers(t: int, d: int, dv: int) -> list[tuple[tuple[int, ...], np.dtyp
 
 def task_buffers(rows: int, t: int, d: int, dv: int) -> list[tuple[tuple[int, ...], np.dtype]]:
     """The scratch arrays of ``task`` after the packed head, for blocks of up to ``rows`` query rows: q * scale,
-    its parts, a key block's scores and p's parts, the accumulator, the running max, sum and rescale factor,
-    the tile configuration."""
+    its parts (``pack_a_tiles``' layout), one 32-row block's scores and p's parts (the same layout) for a key
+    block, the accumulator, the running max, sum and rescale factor, the tile configuration."""
     r, dp, dvp, kb = _round_up(rows, BLOCK), _round_up(d, BLOCK), _round_up(dv, BLOCK), key_block(t)
     u16, f32 = np.dtype(np.uint16), np.dtype(np.float32)
-    return [((r, d), f32), ((3, 1, r, dp), u16), ((r, kb), f32), ((3, 1, r, kb), u16), ((r, dvp), f32),
-            ((r,), f32), ((r,), f32), ((r,), f32), ((64,), np.dtype(np.uint8))]
+    return [((r, d), f32), ((r // BLOCK, dp // BLOCK, 3, BLOCK, BLOCK), u16), ((BLOCK, kb), f32),
+            ((kb // BLOCK, 3, BLOCK, BLOCK), u16), ((r, dvp), f32), ((r,), f32), ((r,), f32), ((r,), f32),
+            ((64,), np.dtype(np.uint8))]
 
 
 @intrinsic
@@ -99,29 +101,34 @@ def pack_kv(k, k_rs, k_cs, v, v_rs, v_cs, t, d, dv, kp, vp):
 
 
 @numba.njit(fastmath=_FAST, cache=True, nogil=True, error_model="numpy")
-def _softmax_parts(scores, rows, n, running, sums, rescale, first, p_buf):
-    """One key block (``n`` keys) of an online softmax over rows ``0:rows`` of ``scores``, as
-    ``numpy_jit.exp_rows_online`` (in place: ``exp(x - new max)``, the sums and the rescale factors), and p's
-    three bf16 parts written to ``p_buf`` [3, 1, R, KB] (zero from ``n`` to the next multiple of 32). 1 if p
-    holds a value that is not finite."""
+def _softmax_parts(scores, rows, i0, n, running, sums, rescale, first, p_buf):
+    """One key block (``n`` keys) of an online softmax over rows ``0:rows`` of ``scores`` (rows ``i0 + i`` of
+    the running state), as ``numpy_jit.exp_rows_online`` (in place: ``exp(x - new max)``, the sums and the
+    rescale factors), and p's three bf16 parts written to ``p_buf`` [KB / 32, 3, 32, 32] (``pack_a_tiles``'
+    layout; zero from ``n`` to the next multiple of 32). 1 if p holds a value that is not finite."""
     _wide_vectors()
     low = np.float32(np.finfo(np.float32).min)
+    n32 = n - n % BLOCK
     n16 = n - n % 16
-    part_bytes = p_buf.strides[0]
+    step, part = p_buf.strides[0], p_buf.strides[1]
+    base = p_buf.ctypes.data
     bad = 0
     for i in range(rows):
         row = scores[i, :n]
-        online_softmax_row(row, i, first, running, sums, rescale, low)
+        online_softmax_row(row, i0 + i, first, running, sums, rescale, low)
         src = row.ctypes.data
-        dst = p_buf.ctypes.data + i * p_buf.strides[2]
-        for j in range(0, n16, 16):
-            bad |= _split_16(src + j * 4, dst + j * 2, part_bytes)
-        for j in range(n16, n):
-            bad |= _put(p_buf, 0, i, j, row[j])
-        for j in range(n, (n + BLOCK - 1) // BLOCK * BLOCK):
-            p_buf[0, 0, i, j] = 0
-            p_buf[1, 0, i, j] = 0
-            p_buf[2, 0, i, j] = 0
+        dst = base + i * (2 * BLOCK)
+        for j in range(0, n32, BLOCK):
+            bad |= _split_32(src + j * 4, dst + (j // BLOCK) * step, part)
+        for j in range(n32, n16, 16):
+            bad |= _split_16(src + j * 4, dst + (j // BLOCK) * step + (j % BLOCK) * 2, part)
+        for j in range(n16, (n + BLOCK - 1) // BLOCK * BLOCK):
+            at = dst + (j // BLOCK) * step + (j % BLOCK) * 2
+            h, m, lo, nonfinite = _split(row[j] if j < n else np.float32(0))
+            _store_u16(at, h)
+            _store_u16(at + part, m)
+            _store_u16(at + 2 * part, lo)
+            bad |= nonfinite
     return bad
 
 
@@ -130,41 +137,45 @@ def task(q, q_rs, q_cs, rows, scale, t, out, o_rs, o_cs, dv, kp, vp, qs, q_buf, 
          rescale, config):
     """``out = softmax((q * scale) k^T) v`` for ``rows`` query rows: ``q`` [rows, D] and ``out`` [rows, Dv] f32
     at addresses ``q`` and ``out`` (strides in bytes), k and v (``t`` keys) packed by ``pack_kv`` into ``kp``
-    and ``vp``; the rest as ``task_buffers`` gave. 0, or 1 as the module says (``out`` then unfinished)."""
+    and ``vp``; the rest as ``task_buffers`` gave. 0, or 1 as the module says (``out`` then unfinished).
+    Per key block, the query rows are taken 32 at a time through both products and the softmax pass, so that
+    a row block's scores (32 x KB f32) are still in L1 when the softmax pass reads them, and p's parts when
+    p v reads them; the key block's panels of k and v stay in L2 for all the row blocks."""
     _wide_vectors()
     d = qs.shape[1]
     for i in range(rows):
         src = q + i * q_rs
         for j in range(d):
             qs[i, j] = _load_f32(src + j * q_cs) * scale
-    if pack_a(qs.ctypes.data, qs.strides[0], qs.strides[1], 0, rows, 0, d, q_buf):
+    if pack_a_tiles(qs.ctypes.data, qs.strides[0], qs.strides[1], 0, rows, 0, d, q_buf):
         return 1
     configure(config)
     kb = scores.shape[1]
-    q_row, q_part, d_steps = q_buf.strides[2], q_buf.strides[0], q_buf.shape[3] // BLOCK
-    p_row, p_part = p_buf.strides[2], p_buf.strides[0]
+    q_step, q_part, d_steps = q_buf.strides[1], q_buf.strides[2], q_buf.shape[1]
+    p_step, p_part = p_buf.strides[0], p_buf.strides[1]
     s_row, acc_row = scores.strides[0], acc.strides[0]
     bad = 0
     for t0 in range(0, t, kb):
         n = min(kb, t - t0)
         panels = (n + BLOCK - 1) // BLOCK
         first = t0 == 0
-        for jp in range(panels):  # scores = (q * scale) k^T, in 32 x 32 blocks
-            panel = kp.ctypes.data + (t0 // BLOCK + jp) * kp.strides[0]
-            for ib in range(0, rows, BLOCK):
-                _block(q_buf.ctypes.data + ib * q_row, q_row, q_part, panel, kp.strides[1], d_steps,
-                       scores.ctypes.data + ib * s_row + jp * BLOCK * 4, s_row, 0)
-        bad |= _softmax_parts(scores, rows, n, running, sums, rescale, first, p_buf)
-        if not first:
-            for i in range(rows):
-                f = rescale[i]
-                for j in range(acc.shape[1]):
-                    acc[i, j] *= f
-        for jj in range(vp.shape[0]):  # acc (+)= p v
-            panel = vp.ctypes.data + jj * vp.strides[0] + (t0 // BLOCK) * PANEL_STEP
-            for ib in range(0, rows, BLOCK):
-                _block(p_buf.ctypes.data + ib * p_row, p_row, p_part, panel, vp.strides[1], panels,
-                       acc.ctypes.data + ib * acc_row + jj * BLOCK * 4, acc_row, 0 if first else 1)
+        for ib in range(0, rows, BLOCK):
+            nr = min(BLOCK, rows - ib)
+            q_block = q_buf.ctypes.data + (ib // BLOCK) * q_buf.strides[0]
+            for jp in range(panels):  # scores = (q * scale) k^T, 32 x 32 blocks
+                panel = kp.ctypes.data + (t0 // BLOCK + jp) * kp.strides[0]
+                _block_tiles(q_block, q_step, q_part, panel, kp.strides[1], d_steps,
+                             scores.ctypes.data + jp * BLOCK * 4, s_row, 0)
+            bad |= _softmax_parts(scores, nr, ib, n, running, sums, rescale, first, p_buf)
+            if not first:
+                for i in range(ib, ib + nr):
+                    f = rescale[i]
+                    for j in range(acc.shape[1]):
+                        acc[i, j] *= f
+            for jj in range(vp.shape[0]):  # acc (+)= p v
+                panel = vp.ctypes.data + jj * vp.strides[0] + (t0 // BLOCK) * PANEL_STEP
+                _block_tiles(p_buf.ctypes.data, p_step, p_part, panel, vp.strides[1], panels,
+                             acc.ctypes.data + ib * acc_row + jj * BLOCK * 4, acc_row, 0 if first else 1)
     _release()
     if bad:
         return 1
