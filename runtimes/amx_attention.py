@@ -31,13 +31,25 @@ import functools
 import numba
 import numpy as np
 from llvmlite import ir
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from .amx_gemm import (BLOCK, _block_tiles, _load_f32, _release, _split, _split_16, _split_32, _store_u16, configure,
-                       pack_a_tiles, pack_b)
+from .amx_gemm import (
+    BLOCK,
+    PARTS,
+    _block_tiles,
+    _load_f32,
+    _release,
+    _split,
+    _split_bits,
+    _store_u16,
+    _top_halves,
+    configure,
+    pack_a_tiles,
+    pack_b,
+)
 from .numba_cache import install as _install_cache_locator
-from .numpy_jit import _wide_vectors, online_softmax_row
+from .numpy_jit import EXP_LOW, MAGIC, _maxnum, _wide_vectors, exp_f32
 
 _install_cache_locator()  # before the kernels: their cache goes stale with amx_gemm's and numpy_jit's helpers
 
@@ -87,6 +99,148 @@ def _store_f32(typingctx, address, value):
     return sig, codegen
 
 
+_F32X16 = ir.VectorType(ir.FloatType(), 16)
+_I64 = ir.IntType(64)
+
+
+def _splat(value: float):
+    return ir.Constant(_F32X16, [float(value)] * 16)
+
+
+def _vector_call(builder, name: str, *args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32X16, [_F32X16] * len(args)),
+                                        f"{name}.v16f32")
+    return builder.call(fn, list(args))
+
+
+def _loop(builder, count, step: int, values: list):
+    """IR: a loop ``j = 0, step, ...`` while ``j < count`` (none if ``count`` <= 0) carrying ``values`` (phis);
+    returns the builder placed in the body, ``j``, the phis, and ``close(new values)`` which ends the loop and
+    returns the values after it."""
+    head = builder.block
+    body = builder.append_basic_block("loop")
+    done = builder.append_basic_block("loop.done")
+    zero = ir.Constant(_I64, 0)
+    builder.cbranch(builder.icmp_signed(">", count, zero), body, done)
+    builder.position_at_end(body)
+    j = builder.phi(_I64)
+    j.add_incoming(zero, head)
+    phis = []
+    for v in values:
+        phi = builder.phi(v.type)
+        phi.add_incoming(v, head)
+        phis.append(phi)
+
+    def close(new_values):
+        j_next = builder.add(j, ir.Constant(_I64, step))
+        j.add_incoming(j_next, builder.block)
+        for phi, v in zip(phis, new_values):
+            phi.add_incoming(v, builder.block)
+        end = builder.block
+        builder.cbranch(builder.icmp_signed("<", j_next, count), body, done)
+        builder.position_at_end(done)
+        out = []
+        for v, new in zip(values, new_values):
+            phi = builder.phi(v.type)
+            phi.add_incoming(v, head)
+            phi.add_incoming(new, end)
+            out.append(phi)
+        return out
+
+    return j, phis, close
+
+
+def _lanes(builder, x, op):
+    """The 16 lanes of ``x`` reduced with ``op`` (a builder method), in a fixed order (halving)."""
+    width = 16
+    while width > 1:
+        width //= 2
+        lanes = ir.VectorType(ir.FloatType(), width)
+        low = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), width), list(range(width))))
+        high = builder.shuffle_vector(x, x, ir.Constant(ir.VectorType(ir.IntType(32), width),
+                                                        list(range(width, 2 * width))))
+        x = op(low, high)
+        assert x.type == lanes
+    return builder.extract_element(x, ir.Constant(ir.IntType(32), 0))
+
+
+@intrinsic
+def _row_max(typingctx, src, n):
+    """The max of ``n`` (a multiple of 64) f32 at ``src``, -inf if none: four running maxima of 16 lanes (one
+    running maximum is bound by the max's latency). A NaN makes the result NaN or not; either way p turns NaN
+    through exp on its row and the task goes to BLAS."""
+    sig = types.float32(types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src, n = args
+        start = [_splat(-np.inf)] * 4
+        j, acc, close = _loop(builder, n, 64, start)
+        new = []
+        for h in range(4):
+            at = builder.add(src, builder.mul(builder.add(j, ir.Constant(_I64, 16 * h)), ir.Constant(_I64, 4)))
+            x = builder.load(builder.inttoptr(at, _F32X16.as_pointer()), align=4)
+            new.append(builder.select(builder.fcmp_ordered(">", acc[h], x), acc[h], x))
+        acc = close(new)
+
+        def vmax(a, b):
+            return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+        return _lanes(builder, vmax(vmax(acc[0], acc[1]), vmax(acc[2], acc[3])), vmax)
+
+    return sig, codegen
+
+
+def _exp_vector(builder, x):
+    """``numpy_jit.exp_f32`` on a <16 x float> (its range reduction and Cephes polynomial, with explicit FMAs)."""
+    fma = functools.partial(_vector_call, builder, "llvm.fma")
+    above = builder.fcmp_ordered(">", x, _splat(EXP_LOW))
+    xc = builder.select(above, x, _splat(EXP_LOW))
+    n = builder.fsub(fma(xc, _splat(1.4426950408889634), _splat(MAGIC)), _splat(MAGIC))
+    r = fma(n, _splat(-0.693359375), xc)
+    r = fma(n, _splat(2.12194440e-4), r)
+    p = _splat(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = fma(p, r, _splat(c))
+    y = builder.fadd(fma(builder.fmul(p, r), r, r), _splat(1.0))
+    i32x16 = ir.VectorType(ir.IntType(32), 16)
+    two_n = builder.shl(builder.add(builder.fptosi(n, i32x16), ir.Constant(i32x16, [127] * 16)),
+                        ir.Constant(i32x16, [23] * 16))
+    y = builder.fmul(y, builder.bitcast(two_n, _F32X16))
+    return builder.select(above, y, _splat(0.0))
+
+
+@intrinsic
+def _exp_split_row(typingctx, src, n, m, dst, step, part):
+    """p = exp(x - ``m``) for ``n`` (a multiple of 32) f32 at ``src``, written only as p's three bf16 parts in
+    ``pack_a_tiles``' layout (32 keys of a row per tile row at ``dst``, k steps ``step`` bytes apart, parts
+    ``part`` apart: one byte permutation and one 64-byte store per part); returns the sum of p (two running
+    sums of 16 lanes, a fixed order). One pass: p is never stored as f32. A p that is not finite makes the sum
+    not finite."""
+    sig = types.float32(types.intp, types.intp, types.float32, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, signature, args):
+        src, n, m, dst, step, part = args
+        shift = builder.insert_element(ir.Constant(_F32X16, ir.Undefined), m, ir.Constant(ir.IntType(32), 0))
+        shift = builder.shuffle_vector(shift, shift, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+        j, acc, close = _loop(builder, n, BLOCK, [_splat(0.0)] * 2)
+        halves, new = [], []
+        for h in range(2):
+            at = builder.add(src, builder.mul(builder.add(j, ir.Constant(_I64, 16 * h)), ir.Constant(_I64, 4)))
+            x = builder.load(builder.inttoptr(at, _F32X16.as_pointer()), align=4)
+            p = _exp_vector(builder, builder.fsub(x, shift))
+            new.append(builder.fadd(acc[h], p))
+            halves.append(_split_bits(builder, p)[0])
+        out = builder.add(dst, builder.mul(builder.udiv(j, ir.Constant(_I64, BLOCK)), step))
+        for q in range(PARTS):
+            row = _top_halves(builder, halves[0][q], halves[1][q], list(range(32)))
+            at = builder.add(out, builder.mul(part, ir.Constant(_I64, q)))
+            builder.store(row, builder.inttoptr(at, row.type.as_pointer()), align=2)
+        acc = close(new)
+        return _lanes(builder, builder.fadd(acc[0], acc[1]), builder.fadd)
+
+    return sig, codegen
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def pack_kv(k, k_rs, k_cs, v, v_rs, v_cs, t, d, dv, kp, vp):
     """k [T, D] (as k^T: panel j = keys 32j..) into ``kp`` and v [T, Dv] (panel j = columns 32j..) into ``vp``,
@@ -103,32 +257,41 @@ def pack_kv(k, k_rs, k_cs, v, v_rs, v_cs, t, d, dv, kp, vp):
 @numba.njit(fastmath=_FAST, cache=True, nogil=True, error_model="numpy")
 def _softmax_parts(scores, rows, i0, n, running, sums, rescale, first, p_buf):
     """One key block (``n`` keys) of an online softmax over rows ``0:rows`` of ``scores`` (rows ``i0 + i`` of
-    the running state), as ``numpy_jit.exp_rows_online`` (in place: ``exp(x - new max)``, the sums and the
-    rescale factors), and p's three bf16 parts written to ``p_buf`` [KB / 32, 3, 32, 32] (``pack_a_tiles``'
-    layout; zero from ``n`` to the next multiple of 32). 1 if p holds a value that is not finite."""
+    the running state), as ``numpy_jit.exp_rows_online``: ``new = max(running, max(row))`` (not below f32's
+    lowest), the rescale factor ``exp(running - new)``, ``sums = sums * rescale + sum(p)``, with ``p = exp(x -
+    new)`` written only as its three bf16 parts to ``p_buf`` [KB / 32, 3, 32, 32] (``pack_a_tiles``' layout;
+    zero from ``n`` to the next multiple of 32), in the same pass as the exp. 1 if p holds a value that is not
+    finite."""
     _wide_vectors()
     low = np.float32(np.finfo(np.float32).min)
-    n32 = n - n % BLOCK
-    n16 = n - n % 16
+    n64, n32 = n - n % 64, n - n % BLOCK
     step, part = p_buf.strides[0], p_buf.strides[1]
-    base = p_buf.ctypes.data
     bad = 0
     for i in range(rows):
-        row = scores[i, :n]
-        online_softmax_row(row, i0 + i, first, running, sums, rescale, low)
+        row = scores[i]
         src = row.ctypes.data
-        dst = base + i * (2 * BLOCK)
-        for j in range(0, n32, BLOCK):
-            bad |= _split_32(src + j * 4, dst + (j // BLOCK) * step, part)
-        for j in range(n32, n16, 16):
-            bad |= _split_16(src + j * 4, dst + (j // BLOCK) * step + (j % BLOCK) * 2, part)
-        for j in range(n16, (n + BLOCK - 1) // BLOCK * BLOCK):
+        m = _row_max(src, n64)
+        for j in range(n64, n):
+            m = _maxnum(m, row[j])
+        m = max(m, low)
+        r = i0 + i
+        if not first:
+            m = max(m, running[r])
+            rescale[r] = exp_f32(running[r] - m)
+        running[r] = m
+        dst = p_buf.ctypes.data + i * (2 * BLOCK)
+        total = _exp_split_row(src, n32, m, dst, step, part)
+        for j in range(n32, (n + BLOCK - 1) // BLOCK * BLOCK):
+            x = exp_f32(row[j] - m) if j < n else np.float32(0)
+            total += x
+            h, mid, lo, _ = _split(x)
             at = dst + (j // BLOCK) * step + (j % BLOCK) * 2
-            h, m, lo, nonfinite = _split(row[j] if j < n else np.float32(0))
             _store_u16(at, h)
-            _store_u16(at + part, m)
+            _store_u16(at + part, mid)
             _store_u16(at + 2 * part, lo)
-            bad |= nonfinite
+        sums[r] = total if first else sums[r] * rescale[r] + total
+        if not np.isfinite(total):
+            bad = 1
     return bad
 
 
