@@ -3,20 +3,21 @@ one compiled call per (head, query block) task, releasing the GIL, plus one per 
 
 ``p v`` on AMX needs ``p`` cut into its three bf16 parts; done as a pass of its own over the block of ``p`` it
 costs what the faster product saves (bench/README "MatMul and attention on AMX tiles"). Here the softmax pass
-that computes ``p`` writes the parts as it goes, while the row is in L1, straight into the packed layout the tile
-loads read (``[3, 1, rows, keys]`` bf16, as ``amx_gemm.pack_a`` makes), so the product packs nothing of ``p``.
+that computes ``p`` writes only the parts, in the same loop as the exp (``_exp_split_row``: p is never stored
+as f32), straight into the tile-by-tile layout the tile loads read (``amx_gemm.pack_a_tiles``'), so the product
+packs nothing of ``p``.
 
 Per head, ``pack_kv`` splits k (as k^T: panels of 32 keys) and v (panels of 32 columns) once into VNNI panels
 (``amx_gemm.pack_b``); a part keeps the packed head it last worked on, so the query blocks of a head that one
 part takes in turn pack it once (the BLAS path reads k and v in place, but an AMX product must pack them).
 
 Per task, ``task``: ``q * scale`` split into bf16 parts (as the BLAS path scales q), then the keys in blocks
-(``KEY_BLOCK`` at a time, so that a block's scores, p's parts and k's and v's panels stay in the core's 2 MiB
-L2) with an online softmax (running max and sum, the accumulator
-rescaled, as ``AttentionBlocked``): scores of the block = q k^T on the tiles, per row max / ``exp(x - max)`` /
-sum (numpy_jit's compiled exp) / the split into p's parts, then ``acc (* rescale) + p v`` on the tiles; the
-output rows are ``acc / sum``. Every tile product is of whole 32 x 32 blocks: the packed operands are zero past
-their edges, and the scratch is padded.
+(``key_block``: their panels of k and v stay in the core's 2 MiB L2) with an online softmax (running max and
+sum, the accumulator rescaled, as ``AttentionBlocked``); per key block the query rows are taken 32 at a time:
+their scores = q k^T on the tiles (32 x key block f32, still in L1 for the softmax pass), per row the max, then
+``exp(x - max)``, its sum and p's parts in one pass, then ``acc (* rescale) + p v`` on the tiles; the output
+rows are ``acc / sum``. Every tile product is of whole 32 x 32 blocks: the packed operands are zero past their
+edges, and the scratch is padded.
 
 Returns 0 when done, 1 when an operand or p holds a value that is not finite (in bf16 parts inf times a zero
 part would give NaN: the caller computes that task on BLAS). ``runtimes/amx.py`` says when AMX may run;
@@ -54,7 +55,7 @@ from .numpy_jit import EXP_LOW, MAGIC, _maxnum, _wide_vectors, exp_f32
 _install_cache_locator()  # before the kernels: their cache goes stale with amx_gemm's and numpy_jit's helpers
 
 _FAST = {"contract"}  # as numpy_jit's row kernels: FMA contraction only, IEEE infinities and NaNs
-KEY_BLOCK = 256  # keys per block of the online softmax (``key_block``)
+KEY_BLOCK = 768  # keys per block of the online softmax (``key_block``)
 ROWS = 256  # query rows per task at most
 PANEL_STEP = 16 * BLOCK * 2 * 2  # bytes of a VNNI panel per 32 k: 16 pairs x 32 columns x 2 bf16
 
@@ -64,9 +65,11 @@ def _round_up(x: int, to: int) -> int:
 
 
 def key_block(t: int) -> int:
-    """Keys per block of ``task`` for ``t`` keys (a multiple of 32). Measured on one core, a head of 768 x 768 x
-    64 in 256-row blocks: 1.29 ms in blocks of 256 keys, 1.30 of 384, 1.55 of 128, 1.49 in one block of 768
-    (whose scores and p's parts, 1.8 MiB, crowd k's and v's panels out of L2)."""
+    """Keys per block of ``task`` for ``t`` keys (a multiple of 32). Since a key block's scores and p's parts
+    are only held for 32 query rows at a time (96 and 144 KiB at 768 keys), only k's and v's panels of the
+    block need to stay in L2. Measured on one core in 256-row tasks, task time against 256 keys: 768 x 768 x
+    64 0.92x (one block), 512 0.97x; 512 x 4608 x 128 about the same with 256, 512 or 768 (0.97-1.01x), 1.12x
+    with 1024 (2 x 1.5 MiB of panels overflow L2)."""
     return min(_round_up(t, BLOCK), KEY_BLOCK)
 
 
