@@ -393,7 +393,7 @@ def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, out: np.ndarr
     query rows, on this thread: for tests and the probe. 0, or 1 as ``task``. The scratch starts on cache
     lines, as the runtime's arena places it (numpy's 16-byte alignment splits tile rows across two lines: a
     768 x 768 x 64 head took 1.2 instead of 0.86 ms on one core with main's kernel)."""
-    from . import amx  # (not ``from .amx import``: numba_cache would take amx.py for a helper of the kernels)
+    from . import amx
 
     (s, d), (t, dv) = q.shape, v.shape
     kp, vp = (amx.aligned_empty(shape, dtype) for shape, dtype in head_buffers(t, d, dv))
