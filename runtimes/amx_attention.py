@@ -46,6 +46,7 @@ from .amx_gemm import (
     _store_u16,
     _top_halves,
     configure,
+    ir_loop,
     pack_a_tiles,
     pack_b,
 )
@@ -116,43 +117,6 @@ def _vector_call(builder, name: str, *args):
     return builder.call(fn, list(args))
 
 
-def _loop(builder, count, step: int, values: list):
-    """IR: a loop ``j = 0, step, ...`` while ``j < count`` (none if ``count`` <= 0) carrying ``values`` (phis);
-    returns the builder placed in the body, ``j``, the phis, and ``close(new values)`` which ends the loop and
-    returns the values after it."""
-    head = builder.block
-    body = builder.append_basic_block("loop")
-    done = builder.append_basic_block("loop.done")
-    zero = ir.Constant(_I64, 0)
-    builder.cbranch(builder.icmp_signed(">", count, zero), body, done)
-    builder.position_at_end(body)
-    j = builder.phi(_I64)
-    j.add_incoming(zero, head)
-    phis = []
-    for v in values:
-        phi = builder.phi(v.type)
-        phi.add_incoming(v, head)
-        phis.append(phi)
-
-    def close(new_values):
-        j_next = builder.add(j, ir.Constant(_I64, step))
-        j.add_incoming(j_next, builder.block)
-        for phi, v in zip(phis, new_values):
-            phi.add_incoming(v, builder.block)
-        end = builder.block
-        builder.cbranch(builder.icmp_signed("<", j_next, count), body, done)
-        builder.position_at_end(done)
-        out = []
-        for v, new in zip(values, new_values):
-            phi = builder.phi(v.type)
-            phi.add_incoming(v, head)
-            phi.add_incoming(new, end)
-            out.append(phi)
-        return out
-
-    return j, phis, close
-
-
 def _lanes(builder, x, op):
     """The 16 lanes of ``x`` reduced with ``op`` (a builder method), in a fixed order (halving)."""
     width = 16
@@ -177,7 +141,7 @@ def _row_max(typingctx, src, n):
     def codegen(context, builder, signature, args):
         src, n = args
         start = [_splat(-np.inf)] * 4
-        j, acc, close = _loop(builder, n, 64, start)
+        j, acc, close = ir_loop(builder, n, 64, start)
         new = []
         for h in range(4):
             at = builder.add(src, builder.mul(builder.add(j, ir.Constant(_I64, 16 * h)), ir.Constant(_I64, 4)))
@@ -228,7 +192,7 @@ def _exp_split_row(typingctx, src, n, m, dst, step, part):
         src, n, m, dst, step, part = args
         shift = builder.insert_element(ir.Constant(_F32X16, ir.Undefined), m, ir.Constant(ir.IntType(32), 0))
         shift = builder.shuffle_vector(shift, shift, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
-        j, acc, close = _loop(builder, n, BLOCK, [_splat(0.0)] * 2)
+        j, acc, close = ir_loop(builder, n, BLOCK, [_splat(0.0)] * 2)
         halves, new = [], []
         for h in range(2):
             at = builder.add(src, builder.mul(builder.add(j, ir.Constant(_I64, 16 * h)), ir.Constant(_I64, 4)))

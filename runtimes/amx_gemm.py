@@ -104,27 +104,53 @@ def open_accumulators(builder, c, c_row, accumulate, count: int) -> list:
     return c_tiles
 
 
+def ir_loop(builder, count, step: int, values: list):
+    """IR: a loop ``j = 0, step, ...`` while ``j < count`` (none if ``count`` <= 0) carrying ``values`` (phis);
+    returns the builder placed in the body, ``j``, the phis, and ``close(new values)`` which ends the loop and
+    returns the values after it."""
+    head = builder.block
+    body = builder.append_basic_block("loop")
+    done = builder.append_basic_block("loop.done")
+    zero = ir.Constant(_I64, 0)
+    builder.cbranch(builder.icmp_signed(">", count, zero), body, done)
+    builder.position_at_end(body)
+    j = builder.phi(_I64)
+    j.add_incoming(zero, head)
+    phis = []
+    for v in values:
+        phi = builder.phi(v.type)
+        phi.add_incoming(v, head)
+        phis.append(phi)
+
+    def close(new_values):
+        j_next = builder.add(j, ir.Constant(_I64, step))
+        j.add_incoming(j_next, builder.block)
+        for phi, v in zip(phis, new_values):
+            phi.add_incoming(v, builder.block)
+        end = builder.block
+        builder.cbranch(builder.icmp_signed("<", j_next, count), body, done)
+        builder.position_at_end(done)
+        out = []
+        for v, new in zip(values, new_values):
+            phi = builder.phi(v.type)
+            phi.add_incoming(v, head)
+            phi.add_incoming(new, end)
+            out.append(phi)
+        return out
+
+    return j, phis, close
+
+
 def begin_k_loop(builder, steps):
     """IR: a loop over ``steps`` k steps (none if ``steps`` <= 0), the builder placed in its body; returns the
-    step index (a phi) and what ``end_k_loop`` needs."""
-    head = builder.block
-    loop = builder.append_basic_block("amx.k")
-    done = builder.append_basic_block("amx.done")
-    zero = ir.Constant(_I64, 0)
-    builder.cbranch(builder.icmp_signed(">", steps, zero), loop, done)
-    builder.position_at_end(loop)
-    s = builder.phi(_I64)
-    s.add_incoming(zero, head)
-    return s, (s, steps, loop, done)
+    step index and what ``end_k_loop`` needs."""
+    s, _, close = ir_loop(builder, steps, 1, [])
+    return s, close
 
 
 def end_k_loop(builder, loop_state, c_tiles: list, c_row) -> None:
     """IR: the loop's back edge, then the accumulator tiles stored to their addresses in C."""
-    s, steps, loop, done = loop_state
-    s_next = builder.add(s, ir.Constant(_I64, 1))
-    s.add_incoming(s_next, builder.block)
-    builder.cbranch(builder.icmp_signed("<", s_next, steps), loop, done)
-    builder.position_at_end(done)
+    loop_state([])
     for t, at in enumerate(c_tiles):
         _amx(builder, "tilestored64", _tile(t), at, c_row)
 
