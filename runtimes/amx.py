@@ -16,6 +16,7 @@ import importlib.util
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,16 +71,20 @@ def worth_it(m: int, k: int, n: int, min_side: int = 16) -> bool:
     return min(m, n) >= min_side and k >= 16 and m * k * n >= MIN_MACS and ready()
 
 
-_READY_LOCK = threading.Lock()
+def checked_once(check: Callable[[], bool]) -> Callable[[], bool]:
+    """``check()`` run once per process, under a lock: a caller that asks while another thread (usually the jit
+    warm-up thread) is compiling and probing the kernels waits for its answer instead of doing it again."""
+    lock = threading.Lock()
+    cached = functools.cache(check)
+
+    @functools.wraps(check)
+    def once() -> bool:
+        with lock:
+            return cached()
+
+    return once
 
 
-def ready() -> bool:
-    """``_check_kernels()``, once per process (the jit warm-up thread usually asks first)."""
-    with _READY_LOCK:
-        return _check_kernels()
-
-
-@functools.cache
 def _check_kernels() -> bool:
     """AMX is available and its kernels are compiled (or loaded from numba's cache) and give numpy's product
     on a small odd-shaped one: checked once per process, so that a broken toolchain falls back to BLAS."""
@@ -95,6 +100,9 @@ def _check_kernels() -> bool:
         return bool(np.allclose(out, a @ b, rtol=1e-5, atol=1e-4))
     except Exception:  # noqa: BLE001 - any failure to compile or run means: use BLAS
         return False
+
+
+ready = checked_once(_check_kernels)  # AMX runs here and its product kernels compiled and probed
 
 
 # ---- the product, cut into parts for the cores --------------------------------------------------------------

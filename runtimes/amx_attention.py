@@ -35,6 +35,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from . import amx
 from .amx_gemm import (
     BLOCK,
     PARTS,
@@ -357,8 +358,6 @@ def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, out: np.ndarr
     query rows, on this thread: for tests and the probe. 0, or 1 as ``task``. The scratch starts on cache
     lines, as the runtime's arena places it (numpy's 16-byte alignment splits tile rows across two lines: a
     768 x 768 x 64 head took 1.2 instead of 0.86 ms on one core with main's kernel)."""
-    from . import amx
-
     (s, d), (t, dv) = q.shape, v.shape
     kp, vp = (amx.aligned_empty(shape, dtype) for shape, dtype in head_buffers(t, d, dv))
     scratch = [amx.aligned_empty(shape, dtype) for shape, dtype in task_buffers(rows, t, d, dv)]
@@ -373,13 +372,10 @@ def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, out: np.ndarr
     return 0
 
 
-@functools.cache
-def ready() -> bool:
+def _check_kernels() -> bool:
     """AMX products run here (``amx.ready``) and these kernels compile (or load from numba's cache) and give the
-    float64 reference on a small odd-shaped head, in one key block and in several: checked once per process, so
-    that a broken toolchain falls back to the BLAS path."""
-    from . import amx
-
+    float64 reference on a small odd-shaped head, in one key block and in several: checked once per process
+    (``ready``), so that a broken toolchain falls back to the BLAS path."""
     if not amx.ready():
         return False
     try:
@@ -395,3 +391,6 @@ def ready() -> bool:
         return True
     except Exception:  # noqa: BLE001 - any failure to compile or run means: use BLAS
         return False
+
+
+ready = amx.checked_once(_check_kernels)

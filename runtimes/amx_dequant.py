@@ -33,7 +33,6 @@ function: the kernels compile ``amx_gemm``'s ``pack_a`` and intrinsics into thei
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,16 +201,6 @@ def product(p: Plan, x: np.ndarray, weight: Weight, out: np.ndarray, scratch: li
     return step
 
 
-_READY_LOCK = threading.Lock()
-
-
-def ready() -> bool:
-    """``_check_kernels()``, once per process (the jit warm-up thread usually asks first)."""
-    with _READY_LOCK:
-        return _check_kernels()
-
-
-@functools.cache
 def _check_kernels() -> bool:
     """AMX runs here and the kernel, compiled (or loaded from numba's cache), gives numpy's product of the decoded
     weight on a small odd-shaped NVFP4 one: checked once per process, so that a broken toolchain keeps BLAS."""
@@ -235,3 +224,6 @@ def _check_kernels() -> bool:
         return done and bool(np.allclose(out, x @ dense.T, rtol=1e-5, atol=1e-4))
     except Exception:  # noqa: BLE001 - any failure to compile or run means: use BLAS
         return False
+
+
+ready = amx.checked_once(_check_kernels)
