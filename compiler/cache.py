@@ -87,7 +87,9 @@ def entries(directory: Path | None = None) -> list[Path]:
 
 
 def clear(directory: Path | None = None) -> tuple[int, int]:
-    """Remove the cache's own files (``entries``); returns (files removed, bytes freed)."""
+    """Remove the cache's own files (``entries``) and the stale temporary files of the compiled CUDA modules kept
+    beside it (``cuda/``, ``cuda/emu/``); returns (files removed, bytes freed)."""
+    directory = cache_dir() if directory is None else directory
     removed = freed = 0
     for path in entries(directory):
         try:
@@ -97,6 +99,10 @@ def clear(directory: Path | None = None) -> tuple[int, int]:
             continue
         removed += 1
         freed += size
+    for sub in (directory / "cuda", directory / "cuda" / "emu"):
+        if sub.is_dir() and not sub.is_symlink():
+            n, size = tempfiles.sweep(sub)
+            removed, freed = removed + n, freed + size
     return removed, freed
 
 
@@ -191,7 +197,10 @@ def secret_key() -> bytes:
             try:
                 os.link(temp, path)  # never replaces a key another process made meanwhile
             except FileExistsError:
-                pass
+                pass  # theirs is the key
+            except OSError:  # a file system without hard links
+                if not path.exists():
+                    os.replace(temp, path)
         finally:
             temp.unlink(missing_ok=True)
         key = _read_key(path)

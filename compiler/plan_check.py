@@ -13,15 +13,17 @@ checks, before building anything from the text:
   names the kernel's spec knows (its constructors' literal arguments, fixed attributes, documented attributes,
   and the graph's own attributes of that primitive) with JSON scalar values; its operand count is one its
   constructors take; an ``Elementwise`` expression parses and reads only operands the node has;
-- the wiring: operands are earlier nodes; every ``Input`` node is an input, weight or state of THIS graph with
-  the same kind, dtype and shape; every array constant holds the bytes of one of this graph's constants; the
-  outputs are the graph's outputs, each of the graph's dtype and shape;
+- the wiring: operands are earlier nodes; every ``Input`` node is an input, weight or state that THIS graph reads
+  (reachable from its outputs), of the same kind, dtype and shape; every array constant holds the bytes of one
+  of this graph's constants; the outputs are the graph's outputs, each of the graph's dtype and shape;
 - bounds: every view (operands and outputs) reads only inside its producer's buffer, for every value the symbolic
   dims can take in the size bucket the plan is for. A symbolic dim is an integer polynomial (with ``//`` and
   ``%`` by constants) over the graph's symbols; a plan compiled for the bucket ``dims`` runs at any value from 1
   up to ``dims[s]`` for each symbol (``pipeline.engine``: re-bound, never reloaded), so the check evaluates each
-  view's first and last element read, inside its mask, at the points of that box made of 1, the midpoint and
-  the bucket's value of each symbol (every point when the box is small); a dimension must be non-negative there.
+  view's first and last element read, inside its mask, at points of that box (``bucket_points``: every point
+  of a small box, else 1, the midpoint and the bucket's value of each symbol, or the corners) at which the
+  graph's own views all read inside their buffers (``admissible_points``: dims a recipe ties together, such as
+  a KV cache's length and the context read from it, do not vary freely); a dimension must be non-negative there.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import re
 from luminal_recipes.errors import LuminalError
 from luminal_recipes.graph.core import Graph
 from luminal_recipes.graph.dtypes import to_dtype
+from luminal_recipes.graph.serialize import reachable
 from luminal_recipes.graph.symbolic import Expr, dims_equal, evaluate, parse_dim, prod
 from luminal_recipes.runtimes.kernels import REGISTRY
 from luminal_recipes.runtimes.program import Program
@@ -170,50 +173,73 @@ def _check_attrs(attrs, op: str, allowed: frozenset, where: str, graph_attrs: di
 # ---- bounds ----------------------------------------------------------------------------------------------------
 def bucket_points(dims: dict[str, int]) -> list[dict[str, int]]:
     """Bindings of the symbols at which views are checked: each symbol at 1, its midpoint and its bucket value
-    (every value when the whole box has at most ``_POINTS_FULL`` points)."""
+    (every value when the whole box has at most ``_POINTS_FULL`` points; with many symbols, the box's corners;
+    with more still, the three diagonal points)."""
     names = sorted(dims)
     highs = [max(1, int(dims[n])) for n in names]
     if math.prod(highs) <= _POINTS_FULL:
         choices = [range(1, h + 1) for h in highs]
-    else:
+    elif 3 ** len(names) <= _POINTS_FULL:
         choices = [sorted({1, max(1, h // 2), h}) for h in highs]
-    points = [dict(zip(names, values)) for values in itertools.product(*choices)]
-    if len(points) > 4 * _POINTS_FULL:  # many symbols: the two corners and the bucket itself
-        points = [dict.fromkeys(names, 1), {n: h for n, h in zip(names, highs)}]
-    return points
+    elif 2 ** len(names) <= _POINTS_FULL:
+        choices = [sorted({1, h}) for h in highs]
+    else:
+        return [dict.fromkeys(names, 1), {n: max(1, h // 2) for n, h in zip(names, highs)}, dict(zip(names, highs))]
+    return [dict(zip(names, values)) for values in itertools.product(*choices)]
 
 
 def _ev(d, point) -> int:
     return d if isinstance(d, int) else evaluate(d, point)
 
 
-def _check_view(view, size, where: str, points) -> None:
-    """``view`` = (shape, strides, offset, mask) of dims; ``size`` the producer's element count (a dim)."""
+def _reads(view, size, point) -> str | None:
+    """Why ``view`` = (shape, strides, offset, mask) of a buffer of ``size`` elements reads outside it at
+    ``point``; None when it does not."""
     shape, strides, offset, mask = view
+    n = _ev(size, point)
+    sh = [_ev(d, point) for d in shape]
+    if any(d < 0 for d in sh):
+        return "a negative dimension"
+    if math.prod(sh) > MAX_ELEMENTS:
+        return f"{math.prod(sh)} elements"
+    st = [_ev(s, point) for s in strides]
+    off = _ev(offset, point)
+    if abs(off) > MAX_ELEMENTS or any(abs(s) > MAX_ELEMENTS for s in st):
+        return f"a stride or offset beyond any buffer (its own holds {n} elements)"
+    first = last = off
+    for axis, (d, s) in enumerate(zip(sh, st)):
+        lo, hi = (0, d) if mask is None else (_ev(mask[axis][0], point), _ev(mask[axis][1], point))
+        lo, hi = max(lo, 0), min(hi, d)
+        if lo >= hi:
+            return None  # nothing is read
+        a, b = lo * s, (hi - 1) * s
+        first += min(a, b)
+        last += max(a, b)
+    if first < 0 or last >= n:
+        return f"reads elements {first}..{last} of a buffer of {n}"
+    return None
+
+
+def _check_view(view, size, where: str, points) -> None:
     for point in points:
-        n = _ev(size, point)
-        sh = [_ev(d, point) for d in shape]
-        if any(d < 0 for d in sh):
-            _fail(f"{where}: a negative dimension at {_point(point)}")
-        if math.prod(sh) > MAX_ELEMENTS:
-            _fail(f"{where}: {math.prod(sh)} elements at {_point(point)}")
-        st = [_ev(s, point) for s in strides]
-        off = _ev(offset, point)
-        if any(abs(s) > max(n, 1) for s in st) or abs(off) > MAX_ELEMENTS:
-            _fail(f"{where}: a stride or offset beyond its buffer of {n} elements at {_point(point)}")
-        first = last = off
-        empty = False
-        for axis, (d, s) in enumerate(zip(sh, st)):
-            lo, hi = (0, d) if mask is None else (_ev(mask[axis][0], point), _ev(mask[axis][1], point))
-            lo, hi = max(lo, 0), min(hi, d)
-            if lo >= hi:
-                empty = True
-                break
-            a, b = lo * s, (hi - 1) * s
-            first += min(a, b)
-            last += max(a, b)
-        if not empty and (first < 0 or last >= n):
-            _fail(f"{where}: reads elements {first}..{last} of a buffer of {n} at {_point(point)}")
+        why = _reads(view, size, point)
+        if why is not None:
+            _fail(f"{where}: {why} at {_point(point)}")
+
+
+def admissible_points(graph: Graph, dims: dict[str, int]) -> list[dict[str, int]]:
+    """The ``bucket_points`` at which the graph's own views all read inside their buffers: the sizes the graph
+    can run at (dims a recipe ties together, such as a KV cache's length and the context read from it, are not
+    free within the box). A cached program must read inside its buffers at each of them."""
+    views = {}
+    sizes = [prod(n.shape) for n in graph.nodes]
+    for n in graph.nodes:
+        for src, v in n.inputs:
+            views[(v, str(sizes[src]))] = ((v.shape, v.strides, v.offset, v.mask), sizes[src])
+    for src, v in graph.outputs.values():
+        views[(v, str(sizes[src]))] = ((v.shape, v.strides, v.offset, v.mask), sizes[src])
+    checked = list(views.values())
+    return [point for point in bucket_points(dims) if all(_reads(v, size, point) is None for v, size in checked)]
 
 
 def _point(point: dict) -> str:
@@ -246,7 +272,7 @@ def check_program(data, graph: Graph, dims: dict[str, int], kernels=None) -> Pro
     schema = _schema()
     kernels = set(REGISTRY) if kernels is None else set(kernels)
     symbols = set(dims)
-    points = bucket_points(dims)
+    points = admissible_points(graph, dims)
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list) \
             or not isinstance(data.get("outputs"), dict):
         _fail("not a program (nodes and outputs)")
@@ -257,10 +283,11 @@ def check_program(data, graph: Graph, dims: dict[str, int], kernels=None) -> Pro
     graph_attrs: dict[str, set] = {}
     for n in graph.nodes:
         graph_attrs.setdefault(n.op, set()).update(k for k, _ in n.attrs)
-    sources = {n.name: n for n in graph.inputs()}
+    read = reachable(graph, [src for src, _ in graph.outputs.values()])
+    sources = {n.name: n for n in graph.inputs() if n.id in read}  # what the graph reads, by name
     constants = {(str(n.dtype), tuple(str(d) for d in n.shape), hashlib.sha256(n.data.tobytes()).hexdigest())
                  for n in graph.nodes if n.op == "Constant" and n.data is not None}
-    shapes, sizes, view_memo = [], [], {}
+    sizes, size_texts, view_memo, shape_memo = [], [], {}, set()
     for i, item in enumerate(nodes):
         where = f"node {i}"
         if not isinstance(item, dict) or not set(item) <= {"op", "dtype", "shape", "inputs", "attrs", "data"}:
@@ -281,12 +308,15 @@ def check_program(data, graph: Graph, dims: dict[str, int], kernels=None) -> Pro
         shape = item.get("shape")
         if not isinstance(shape, list) or len(shape) > MAX_RANK:
             _fail(f"{where}: a shape must be a list of at most {MAX_RANK} dimensions")
+        shape_text = repr(shape)
         shape = tuple(_dim(d, where, symbols) for d in shape)
         size = prod(shape)
-        for point in points:
-            values = [_ev(d, point) for d in shape]
-            if any(v < 0 for v in values) or math.prod(values) > MAX_ELEMENTS:
-                _fail(f"{where}: shape of {values} elements at {_point(point)}")
+        if shape_text not in shape_memo:
+            shape_memo.add(shape_text)
+            for point in points:
+                values = [_ev(d, point) for d in shape]
+                if any(v < 0 for v in values) or math.prod(values) > MAX_ELEMENTS:
+                    _fail(f"{where}: shape of {values} elements at {_point(point)}")
         attrs = item.get("attrs", {})
         _check_attrs(attrs, op, allowed, where, graph_attrs)
         inputs = item.get("inputs")
@@ -300,7 +330,7 @@ def check_program(data, graph: Graph, dims: dict[str, int], kernels=None) -> Pro
             src, v = edge
             if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < i:
                 _fail(f"{where} reads a node that does not come before it")
-            memo = (repr(v), src)
+            memo = (repr(v), size_texts[src])  # the same view of an equal buffer is checked once
             if memo not in view_memo:
                 view_memo[memo] = True
                 _check_view(_parse_view(v, f"{where} operand {k}", symbols), sizes[src], f"{where} operand {k}",
@@ -311,7 +341,7 @@ def check_program(data, graph: Graph, dims: dict[str, int], kernels=None) -> Pro
             name, kind = attrs.get("name"), attrs.get("kind")
             src = sources.get(name) if isinstance(name, str) else None
             if src is None:
-                _fail(f"{where}: {str(name)[:80]!r} is not an input, weight or state of this graph")
+                _fail(f"{where}: {str(name)[:80]!r} is not an input, weight or state this graph reads")
             if src.attr("kind") != kind or src.dtype != dtype or len(src.shape) != len(shape) or \
                     not all(dims_equal(a, b) for a, b in zip(src.shape, shape)):
                 _fail(f"{where}: {name!r} is not this graph's {src.attr('kind')} {src.dtype}"
@@ -322,8 +352,8 @@ def check_program(data, graph: Graph, dims: dict[str, int], kernels=None) -> Pro
             _check_data(item["data"], dtype, shape, constants, where, [str(d) for d in item["shape"]])
         elif op == "Constant" and "value" not in attrs:
             _fail(f"{where}: a constant without a value")
-        shapes.append(shape)
         sizes.append(size)
+        size_texts.append(str(size))
     names = set(graph.outputs)
     outputs = data["outputs"]
     if set(outputs) != names:
