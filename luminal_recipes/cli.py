@@ -442,6 +442,7 @@ def cache_info() -> None:
     if not folder.exists():
         typer.echo("  (the folder does not exist yet: nothing compiled here so far)")
     typer.echo(f"  {len(found)} entries, {_human_bytes(size)} ({size} bytes)")
+    typer.echo(f"  entries are signed with the key in {cache.key_path()} (only entries signed with it are used)")
 
 
 @cache_app.command("clear")
