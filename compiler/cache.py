@@ -4,33 +4,48 @@ Entries live in ``$LUMINAL_RECIPES_CACHE`` or else ``$XDG_CACHE_HOME/luminal-rec
 ``~/.cache/luminal-recipes``), one JSON file per key. The key covers everything that changes the result: the
 graph's structural hash and its input/weight names, the runtime, the device, the dims, the memory budget, the
 search options and the versions of egglog, numpy and this package. Files are written to a temporary name and
-renamed, so an interrupted compile never leaves half an entry. Each entry carries a SHA-256 checksum of its
-content, and its program is checked against the kernel vocabulary when read: an entry that was edited, damaged
-or cannot be read is ignored with a warning naming the file, and rebuilt. A cache folder that cannot be read
-or written means compiling without a cache (with a warning), never a failed run.
+renamed (``luminal_recipes.tempfiles``), so an interrupted compile never leaves half an entry, and temporary
+files a killed process left are swept (by name pattern and age) the next time the folder is used.
+
+What the cache trusts: the user's own key, nothing in the cache folder. Each entry carries an HMAC-SHA256 of its
+content under a secret key of the user's (``key_path()``: ``$LUMINAL_RECIPES_CACHE_KEY``, else
+``$XDG_CONFIG_HOME/luminal-recipes/cache.key``, else ``~/.config/luminal-recipes/cache.key``; made with mode 0600
+on first use), kept outside the cache folder: whoever can write the folder but not read the key cannot make an
+entry this user's runs accept. Entries written under another key (another user's, on a shared folder) are
+misses, rebuilt and replaced. Every entry read is also checked before use against the graph it claims to compile
+(``plan_check``: kernels and attributes of the registry, operands of that graph, views in bounds for every size
+of the bucket, sizes and nesting bounded); the file is stat'ed first and never read past ``MAX_ENTRY_BYTES``
+(plus the graph's constants). An entry that fails any of this is a miss: ignored with a one-line warning naming
+the file and the reason, rebuilt, and replaced. A cache folder that cannot be read or written means compiling
+without a cache (with a warning), never a failed run.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import re
-import tempfile
-import time
+import secrets
+import stat
 import warnings
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
+from luminal_recipes import tempfiles
 from luminal_recipes.graph.core import Graph
 from luminal_recipes.graph.serialize import structural_hash
 from luminal_recipes.runtimes.program import KERNELS, Program
 
+from .plan_check import check_program
+
 FORMAT = "luminal-recipes/plan"
-VERSION = 2  # 2: entries carry a checksum
-_warned: set[str] = set()  # cache folders already warned about in this process
+VERSION = 3  # 2: entries carry a checksum; 3: the checksum is an HMAC under the user's key
+MAX_ENTRY_BYTES = 32 << 20  # an entry's program and report, besides the graph's array constants (base64)
+_warned: set[str] = set()  # cache folders (and key files) already warned about in this process
 
 
 def cache_dir() -> Path:
@@ -52,28 +67,29 @@ def cache_dir_source() -> str:
 
 # ---- housekeeping (``luminal-recipe cache info|clear``) ------------------------------------------------------
 _ENTRY = re.compile(r"^[0-9a-f]{64}\.json$")  # <key>.json, the key a sha256 (see ``plan_key``)
-_LEFTOVER = re.compile(r"^\.[0-9a-f]{64}\..+\.tmp$")  # ``store``'s temporary file, left by a killed process
-LEFTOVER_AGE_S = 3600  # younger temporary files may belong to a compile in progress
+LEFTOVER_AGE_S = tempfiles.STALE_AFTER_S  # younger temporary files may belong to a compile in progress
 
 
 def entries(directory: Path | None = None) -> list[Path]:
     """The files of ``directory`` (default: the cache folder) that this cache wrote: entries, and temporary files
-    of interrupted writes older than an hour. Links and anything else are never counted or removed."""
+    of interrupted writes that are stale (``tempfiles.is_stale``: older than an hour, their writer gone). Links
+    and anything else are never counted or removed."""
     directory = cache_dir() if directory is None else directory
     if not directory.is_dir():
         return []
     found = []
-    now = time.time()
     for path in directory.iterdir():
         if path.is_symlink() or not path.is_file():
             continue
-        if _ENTRY.match(path.name) or _LEFTOVER.match(path.name) and now - path.stat().st_mtime > LEFTOVER_AGE_S:
+        if _ENTRY.match(path.name):
             found.append(path)
-    return sorted(found)
+    return sorted(found + tempfiles.stale(directory))
 
 
 def clear(directory: Path | None = None) -> tuple[int, int]:
-    """Remove the cache's own files (``entries``); returns (files removed, bytes freed)."""
+    """Remove the cache's own files (``entries``) and the stale temporary files of the compiled CUDA modules kept
+    beside it (``cuda/``, ``cuda/emu/``); returns (files removed, bytes freed)."""
+    directory = cache_dir() if directory is None else directory
     removed = freed = 0
     for path in entries(directory):
         try:
@@ -83,6 +99,10 @@ def clear(directory: Path | None = None) -> tuple[int, int]:
             continue
         removed += 1
         freed += size
+    for sub in (directory / "cuda", directory / "cuda" / "emu"):
+        if sub.is_dir() and not sub.is_symlink():
+            n, size = tempfiles.sweep(sub)
+            removed, freed = removed + n, freed + size
     return removed, freed
 
 
@@ -113,7 +133,8 @@ def program_to_json(program: Program) -> dict:
 
 
 def program_from_json(data: dict) -> Program:
-    """The program an entry holds; ValueError if it is not a well-formed program of known kernels."""
+    """The program an entry holds; ValueError if it is not a well-formed program of known kernels (entries read
+    from the cache are checked against their graph instead: ``plan_check.check_program``)."""
     for i, item in enumerate(data["nodes"]):
         if item["op"] not in KERNELS:
             raise ValueError(f"node {i} has the unknown kernel {str(item['op'])[:60]!r}")
@@ -124,10 +145,77 @@ def program_from_json(data: dict) -> Program:
     return Program.from_json(data)
 
 
-def _checksum(entry: dict) -> str:
-    """SHA-256 of an entry's content (everything but the checksum), in canonical JSON."""
+# ---- the key: an HMAC under the user's secret, kept outside the cache folder --------------------------------
+_KEY_BYTES = 32
+_keys: dict[str, bytes] = {}
+
+
+def key_path() -> Path:
+    """Where the user's cache key is: ``$LUMINAL_RECIPES_CACHE_KEY``, else under ``$XDG_CONFIG_HOME`` (default
+    ``~/.config``) ``/luminal-recipes/cache.key``."""
+    explicit = os.environ.get("LUMINAL_RECIPES_CACHE_KEY")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "luminal-recipes" / "cache.key"
+
+
+def _read_key(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("it is not a regular file")
+        text = os.read(fd, 4096).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ValueError(f"it does not hold a key (at least {2 * 16} hex digits)")
+    return key
+
+
+def secret_key() -> bytes:
+    """The user's cache key, made (32 random bytes, hex, mode 0600) the first time; ``OSError``/``ValueError``
+    when it can be neither read nor made."""
+    path = key_path()
+    if str(path) in _keys:
+        return _keys[str(path)]
+    try:
+        key = _read_key(path)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, temp = tempfiles.create_temp(path, 0o600)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_hex(_KEY_BYTES) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(temp, path)  # never replaces a key another process made meanwhile
+            except FileExistsError:
+                pass  # theirs is the key
+            except OSError:  # a file system without hard links
+                if not path.exists():
+                    os.replace(temp, path)
+        finally:
+            temp.unlink(missing_ok=True)
+        key = _read_key(path)
+    _keys[str(path)] = key
+    return key
+
+
+def _canonical(entry: dict) -> bytes:
     body = {k: v for k, v in entry.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    return json.dumps(body, sort_keys=True, default=str).encode()
+
+
+def _checksum(entry: dict, key: bytes | None = None) -> str:
+    """HMAC-SHA256 of an entry's content (everything but the checksum, canonical JSON) under the user's key."""
+    return hmac.new(secret_key() if key is None else key, _canonical(entry), hashlib.sha256).hexdigest()
 
 
 def _warn_once(directory: Path, message: str) -> None:
@@ -136,29 +224,79 @@ def _warn_once(directory: Path, message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
+def _usable_key(directory: Path) -> bytes | None:
+    try:
+        return secret_key()
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        _warn_once(key_path(), f"cannot read or make the plan cache key {key_path()} ({reason}); compiling without "
+                               f"the cache {directory}. Set LUMINAL_RECIPES_CACHE_KEY to a file of your own.")
+        return None
+
+
+def entry_limit(graph: Graph | None) -> int:
+    """The largest entry file read for ``graph``: ``MAX_ENTRY_BYTES`` plus its array constants in base64."""
+    data = 0 if graph is None else sum(n.data.nbytes for n in graph.nodes if n.data is not None)
+    return MAX_ENTRY_BYTES + 2 * data
+
+
 # ---- the store ---------------------------------------------------------------------------------------------
-def load(key: str) -> tuple[Program, dict] | None:
-    """The cached program and search report for ``key``, or None (a miss, or an entry not to be trusted)."""
+def load(key: str, graph: Graph | None = None, dims: dict | None = None,
+         kernels=None) -> tuple[Program, dict] | None:
+    """The cached program and search report for ``key``, or None (a miss, or an entry not to be trusted).
+
+    The entry must carry this user's HMAC and, when ``graph`` is given, be a program of ``graph`` for the bucket
+    ``dims`` using only ``kernels`` (``plan_check``); otherwise it is ignored with a warning, and the compile that
+    follows replaces it."""
     directory = cache_dir()
     path = directory / f"{key}.json"
+    limit = entry_limit(graph)
     try:
-        if not path.is_file():
-            return None
-        raw = path.read_bytes()
-    except OSError as exc:  # e.g. a folder without read permission
+        info = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):  # a miss (a file where the folder should be: store says so)
+        return None
+    except OSError as exc:
         _warn_once(directory, f"cannot read the plan cache entry {path} ({exc.strerror or exc}); compiling "
                               f"without the cache. Set LUMINAL_RECIPES_CACHE to a usable folder.")
         return None
+    tempfiles.sweep_once(directory)
+    secret = _usable_key(directory)
+    if secret is None:
+        return None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("it is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"it is {info.st_size} bytes, more than the {limit} an entry of this graph may be")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+            with os.fdopen(fd, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise ValueError("it is not a regular file")
+                raw = handle.read(limit + 1)
+        except OSError as exc:  # e.g. a folder without read permission
+            _warn_once(directory, f"cannot read the plan cache entry {path} ({exc.strerror or exc}); compiling "
+                                  f"without the cache. Set LUMINAL_RECIPES_CACHE to a usable folder.")
+            return None
+        if len(raw) > limit:
+            raise ValueError(f"it is more than the {limit} bytes an entry of this graph may be")
+        data = json.loads(raw.decode("utf-8"))  # nesting past the recursion limit: RecursionError, a miss
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
             got = data.get("version") if isinstance(data, dict) else None
             raise ValueError(f"not a version {VERSION} plan entry (version {got!r})")
-        if data.get("checksum") != _checksum(data):
-            raise ValueError("its content does not match its checksum (edited or damaged)")
-        return program_from_json(data["program"]), data.get("report", {})
+        if not isinstance(data.get("checksum"), str) or \
+                not hmac.compare_digest(data["checksum"], _checksum(data, secret)):
+            raise ValueError("its content does not match its checksum (edited, damaged, or written under another "
+                             "key)")
+        report = data.get("report", {})
+        if not isinstance(report, dict):
+            raise ValueError("its report is not a mapping")
+        if graph is None:
+            return program_from_json(data["program"]), report
+        return check_program(data.get("program"), graph, dict(dims or {}), kernels), report
     except Exception as exc:  # any entry that cannot be trusted is rebuilt, never used
-        warnings.warn(f"plan cache entry {path} is unreadable or untrusted ({type(exc).__name__}: {exc}); "
+        reason = " ".join(str(exc).split())[:300]
+        warnings.warn(f"plan cache entry {path} is unreadable or untrusted ({type(exc).__name__}: {reason}); "
                       f"ignoring it and compiling again (the new plan replaces it)", stacklevel=2)
         return None
 
@@ -167,13 +305,16 @@ def store(key: str, program: Program, report: dict) -> Path | None:
     """Write the entry for ``key``; None (with a warning, once per folder) when the cache is not writable."""
     directory = cache_dir()
     path = directory / f"{key}.json"
+    secret = _usable_key(directory)
+    if secret is None:
+        return None
     entry = {"format": FORMAT, "version": VERSION, "program": program_to_json(program), "report": report}
     entry = json.loads(json.dumps(entry, default=str))  # the checksum covers exactly what a reader will see
-    entry["checksum"] = _checksum(entry)
+    entry["checksum"] = _checksum(entry, secret)
     text = json.dumps(entry)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=directory)
+        fd, tmp = tempfiles.create_temp(path, 0o666)
     except OSError as exc:
         _warn_once(directory, f"the plan cache folder {directory} is not usable ({exc.strerror or exc}); "
                               f"compiling without a cache. Set LUMINAL_RECIPES_CACHE to a writable folder.")
@@ -189,7 +330,7 @@ def store(key: str, program: Program, report: dict) -> Path | None:
         _warn_once(directory, f"cannot write the plan cache entry {path} ({exc.strerror or exc}); compiling "
                               f"without a cache")
         return None
-    except BaseException:  # including KeyboardInterrupt: no half-written entry stays behind
+    except BaseException:  # including KeyboardInterrupt (and SIGTERM, see cli): no half-written entry stays
         Path(tmp).unlink(missing_ok=True)
         raise
     return path

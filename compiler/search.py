@@ -98,7 +98,7 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
         **plan_fingerprints(runtime, options.families),  # rule texts, kernel registry, kernel implementations
     })
     if options.use_cache:
-        hit = cache.load(key)
+        hit = cache.load(key, graph, dims, kernels)  # checked against this graph and bucket before use
         if hit is not None:
             instrument.count(instrument.PLAN_CACHE_HIT)
             program, report = hit

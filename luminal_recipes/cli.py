@@ -31,6 +31,7 @@ limit_openblas_spin()  # before anything imports numpy
 
 import json  # noqa: E402
 import os  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from functools import partial, wraps  # noqa: E402
@@ -54,8 +55,29 @@ app = typer.Typer(
 )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is (as Ctrl-C raises ``KeyboardInterrupt``), so that every cleanup an
+    interruption runs (temporary files of outputs and plan-cache entries removed) runs for it too."""
+
+
+TERMINATED_EXIT = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
+INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130
+
+
+def _on_sigterm(signum, frame) -> None:
+    # a second SIGTERM during the cleanup ends the process at once (the default action)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise Terminated()
+
+
+def handle_sigterm():
+    """Make SIGTERM raise ``Terminated`` in the main thread (like Ctrl-C); returns the handler it replaced, for
+    ``signal.signal(signal.SIGTERM, previous)`` once the command is over."""
+    return signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def user_errors(fn: Callable) -> Callable:
-    """Turn LuminalError into a clean message and exit code 2."""
+    """Turn LuminalError into a clean message and exit code 2; Ctrl-C into exit code 130, SIGTERM 143."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
@@ -64,9 +86,12 @@ def user_errors(fn: Callable) -> Callable:
         except LuminalError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        except Terminated:
+            typer.echo("terminated", err=True)
+            raise typer.Exit(TERMINATED_EXIT) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(INTERRUPTED_EXIT) from None
 
     return wrapper
 
@@ -417,6 +442,7 @@ def cache_info() -> None:
     if not folder.exists():
         typer.echo("  (the folder does not exist yet: nothing compiled here so far)")
     typer.echo(f"  {len(found)} entries, {_human_bytes(size)} ({size} bytes)")
+    typer.echo(f"  entries are signed with the key in {cache.key_path()} (only entries signed with it are used)")
 
 
 @cache_app.command("clear")
@@ -447,11 +473,18 @@ def entry() -> None:
     output is written (atomically) before the command returns; the standard streams are flushed here."""
     global _started_at
     _started_at = _IMPORTED_AT
+    previous = handle_sigterm()  # SIGTERM cleans up like Ctrl-C: no temporary file left behind
     try:
         app(prog_name="luminal-recipe")
         code = 0
     except SystemExit as exc:
         code = exc.code
+    except Terminated:  # outside a command (while the arguments are parsed)
+        code = TERMINATED_EXIT
+    except KeyboardInterrupt:
+        code = INTERRUPTED_EXIT
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     if code is not None and not isinstance(code, int):  # sys.exit("message"): printed, status 1
         print(code, file=sys.stderr)
         code = 1

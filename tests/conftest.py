@@ -90,16 +90,19 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_plan_cache(tmp_path_factory):
-    """Every test session compiles into its own plan cache: no stale entries from other runs or versions."""
+    """Every test session compiles into its own plan cache, under its own cache key (never the user's key in
+    ~/.config): no stale entries from other runs or versions."""
     import os
 
-    old = os.environ.get("LUMINAL_RECIPES_CACHE")
+    old = {name: os.environ.get(name) for name in ("LUMINAL_RECIPES_CACHE", "LUMINAL_RECIPES_CACHE_KEY")}
     os.environ["LUMINAL_RECIPES_CACHE"] = str(tmp_path_factory.mktemp("plan-cache"))
+    os.environ["LUMINAL_RECIPES_CACHE_KEY"] = str(tmp_path_factory.mktemp("plan-cache-key") / "cache.key")
     yield
-    if old is None:
-        os.environ.pop("LUMINAL_RECIPES_CACHE", None)
-    else:
-        os.environ["LUMINAL_RECIPES_CACHE"] = old
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,17 +1,18 @@
 """Write a file atomically: to a temporary name beside it, then into place, so a reader never sees a partial
-file and a failed write leaves nothing behind. Without ``overwrite`` the file is only ever created, never
+file and a failed write leaves nothing behind (the temporary file's name and the sweep of ones a killed process
+left: ``luminal_recipes.tempfiles``). Without ``overwrite`` the file is only ever created, never
 replaced, even when another process creates the same name meanwhile (``os.link`` fails on an existing name)."""
 
 from __future__ import annotations
 
 import errno
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import PipelineError
+from ..tempfiles import create_temp
 
 
 class OutputExistsError(PipelineError):
@@ -26,11 +27,11 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], *, overwrite: bo
     path = Path(path)
     if path.is_dir():
         raise PipelineError(f"--output {path}: is a folder; give a file name.")
-    temp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    temp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # O_EXCL: never reuse someone else's file; mode 0o666 lets the umask decide, as for any new file.
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd, temp = create_temp(path, 0o666)
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
@@ -44,8 +45,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None], *, overwrite: bo
         raise PipelineError(
             f"--output {path}: cannot write the {what} ({reason}); choose a writable location with --output."
         ) from None
-    finally:
-        if temp.exists():
+    finally:  # also on KeyboardInterrupt (Ctrl-C, and SIGTERM through the command line's handler)
+        if temp is not None and temp.exists():
             temp.unlink()
     return path
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from luminal_recipes import tempfiles
 from luminal_recipes.errors import LuminalError
 
 from .module import KERNEL_DIR, cache_key, cache_root, headers_digest, template_includes
@@ -61,14 +61,17 @@ def precompiled_header(flags: tuple[str, ...]) -> list[str]:
     if not gch.exists():
         folder.mkdir(parents=True, exist_ok=True)
         header.write_text(template_includes() + "#define LUMINAL_EMU_PCH 1\n")
-        tmp = folder / f"lr_emu_pch.h.gch.{os.getpid()}.tmp"
+        tmp = tempfiles.temp_path(gch)  # the one temporary-file pattern: removed if interrupted, else swept
+        tempfiles.sweep_once(folder)
         pch_flags = [f for f in flags if f != "-shared"]
-        proc = subprocess.run([gxx(), *pch_flags, f"-I{KERNEL_DIR}", "-x", "c++-header", str(header), "-o",
-                               str(tmp)], capture_output=True, text=True)
-        if proc.returncode != 0:
+        try:
+            proc = subprocess.run([gxx(), *pch_flags, f"-I{KERNEL_DIR}", "-x", "c++-header", str(header), "-o",
+                                   str(tmp)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                return []
+            tmp.replace(gch)
+        finally:
             tmp.unlink(missing_ok=True)
-            return []
-        tmp.replace(gch)
     return ["-include", str(header)]
 
 
@@ -87,8 +90,7 @@ def compile_emu(source: str, sanitize: str | None = None, kernel_of_line=None) -
                                   capture_output=True, text=True)
             if proc.returncode != 0:
                 raise EmuCompileError(_describe(proc.stderr, kernel_of_line))
-            shutil.move(str(out), so.with_suffix(".tmp"))
-            so.with_suffix(".tmp").replace(so)
+            tempfiles.write_atomic(so, out.read_bytes(), fsync=False)
     return EmuModule(so)
 
 

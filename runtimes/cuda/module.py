@@ -10,10 +10,9 @@ compiler's version.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 
+from luminal_recipes import tempfiles
 from luminal_recipes.compiler.cache import cache_dir
 
 from .plan import KernelSource
@@ -71,13 +70,7 @@ def cache_key(*parts: str) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write a cache entry so that a concurrent reader sees the whole file or none."""
+    """Write a cache entry so that a concurrent reader sees the whole file or none (through the one temporary
+    file pattern, ``luminal_recipes.tempfiles``: removed when interrupted, swept when a killed process left it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    tempfiles.write_atomic(path, data, fsync=False)

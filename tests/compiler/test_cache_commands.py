@@ -4,6 +4,8 @@ the cache wrote itself (entries, and temporary files of interrupted writes once 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 from typer.testing import CliRunner
@@ -48,8 +50,10 @@ def test_info_and_clear(runtime, tmp_path, monkeypatch):
         path.write_text("keep")
     (folder / "sub").mkdir()
     (folder / f"{'b' * 64}.json").symlink_to(folder / "notes.json")
-    fresh = folder / f".{key}.x1y2.tmp"
-    stale = folder / f".{key}.z3w4.tmp"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # the pid of a writer that has exited
+    fresh = folder / f".{key}.json.{gone}.{'1' * 12}.tmp"
+    stale = folder / f".{key}.json.{gone}.{'2' * 12}.tmp"
     fresh.write_text("in progress")
     stale.write_text("interrupted")
     old = time.time() - 2 * cache.LEFTOVER_AGE_S
