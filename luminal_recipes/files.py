@@ -118,14 +118,14 @@ def parse_json(text: str, where: str, error: type[LuminalError] = LuminalError, 
                     f"configuration needs (this tool reads at most {max_depth}); {fix}.")
 
     def constant(name: str) -> float:
-        raise error(f"{where}{_locate(text, name)}: the JSON holds {name}, which is not a number JSON allows "
-                    f"(nor a value this tool accepts); {fix}.")
+        raise error(f"{where}{_locate(text, name)}: {_keyed(text, name)}{name} is not a number JSON allows, nor a "
+                    f"value this tool accepts; {fix}.")
 
     def number(literal: str) -> float:
         value = float(literal)
         if not nonfinite and not math.isfinite(value):
-            raise error(f"{where}{_locate(text, literal)}: the number {_clip(literal)} is beyond a double's range; "
-                        f"{fix}.")
+            raise error(f"{where}{_locate(text, literal)}: {_keyed(text, literal)}{_clip(literal)} is beyond a "
+                        f"double's range; {fix}.")
         return value
 
     def pairs(items: list[tuple[str, Any]]) -> dict:
@@ -195,6 +195,16 @@ def _locate(text: str, token: str, second: bool = False) -> str:
     if second and at >= 0:
         at = text.find(token, at + 1)
     return "" if at < 0 else ":{}:{}".format(*_line_col(text, at))
+
+
+_KEY_BEFORE = re.compile(r'"([^"\\]{1,80})"\s*:\s*-?$')
+
+
+def _keyed(text: str, token: str) -> str:
+    """'"key": ' when the first ``token`` in ``text`` is an object's value (to name it in a message), else ""."""
+    at = text.find(token)
+    found = _KEY_BEFORE.search(text, max(0, at - 100), at) if at >= 0 else None
+    return f'"{found[1]}": ' if found else ""
 
 
 def _clip(text: str, limit: int = 40) -> str:
