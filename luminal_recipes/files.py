@@ -106,12 +106,12 @@ _JSON_FIX = "fix the file, or download or write it again"
 
 
 def parse_json(text: str, where: str, error: type[LuminalError] = LuminalError, *, fix: str = _JSON_FIX,
-               max_depth: int = MAX_JSON_DEPTH, nonfinite: bool = False) -> Any:
+               max_depth: int = MAX_JSON_DEPTH, nonfinite: bool = False, kind: str = "JSON") -> Any:
     """``text`` parsed as JSON, with the bounds untrusted files need, checked before or while parsing: nesting at
     most ``max_depth`` arrays/objects deep (checked by one linear scan before the parser, which recurses), no key
     twice in one object, and unless ``nonfinite``: no NaN/Infinity constants and no number beyond a double's range
     (``1e400``). Anything else (a syntax error, an integer of more than 4,300 digits) is ``error`` too, naming
-    ``where`` (the file, with line and column where known) and ``fix``."""
+    ``where`` (the file, with line and column where known) and ``fix`` (a syntax error: "not valid ``kind``")."""
     too_deep = _depth_beyond(text, max_depth)
     if too_deep is not None:
         raise error(f"{where}:{too_deep}: the JSON nests arrays/objects more than {max_depth} deep, which no "
@@ -142,7 +142,7 @@ def parse_json(text: str, where: str, error: type[LuminalError] = LuminalError, 
         return json.loads(text, parse_float=number, object_pairs_hook=pairs,
                           **({} if nonfinite else {"parse_constant": constant}))
     except json.JSONDecodeError as exc:
-        raise error(f"{where}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg}); {fix}.") from None
+        raise error(f"{where}:{exc.lineno}:{exc.colno}: not valid {kind} ({exc.msg}); {fix}.") from None
     except RecursionError:  # not reached after the depth scan; kept so no parser recursion escapes as a traceback
         raise error(f"{where}: the JSON nests too deep to read; {fix}.") from None
     except ValueError:  # the one ValueError left: an integer of more digits than Python converts

@@ -225,7 +225,7 @@ def _checked_config(data: object, what: str) -> PeftConfig:
     config = {key.removeprefix("transformer."): value for key, value in data.items()}  # a pipeline's save
     peft_type = config.get("peft_type", "LORA")
     if peft_type != "LORA":
-        raise LoraError(f"{what} says peft_type {_shown(peft_type)}; only LoRA adapters are supported")
+        raise LoraError(f"{what} says peft_type {peft_type!r}; only LoRA adapters are supported")
     bad = [key for key in UNSUPPORTED_CONFIG if config.get(key)]
     if bad:
         raise LoraError(f"{what} sets {', '.join(f'{k}={config[k]!r}' for k in bad)}, which this tool does "

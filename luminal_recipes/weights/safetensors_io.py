@@ -122,7 +122,7 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     except UnicodeDecodeError as e:
         _corrupt(path, [f"the header is not valid UTF-8 JSON ({e})"])
     header = parse_json(text, f"safetensors file {path}: the header", CheckpointError,
-                        fix="download or export the file again")
+                        fix="download or export the file again", kind="UTF-8 JSON")
     if not isinstance(header, dict):
         _corrupt(path, [f"the header is a JSON {type(header).__name__}, not an object of tensors"])
 
@@ -398,7 +398,7 @@ def _apply_renames(
 def _read_index(index: Path) -> dict[str, str]:
     try:
         data = read_json(index, "a checkpoint index", MAX_HEADER_BYTES, CheckpointError,
-                         fix="download the checkpoint's index again")
+                         where=f"cannot read checkpoint index {index}", fix="download the checkpoint's index again")
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint index {index}: {e}") from e
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
