@@ -147,8 +147,7 @@ def test_a_deep_safetensors_header_is_refused_located(tmp_path):
 
 
 @pytest.mark.parametrize("name", [
-    "transformer/config.json", "vae/config.json", "scheduler/scheduler_config.json", "model_index.json",
-    "transformer/diffusion_pytorch_model.safetensors",
+    "transformer/config.json", "vae/config.json", "transformer/diffusion_pytorch_model.safetensors",
 ])
 def test_every_checkpoint_json_is_bounded_in_validate(tmp_path, name):
     checkpoint = checkpoint_copy(tmp_path)
@@ -161,8 +160,8 @@ def test_every_checkpoint_json_is_bounded_in_validate(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", [
-    "tokenizer/tokenizer_config.json", "text_encoder/config.json", "text_encoder/generation_config.json",
-    "vae/config.json",
+    "tokenizer/tokenizer_config.json", "text_encoder/config.json", "vae/config.json",
+    "scheduler/scheduler_config.json", "model_index.json",
 ])
 def test_every_checkpoint_json_is_bounded_in_run(tmp_path, name):
     checkpoint = checkpoint_copy(tmp_path)
@@ -170,6 +169,14 @@ def test_every_checkpoint_json_is_bounded_in_run(tmp_path, name):
     out = tmp_path / "x.png"
     refused(cli("run", TINY, "--weights", checkpoint, *SMALL, "-p", "fox", "-o", out), name, "nests")
     assert not out.exists()
+
+
+def test_generation_configs_are_bounded(tmp_path):
+    from luminal_recipes.tasks.generation.tokenizer import eos_token_ids
+
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": ' + DEEP + "}")
+    with pytest.raises(CheckpointError, match=r"generation_config\.json:1: the JSON nests .*; restore it from the"):
+        eos_token_ids(tmp_path)
 
 
 def test_inspect_config_is_bounded(tmp_path):
