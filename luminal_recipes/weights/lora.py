@@ -225,11 +225,11 @@ def _checked_config(data: object, what: str) -> PeftConfig:
     config = {key.removeprefix("transformer."): value for key, value in data.items()}  # a pipeline's save
     peft_type = config.get("peft_type", "LORA")
     if peft_type != "LORA":
-        raise LoraError(f"{what} says peft_type {peft_type!r}; only LoRA adapters are supported")
+        raise LoraError(f"{what} says peft_type {_clipped(repr(peft_type))}; only LoRA adapters are supported")
     bad = [key for key in UNSUPPORTED_CONFIG if config.get(key)]
     if bad:
-        raise LoraError(f"{what} sets {', '.join(f'{k}={config[k]!r}' for k in bad)}, which this tool does "
-                        f"not implement (plain LoRA only)")
+        settings = ", ".join(f"{k}={_clipped(repr(config[k]))}" for k in bad)
+        raise LoraError(f"{what} sets {settings}, which this tool does not implement (plain LoRA only)")
     rslora = config.get("use_rslora", False)
     if not isinstance(rslora, bool):
         raise LoraError(f"{what}: use_rslora is {_shown(rslora)}; it must be true or false")
@@ -286,19 +286,22 @@ def _scale(checkpoint: Checkpoint, alpha_key: str | None, rank: int, config: Pef
     if alpha is None:
         alpha = r if config.alpha is None else config.alpha
     if r != rank:
-        raise LoraError(f"{where}: layer '{name}' has rank {rank}, but its LoraConfig says r={r}")
+        raise LoraError(f"{where}: layer '{name}' has rank {rank}, but its LoraConfig says r={_shown(r)}")
     scale = alpha / (math.sqrt(r) if config.rslora else r)
     if not math.isfinite(scale):
         raise LoraError(f"{where}: layer '{name}': lora_alpha {alpha} / r {r} is not a finite scale")
     return scale
 
 
-def _shown(value: object, limit: int = 60) -> str:
+def _shown(value: object) -> str:
     """A config value as JSON writes it (``null``, ``"abc"``, ``[8]``), shortened."""
     try:
-        text = json.dumps(value)
+        return _clipped(json.dumps(value))
     except (TypeError, ValueError):
-        text = repr(value)
+        return _clipped(repr(value))
+
+
+def _clipped(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
