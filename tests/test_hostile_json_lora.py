@@ -226,10 +226,14 @@ def test_run_refuses_a_lora_with_deep_json(tmp_path):
     ({"r": 4, "rank_pattern": {"x_embedder": "4"}}, ["rank_pattern['x_embedder'] is \"4\"", "positive integer"]),
     ({"r": 4, "alpha_pattern": {"x_embedder": float("nan")}}, ["NaN is not a number JSON allows"]),
     ({"r": 4, "alpha_pattern": {r"(a)\1": 8}}, ["uses a backreference"]),
+    ('{"r": 1e400}', ['header:1:7: "r": 1e400 is beyond a double']),
+    ('{"r": 4, "r": 8}', ['key "r" appears twice']),
 ], ids=["r-text", "r-null", "r-zero", "r-bool", "r-float", "alpha-list", "alpha-null", "alpha-text", "alpha-huge",
-        "rslora", "pattern-list", "pattern-not-regex", "rank-text", "alpha-nan", "backreference"])
+        "rslora", "pattern-list", "pattern-not-regex", "rank-text", "alpha-nan", "backreference", "r-1e400",
+        "r-twice"])
 def test_lora_config_values_are_checked(tmp_path, config, words):
-    path = lora(tmp_path / "x.safetensors", metadata={"lora_adapter_metadata": json.dumps(config)})
+    text = config if isinstance(config, str) else json.dumps(config)
+    path = lora(tmp_path / "x.safetensors", metadata={"lora_adapter_metadata": text})
     with pytest.raises(LoraError) as info:
         read_lora(path, WHERE)
     message = str(info.value)
