@@ -9,11 +9,15 @@ open descriptor, so nothing can swap the file between the check and the read.
 from __future__ import annotations
 
 import fcntl
+import json
+import math
 import os
+import re
 import stat
+import sys
 from os import PathLike
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import LuminalError
 
@@ -93,3 +97,115 @@ def _size(n: int) -> str:
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+# ---- JSON ---------------------------------------------------------------------------------------------------------
+MAX_JSON_DEPTH = 128  # configs nest a few levels; Python's parser would recurse (and fail) near 1,000
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # no nested repeat: linear time
+_JSON_FIX = "fix the file, or download or write it again"
+
+
+def parse_json(text: str, where: str, error: type[LuminalError] = LuminalError, *, fix: str = _JSON_FIX,
+               max_depth: int = MAX_JSON_DEPTH, nonfinite: bool = False, kind: str = "JSON") -> Any:
+    """``text`` parsed as JSON, with the bounds untrusted files need, checked before or while parsing: nesting at
+    most ``max_depth`` arrays/objects deep (checked by one linear scan before the parser, which recurses), no key
+    twice in one object, and unless ``nonfinite``: no NaN/Infinity constants and no number beyond a double's range
+    (``1e400``). Anything else (a syntax error, an integer of more than 4,300 digits) is ``error`` too, naming
+    ``where`` (the file, with line and column where known) and ``fix`` (a syntax error: "not valid ``kind``")."""
+    too_deep = _depth_beyond(text, max_depth)
+    if too_deep is not None:
+        raise error(f"{where}:{too_deep}: the JSON nests arrays/objects more than {max_depth} deep, which no "
+                    f"configuration needs (this tool reads at most {max_depth}); {fix}.")
+
+    def constant(name: str) -> float:
+        raise error(f"{where}{_locate(text, name)}: {_keyed(text, name)}{name} is not a number JSON allows, nor a "
+                    f"value this tool accepts; {fix}.")
+
+    def number(literal: str) -> float:
+        value = float(literal)
+        if not nonfinite and not math.isfinite(value):
+            raise error(f"{where}{_locate(text, literal)}: {_keyed(text, literal)}{_clip(literal)} is beyond a "
+                        f"double's range; {fix}.")
+        return value
+
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        out = dict(items)
+        if len(out) != len(items):
+            seen: set[str] = set()
+            twice = next(key for key, _ in items if key in seen or seen.add(key))
+            key = json.dumps(twice)
+            raise error(f"{where}{_locate(text, key, second=True)}: key {_clip(key)} appears twice "
+                        f"in one object, so which value counts is ambiguous; {fix}.")
+        return out
+
+    try:
+        return json.loads(text, parse_float=number, object_pairs_hook=pairs,
+                          **({} if nonfinite else {"parse_constant": constant}))
+    except json.JSONDecodeError as exc:
+        raise error(f"{where}:{exc.lineno}:{exc.colno}: not valid {kind} ({exc.msg}); {fix}.") from None
+    except RecursionError:  # not reached after the depth scan; kept so no parser recursion escapes as a traceback
+        raise error(f"{where}: the JSON nests too deep to read; {fix}.") from None
+    except ValueError:  # the one ValueError left: an integer of more digits than Python converts
+        raise error(f"{where}: the JSON holds an integer of more than {sys.get_int_max_str_digits()} digits, "
+                    f"which no configuration needs; {fix}.") from None
+
+
+def read_json(path: str | PathLike, what: str, limit: int | None = MAX_JSON_BYTES,
+              error: type[LuminalError] = LuminalError, *, where: str | None = None, fix: str = _JSON_FIX,
+              max_depth: int = MAX_JSON_DEPTH, nonfinite: bool = False) -> Any:
+    """The JSON file ``path`` (``what``, e.g. "the tokenizer config") parsed by ``parse_json``: a regular file of
+    at most ``limit`` bytes, UTF-8, bounded in depth; ``error`` naming ``where`` (default: the path) otherwise.
+    OSErrors (a missing file) propagate for the caller to phrase, as ``read_regular`` does."""
+    text = read_regular_text(path, what, limit, error)
+    return parse_json(text, str(path) if where is None else where, error, fix=fix, max_depth=max_depth,
+                      nonfinite=nonfinite)
+
+
+def _depth_beyond(text: str, limit: int) -> int | None:
+    """The line of ``text`` where brackets first nest deeper than ``limit`` (brackets in strings not counted), or
+    None: strings dropped by a linear regex, then a running sum of the brackets, in chunks (numpy)."""
+    bare = _JSON_STRING.sub('""', text) if '"' in text else text  # strings hold no raw newline: lines are kept
+    if bare.count("[") + bare.count("{") <= limit:
+        return None
+    import numpy as np
+
+    step = np.zeros(256, np.int8)
+    step[[ord("["), ord("{")]] = 1
+    step[[ord("]"), ord("}")]] = -1
+    data = np.frombuffer(bare.encode("ascii", "replace"), np.uint8)  # one byte per character
+    carry, chunk = 0, 1 << 22
+    for start in range(0, data.size, chunk):
+        depth = np.cumsum(step[data[start:start + chunk]], dtype=np.int32) + carry
+        over = np.flatnonzero(depth > limit)
+        if over.size:
+            return bare.count("\n", 0, start + int(over[0])) + 1
+        carry = int(depth[-1])
+    return None
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def _locate(text: str, token: str, second: bool = False) -> str:
+    """":line:col" of the first (or second) occurrence of ``token`` in ``text`` (where a parser hook cannot
+    tell), or ""."""
+    at = text.find(token)
+    if second and at >= 0:
+        at = text.find(token, at + 1)
+    return "" if at < 0 else ":{}:{}".format(*_line_col(text, at))
+
+
+_KEY_BEFORE = re.compile(r'"([^"\\]{1,80})"\s*:\s*-?$')
+
+
+def _keyed(text: str, token: str) -> str:
+    """'"key": ' when the first ``token`` in ``text`` is an object's value (to name it in a message), else ""."""
+    at = text.find(token)
+    found = _KEY_BEFORE.search(text, max(0, at - 100), at) if at >= 0 else None
+    return f'"{found[1]}": ' if found else ""
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import heap
 from ..errors import PipelineError, RecipeError
-from ..files import MAX_JSON_BYTES, read_regular_text
+from ..files import MAX_JSON_BYTES, read_json
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.lora import LoraSpec
@@ -529,12 +529,10 @@ def _check_finite(value: Any, what: str) -> None:
 
 
 def _read_json(path: Path) -> dict:
-    import json
-
     try:
-        return json.loads(read_regular_text(path, "a config.json for planning", MAX_JSON_BYTES, PipelineError))
+        return read_json(path, "a config.json for planning", MAX_JSON_BYTES, PipelineError)
     except FileNotFoundError:
         raise PipelineError(f"{path}: no config.json for planning; add it to the pipeline's `configs:` folder") \
             from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise PipelineError(f"{path}: cannot read it as JSON ({exc}).") from None

@@ -10,7 +10,6 @@ position of the declaration (shape mismatches at the dimension's expression).
 from __future__ import annotations
 
 import fnmatch
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,7 +19,7 @@ import numpy as np
 
 from .. import instrument
 from ..errors import CheckpointError, LoraError, LuminalError, RecipeError
-from ..files import MAX_JSON_BYTES, read_regular_text
+from ..files import MAX_JSON_BYTES, read_json
 from ..graph import DType, Graph, Tensor, to_dtype
 from ..graph.dtypes import SAFETENSORS_NAMES
 from ..graph.symbolic import Expr
@@ -149,11 +148,10 @@ def read_config(recipe: LoadedRecipe, folder: Path, roots: list[Path] | None = N
     if not path.exists():
         return None
     try:
-        data = json.loads(read_regular_text(path, "the model's config", MAX_JSON_BYTES, CheckpointError))
+        data = read_json(path, "the model's config", MAX_JSON_BYTES, CheckpointError,
+                         fix="download or write it again")
     except OSError as exc:
         raise CheckpointError(f"cannot read {path} ({exc.strerror or exc}).") from None
-    except ValueError as exc:  # JSONDecodeError, or an integer too long to convert
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); download or write it again.") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object (the model's configuration).")
     return data

@@ -11,7 +11,6 @@ recipes that include it.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
-from ..files import MAX_JSON_BYTES, read_regular_text
+from ..files import MAX_JSON_BYTES, read_json
 from .builder import BuiltModel, build_model, checkpoint_folder, config_display, read_config, with_quantization
 from .check import check_library, check_recipe
 from .config_fields import config_report
@@ -240,10 +239,11 @@ def inspect(
 def _read_config_arg(path: Path) -> dict:
     """``inspect --config FILE``: a config.json object, or a CheckpointError naming the file."""
     try:
-        data = json.loads(read_regular_text(path, "--config", MAX_JSON_BYTES, CheckpointError))
+        data = read_json(path, "--config", MAX_JSON_BYTES, CheckpointError, where=f"--config {path}",
+                         fix="pass a model's config.json")
     except FileNotFoundError:
         raise CheckpointError(f"--config {path}: file not found.") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise CheckpointError(f"--config {path}: not a readable JSON file ({exc}).") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"--config {path}: expected a JSON object (a model's config.json).")

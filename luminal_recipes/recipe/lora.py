@@ -25,6 +25,8 @@ Two ways to apply an update ``scale * alpha / rank * up @ down`` (``LoraSpec.mod
 from __future__ import annotations
 
 import fnmatch
+import math
+import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,6 +120,9 @@ def map_loras(specs: Sequence[LoraSpec], weights: Mapping[str, WeightDecl], name
     for spec in specs:
         if spec.mode not in ("auto", "merge", "graph"):
             raise LoraError(f"{spec.where}: mode '{spec.mode}' is not one of auto, merge, graph")
+        if isinstance(spec.scale, bool) or not isinstance(spec.scale, numbers.Real) \
+                or not math.isfinite(spec.scale):
+            raise LoraError(f"{spec.where}: scale {spec.scale!r} is not a finite number")
         file = read_lora(spec.path, spec.where)
         unmatched, misfits, misfit_layers = [], [], set()
         for layer in file.layers:

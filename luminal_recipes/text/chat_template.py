@@ -31,7 +31,7 @@ import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import CheckpointError
-from ..files import MAX_JSON_BYTES, read_regular_text
+from ..files import MAX_JSON_BYTES, read_json, read_regular_text
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
@@ -120,8 +120,9 @@ def _read_json(path: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        data = json.loads(read_regular_text(path, "a tokenizer file", MAX_JSON_BYTES, CheckpointError))
-    except (OSError, ValueError) as exc:
+        data = read_json(path, "a tokenizer file", MAX_JSON_BYTES, CheckpointError,
+                         fix="restore it from the checkpoint")
+    except OSError as exc:
         raise CheckpointError(f"{path}: cannot read it as JSON ({exc}); restore it from the checkpoint.") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object.")

@@ -10,7 +10,6 @@ builds diffusers' conversation on it) and text generation. ``encode`` pads and t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -20,7 +19,7 @@ import tokenizers
 
 from luminal_recipes import heap
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.files import MAX_JSON_BYTES, not_regular, read_regular_text
+from luminal_recipes.files import MAX_JSON_BYTES, not_regular, read_json, read_regular_text
 
 from .chat_template import SPECIAL_TOKEN_NAMES, find_chat_templates, render_chat
 
@@ -203,9 +202,10 @@ def _loaded_as_processor(folder: Path) -> bool:
     if not index.is_file():
         return False
     try:
-        entry = json.loads(index.read_text(encoding="utf-8")).get(folder.name)
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        data = read_json(index, "model_index.json", MAX_JSON_BYTES, CheckpointError)
+    except OSError:
         return False
+    entry = data.get(folder.name) if isinstance(data, dict) else None
     return isinstance(entry, list) and len(entry) == 2 and str(entry[1]).endswith("Processor")
 
 
@@ -234,8 +234,9 @@ def read_tokenizer_config(path: Path) -> dict:
     if not path.exists():
         return {}
     try:
-        options = json.loads(read_regular_text(path, "the tokenizer config", MAX_JSON_BYTES, CheckpointError))
-    except (OSError, ValueError) as exc:
+        options = read_json(path, "the tokenizer config", MAX_JSON_BYTES, CheckpointError,
+                            fix="restore it from the checkpoint")
+    except OSError as exc:
         raise CheckpointError(
             f"{path}: cannot read it as JSON ({exc}); restore it from the checkpoint."
         ) from None

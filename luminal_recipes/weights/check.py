@@ -11,14 +11,13 @@ block too."""
 from __future__ import annotations
 
 import fnmatch
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from ..errors import CheckpointError, QuantizationError
-from ..files import MAX_JSON_BYTES, read_regular_text
+from ..files import MAX_JSON_BYTES, read_json
 from .formats import NVFP4_BLOCK, NVFP4_LAYOUTS, NVFP4Layout, nvfp4_layout
 from .safetensors_io import Checkpoint, TensorInfo
 
@@ -339,9 +338,9 @@ def read_hf_quant_config(folder: str | Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(read_regular_text(path, HF_QUANT_CONFIG, MAX_JSON_BYTES, CheckpointError))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e}); download or write it again") from e
+        data = read_json(path, HF_QUANT_CONFIG, MAX_JSON_BYTES, CheckpointError, fix="download or write it again")
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path} ({e.strerror or e}); download or write it again") from e
     if not isinstance(data, dict) or not isinstance(data.get("quantization"), dict):
         raise CheckpointError(
             f"{path} has no 'quantization' object; expected ModelOpt's form "

@@ -24,7 +24,11 @@ ComfyUI / kohya           ``lora_unet_<layer with _ for .>.lora_down``,    BFL's
                                                                           ``alpha / rank``
 ========================  ==============================================  =========================================
 
-Any format may carry ``<layer>.alpha`` (scale ``alpha / rank``, as kohya and ComfyUI read it). A PEFT
+Any format may carry ``<layer>.alpha`` (scale ``alpha / rank``, as kohya and ComfyUI read it). The file is
+untrusted: its JSON (header, metadata, ``adapter_config.json``) is read by ``files.parse_json`` (bounded depth, no
+NaN), every ``LoraConfig`` value is checked (``r`` a positive integer, ``lora_alpha`` a finite number), the
+matrices must be floating point, and ``rank_pattern``/``alpha_pattern`` keys are matched with PEFT's meaning by
+a linear-time automaton (``lora_patterns.py``), never by backtracking. A PEFT
 ``save_pretrained`` folder keeps its ``LoraConfig`` in ``adapter_config.json``: it is read as PEFT's
 ``PeftModel.from_pretrained`` reads it (diffusers' ``load_lora_weights`` does not read it and applies scale 1,
 which differs from PEFT's whenever ``lora_alpha != r``). Which layer of
@@ -37,11 +41,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckpointError, LoraError
+from ..files import MAX_JSON_BYTES, not_regular, parse_json, read_json
+from .lora_patterns import compile_patterns, first_match
 from .safetensors_io import Checkpoint
 
 METADATA_KEY = "lora_adapter_metadata"  # diffusers' LORA_ADAPTER_METADATA_KEY: a PEFT LoraConfig as JSON
@@ -55,6 +62,8 @@ PEFT_CONFIG = "adapter_config.json"  # PEFT's save_pretrained writes the LoraCon
 # LoraConfig settings that change what the adapter computes, refused when set (others: training-only, metadata)
 UNSUPPORTED_CONFIG = ("use_dora", "lora_bias", "fan_in_fan_out", "use_qalora", "layer_replication",
                       "modules_to_save", "trainable_token_indices", "alora_invocation_tokens")
+MATRIX_DTYPES = ("F32", "F16", "BF16", "F64")  # LoRA down/up matrices: floating point, as PEFT trains them
+ALPHA_DTYPES = (*MATRIX_DTYPES, "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64")
 _PAIR = re.compile(r"^(?P<layer>.+)\.(?P<kind>lora_A|lora_B|lora_down|lora_up)\.weight$")
 _ALPHA = re.compile(r"^(?P<layer>.+)\.alpha$")
 _NOT_LORA = [  # what else a file may hold, and why it is refused
@@ -97,6 +106,9 @@ def read_lora(path: str | Path, where: str) -> LoraFile:
         raise LoraError(f"{where}: file not found")
     if path.suffix != ".safetensors":
         raise LoraError(f"{where}: a LoRA is a .safetensors file; {path.name} is not one")
+    kind = not_regular(path)
+    if kind is not None:
+        raise LoraError(f"{where}: a LoRA is a .safetensors file, but {path} is {kind}")
     try:
         checkpoint = Checkpoint.open(path)
     except CheckpointError as exc:
@@ -132,15 +144,23 @@ def read_lora(path: str | Path, where: str) -> LoraFile:
         any(layer.startswith(KOHYA_PREFIXES) for layer in pairs)
     fmt = "ComfyUI/kohya" if kohya else _format(pairs, where)
     config = _metadata_config(checkpoint, where)
-    if config is None and fmt == "PEFT" and (path.parent / PEFT_CONFIG).is_file():
+    if config is None and fmt == "PEFT" and os.path.lexists(path.parent / PEFT_CONFIG):
         config = _peft_config(path.parent / PEFT_CONFIG, where)
     layers = []
     for layer, p in pairs.items():
+        for tensor in (p["down"], p["up"]):
+            dtype = checkpoint.tensors[tensor].dtype
+            if dtype not in MATRIX_DTYPES:
+                raise LoraError(f"{where}: tensor '{tensor}' is {dtype}; LoRA matrices are floating point "
+                                f"({', '.join(MATRIX_DTYPES)})")
         down, up = checkpoint.tensors[p["down"]].shape, checkpoint.tensors[p["up"]].shape
         if len(down) != 2 or len(up) != 2 or down[0] != up[1]:
             raise LoraError(f"{where}: layer '{layer}': down {list(down)} and up {list(up)} are not a rank-r pair "
                             f"[r, in] and [out, r]; only LoRAs of linear layers are supported")
         rank = int(down[0])
+        if rank < 1:
+            raise LoraError(f"{where}: layer '{layer}' has rank 0 (down {list(down)}, up {list(up)}); a LoRA "
+                            f"layer has rank 1 or more")
         name = _strip_kohya(layer) if kohya else _strip_prefix(layer)
         scale = _scale(checkpoint, alphas.get(layer), rank, config, name, where)
         layers.append(LoraLayer(layer, name, p["down"], p["up"], rank, scale, underscored=kohya))
@@ -168,61 +188,121 @@ def _format(pairs: dict[str, dict[str, str]], where: str) -> str:
     return found.pop()
 
 
-def _metadata_config(checkpoint: Checkpoint, where: str) -> dict | None:
+@dataclass(frozen=True)
+class PeftConfig:
+    """The ``LoraConfig`` settings that decide a layer's scale, each checked (type, range) where it was read."""
+
+    r: int | None  # None: the file's own rank
+    alpha: float | None  # None: r (scale 1)
+    rslora: bool
+    rank_patterns: list  # [(PeftPattern, rank)] in the file's order
+    alpha_patterns: list  # [(PeftPattern, alpha)]
+
+
+def _metadata_config(checkpoint: Checkpoint, where: str) -> PeftConfig | None:
     """The PEFT ``LoraConfig`` diffusers saves in the header (keys maybe prefixed ``transformer.``), or None."""
     raw = checkpoint.metadata.get(METADATA_KEY)
     if not raw:
         return None
-    return _checked_config(raw, f"{where}: its {METADATA_KEY} header")
+    what = f"{where}: its {METADATA_KEY} header"
+    return _checked_config(parse_json(raw, what, LoraError, fix="save the LoRA again"), what)
 
 
-def _peft_config(path: Path, where: str) -> dict:
+def _peft_config(path: Path, where: str) -> PeftConfig:
     """PEFT's ``adapter_config.json`` beside the file."""
-    from ..files import MAX_JSON_BYTES, read_regular_text
-
-    return _checked_config(read_regular_text(path, "a PEFT adapter_config.json", MAX_JSON_BYTES, LoraError),
-                           f"{where}: {path}")
-
-
-def _checked_config(raw: str, what: str) -> dict:
+    what = f"{where}: {path}"
     try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise LoraError(f"{what} is not JSON ({exc})") from None
+        data = read_json(path, "a PEFT adapter_config.json", MAX_JSON_BYTES, LoraError, where=what,
+                         fix="save the LoRA again")
+    except OSError as exc:
+        raise LoraError(f"{what}: cannot read it ({exc.strerror or exc})") from None
+    return _checked_config(data, what)
+
+
+def _checked_config(data: object, what: str) -> PeftConfig:
     if not isinstance(data, dict):
         raise LoraError(f"{what} is not a JSON object")
     config = {key.removeprefix("transformer."): value for key, value in data.items()}  # a pipeline's save
-    if config.get("peft_type", "LORA") != "LORA":
-        raise LoraError(f"{what} says peft_type {config['peft_type']!r}; only LoRA adapters are supported")
+    peft_type = config.get("peft_type", "LORA")
+    if peft_type != "LORA":
+        raise LoraError(f"{what} says peft_type {_clipped(repr(peft_type))}; only LoRA adapters are supported")
     bad = [key for key in UNSUPPORTED_CONFIG if config.get(key)]
     if bad:
-        raise LoraError(f"{what} sets {', '.join(f'{k}={config[k]!r}' for k in bad)}, which this tool does not "
-                        f"implement (plain LoRA only)")
-    return config
+        settings = ", ".join(f"{k}={_clipped(repr(config[k]))}" for k in bad)
+        raise LoraError(f"{what} sets {settings}, which this tool does not implement (plain LoRA only)")
+    rslora = config.get("use_rslora", False)
+    if not isinstance(rslora, bool):
+        raise LoraError(f"{what}: use_rslora is {_shown(rslora)}; it must be true or false")
+    r = _rank(config["r"], f"{what}: r") if "r" in config else None
+    alpha = _alpha(config["lora_alpha"], f"{what}: lora_alpha") if "lora_alpha" in config else None
+    patterns = {}
+    for field, check in (("rank_pattern", _rank), ("alpha_pattern", _alpha)):
+        table = config.get(field) or {}
+        if not isinstance(table, dict):
+            raise LoraError(f"{what}: {field} is {_shown(table)}; it must be an object of module name (or "
+                            f"regular expression) -> value")
+        compiled = compile_patterns(table, f"{what}: {field}", LoraError)
+        patterns[field] = [(key, check(value, f"{what}: {field}[{key.key!r}]")) for key, value in compiled]
+    return PeftConfig(r, alpha, rslora, patterns["rank_pattern"], patterns["alpha_pattern"])
 
 
-def _pattern(patterns: dict, name: str):
-    """PEFT's ``get_pattern_key``: the first key ``k`` with ``re.match(rf"(.*\\.)?({k})$", name)``."""
-    for key in patterns or {}:
-        if re.match(rf"(.*\.)?({key})$", name):
-            return patterns[key]
-    return None
+def _rank(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise LoraError(f"{what} is {_shown(value)}; a LoRA rank is a positive integer")
+    return value
 
 
-def _scale(checkpoint: Checkpoint, alpha_key: str | None, rank: int, config: dict | None, name: str,
+def _alpha(value: object, what: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if math.isfinite(number):
+            return number
+    raise LoraError(f"{what} is {_shown(value)}; a LoRA alpha is a finite number")
+
+
+def _scale(checkpoint: Checkpoint, alpha_key: str | None, rank: int, config: PeftConfig | None, name: str,
            where: str) -> float:
     if alpha_key is not None:
+        info = checkpoint.tensors[alpha_key]
+        if info.dtype not in ALPHA_DTYPES:
+            raise LoraError(f"{where}: '{alpha_key}' is {info.dtype}; an alpha is one number of a float or "
+                            f"integer dtype")
         alpha = checkpoint.load(alpha_key)
         if alpha.size != 1:
             raise LoraError(f"{where}: '{alpha_key}' holds {alpha.size} values; an alpha is one number")
-        return float(alpha.reshape(())) / rank
+        value = float(alpha.reshape(()))
+        if not math.isfinite(value):
+            raise LoraError(f"{where}: '{alpha_key}' is {value}; an alpha is a finite number")
+        return value / rank
     if config is None:
         return 1.0
-    r = _pattern(config.get("rank_pattern"), name) or config.get("r", rank)
-    alpha = _pattern(config.get("alpha_pattern"), name) or config.get("lora_alpha", r)
-    if int(r) != rank:
-        raise LoraError(f"{where}: layer '{name}' has rank {rank}, but its LoraConfig says r={r}")
-    return float(alpha) / (math.sqrt(r) if config.get("use_rslora") else r)
+    r = first_match(config.rank_patterns, name)  # PEFT's get_pattern_key, then rank_pattern.get(key, r)
+    if r is None:
+        r = rank if config.r is None else config.r
+    alpha = first_match(config.alpha_patterns, name)
+    if alpha is None:
+        alpha = r if config.alpha is None else config.alpha
+    if r != rank:
+        raise LoraError(f"{where}: layer '{name}' has rank {rank}, but its LoraConfig says r={_shown(r)}")
+    scale = alpha / (math.sqrt(r) if config.rslora else r)
+    if not math.isfinite(scale):
+        raise LoraError(f"{where}: layer '{name}': lora_alpha {alpha} / r {r} is not a finite scale")
+    return scale
+
+
+def _shown(value: object) -> str:
+    """A config value as JSON writes it (``null``, ``"abc"``, ``[8]``), shortened."""
+    try:
+        return _clipped(json.dumps(value))
+    except (TypeError, ValueError):
+        return _clipped(repr(value))
+
+
+def _clipped(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _some(names: list[str], limit: int = 8) -> str:

@@ -9,7 +9,6 @@ copied (``safe_open``'s numpy framework copies each tensor and, in safetensors 0
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import struct
@@ -23,7 +22,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
-from ..files import open_regular, read_regular_text
+from ..files import open_regular, parse_json, read_json
 from .formats import LEGACY_FP8_MARKER, comfy_legacy_fp8_renames
 
 # dtype name in a safetensors header -> (bits per element, numpy dtype the bytes are viewed as)
@@ -119,9 +118,11 @@ def read_header(path: str | Path) -> tuple[dict[str, TensorInfo], dict[str, str]
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint file {path}: {e.strerror or e}") from e
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
         _corrupt(path, [f"the header is not valid UTF-8 JSON ({e})"])
+    header = parse_json(text, f"safetensors file {path}: the header", CheckpointError,
+                        fix="download or export the file again", kind="UTF-8 JSON")
     if not isinstance(header, dict):
         _corrupt(path, [f"the header is a JSON {type(header).__name__}, not an object of tensors"])
 
@@ -331,12 +332,8 @@ class Checkpoint:
             raw = self.file_metadata[file].get(QUANT_METADATA_KEY)
             if raw is None:
                 continue
-            try:
-                parsed = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise CheckpointError(
-                    f"{QUANT_METADATA_KEY} in the header of {file} is not valid JSON ({e})"
-                ) from e
+            parsed = parse_json(raw, f"{file}: {QUANT_METADATA_KEY} in the header", CheckpointError,
+                                fix="export the checkpoint again")
             if not isinstance(parsed, dict) or not isinstance(parsed.get("layers", {}), dict):
                 raise CheckpointError(
                     f"{QUANT_METADATA_KEY} in {file} must be an object with a 'layers' object"
@@ -400,8 +397,9 @@ def _apply_renames(
 
 def _read_index(index: Path) -> dict[str, str]:
     try:
-        data = json.loads(read_regular_text(index, "a checkpoint index", MAX_HEADER_BYTES, CheckpointError))
-    except (OSError, ValueError) as e:
+        data = read_json(index, "a checkpoint index", MAX_HEADER_BYTES, CheckpointError,
+                         where=f"cannot read checkpoint index {index}", fix="download the checkpoint's index again")
+    except OSError as e:
         raise CheckpointError(f"cannot read checkpoint index {index}: {e}") from e
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):

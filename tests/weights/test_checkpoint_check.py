@@ -136,7 +136,7 @@ def test_hf_quant_config_checks(tmp_path):
     with pytest.raises(QuantizationError, match="nibble_order low_first but layout comfy"):
         check_quant_declaration(COMFY, ckpt)
     (tmp_path / "hf_quant_config.json").write_text("{not json")
-    with pytest.raises(CheckpointError, match="hf_quant_config.json is not valid JSON"):
+    with pytest.raises(CheckpointError, match="hf_quant_config.json:1:2: not valid JSON"):
         read_hf_quant_config(tmp_path)
     assert read_hf_quant_config(tmp_path / "elsewhere") is None
 

@@ -13,7 +13,6 @@ off (de-normalisation agrees to ~1e-6).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from os import PathLike
@@ -22,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.files import MAX_JSON_BYTES, open_regular, read_regular_text
+from luminal_recipes.files import MAX_JSON_BYTES, open_regular, read_json
 from luminal_recipes.weights.safetensors_io import Checkpoint
 
 PIXELS_PER_TOKEN = 16  # VAE downsampling (8) x the 2x2 patch folded into channels
@@ -221,8 +220,9 @@ def load_vae_batch_norm(vae_folder: str | PathLike) -> tuple[np.ndarray, np.ndar
     folder = Path(vae_folder)
     config_path = folder / "config.json"
     try:
-        text = read_regular_text(config_path, "the VAE config", MAX_JSON_BYTES, CheckpointError)
-        eps = float(json.loads(text).get("batch_norm_eps", 1e-4))
+        config = read_json(config_path, "the VAE config", MAX_JSON_BYTES, CheckpointError,
+                           fix="restore it from the checkpoint")
+        eps = float(config.get("batch_norm_eps", 1e-4))
     except FileNotFoundError:
         raise CheckpointError(
             f"{config_path}: file not found; the VAE folder needs its config.json."

@@ -9,7 +9,6 @@ schedule is bit-identical.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.files import MAX_JSON_BYTES, read_regular_text
+from luminal_recipes.files import MAX_JSON_BYTES, read_json
 
 SCHEDULER_CLASS = "FlowMatchEulerDiscreteScheduler"
 
@@ -75,13 +74,14 @@ class Flux2Schedule:
                 path = path / "scheduler_config.json"
             where = str(path)
             try:
-                config = json.loads(read_regular_text(path, "the scheduler config", MAX_JSON_BYTES, CheckpointError))
+                config = read_json(path, "the scheduler config", MAX_JSON_BYTES, CheckpointError,
+                                   fix="restore the file")
             except FileNotFoundError:
                 raise CheckpointError(
                     f"{where}: file not found; a FLUX.2 checkpoint keeps its scheduler settings in "
                     "scheduler/scheduler_config.json (copy it from the original checkpoint)."
                 ) from None
-            except (OSError, ValueError) as exc:
+            except OSError as exc:
                 raise CheckpointError(f"{where}: cannot read it as JSON ({exc}); restore the file.") from None
             if not isinstance(config, Mapping):
                 raise CheckpointError(f"{where}: expected a JSON object, found {type(config).__name__}.")

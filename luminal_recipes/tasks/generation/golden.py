@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from ...errors import CheckpointError, LuminalError, PipelineError
-from ...files import MAX_JSON_BYTES, read_regular_text
+from ...files import MAX_JSON_BYTES, read_json, read_regular_text
 from ...pipeline.atomic_file import atomic_write
 
 SETTINGS = ("chat", "system", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
@@ -135,7 +135,12 @@ def check(manifest: Path) -> list[TextResult]:
             if not case.record.exists():
                 problems.append(f"no recorded ids ({case.record}); run `luminal-recipe golden update`")
             else:
-                want = json.loads(case.record.read_text())["ids"]
+                record = read_json(case.record, "a golden record", MAX_JSON_BYTES, PipelineError,
+                                   fix="run `luminal-recipe golden update` to record it again")
+                want = record.get("ids") if isinstance(record, dict) else None
+                if not isinstance(want, list):
+                    raise PipelineError(f"{case.record}: a golden record holds {{\"ids\": [...]}}; run "
+                                        f"`luminal-recipe golden update` to record it again.")
                 if ids != want:
                     at = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
                     problems.append(f"token ids differ from {case.record.name} at position {at} (got {ids[at:at + 4]}, "

@@ -11,7 +11,6 @@ special tokens. The EOS ids generation stops at come from generation_config.json
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import tokenizers
 from tokenizers import processors
 
 from ...errors import CheckpointError, InputError
-from ...files import MAX_JSON_BYTES, read_regular_text
+from ...files import MAX_JSON_BYTES, read_json
 from ...text.chat_template import find_chat_templates, render_chat, template_variables
 from ...text.tokenizer import load_tokenizer_json, read_tokenizer_config, special_tokens
 
@@ -134,8 +133,8 @@ def eos_token_ids(checkpoint: Path) -> list[int]:
         if not path.is_file():
             continue
         try:
-            data = json.loads(read_regular_text(path, name, MAX_JSON_BYTES, CheckpointError))
-        except (OSError, ValueError) as exc:
+            data = read_json(path, name, MAX_JSON_BYTES, CheckpointError, fix="restore it from the checkpoint")
+        except OSError as exc:
             raise CheckpointError(f"{path}: cannot read it as JSON ({exc}).") from None
         value = data.get("eos_token_id") if isinstance(data, dict) else None
         if value is None and name == "config.json" and isinstance(data, dict):
