@@ -68,19 +68,32 @@ class TextRequest:
 
 
 def parse_chat_vars(items: Iterable[str]) -> dict[str, Any]:
-    """``--chat-var NAME=VALUE`` (VALUE read as YAML: true, 3, [a, b], text)."""
+    """``--chat-var NAME=VALUE`` (VALUE read as YAML: true, 3, [a, b], text), by the recipe loader's bounded YAML
+    reader (its size, depth, alias and expansion limits); a value that is not YAML is taken as text."""
     import yaml
+
+    from ...recipe.yaml_source import YamlLimitError, load_value
 
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip().isidentifier():
-            raise InputError(f"--chat-var {item!r}: expected NAME=VALUE, e.g. --chat-var enable_thinking=false")
+            raise InputError(f"--chat-var {shorten_arg(item)}: expected NAME=VALUE, e.g. --chat-var "
+                             f"enable_thinking=false")
         try:
-            out[name.strip()] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
+            out[name.strip()] = load_value(value) if value.strip() else ""
+        except YamlLimitError as exc:
+            raise InputError(f"--chat-var {name.strip()}: the value is beyond the YAML limits ({exc.problem}); "
+                             f"pass a plain value (true, 3, [a, b], text).") from None
+        except (yaml.YAMLError, ValueError):  # not YAML (or an integer of more than 4300 digits): the text itself
             out[name.strip()] = value
     return out
+
+
+def shorten_arg(text: str, limit: int = 80) -> str:
+    """``repr(text)`` cut to about ``limit`` characters, for a message quoting a command-line value."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else f"{shown[: limit - 25]}... ({len(text)} characters)"
 
 
 def load_model(req: TextRequest):
