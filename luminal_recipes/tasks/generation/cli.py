@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...errors import InputError, LuminalError
+from ...text.check import check_text
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -111,6 +112,8 @@ def check_request(model, req: TextRequest) -> list[list[int]]:
     SamplingSettings(req.temperature, req.top_k, req.top_p, req.repetition_penalty, req.seed)
     if req.max_new_tokens is not None and req.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {req.max_new_tokens}: must be >= 1")
+    for text in req.stop:
+        check_text(text, "--stop", InputError)
     encoded = [model.encode(p, req.chat, req.system, req.chat_vars) for p in req.prompts]
     limit = model.context or model.max_context
     for prompt, ids in zip(req.prompts, encoded):
