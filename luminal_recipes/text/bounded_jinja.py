@@ -46,9 +46,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatt
 from jinja2.utils import Namespace
 from markupsafe import Markup
 
-MAX_TEMPLATE_CHARS = 1 << 18  # a template's source: real ones are 1-40 KB
-MAX_VALUE = 1 << 22  # characters of one string (the rendered text included), items of one list
-MAX_WORK = 1 << 25  # characters and items all the operations of one render produce together
+MAX_TEMPLATE_CHARS = 1 << 16  # a template's source: real ones are 1-20 KB; compiling 64 KiB of Jinja takes seconds
+MAX_VALUE = 1 << 20  # characters of one string (the rendered text included)
+MAX_ITEMS = 1 << 17  # items of one list, tuple or dict (Jinja's filters loop over items in Python)
+MAX_WORK = 1 << 24  # characters and items all the operations of one render produce together
+MAX_SLOW_TEXT = 1 << 17  # characters of the input of a filter that loops in Python over its words (urlize)
+MAX_WRAP_WORK = 1 << 31  # textwrap splits a long word in steps that copy the rest: (longest word) ** 2 / width
 MAX_STEPS = 1 << 19  # loop iterations, calls, lookups, operators and filters of one render
 MAX_SECONDS = 5.0  # one render's wall time, checked at every step
 MAX_INT_BITS = 1 << 14  # integers a template computes (about 4900 digits)
@@ -61,8 +64,13 @@ class TemplateBoundError(jinja2.exceptions.TemplateError):
 
 
 def _too_big(what: str, size: int, limit: int = MAX_VALUE) -> TemplateBoundError:
-    return TemplateBoundError(f"{what} would make at least {size} characters or items, more than the {limit} a chat "
-                              f"template may build")
+    kind = "characters" if limit == MAX_VALUE else "items"
+    return TemplateBoundError(f"{what} would make at least {size} {kind}, more than the {limit} a chat template may "
+                              f"build")
+
+
+def _limit(value: Any) -> int:
+    return MAX_VALUE if isinstance(value, (str, bytes)) else MAX_ITEMS
 
 
 # ---- the budget of one render -------------------------------------------------------------------------------------
@@ -97,11 +105,12 @@ def _tick() -> None:
 
 
 def _spend(value: Any) -> Any:
-    """Count a value an operation built against the render's budget (and its size against MAX_VALUE)."""
+    """Count a value an operation built against the render's budget (and its size against MAX_VALUE or
+    MAX_ITEMS)."""
     if isinstance(value, (str, bytes, list, tuple, dict)):
         size = len(value)
-        if size > MAX_VALUE:
-            raise _too_big("an operation", size)
+        if size > _limit(value):
+            raise _too_big("an operation", size, _limit(value))
         budget = _BUDGET.get()
         if budget is not None:
             budget.spend(size)
@@ -213,8 +222,9 @@ def check_binop(operator: str, left: Any, right: Any) -> None:
     sequences = (str, bytes, list, tuple)
     if operator == "*":
         for seq, count in ((left, right), (right, left)):
-            if isinstance(seq, sequences) and isinstance(count, int) and len(seq) * count > MAX_VALUE:
-                raise _too_big(f"{count} repetitions of {len(seq)} characters or items", len(seq) * count)
+            if isinstance(seq, sequences) and isinstance(count, int) and len(seq) * count > _limit(seq):
+                raise _too_big(f"{count} repetitions of {len(seq)} characters or items", len(seq) * count,
+                               _limit(seq))
         if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
             raise TemplateBoundError(f"the product would have more than {MAX_INT_BITS} bits")
     elif operator == "**":
@@ -222,8 +232,8 @@ def check_binop(operator: str, left: Any, right: Any) -> None:
         if plain and (abs(left).bit_length() - 1) * right > MAX_INT_BITS:
             raise TemplateBoundError(f"{_short(left)} ** {_short(right)} would have more than {MAX_INT_BITS} bits")
     elif operator == "+":
-        if isinstance(left, sequences) and isinstance(right, sequences) and len(left) + len(right) > MAX_VALUE:
-            raise _too_big("this sum", len(left) + len(right))
+        if isinstance(left, sequences) and isinstance(right, sequences) and len(left) + len(right) > _limit(left):
+            raise _too_big("this sum", len(left) + len(right), _limit(left))
     elif operator == "%" and isinstance(left, str):
         size = printf_size(left, right)
         if size > MAX_VALUE:
@@ -310,10 +320,15 @@ def _filter_size(name: str, a: dict, environment: jinja2.Environment) -> int:
         if isinstance(a.get("count"), int) and a["count"] >= 0:
             count = min(count, a["count"])
         return text + count * max(0, len(new) - len(old))
+    if name == "urlize" and text > MAX_SLOW_TEXT:
+        raise TemplateBoundError(f"urlize of {text} characters; chat templates urlize at most {MAX_SLOW_TEXT}")
     if name == "wordwrap":
         wrap = a.get("wrapstring")
         wrap = len(wrap) if isinstance(wrap, str) else 1
         width = max(1, _int(a.get("width"), 79))
+        longest = max((len(w) for w in value.split()), default=0) if isinstance(value, str) else 0
+        if longest * longest // width > MAX_WRAP_WORK:
+            raise TemplateBoundError(f"wordwrap of a {longest}-character word at width {width} would take too long")
         lines = 2 * text // width + (value.count("\n") if isinstance(value, str) else 0) + 2
         return text + lines * wrap
     if name in ("batch", "slice"):
@@ -353,30 +368,37 @@ def _sum(environment: jinja2.Environment, iterable: Any, attribute: Any = None, 
 _sum = jinja2.pass_environment(_sum)
 
 
+# filters whose result's size depends on their arguments (widths, counts, separators): sized by _filter_size
+_SIZED = {"center", "indent", "format", "join", "replace", "wordwrap", "batch", "slice", "tojson", "pprint", "sum",
+          "urlize"}
+
+
 def _bounded_filter(name: str, function: Callable, environment: jinja2.Environment) -> Callable:
     try:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
         signature = None
+    passed = 1 if hasattr(function, "jinja_pass_arg") else 0  # the context, eval context or environment first
+    parameters = [p for p in signature.parameters if p not in _PASSED] if signature is not None else []
+    first_name = parameters[0] if parameters else None
 
     def filter_(*args: Any, **kwargs: Any) -> Any:
         _tick()
-        bound = None
-        if signature is not None:
+        if name in _STRINGIFYING:
+            first = args[passed] if len(args) > passed else kwargs.get(first_name)
+            _check_text(first, f"the filter '{name}' of this value")
+        if name in _SIZED and signature is not None:
             try:
                 bound = signature.bind(*args, **kwargs)
             except TypeError:
-                bound = None
-        if bound is not None:
-            bound.apply_defaults()
-            arguments = bound.arguments
-            if name in _STRINGIFYING:
-                first = next((v for k, v in arguments.items() if k not in _PASSED), None)
-                _check_text(first, f"the filter '{name}' of this value")
-            size = _filter_size(name, arguments, environment)
-            if size > MAX_VALUE:
-                raise _too_big(f"the filter '{name}'", size)
-            args, kwargs = bound.args, bound.kwargs
+                bound = None  # the filter itself says what is wrong
+            if bound is not None:
+                bound.apply_defaults()
+                size = _filter_size(name, bound.arguments, environment)
+                limit = MAX_ITEMS if name in ("batch", "slice", "sum") else MAX_VALUE
+                if size > limit:
+                    raise _too_big(f"the filter '{name}'", size, limit)
+                args, kwargs = bound.args, bound.kwargs
         return _spend(function(*args, **kwargs))
 
     update_wrapper(filter_, function)  # keeps jinja_pass_arg (context, eval_ctx, environment)

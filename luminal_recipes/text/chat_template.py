@@ -12,7 +12,8 @@ Rendering: the sandboxed Jinja environment of transformers' ``apply_chat_templat
 lstrip_blocks=True)`` with the ``loopcontrols`` extension and the ``{% generation %}`` tag, ``raise_exception``,
 ``strftime_now``, ``dict`` and an underscore-refusing ``namespace``, and a ``tojson`` filter that does not escape
 HTML; the variables are ``messages``, ``tools`` and ``documents`` (None), ``add_generation_prompt`` and the
-tokenizer's special tokens (``bos_token``...).
+tokenizer's special tokens (``bos_token``...). That environment is ``bounded_jinja.BoundedEnvironment``: the same
+sandbox with time, size and depth bounds checked before the work, so a hostile template is one located error.
 """
 
 from __future__ import annotations
