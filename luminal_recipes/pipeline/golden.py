@@ -20,6 +20,7 @@ import yaml
 from ..errors import PipelineError
 from ..files import MAX_JSON_BYTES, read_regular_text
 from ..image_io import read_png, to_uint8, write_png
+from ..recipe.yaml_source import load_value
 from .driver import Pipeline
 
 MIN_PSNR_DB = 45.0
@@ -53,7 +54,7 @@ def is_near_constant(pixels: np.ndarray) -> bool:
 
 def load_manifest(path: Path) -> tuple[Path, list[GoldenCase]]:
     try:
-        data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
+        data = load_value(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
         recipe = (path.parent / data["recipe"]).resolve()
         output = data.get("output")
         cases = []

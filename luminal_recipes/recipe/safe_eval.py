@@ -63,6 +63,45 @@ def shorten(text: str, limit: int = ECHO_CHARS) -> str:
     return text if len(text) <= limit else f"{text[: limit - 25]}... ({len(text)} characters)"
 
 
+def value_size(value: Any, limit: int = MAX_SEQUENCE) -> int:
+    """How much a value holds: a string its characters; a list or tuple every item at every depth (a string item
+    its characters), so ``[[0] * 99999] * 99999``, one list repeated, counts the 10**10 items that ``str()`` or
+    ``sum()`` of it would have to build. Stops counting soon after ``limit`` (the result is then > limit)."""
+    if isinstance(value, str):
+        return len(value)
+    if not isinstance(value, (list, tuple)):
+        return 1
+    total, stack = 0, [value]
+    while stack:
+        for item in stack.pop():
+            total += len(item) if isinstance(item, str) and item else 1
+            if isinstance(item, (list, tuple)) and item:
+                stack.append(item)
+            if total > limit:
+                return total
+    return total
+
+
+def text_size(value: Any, limit: int = MAX_SEQUENCE) -> int:
+    """About how many characters ``str(value)`` has (repr of the items of a list), counted without building it;
+    stops soon after ``limit``."""
+    total, stack = 0, [(value, False)]
+    while stack and total <= limit:
+        item, nested = stack.pop()
+        if isinstance(item, str):
+            total += len(item) + (2 if nested else 0)
+        elif isinstance(item, bool) or item is None:
+            total += 5
+        elif isinstance(item, int):
+            total += item.bit_length() * 30103 // 100000 + 2
+        elif isinstance(item, (list, tuple)):
+            total += 2 + 2 * len(item)
+            stack.extend((x, True) for x in item)
+        else:
+            total += 25  # a float, a tensor's or a config's short repr
+    return total
+
+
 def check_value(value: Any) -> Any:
     """``value`` if it is within the limits; LimitError otherwise."""
     if isinstance(value, bool):
@@ -70,12 +109,20 @@ def check_value(value: Any) -> Any:
     if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
         raise LimitError(f"the integer has {value.bit_length()} bits; expressions compute with integers of at "
                          f"most {MAX_INT_BITS} bits")
-    if isinstance(value, (str, list, tuple)) and len(value) > MAX_SEQUENCE:
-        what = "characters" if isinstance(value, str) else "items"
-        raise LimitError(f"the result has {len(value)} {what}; expressions build at most {MAX_SEQUENCE}")
+    if isinstance(value, (str, list, tuple)):
+        size = value_size(value)
+        if size > MAX_SEQUENCE:
+            what = "characters" if isinstance(value, str) else "items (nested lists' items included)"
+            raise LimitError(f"the result has {'at least ' if size > len(value) else ''}{size} {what}; "
+                             f"expressions build at most {MAX_SEQUENCE}")
     if isinstance(value, complex):
         raise LimitError("the result is a complex number (a negative number to a fractional power?)")
     return value
+
+
+def _limit(size: int, what: str) -> LimitError:
+    return LimitError(f"{what} would make at least {size} items or characters; expressions build lists and "
+                      f"strings of at most {MAX_SEQUENCE}")
 
 
 def _plain_int(x: Any) -> bool:
@@ -98,6 +145,61 @@ def checked_int(value: Any, *base: Any) -> int:
     return check_value(int(value, *base))
 
 
+def checked_str(value: Any) -> str:
+    """``str(value)``, refusing before building it a text beyond MAX_SEQUENCE characters."""
+    size = text_size(value)
+    if size > MAX_SEQUENCE:
+        raise _limit(size, "str() of this value")
+    return check_value(str(value))
+
+
+def checked_sum(items: Any, start: Any = 0) -> Any:
+    """``sum(items, start)``: lists or tuples added up are sized from the operands before they are joined (and
+    joined in one pass, not in the quadratic steps of ``sum``); numbers are added as ``sum`` adds them."""
+    items = list(items)
+    if isinstance(start, (list, tuple)) or any(isinstance(x, (list, tuple, str)) for x in items):
+        size = value_size(start)
+        for item in items:
+            size += value_size(item, MAX_SEQUENCE - size)
+            if size > MAX_SEQUENCE:
+                raise _limit(size, "sum() of these lists")
+        kind = type(start)
+        if kind in (list, tuple) and all(type(x) is kind for x in items):
+            return kind(x for part in (start, *items) for x in part)
+    return check_value(sum(items, start))
+
+
+def checked_round(number: Any, *ndigits: Any) -> Any:
+    """``round(number, ndigits)``; an integer rounded to more digits than it has is 0 (Python would first compute
+    10 ** -ndigits, for hours when ndigits is -2**62)."""
+    if ndigits and _plain_int(number) and _plain_int(ndigits[0]) and ndigits[0] < -(number.bit_length() // 3 + 2):
+        return 0
+    return check_value(round(number, *ndigits))
+
+
+# printf-style fields: %[(name)][flags][width][.precision][length]type
+_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.DOTALL)
+
+
+def checked_format(template: str, args: Any) -> str:
+    """``template % args``, sized from the field widths and precisions (``%0999999999d``, ``%*d``) and the
+    arguments' text before formatting."""
+    values = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, tuple) else [args]
+    size = len(template) + sum(text_size(v) for v in values)
+    starred = [v for v in values if _plain_int(v)]
+    for match in _PRINTF_FIELD.finditer(template):
+        for number in match.group(1, 2):
+            if number == "*":
+                size += max((abs(v) for v in starred), default=0)
+            elif number:
+                size += int(number) if len(number) < 10 else MAX_SEQUENCE + 1
+            if size > MAX_SEQUENCE:
+                raise _limit(size, f"{shorten(repr(template), 40)} % ...")
+    if size > MAX_SEQUENCE:
+        raise _limit(size, f"{shorten(repr(template), 40)} % ...")
+    return check_value(template % args)
+
+
 FUNCTIONS: dict[str, Callable] = {
     "min": min,
     "max": max,
@@ -105,10 +207,10 @@ FUNCTIONS: dict[str, Callable] = {
     "int": checked_int,
     "float": float,
     "bool": bool,
-    "str": str,
+    "str": checked_str,
     "len": len,
-    "round": round,
-    "sum": sum,
+    "round": checked_round,
+    "sum": checked_sum,
     "list": list,
     "tuple": tuple,
 }
@@ -121,9 +223,18 @@ def arithmetic(op: type, left: Any, right: Any) -> Any:
         return checked_pow(left, right)
     if op is ast.Mult:
         for seq, count in ((left, right), (right, left)):
-            if isinstance(seq, (str, list, tuple)) and _plain_int(count) and len(seq) * count > MAX_SEQUENCE:
-                raise LimitError(f"{shorten(repr(count), 30)} repetitions of {len(seq)} item(s) make more than "
-                                 f"{MAX_SEQUENCE}; expressions build lists and strings of at most {MAX_SEQUENCE}")
+            if isinstance(seq, (str, list, tuple)) and _plain_int(count) and count > 0:
+                size = value_size(seq)
+                if size * count > MAX_SEQUENCE:
+                    raise LimitError(f"{shorten(repr(count), 30)} repetitions of {size} item(s) make more than "
+                                     f"{MAX_SEQUENCE}; expressions build lists and strings of at most "
+                                     f"{MAX_SEQUENCE}")
+    if op is ast.Add and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+        size = value_size(left) + value_size(right)
+        if size > MAX_SEQUENCE:
+            raise _limit(size, "this sum of lists or strings")
+    if op is ast.Mod and isinstance(left, str):
+        return checked_format(left, right)
     return check_value(BIN_OPS[op](left, right))
 
 

@@ -277,8 +277,12 @@ def _parse_yaml(text: str, file: Path, display: str) -> YamlSource:
 
 
 def load_value(text: str) -> Any:
-    """One YAML value from a string (a ``--set`` value), with the same limits as a recipe file; yaml.YAMLError
-    (or ValueError, for an integer too long to convert) when it is not one."""
+    """One YAML value from a string (a ``--set`` or ``--chat-var`` value, a golden manifest), with the same limits
+    as a recipe file (size, depth, aliases, expanded values); yaml.YAMLError (YamlLimitError for a limit, or
+    ValueError, for an integer too long to convert) when it is not one."""
+    if len(text) > MAX_FILE_BYTES:
+        raise YamlLimitError(None, None, f"the text is {len(text)} characters long; YAML values and files are read "
+                             f"up to {MAX_FILE_BYTES} characters", None)
     loader = _MarkingLoader(text)
     try:
         node = loader.get_single_node()

@@ -12,12 +12,15 @@ Rendering: the sandboxed Jinja environment of transformers' ``apply_chat_templat
 lstrip_blocks=True)`` with the ``loopcontrols`` extension and the ``{% generation %}`` tag, ``raise_exception``,
 ``strftime_now``, ``dict`` and an underscore-refusing ``namespace``, and a ``tojson`` filter that does not escape
 HTML; the variables are ``messages``, ``tools`` and ``documents`` (None), ``add_generation_prompt`` and the
-tokenizer's special tokens (``bos_token``...).
+tokenizer's special tokens (``bos_token``...). That environment is ``bounded_jinja.BoundedEnvironment``: the same
+sandbox with time, size and depth bounds checked before the work, so a hostile template is one located error.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -28,10 +31,10 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import CheckpointError
 from ..files import MAX_JSON_BYTES, read_json, read_regular_text
+from .bounded_jinja import BoundedEnvironment, TemplateBoundError, render
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
@@ -191,16 +194,58 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 
 
 @lru_cache(maxsize=16)
-def _compile(template: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
+def _compile_cached(template: str) -> jinja2.Template:
+    env = BoundedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
+    env.bound_filters()
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
     return env.from_string(template)
+
+
+def _compile(template: str, source: str) -> jinja2.Template:
+    """The template compiled in the bounded sandbox; CheckpointError (naming ``source`` and the line) when it
+    is not valid Jinja or goes beyond the compile-time limits."""
+    try:
+        return _compile_cached(template)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise CheckpointError(
+            f"{source}: the chat template is not valid Jinja (line {exc.lineno}: {exc.message}); fix or replace it."
+        ) from None
+    except TemplateBoundError as exc:
+        raise CheckpointError(f"{source}: the chat template is beyond the renderer's limits ({exc}); fix or "
+                              f"replace it.") from None
+    except (RecursionError, SyntaxError, MemoryError):  # the parser's or Python's compiler's stack
+        raise CheckpointError(f"{source}: the chat template is nested too deeply to compile (brackets, "
+                              f"expressions or blocks inside one another); fix or replace it.") from None
+    except (ValueError, OverflowError) as exc:  # an integer literal Python will not convert (> 4300 digits)
+        line = _line_of_long_number(template)
+        why = ("an integer literal has more digits than Python converts (4300)" if "digits" in str(exc) else
+               f"{type(exc).__name__}: {_shorten(str(exc))}")
+        raise CheckpointError(f"{source}{f':{line}' if line else ''}: the chat template cannot be compiled "
+                              f"({why}); fix or replace it.") from None
+
+
+def _line_of_long_number(template: str) -> int | None:
+    match = re.search(r"\d{1000,}", template)
+    return template.count("\n", 0, match.start()) + 1 if match else None
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _template_line(exc: BaseException) -> int | None:
+    """The template line Jinja's rewritten traceback gives for an error raised while rendering."""
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == "<template>":
+            line = lineno
+    return line
 
 
 _REFUSED_HINT = ("the template does not accept a system message followed by a text user message. Replace it with "
@@ -212,12 +257,12 @@ def template_variables(template: str, source: str) -> set[str]:
     arguments may set, besides messages and the special tokens)."""
     import jinja2.meta
 
+    environment = _compile(template, source).environment
     try:
-        return set(jinja2.meta.find_undeclared_variables(_compile(template).environment.parse(template)))
-    except jinja2.exceptions.TemplateSyntaxError as exc:
-        raise CheckpointError(
-            f"{source}: the chat template is not valid Jinja (line {exc.lineno}: {exc.message}); fix or replace it."
-        ) from None
+        return set(jinja2.meta.find_undeclared_variables(environment.parse(template)))
+    except (RecursionError, MemoryError):
+        raise CheckpointError(f"{source}: the chat template is nested too deeply to read; fix or replace it.") \
+            from None
 
 
 def render_chat(
@@ -231,22 +276,32 @@ def render_chat(
 ) -> str:
     """``template`` rendered for one conversation, as ``apply_chat_template(..., tokenize=False, **variables)``
     does: ``variables`` (``enable_thinking=False``) reach the template over the special tokens of the same name."""
+    compiled = _compile(template, source)
     try:
-        compiled = _compile(template)
-    except jinja2.exceptions.TemplateSyntaxError as exc:
-        raise CheckpointError(
-            f"{source}: the chat template is not valid Jinja (line {exc.lineno}: {exc.message}); fix or replace it."
-        ) from None
-    try:
-        return compiled.render(
+        return render(compiled, dict(
             messages=messages,
             tools=None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
             **{**special_tokens, **(variables or {})},
-        )
+        ))
+    except TemplateBoundError as exc:
+        raise CheckpointError(f"{_at(source, exc)}: the chat template went beyond the renderer's limits "
+                              f"({_shorten(str(exc), 300)}); fix or replace the template.") from None
     except jinja2.exceptions.TemplateError as exc:  # raise_exception, sandbox refusals, undefined calls...
-        raise CheckpointError(f"{source}: the chat template refused the conversation ({exc}); {refused_hint}.") \
-            from None
-    except (TypeError, ValueError, AttributeError, KeyError, IndexError, ZeroDivisionError) as exc:
-        raise CheckpointError(f"{source}: rendering the chat template failed ({type(exc).__name__}: {exc}).") from None
+        raise CheckpointError(f"{_at(source, exc)}: the chat template refused the conversation "
+                              f"({_shorten(str(exc), 300)}); {refused_hint}.") from None
+    except RecursionError as exc:
+        raise CheckpointError(f"{_at(source, exc)}: the chat template calls itself too deeply (macro or loop "
+                              f"recursion); fix or replace it.") from None
+    except MemoryError as exc:
+        raise CheckpointError(f"{_at(source, exc)}: rendering the chat template ran out of memory; fix or "
+                              f"replace it.") from None
+    except Exception as exc:  # noqa: BLE001 - anything a template's Python operations raise (TypeError...)
+        raise CheckpointError(f"{_at(source, exc)}: rendering the chat template failed ({type(exc).__name__}: "
+                              f"{_shorten(str(exc), 300)}).") from None
+
+
+def _at(source: str, exc: BaseException) -> str:
+    line = _template_line(exc)
+    return f"{source}:{line}" if line else source

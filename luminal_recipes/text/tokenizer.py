@@ -22,6 +22,7 @@ from luminal_recipes.errors import CheckpointError, PipelineError
 from luminal_recipes.files import MAX_JSON_BYTES, not_regular, read_json, read_regular_text
 
 from .chat_template import SPECIAL_TOKEN_NAMES, find_chat_templates, render_chat
+from .check import check_text
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ class Tokenizer:
     def encode(self, text: str, length: int | None = None, add_special_tokens: bool = False) -> Encoded:
         """Token ids of ``text``; with ``length``, truncated and padded to it on the configured sides (padding
         needs a pad token)."""
+        check_text(text, f"{self.template_source or self.source}: the text to encode", CheckpointError)
         backend = self._tokenizer
         backend.no_padding()
         backend.no_truncation()

@@ -24,6 +24,7 @@ import numpy as np
 import tokenizers
 
 from luminal_recipes.errors import CheckpointError, PipelineError
+from luminal_recipes.text.check import check_text
 from luminal_recipes.text.tokenizer import Tokenizer, check_length, read_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -187,6 +188,8 @@ class Flux2Tokenizer(Tokenizer):
             check_prompt(prompt)
         elif not isinstance(prompt, str):
             raise PipelineError(f"prompt must be text, got {type(prompt).__name__}.")
+        else:
+            check_text(prompt, "the prompt", PipelineError)
         length = check_length(max_sequence_length, "max_sequence_length")
         text = self.format(prompt)
         encoded = self.encode(text, length, add_special_tokens=self.add_special_tokens(text))
@@ -216,5 +219,6 @@ def check_prompt(prompt: str) -> None:
     """A prompt is text with something left once ``[IMG]`` markers are removed (as diffusers removes them)."""
     if not isinstance(prompt, str):
         raise PipelineError(f"prompt must be text, got {type(prompt).__name__}.")
+    check_text(prompt, "the prompt", PipelineError)
     if not prompt.replace("[IMG]", ""):
         raise PipelineError("the prompt is empty; pass some text with --prompt.")

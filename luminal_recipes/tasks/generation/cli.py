@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...errors import InputError, LuminalError
+from ...text.check import check_text
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -68,19 +69,32 @@ class TextRequest:
 
 
 def parse_chat_vars(items: Iterable[str]) -> dict[str, Any]:
-    """``--chat-var NAME=VALUE`` (VALUE read as YAML: true, 3, [a, b], text)."""
+    """``--chat-var NAME=VALUE`` (VALUE read as YAML: true, 3, [a, b], text), by the recipe loader's bounded YAML
+    reader (its size, depth, alias and expansion limits); a value that is not YAML is taken as text."""
     import yaml
+
+    from ...recipe.yaml_source import YamlLimitError, load_value
 
     out = {}
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or not name.strip().isidentifier():
-            raise InputError(f"--chat-var {item!r}: expected NAME=VALUE, e.g. --chat-var enable_thinking=false")
+            raise InputError(f"--chat-var {shorten_arg(item)}: expected NAME=VALUE, e.g. --chat-var "
+                             f"enable_thinking=false")
         try:
-            out[name.strip()] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
+            out[name.strip()] = load_value(value) if value.strip() else ""
+        except YamlLimitError as exc:
+            raise InputError(f"--chat-var {name.strip()}: the value is beyond the YAML limits ({exc.problem}); "
+                             f"pass a plain value (true, 3, [a, b], text).") from None
+        except (yaml.YAMLError, ValueError):  # not YAML (or an integer of more than 4300 digits): the text itself
             out[name.strip()] = value
     return out
+
+
+def shorten_arg(text: str, limit: int = 80) -> str:
+    """``repr(text)`` cut to about ``limit`` characters, for a message quoting a command-line value."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else f"{shown[: limit - 25]}... ({len(text)} characters)"
 
 
 def load_model(req: TextRequest):
@@ -98,6 +112,8 @@ def check_request(model, req: TextRequest) -> list[list[int]]:
     SamplingSettings(req.temperature, req.top_k, req.top_p, req.repetition_penalty, req.seed)
     if req.max_new_tokens is not None and req.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {req.max_new_tokens}: must be >= 1")
+    for text in req.stop:
+        check_text(text, "--stop", InputError)
     encoded = [model.encode(p, req.chat, req.system, req.chat_vars) for p in req.prompts]
     limit = model.context or model.max_context
     for prompt, ids in zip(req.prompts, encoded):

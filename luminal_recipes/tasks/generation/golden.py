@@ -28,6 +28,7 @@ import yaml
 from ...errors import CheckpointError, LuminalError, PipelineError
 from ...files import MAX_JSON_BYTES, read_json, read_regular_text
 from ...pipeline.atomic_file import atomic_write
+from ...recipe.yaml_source import load_value
 
 SETTINGS = ("chat", "system", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -70,7 +71,7 @@ def missing_concepts(text: str, groups: list[list[str]]) -> list[list[str]]:
 
 def is_text_manifest(path: Path) -> bool:
     try:
-        data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
+        data = load_value(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
     except (OSError, yaml.YAMLError):
         return False
     return isinstance(data, dict) and "texts" in data
@@ -79,7 +80,7 @@ def is_text_manifest(path: Path) -> bool:
 def load_manifest(path: Path) -> list[TextCase]:
     path = Path(path)
     try:
-        data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
+        data = load_value(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
         cases = []
         for item in data["texts"]:
             unknown = set(item) - {"name", "recipe", "weights", "prompt", "ids", "concepts", *SETTINGS}

@@ -34,6 +34,7 @@ from ...recipe.loader import load_recipe
 from ...runtimes.memory import format_bytes
 from ...runtimes.program import Program
 from ...runtimes.registry import get_runtime
+from ...text.check import check_text
 from . import contract
 from .detokenize import IncrementalDetokenizer, StopStrings
 from .sampling import Sampler, SamplingSettings
@@ -263,6 +264,10 @@ class LanguageModel:
             return ids
         if not prompt:
             raise InputError("the prompt is empty; pass some text with --prompt")
+        check_text(prompt, "the prompt", InputError)
+        check_text(system, "--system", InputError)
+        for name, value in (chat_vars or {}).items():
+            check_text(value, f"--chat-var {name}", InputError)
         if chat is None:
             chat = self.tokenizer.chat_template is not None
         ids = self.tokenizer.prompt_ids(prompt, chat, system, dict(chat_vars or {}))

@@ -21,6 +21,7 @@ from tokenizers import processors
 from ...errors import CheckpointError, InputError
 from ...files import MAX_JSON_BYTES, read_json
 from ...text.chat_template import find_chat_templates, render_chat, template_variables
+from ...text.check import check_text
 from ...text.tokenizer import load_tokenizer_json, read_tokenizer_config, special_tokens
 
 # names every template is given by transformers; --chat-var may not set them
@@ -67,6 +68,7 @@ class TextTokenizer:
     # ---- prompts -----------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``tokenizer(text)["input_ids"]`` (``add_special_tokens=False``: as a chat template's text is encoded)."""
+        check_text(text, f"{self.template_source or self.folder}: the text to encode", InputError)
         return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def render(self, prompt: str, system: str | None = None, variables: dict[str, Any] | None = None) -> str:
