@@ -29,12 +29,12 @@ import numpy as np
 
 from .. import heap
 from ..errors import PipelineError, RecipeError
-from ..files import MAX_JSON_BYTES, read_regular_text
+from ..files import MAX_JSON_BYTES, present, read_regular_text
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.lora import LoraSpec
 from ..recipe.params import ParamResolver
-from ..recipe.paths import checkpoint_roots, confined, is_local
+from ..recipe.paths import checkpoint_roots, confined, guard_checkpoint, is_local
 from ..recipe.safe_eval import MODEL_INDEX, ExprError, evaluate, is_wrapped, names_in, parse, unwrap, wrap_config
 from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.registry import get_runtime
@@ -183,7 +183,7 @@ class Pipeline:
             else:
                 path = confined(self.recipe.origin("configs"), self.path.parent, self.doc.configs,
                                 "this recipe's folder", [self.recipe.tree or self.path.parent]) / "model_index.json"
-            self._model_index = _read_json(path) if path.exists() else {}
+            self._model_index = _read_json(path) if present(path) else {}
             if not isinstance(self._model_index, dict):
                 raise PipelineError(f"{path}: expected a JSON object.")
         return self._model_index
@@ -210,6 +210,9 @@ class Pipeline:
                                   [self.recipe.tree or self.path.parent]).resolve())
         patterns = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.txt")
         folder = Path(resolve_source(source, patterns=patterns))
+        # every file read from it stays inside (a checkpoint the recipe names), checked now and as it is opened
+        guard_checkpoint(self.recipe.origin("weights") if weights is None else None, folder, weights is not None,
+                         self.recipe.tree, self.doc.weights)
         missing = [m.weights for m in self.doc.models.values() if m.weights and not (folder / m.weights).is_dir()]
         if missing:
             raise PipelineError(

@@ -20,7 +20,7 @@ import tokenizers
 from tokenizers import processors
 
 from ...errors import CheckpointError, InputError
-from ...files import MAX_JSON_BYTES, read_regular_text
+from ...files import MAX_JSON_BYTES, present, read_regular_text
 from ...text.chat_template import find_chat_templates, render_chat, template_variables
 from ...text.tokenizer import load_tokenizer_json, read_tokenizer_config, special_tokens
 
@@ -131,7 +131,7 @@ def eos_token_ids(checkpoint: Path) -> list[int]:
     list, as transformers' GenerationConfig reads it)."""
     for name in ("generation_config.json", "config.json"):
         path = Path(checkpoint) / name
-        if not path.is_file():
+        if not present(path):
             continue
         try:
             data = json.loads(read_regular_text(path, name, MAX_JSON_BYTES, CheckpointError))
