@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from ...errors import CheckpointError, LuminalError, PipelineError
-from ...files import MAX_JSON_BYTES, read_regular_text
+from ...files import MAX_JSON_BYTES, present, read_regular_text
 from ...pipeline.atomic_file import atomic_write
 
 SETTINGS = ("chat", "system", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
@@ -77,11 +77,16 @@ def is_text_manifest(path: Path) -> bool:
 
 
 def load_manifest(path: Path) -> list[TextCase]:
+    """The cases of a text manifest; each one's record (``texts/<name>.json``, read and written) lies inside the
+    manifest's folder, checked here at the entry's ``name`` line, before any model is loaded."""
+    from ...pipeline.golden import golden_file, read_manifest
+
     path = Path(path)
+    source = read_manifest(path)
+    data = source.data
     try:
-        data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
         cases = []
-        for item in data["texts"]:
+        for index, item in enumerate(data["texts"]):
             unknown = set(item) - {"name", "recipe", "weights", "prompt", "ids", "concepts", *SETTINGS}
             if unknown:
                 raise ValueError(f"entry '{item.get('name')}' has unknown keys {sorted(unknown)}")
@@ -89,15 +94,14 @@ def load_manifest(path: Path) -> list[TextCase]:
             if not weights.startswith("hf://"):
                 weights = str((path.parent / weights).resolve())
             concepts = [[str(t) for t in (g if isinstance(g, list) else [g])] for g in item.get("concepts", [])]
+            record = golden_file(source, ("texts", index, "name"), f"texts/{item['name']}.json")
             case = TextCase(str(item["name"]), (path.parent / item["recipe"]).resolve(), weights, str(item["prompt"]),
                             {k: item[k] for k in SETTINGS if k in item}, bool(item.get("ids", False)), concepts,
-                            path.parent / "texts" / f"{item['name']}.json")
+                            record)
             if not case.ids and not case.concepts:
                 raise ValueError(f"entry '{case.name}' checks nothing: give `ids: true` or `concepts:`")
             cases.append(case)
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: golden manifest not found") from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PipelineError(f"{path}: invalid text golden manifest ({exc}); it needs `texts:` entries with name, "
                             f"recipe, weights, prompt and `ids: true` or `concepts:`") from None
     return cases
@@ -132,10 +136,10 @@ def check(manifest: Path) -> list[TextResult]:
             raise
         problems = []
         if case.ids:
-            if not case.record.exists():
+            if not present(case.record):
                 problems.append(f"no recorded ids ({case.record}); run `luminal-recipe golden update`")
             else:
-                want = json.loads(case.record.read_text())["ids"]
+                want = _recorded_ids(case.record)
                 if ids != want:
                     at = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
                     problems.append(f"token ids differ from {case.record.name} at position {at} (got {ids[at:at + 4]}, "
@@ -147,6 +151,16 @@ def check(manifest: Path) -> list[TextResult]:
                                              f"{len(case.concepts)} concept groups present" if case.concepts else ""]))
         results.append(TextResult(case, "FAIL" if problems else "ok", "; ".join(problems) or ok_message, ids, text))
     return results
+
+
+def _recorded_ids(record: Path) -> list[int]:
+    try:
+        ids = json.loads(read_regular_text(record, "a golden record", MAX_JSON_BYTES, PipelineError))["ids"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PipelineError(f"{record}: not a golden record ({exc}); run `luminal-recipe golden update`") from None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise PipelineError(f"{record}: 'ids' is not a list of token ids; run `luminal-recipe golden update`")
+    return ids
 
 
 def update(manifest: Path) -> list[Path]:
