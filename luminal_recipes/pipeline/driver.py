@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .. import heap
-from ..errors import PipelineError, RecipeError
+from ..errors import LuminalError, PipelineError, RecipeError
 from ..files import MAX_JSON_BYTES, present, read_regular_text
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
@@ -341,6 +341,48 @@ class Pipeline:
         except ExprError as exc:
             raise PipelineError(f"{self.path}: {where}: {exc.message}") from None
 
+    # ---- checking every run's inputs -----------------------------------------------------------------------
+    def check_runs(self, runs: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None) -> None:
+        """Refuse, before any work, inputs a step would refuse: for each run's ``inputs`` (one per prompt;
+        ``labels`` name them in messages, e.g. "prompt 2 of 3"), every stage whose step has a check (a plug-in's
+        ``CHECKS``), whose `when:` holds and whose inputs follow from the pipeline's inputs and parameters alone
+        (not from what an earlier stage makes, nor a loop's variable) is checked with the arguments it will get."""
+        checks = {step: check for task in tasks_of(self.doc) for step, check in task.checks.items()}
+        if not checks:
+            return
+        made = set(_made(self.doc.stages))
+        for number, inputs in enumerate(runs):
+            label = labels[number] if labels is not None else \
+                (f"run {number + 1} of {len(runs)}" if len(runs) > 1 else "")
+            env = {name: None for name in self.doc.inputs}
+            env.update(inputs)
+            for stage in _checked_stages(self.doc.stages, self.runs):
+                check = checks.get(stage.run)
+                if check is None or not all(self._reads_only(text, made) for text in stage.inputs.values()):
+                    continue
+                args = {k: self._eval(v, env, f"stage '{stage.name}' inputs.{k}") for k, v in stage.inputs.items()}
+                try:
+                    check(self.context, **args)
+                except LuminalError as exc:
+                    prefix = f"{label}: " if label else ""
+                    try:
+                        error = type(exc)(f"{prefix}stage '{stage.name}' (step {stage.run}): {exc}")
+                    except TypeError:
+                        error = PipelineError(f"{prefix}stage '{stage.name}' (step {stage.run}): {exc}")
+                    raise error from None
+                except TypeError as exc:
+                    raise PipelineError(f"{self.path}: stage '{stage.name}': step '{stage.run}' {exc}") from None
+
+    def _reads_only(self, text: Any, made: set[str]) -> bool:
+        """Whether an input expression reads nothing a stage makes (only inputs, parameters and configs)."""
+        if not isinstance(text, str):
+            return True
+        try:
+            node = parse(unwrap(text))
+        except ExprError:
+            return False  # the run reports it where it is evaluated
+        return not any(name.id in made for name in names_in(node))
+
     # ---- planning -----------------------------------------------------------------------------------------
     def prepare(self) -> list[StagePlan]:
         """Plan every model stage under the budget (compiling each once) and check that all fit, before any
@@ -494,6 +536,29 @@ class Pipeline:
                 action = f"model {stage.model}" if stage.model else f"step {stage.run}"
                 _check_finite(result[key], f"{where} ({loop}{action}) output '{key}'")
             env[target] = result[key]
+
+
+def _made(stages: list[StageSpec]) -> list[str]:
+    """The values stages make while running: their outputs, loop variables and what loops collect."""
+    out = []
+    for stage in stages:
+        out += list(stage.outputs.values())
+        if stage.loop is not None:
+            out += [stage.loop.var, *stage.loop.collect.values()]
+        out += _made(stage.steps)
+    return out
+
+
+def _checked_stages(stages: list[StageSpec], runs: Callable[[StageSpec], bool]) -> list[StageSpec]:
+    """The ``run:`` stages (loop bodies included) under stages whose `when:` holds."""
+    out = []
+    for stage in stages:
+        if not runs(stage):
+            continue
+        if stage.run is not None:
+            out.append(stage)
+        out += _checked_stages(stage.steps, runs)
+    return out
 
 
 def _written(stages: list[StageSpec]) -> list[str]:
