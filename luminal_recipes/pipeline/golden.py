@@ -149,11 +149,14 @@ def check(manifest: Path, min_psnr: float = MIN_PSNR_DB, weights: str | None = N
 
 def update(manifest: Path, weights: str | None = None) -> list[Path]:
     recipe, cases = load_manifest(manifest)
-    written = []
+    rendered = []  # every image made and checked before any golden is replaced: a bad case changes nothing
     for case in cases:
         pixels = render(recipe, case, weights)
         if is_near_constant(pixels):
             raise PipelineError(f"{case.file}: the regenerated image is (nearly) constant; not writing a golden")
+        rendered.append((case, pixels))
+    written = []
+    for case, pixels in rendered:
         text = {"prompt": case.prompt} if case.prompt is not None else {}
         written.append(write_png(case.file, pixels, text | {k: str(v) for k, v in case.params.items()}))
     return written

@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ...errors import CheckpointError, LuminalError, PipelineError
 from ...files import MAX_JSON_BYTES, present, read_regular_text
 from ...pipeline.atomic_file import atomic_write
@@ -69,9 +67,13 @@ def missing_concepts(text: str, groups: list[list[str]]) -> list[list[str]]:
 
 
 def is_text_manifest(path: Path) -> bool:
+    """Whether ``path`` is a text manifest (one that cannot be read is left to the image manifest's reader to
+    report)."""
+    from ...pipeline.golden import read_manifest
+
     try:
-        data = yaml.safe_load(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
-    except (OSError, yaml.YAMLError):
+        data = read_manifest(Path(path)).data
+    except LuminalError:
         return False
     return isinstance(data, dict) and "texts" in data
 
@@ -166,11 +168,9 @@ def _recorded_ids(record: Path) -> list[int]:
 def update(manifest: Path) -> list[Path]:
     """Record the current replies' ids of the ``ids: true`` cases."""
     models: dict = {}
-    written = []
-    for case in load_manifest(manifest):
-        if not case.ids:
-            continue
-        ids, text = generate(case, models)
+    replies = [(case, *generate(case, models)) for case in load_manifest(manifest) if case.ids]
+    written = []  # every reply made before any record is replaced: a case that fails changes nothing
+    for case, ids, text in replies:
         case.record.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"prompt": case.prompt, "settings": case.settings, "ids": ids, "text": text},
                           ensure_ascii=False) + "\n"
