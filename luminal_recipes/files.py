@@ -129,6 +129,7 @@ class Fence:
     roots: tuple[str, ...]
     where: str
     inside: str
+    hint: str = ""  # how else to proceed, appended to the message
 
     def allows(self, real: str) -> bool:
         return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in self.roots)
@@ -137,15 +138,16 @@ class Fence:
         if not self.allows(real):
             raise CheckpointError(
                 f"{self.where}: {path} resolves to {real} through a symbolic link, outside {self.inside} "
-                f"({self.roots[0]}); every file of a checkpoint the recipe names is read only inside it. Copy the "
-                f"file into the checkpoint folder, or pass the folder with --weights to use it, links and all.")
+                f"({self.roots[0]}); files read from a folder a recipe names stay inside it. Copy the file there "
+                f"instead of linking it{self.hint}.")
 
 
 _FENCES: dict[str, Fence | None] = {}  # folder (absolute, as given and resolved) -> its fence (None: unfenced)
 _LOCK = threading.Lock()
 
 
-def fence(folder: str | PathLike, roots: Iterable[str | PathLike] | None, where: str = "", inside: str = "") -> None:
+def fence(folder: str | PathLike, roots: Iterable[str | PathLike] | None, where: str = "", inside: str = "",
+          hint: str = "") -> None:
     """Fence the checkpoint ``folder``: refuse now (naming ``where``, the recipe line that names it) any symbolic
     link under it that resolves outside ``roots``, and check every file opened under it from now on (see the
     module's docstring). ``roots`` None (a folder the user named) lifts a fence on that folder."""
@@ -159,7 +161,7 @@ def fence(folder: str | PathLike, roots: Iterable[str | PathLike] | None, where:
         outer = fence_of(folder)
         if outer is not None and outer.roots == real_roots:
             return  # already fenced and walked (the same folder, or one it lies in)
-        guard = Fence(os.path.abspath(folder), real_roots, where, inside)
+        guard = Fence(os.path.abspath(folder), real_roots, where, inside, hint)
         guard.check(folder, os.path.realpath(folder))
         _walk(folder, guard)
         for key in keys:

@@ -374,8 +374,10 @@ def test_tensor_relabelled_as_integers_is_refused(tmp_path):
 # ---- other tracebacks --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_nonpositive_sequence_length_is_refused_at_the_stage_dims(no_work, value):
+    # the tokenize stage's check refuses it first (every prompt is checked by its steps before any planning),
+    # located at the stage and naming the --set it came from
     message = refused(cli("run", TINY, *small("--set"), "--set", f"max_sequence_length={value}", "-p", "fox"),
-                      f"--set max_sequence_length={value}", "dims must be whole numbers from 1")
+                      f"--set max_sequence_length={value}", "stage 'tokenize'", "max_sequence_length must be positive")
     assert LOCATED.search(message)
 
 

@@ -132,6 +132,15 @@ def test_a_link_out_of_a_recipe_checkpoint_is_refused_before_any_work(tmp_path, 
     refused(cli("validate", recipe), f"resolves to {target}", weights_line(recipe))
 
 
+def test_a_link_out_of_a_recipe_s_configs_folder_is_refused(tmp_path, no_work):
+    """A pipeline on the Hub plans from the `configs:` folder in its tree: the same fence."""
+    folder = tmp_path / "recipes"
+    shutil.copytree(RECIPES, folder, ignore=shutil.ignore_patterns("flux2-tiny", "flux2-klein-tiny", "*.md", "*.py"))
+    target = link_out(folder / "flux2-dev-configs", "transformer/config.json", tmp_path / "outside")
+    refused(cli("inspect", folder / "flux2.yaml"), f"resolves to {target}", "through a symbolic link",
+            f"flux2.yaml:{weights_line(folder / 'flux2.yaml', 'configs').split(':')[1]}:")
+
+
 def test_the_user_s_own_weights_may_link_anywhere(tmp_path):
     """--weights names the user's own folder: the same links are followed (the fence is the recipe's only)."""
     recipe, checkpoint = klein(tmp_path)

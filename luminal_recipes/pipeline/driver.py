@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import heap
 from ..errors import LuminalError, PipelineError, RecipeError
-from ..files import MAX_JSON_BYTES, present, read_regular_text
+from ..files import MAX_JSON_BYTES, fence, present, read_regular_text
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.lora import LoraSpec
@@ -164,8 +164,7 @@ class Pipeline:
             if local or self.doc.configs is None:
                 self._configs = {name: self._model_config(name) for name in self.doc.models}
             else:
-                folder = confined(self.recipe.origin("configs"), self.path.parent, self.doc.configs,
-                                  "this recipe's folder", [self.recipe.tree or self.path.parent])
+                folder = self._configs_folder()
                 self._configs = {name: _read_json(folder / (m.weights or "") / "config.json")
                                  for name, m in self.doc.models.items()}
         return self._configs
@@ -181,12 +180,20 @@ class Pipeline:
             if local or self.doc.configs is None:
                 path = self.checkpoint / "model_index.json"
             else:
-                path = confined(self.recipe.origin("configs"), self.path.parent, self.doc.configs,
-                                "this recipe's folder", [self.recipe.tree or self.path.parent]) / "model_index.json"
+                path = self._configs_folder() / "model_index.json"
             self._model_index = _read_json(path) if present(path) else {}
             if not isinstance(self._model_index, dict):
                 raise PipelineError(f"{path}: expected a JSON object.")
         return self._model_index
+
+    def _configs_folder(self) -> Path:
+        """The recipe's `configs:` folder, inside its tree, fenced as a checkpoint the recipe names is (no file read
+        under it leads out through a link)."""
+        tree = self.recipe.tree or self.path.parent
+        origin = self.recipe.origin("configs")
+        folder = confined(origin, self.path.parent, self.doc.configs, "this recipe's folder", [tree])
+        fence(folder, [tree], f"{origin.loc()}: the configs folder the recipe names", "the recipe's folder tree")
+        return folder
 
     def runs(self, stage: StageSpec) -> bool:
         """Whether the stage runs: its `when:` (parameters, configs and model_index.json only) is true."""
@@ -356,7 +363,7 @@ class Pipeline:
                 (f"run {number + 1} of {len(runs)}" if len(runs) > 1 else "")
             env = {name: None for name in self.doc.inputs}
             env.update(inputs)
-            for stage in _checked_stages(self.doc.stages, self.runs):
+            for at, stage in _checked_stages(self.doc.stages, self.runs):
                 check = checks.get(stage.run)
                 if check is None or not all(self._reads_only(text, made) for text in stage.inputs.values()):
                     continue
@@ -364,14 +371,31 @@ class Pipeline:
                 try:
                     check(self.context, **args)
                 except LuminalError as exc:
-                    prefix = f"{label}: " if label else ""
+                    where = f"{label}: " if label else ""
+                    where += f"{self.recipe.origin(*at).loc()}: stage '{stage.name}' (step {stage.run}"
+                    where += "".join(f"; {source}" for source in self._set_sources_of(stage)) + ")"
                     try:
-                        error = type(exc)(f"{prefix}stage '{stage.name}' (step {stage.run}): {exc}")
+                        error = type(exc)(f"{where}: {exc}")
                     except TypeError:
-                        error = PipelineError(f"{prefix}stage '{stage.name}' (step {stage.run}): {exc}")
+                        error = PipelineError(f"{where}: {exc}")
                     raise error from None
                 except TypeError as exc:
                     raise PipelineError(f"{self.path}: stage '{stage.name}': step '{stage.run}' {exc}") from None
+
+    def _set_sources_of(self, stage: StageSpec) -> list[str]:
+        """How the parameters a stage's inputs read were set by the user ("max_length from --set ..."), for
+        messages."""
+        out = []
+        for key, text in stage.inputs.items():
+            if not isinstance(text, str):
+                continue
+            try:
+                names = {name.id for name in names_in(parse(unwrap(text)))}
+            except ExprError:
+                continue
+            out += [f"{key} from {self.resolved.set_by[name]}" for name in sorted(names)
+                    if self.resolved.set_by.get(name)]
+        return out
 
     def _reads_only(self, text: Any, made: set[str]) -> bool:
         """Whether an input expression reads nothing a stage makes (only inputs, parameters and configs)."""
@@ -549,15 +573,16 @@ def _made(stages: list[StageSpec]) -> list[str]:
     return out
 
 
-def _checked_stages(stages: list[StageSpec], runs: Callable[[StageSpec], bool]) -> list[StageSpec]:
-    """The ``run:`` stages (loop bodies included) under stages whose `when:` holds."""
+def _checked_stages(stages: list[StageSpec], runs: Callable[[StageSpec], bool],
+                    at: tuple = ("stages",)) -> list[tuple[tuple, StageSpec]]:
+    """The ``run:`` stages (loop bodies included) under stages whose `when:` holds, with their key paths."""
     out = []
-    for stage in stages:
+    for index, stage in enumerate(stages):
         if not runs(stage):
             continue
         if stage.run is not None:
-            out.append(stage)
-        out += _checked_stages(stage.steps, runs)
+            out.append((at + (index,), stage))
+        out += _checked_stages(stage.steps, runs, at + (index, "steps"))
     return out
 
 

@@ -72,7 +72,7 @@ def guard_checkpoint(origin: Origin | None, folder: Path, user_given: bool, tree
     else:
         inside = "the recipe's folder tree"
     where = f"{origin.loc()}: the checkpoint the recipe names" if origin is not None else "the recipe's checkpoint"
-    fence(folder, roots, where, inside)
+    fence(folder, roots, where, inside, ", or pass the checkpoint with --weights to use it, links and all")
     return roots
 
 
