@@ -68,7 +68,8 @@ def open_regular(path: str | PathLike, what: str, error: type[LuminalError] = Lu
     file or is a link to nothing; ``CheckpointError`` if it lies in a fenced checkpoint folder (``fence``) and
     leads out of it. OSErrors (missing file, no permission) propagate for the caller to phrase."""
     guard = fence_of(path)
-    check_fence(path)
+    if guard is not None:  # before opening: a link out is refused, never opened (a FIFO or device neither)
+        guard.check(path, os.path.realpath(path))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
