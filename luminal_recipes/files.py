@@ -3,7 +3,16 @@
 A FIFO (named pipe), a device or a socket passed where a file is expected would block the run forever or never
 end (``/dev/zero``), and a folder is not a file either; each is refused with a message that says what it is.
 The file is opened with ``O_NONBLOCK`` (so opening a FIFO returns at once) and checked with ``fstat`` on the
-open descriptor, so nothing can swap the file between the check and the read.
+open descriptor, so nothing can swap the file between the check and the read. A symbolic link whose target does
+not exist is refused too (only a name with nothing behind it is "absent": ``present``).
+
+Fences: a checkpoint folder a recipe names (``weights:``, ``python://``, a hub snapshot) may hold no symbolic link
+that leads out of the folders its author controls (``recipe.paths.checkpoint_roots``). ``fence(folder, roots)``,
+called where such a checkpoint is resolved, walks the folder once and refuses any link leading out (before any
+work), and records the fence: from then on every file under ``folder`` that ``open_regular`` (and so
+``read_regular``, ``read_regular_text``) opens is checked, links resolved, before it is opened and again, on the
+open descriptor, after. Every reader of checkpoint files (tokenizer files, chat templates, configs,
+model_index.json, generation_config.json, scheduler configs, safetensors files and indexes) opens them here.
 """
 
 from __future__ import annotations
@@ -15,11 +24,14 @@ import os
 import re
 import stat
 import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import LuminalError
+from .errors import CheckpointError, LuminalError
 
 MAX_JSON_BYTES = 16 << 20  # configs are a few KB: a larger "config" is the wrong file
 
@@ -49,11 +61,29 @@ def not_regular(path: str | PathLike) -> str | None:
     return None if stat.S_ISREG(mode) else kind_of(mode)
 
 
+def present(path: str | PathLike) -> bool:
+    """Whether anything is at ``path``: a file, a folder, a FIFO, a link (even one whose target is missing).
+    Optional files are read when present, so that what is there but is not a file is refused, not skipped."""
+    return os.path.lexists(path)
+
+
 def open_regular(path: str | PathLike, what: str, error: type[LuminalError] = LuminalError) -> BinaryIO:
     """``path`` opened for binary reading; ``error`` naming ``what`` (e.g. "the recipe") if it is not a regular
-    file. OSErrors (missing file, no permission) propagate for the caller to phrase."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    file or is a link to nothing; ``CheckpointError`` if it lies in a fenced checkpoint folder (``fence``) and
+    leads out of it. OSErrors (missing file, no permission) propagate for the caller to phrase."""
+    guard = fence_of(path)
+    if guard is not None:  # before opening: a link out is refused, never opened (a FIFO or device neither)
+        guard.check(path, os.path.realpath(path))
     try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise error(f"{path}: {what} is a symbolic link to {os.readlink(path)}, which does not exist; "
+                        f"restore the file or the link.") from None
+        raise
+    try:
+        if guard is not None:  # what was opened, in case a link was swapped in after the check above
+            guard.check(path, _opened_path(fd, path))
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise error(f"{path}: {what} must be a regular file, but this is {kind_of(mode)}.")
@@ -89,6 +119,116 @@ def read_regular_text(path: str | PathLike, what: str, limit: int | None = None,
         line = data.count(b"\n", 0, exc.start) + 1
         raise error(f"{Path(path)}:{line}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
                     f"{exc.start}); save it as UTF-8.") from None
+
+
+# ---- fences around the checkpoint folders recipes name -------------------------------------------------------
+MAX_AUDIT_ENTRIES = 200_000  # a checkpoint holds tens of files; past this many the walk stops (opens still checked)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Where the files under a checkpoint folder may resolve to (``roots``, resolved), the recipe line that named
+    the checkpoint (``where``) and those roots in words (``inside``), for messages."""
+
+    folder: str
+    roots: tuple[str, ...]
+    where: str
+    inside: str
+    hint: str = ""  # how else to proceed, appended to the message
+
+    def allows(self, real: str) -> bool:
+        return any(real == root or real.startswith(root.rstrip(os.sep) + os.sep) for root in self.roots)
+
+    def check(self, path: str | PathLike, real: str) -> None:
+        if not self.allows(real):
+            raise CheckpointError(
+                f"{self.where}: {path} resolves to {real} through a symbolic link, outside {self.inside} "
+                f"({self.roots[0]}); files read from a folder a recipe names stay inside it. Copy the file there "
+                f"instead of linking it{self.hint}.")
+
+
+_FENCES: dict[str, Fence | None] = {}  # folder (absolute, as given and resolved) -> its fence (None: unfenced)
+_LOCK = threading.Lock()
+
+
+def fence(folder: str | PathLike, roots: Iterable[str | PathLike] | None, where: str = "", inside: str = "",
+          hint: str = "") -> None:
+    """Fence the checkpoint ``folder``: refuse now (naming ``where``, the recipe line that names it) any symbolic
+    link under it that resolves outside ``roots``, and check every file opened under it from now on (see the
+    module's docstring). ``roots`` None (a folder the user named) lifts a fence on that folder."""
+    keys = {os.path.abspath(folder), os.path.realpath(folder)}
+    with _LOCK:
+        if roots is None:  # the user's own folder, even inside a fenced one
+            for key in keys:
+                _FENCES[key] = None
+            return
+        real_roots = tuple(os.path.realpath(root) for root in roots)
+        outer = fence_of(folder)
+        if outer is not None and outer.roots == real_roots:
+            return  # already fenced and walked (the same folder, or one it lies in)
+        guard = Fence(os.path.abspath(folder), real_roots, where, inside, hint)
+        guard.check(folder, os.path.realpath(folder))
+        _walk(folder, guard)
+        for key in keys:
+            _FENCES[key] = guard
+
+
+def fence_of(path: str | PathLike) -> Fence | None:
+    """The fence of the innermost fenced folder ``path`` lies in (as written, made absolute), or None."""
+    if not _FENCES:
+        return None
+    absolute = os.path.abspath(path)
+    found = None
+    for key, guard in list(_FENCES.items()):
+        if (absolute == key or absolute.startswith(key.rstrip(os.sep) + os.sep)) and \
+                (found is None or len(key) > len(found[0])):
+            found = key, guard
+    return None if found is None else found[1]
+
+
+def check_fence(path: str | PathLike) -> None:
+    """``CheckpointError`` if ``path`` lies in a fenced checkpoint folder and resolves outside it: for a library
+    that opens a path itself (``open_regular`` checks this on its own)."""
+    guard = fence_of(path)
+    if guard is not None:
+        guard.check(path, os.path.realpath(path))
+
+
+def _walk(folder: str | PathLike, guard: Fence) -> None:
+    """Every symbolic link under ``folder`` (through links to folders that stay inside) resolves inside."""
+    stack, seen, count = [os.fspath(folder)], set(), 0
+    while stack:
+        current = stack.pop()
+        real = os.path.realpath(current)
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue  # unreadable: a file opened from it is checked then
+        for entry in entries:
+            count += 1
+            if count > MAX_AUDIT_ENTRIES:
+                return
+            if entry.is_symlink():
+                target = os.path.realpath(entry.path)
+                guard.check(entry.path, target)
+                if os.path.isdir(target):
+                    stack.append(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+
+
+def _opened_path(fd: int, path: str | PathLike) -> str:
+    """The path of the file open on ``fd`` (Linux: /proc/self/fd), else ``path`` resolved."""
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+        if opened.startswith("/") and not opened.endswith(" (deleted)"):
+            return opened
+    except OSError:
+        pass
+    return os.path.realpath(path)
 
 
 def _size(n: int) -> str:

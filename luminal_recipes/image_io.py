@@ -153,7 +153,9 @@ def save_image(
 
 
 def read_png(path: str | PathLike) -> tuple[np.ndarray, dict[str, str]]:
-    """``(pixels (H, W, 3) uint8, text chunks)`` of a PNG, e.g. one this module wrote."""
-    with Image.open(path) as image:
+    """``(pixels (H, W, 3) uint8, text chunks)`` of a PNG, e.g. one this module wrote (a regular file: a FIFO or
+    a device is refused, never read)."""
+    data = read_regular(path, "a PNG", MAX_IMAGE_FILE_BYTES, PipelineError)
+    with Image.open(io.BytesIO(data)) as image:
         image.load()
         return np.asarray(image.convert("RGB")), dict(image.text)

@@ -200,11 +200,15 @@ def test_symlink_out_of_a_recipe_checkpoint_is_refused_before_any_work(tmp_path,
     out = tmp_path / "never.png"
     message = refused(cli("run", recipe, *SMALL, "-p", "fox", "-o", out),
                       "resolves to /etc/passwd through a symbolic link", out=out)
-    assert f"/flux2.yaml:{line_of(recipe.parent / 'flux2.yaml', 'scheduler_config.json')}:" in message
+    # located at the line naming the checkpoint (a link anywhere under it is refused when it is resolved)
+    assert f"/flux2-tiny.yaml:{line_of(recipe, 'weights:')}:" in message
+    link.unlink()
+    shutil.copy(CHECKPOINT / "scheduler" / "scheduler_config.json", link)
     config = checkpoint / "vae" / "config.json"
     config.unlink()
     config.symlink_to(CHECKPOINT / "vae" / "config.json")  # a file outside the recipe's tree
-    refused(cli("validate", recipe), "flux2-vae-decoder.yaml:", "'config.json' resolves to", "symbolic link")
+    refused(cli("validate", recipe), f"flux2-tiny.yaml:{line_of(recipe, 'weights:')}:",
+            "vae/config.json resolves to", "symbolic link")
     # a checkpoint the user names with --weights is the user's own, links and all (tests/pipeline/
     # test_flux2_quantized.py assembles one from symlinks): only the recipe's paths as written are checked there
 
@@ -370,8 +374,10 @@ def test_tensor_relabelled_as_integers_is_refused(tmp_path):
 # ---- other tracebacks --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["0", "-5"])
 def test_nonpositive_sequence_length_is_refused_at_the_stage_dims(no_work, value):
+    # the tokenize stage's check refuses it first (every prompt is checked by its steps before any planning),
+    # located at the stage and naming the --set it came from
     message = refused(cli("run", TINY, *small("--set"), "--set", f"max_sequence_length={value}", "-p", "fox"),
-                      f"--set max_sequence_length={value}", "dims must be whole numbers from 1")
+                      f"--set max_sequence_length={value}", "stage 'tokenize'", "max_sequence_length must be positive")
     assert LOCATED.search(message)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 
 from .. import heap
-from ..errors import PipelineError, RecipeError
-from ..files import MAX_JSON_BYTES, read_json
+from ..errors import LuminalError, PipelineError, RecipeError
+from ..files import MAX_JSON_BYTES, fence, present, read_json
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.lora import LoraSpec
 from ..recipe.params import ParamResolver
-from ..recipe.paths import checkpoint_roots, confined, is_local
+from ..recipe.paths import checkpoint_roots, confined, guard_checkpoint, is_local
 from ..recipe.safe_eval import MODEL_INDEX, ExprError, evaluate, is_wrapped, names_in, parse, unwrap, wrap_config
 from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.registry import get_runtime
@@ -164,8 +164,7 @@ class Pipeline:
             if local or self.doc.configs is None:
                 self._configs = {name: self._model_config(name) for name in self.doc.models}
             else:
-                folder = confined(self.recipe.origin("configs"), self.path.parent, self.doc.configs,
-                                  "this recipe's folder", [self.recipe.tree or self.path.parent])
+                folder = self._configs_folder()
                 self._configs = {name: _read_json(folder / (m.weights or "") / "config.json")
                                  for name, m in self.doc.models.items()}
         return self._configs
@@ -181,12 +180,20 @@ class Pipeline:
             if local or self.doc.configs is None:
                 path = self.checkpoint / "model_index.json"
             else:
-                path = confined(self.recipe.origin("configs"), self.path.parent, self.doc.configs,
-                                "this recipe's folder", [self.recipe.tree or self.path.parent]) / "model_index.json"
-            self._model_index = _read_json(path) if path.exists() else {}
+                path = self._configs_folder() / "model_index.json"
+            self._model_index = _read_json(path) if present(path) else {}
             if not isinstance(self._model_index, dict):
                 raise PipelineError(f"{path}: expected a JSON object.")
         return self._model_index
+
+    def _configs_folder(self) -> Path:
+        """The recipe's `configs:` folder, inside its tree, fenced as a checkpoint the recipe names is (no file read
+        under it leads out through a link)."""
+        tree = self.recipe.tree or self.path.parent
+        origin = self.recipe.origin("configs")
+        folder = confined(origin, self.path.parent, self.doc.configs, "this recipe's folder", [tree])
+        fence(folder, [tree], f"{origin.loc()}: the configs folder the recipe names", "the recipe's folder tree")
+        return folder
 
     def runs(self, stage: StageSpec) -> bool:
         """Whether the stage runs: its `when:` (parameters, configs and model_index.json only) is true."""
@@ -210,6 +217,9 @@ class Pipeline:
                                   [self.recipe.tree or self.path.parent]).resolve())
         patterns = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.txt")
         folder = Path(resolve_source(source, patterns=patterns))
+        # every file read from it stays inside (a checkpoint the recipe names), checked now and as it is opened
+        guard_checkpoint(self.recipe.origin("weights") if weights is None else None, folder, weights is not None,
+                         self.recipe.tree, self.doc.weights)
         missing = [m.weights for m in self.doc.models.values() if m.weights and not (folder / m.weights).is_dir()]
         if missing:
             raise PipelineError(
@@ -337,6 +347,65 @@ class Pipeline:
             return evaluate(node, resolve)
         except ExprError as exc:
             raise PipelineError(f"{self.path}: {where}: {exc.message}") from None
+
+    # ---- checking every run's inputs -----------------------------------------------------------------------
+    def check_runs(self, runs: Sequence[Mapping[str, Any]], labels: Sequence[str] | None = None) -> None:
+        """Refuse, before any work, inputs a step would refuse: for each run's ``inputs`` (one per prompt;
+        ``labels`` name them in messages, e.g. "prompt 2 of 3"), every stage whose step has a check (a plug-in's
+        ``CHECKS``), whose `when:` holds and whose inputs follow from the pipeline's inputs and parameters alone
+        (not from what an earlier stage makes, nor a loop's variable) is checked with the arguments it will get."""
+        checks = {step: check for task in tasks_of(self.doc) for step, check in task.checks.items()}
+        if not checks:
+            return
+        made = set(_made(self.doc.stages))
+        for number, inputs in enumerate(runs):
+            label = labels[number] if labels is not None else \
+                (f"run {number + 1} of {len(runs)}" if len(runs) > 1 else "")
+            env = {name: None for name in self.doc.inputs}
+            env.update(inputs)
+            for at, stage in _checked_stages(self.doc.stages, self.runs):
+                check = checks.get(stage.run)
+                if check is None or not all(self._reads_only(text, made) for text in stage.inputs.values()):
+                    continue
+                args = {k: self._eval(v, env, f"stage '{stage.name}' inputs.{k}") for k, v in stage.inputs.items()}
+                try:
+                    check(self.context, **args)
+                except LuminalError as exc:
+                    where = f"{label}: " if label else ""
+                    where += f"{self.recipe.origin(*at).loc()}: stage '{stage.name}' (step {stage.run}"
+                    where += "".join(f"; {source}" for source in self._set_sources_of(stage)) + ")"
+                    try:
+                        error = type(exc)(f"{where}: {exc}")
+                    except TypeError:
+                        error = PipelineError(f"{where}: {exc}")
+                    raise error from None
+                except TypeError as exc:
+                    raise PipelineError(f"{self.path}: stage '{stage.name}': step '{stage.run}' {exc}") from None
+
+    def _set_sources_of(self, stage: StageSpec) -> list[str]:
+        """How the parameters a stage's inputs read were set by the user ("max_length from --set ..."), for
+        messages."""
+        out = []
+        for key, text in stage.inputs.items():
+            if not isinstance(text, str):
+                continue
+            try:
+                names = {name.id for name in names_in(parse(unwrap(text)))}
+            except ExprError:
+                continue
+            out += [f"{key} from {self.resolved.set_by[name]}" for name in sorted(names)
+                    if self.resolved.set_by.get(name)]
+        return out
+
+    def _reads_only(self, text: Any, made: set[str]) -> bool:
+        """Whether an input expression reads nothing a stage makes (only inputs, parameters and configs)."""
+        if not isinstance(text, str):
+            return True
+        try:
+            node = parse(unwrap(text))
+        except ExprError:
+            return False  # the run reports it where it is evaluated
+        return not any(name.id in made for name in names_in(node))
 
     # ---- planning -----------------------------------------------------------------------------------------
     def prepare(self) -> list[StagePlan]:
@@ -491,6 +560,30 @@ class Pipeline:
                 action = f"model {stage.model}" if stage.model else f"step {stage.run}"
                 _check_finite(result[key], f"{where} ({loop}{action}) output '{key}'")
             env[target] = result[key]
+
+
+def _made(stages: list[StageSpec]) -> list[str]:
+    """The values stages make while running: their outputs, loop variables and what loops collect."""
+    out = []
+    for stage in stages:
+        out += list(stage.outputs.values())
+        if stage.loop is not None:
+            out += [stage.loop.var, *stage.loop.collect.values()]
+        out += _made(stage.steps)
+    return out
+
+
+def _checked_stages(stages: list[StageSpec], runs: Callable[[StageSpec], bool],
+                    at: tuple = ("stages",)) -> list[tuple[tuple, StageSpec]]:
+    """The ``run:`` stages (loop bodies included) under stages whose `when:` holds, with their key paths."""
+    out = []
+    for index, stage in enumerate(stages):
+        if not runs(stage):
+            continue
+        if stage.run is not None:
+            out.append((at + (index,), stage))
+        out += _checked_stages(stage.steps, runs, at + (index, "steps"))
+    return out
 
 
 def _written(stages: list[StageSpec]) -> list[str]:

@@ -227,6 +227,10 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
         check_output_folder()
     recipe_hash = _recipe_hash(pipe.recipe.files)
     seed = int(p["seed"]) if "seed" in p else None
+    # every prompt as its steps will take it (tokenized...), before any work: not the second after the first's file
+    pipe.check_runs([_run_inputs(pipe, req, file_inputs, prompt) for prompt in prompts],
+                    [f"prompt {k + 1} of {len(prompts)}" if len(prompts) > 1 else "the prompt"
+                     if prompt is not None else "" for k, prompt in enumerate(prompts)])
     pipe.check_loras()  # a LoRA that does not fit its model is refused before any planning
     t_prepare = time.perf_counter()
     pipe.prepare()  # every stage compiled and planned under the budget before any weight is read
@@ -263,9 +267,7 @@ def _run_prompts(pipe: Pipeline, req: GenerateRequest, prompts: list[str | None]
     runs = []
     for index, prompt in enumerate(prompts):
         t0 = time.perf_counter()
-        inputs = {name: file_inputs.get(name) for name in req.files if name in pipe.doc.inputs}
-        if prompt is not None:
-            inputs["prompt"] = prompt
+        inputs = _run_inputs(pipe, req, file_inputs, prompt)
         keep = index + 1 < len(prompts)  # more prompts follow: models stay loaded (when they fit together)
         if profile is not None:
             with profiling(profile):
@@ -308,6 +310,14 @@ def _run_prompts(pipe: Pipeline, req: GenerateRequest, prompts: list[str | None]
             "rss": report.rss,
         })
     return runs
+
+
+def _run_inputs(pipe: Pipeline, req: GenerateRequest, file_inputs: Mapping[str, Any], prompt: str | None) -> dict:
+    """The pipeline inputs of the run for ``prompt``."""
+    inputs = {name: file_inputs.get(name) for name in req.files if name in pipe.doc.inputs}
+    if prompt is not None:
+        inputs["prompt"] = prompt
+    return inputs
 
 
 def check_params(pipe: Pipeline, tasks: list[Task]) -> None:

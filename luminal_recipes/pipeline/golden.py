@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from ..errors import PipelineError
-from ..files import MAX_JSON_BYTES, read_regular_text
+from ..files import MAX_JSON_BYTES, present, read_regular_text
 from ..image_io import read_png, to_uint8, write_png
-from ..recipe.yaml_source import load_value
+from ..recipe.located import Origin
+from ..recipe.paths import confined
+from ..recipe.yaml_source import YamlSource, parse_yaml
 from .driver import Pipeline
 
 MIN_PSNR_DB = 45.0
@@ -52,20 +53,48 @@ def is_near_constant(pixels: np.ndarray) -> bool:
     return float(pixels.astype(np.float64).std()) < MIN_STD
 
 
-def load_manifest(path: Path) -> tuple[Path, list[GoldenCase]]:
+def read_manifest(path: Path) -> YamlSource:
+    """A golden manifest parsed with positions (and the recipe loader's YAML limits), for located errors."""
+    path = Path(path)
     try:
-        data = load_value(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
+        text = read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError)
+    except FileNotFoundError:
+        raise PipelineError(f"{path}: golden manifest not found") from None
+    except OSError as exc:
+        raise PipelineError(f"{path}: cannot read the golden manifest ({exc.strerror or exc})") from None
+    return parse_yaml(text, path)
+
+
+def golden_file(source: YamlSource, at: tuple, text: Any, suffixes: tuple[str, ...] = ("",)) -> Path:
+    """The golden file ``text`` names at ``at`` in the manifest: relative to the manifest's folder and, links
+    resolved, inside it (each of ``suffixes`` applied too: the ``.diff.png`` written beside a PNG); a located
+    error otherwise. Golden files are read and written, so none may lead elsewhere."""
+    origin = Origin(source, at)
+    if not isinstance(text, str) or not text.strip():
+        raise origin.error(f"a golden file is a path relative to the manifest's folder, got {text!r}")
+    folder = source.file.parent
+    path = confined(origin, folder, text, "the manifest's folder", [folder])
+    for suffix in suffixes:
+        if suffix:
+            confined(origin, folder, str(Path(text).with_suffix(suffix)), "the manifest's folder", [folder])
+    return path
+
+
+def load_manifest(path: Path) -> tuple[Path, list[GoldenCase]]:
+    """The pipeline recipe and the cases of an image manifest; every golden file (and its ``.diff.png``) lies
+    inside the manifest's folder, checked here, before any image is made."""
+    source = read_manifest(path)
+    data = source.data
+    try:
         recipe = (path.parent / data["recipe"]).resolve()
         output = data.get("output")
         cases = []
-        for item in data["images"]:
+        for index, item in enumerate(data["images"]):
             params = {k: v for k, v in item.items() if k not in ("file", "prompt")}
             prompt = item.get("prompt")
-            cases.append(GoldenCase(path.parent / item["file"], None if prompt is None else str(prompt), params,
-                                    output))
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: golden manifest not found") from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError, AttributeError) as exc:
+            file = golden_file(source, ("images", index, "file"), item["file"], ("", ".diff.png"))
+            cases.append(GoldenCase(file, None if prompt is None else str(prompt), params, output))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PipelineError(f"{path}: invalid golden manifest ({exc}); it needs `recipe:` and `images:` entries "
                             f"with a file, the prompt and the pipeline parameters (seed, steps...)") from None
     return recipe, cases
@@ -97,7 +126,7 @@ def compare(case: GoldenCase, pixels: np.ndarray, min_psnr: float = MIN_PSNR_DB)
     diff_path = case.file.with_suffix(".diff.png")
     if is_near_constant(pixels):
         return GoldenResult(case, None, False, "the regenerated image is (nearly) constant")
-    if not case.file.exists():
+    if not present(case.file):
         return GoldenResult(case, None, False, "golden missing; run `luminal-recipe golden update`")
     golden, _ = read_png(case.file)
     if golden.shape != pixels.shape:
@@ -120,11 +149,14 @@ def check(manifest: Path, min_psnr: float = MIN_PSNR_DB, weights: str | None = N
 
 def update(manifest: Path, weights: str | None = None) -> list[Path]:
     recipe, cases = load_manifest(manifest)
-    written = []
+    rendered = []  # every image made and checked before any golden is replaced: a bad case changes nothing
     for case in cases:
         pixels = render(recipe, case, weights)
         if is_near_constant(pixels):
             raise PipelineError(f"{case.file}: the regenerated image is (nearly) constant; not writing a golden")
+        rendered.append((case, pixels))
+    written = []
+    for case, pixels in rendered:
         text = {"prompt": case.prompt} if case.prompt is not None else {}
         written.append(write_png(case.file, pixels, text | {k: str(v) for k, v in case.params.items()}))
     return written

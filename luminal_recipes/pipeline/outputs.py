@@ -13,9 +13,11 @@ two numbers.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import PipelineError
+from ..files import not_regular
 from ..image_io import save_image, slugify
 from .atomic_file import OutputExistsError, atomic_write
 
@@ -81,7 +84,9 @@ def next_counter(folder: Path, stems: list[str]) -> int:
 
 
 def check_explicit_output(path: Path, kind: str, overwrite: bool) -> None:
-    """An explicit ``--output``: the right extension, a writable folder, and not an existing file unless
+    """An explicit ``--output``: the right extension; a name where a file can be created (not a folder, a FIFO,
+    a device, a link to nothing) in a folder this process can create files in (tried, not guessed from
+    permissions: ``/proc/x.png`` or a read-only mount is refused); and not an existing file unless
     ``overwrite`` - checked before any work."""
     want = EXTENSIONS[kind]
     if path.suffix.lower() != want:
@@ -89,24 +94,41 @@ def check_explicit_output(path: Path, kind: str, overwrite: bool) -> None:
                             f"with {want}")
     if path.is_dir():
         raise PipelineError(f"--output {path}: is a folder; give a file name ending in {want}")
+    if os.path.islink(path) and not path.exists():
+        raise PipelineError(f"--output {path}: is a symbolic link to {os.readlink(path)}, which does not exist; "
+                            f"remove the link or choose another --output")
+    kind_there = not_regular(path)
+    if kind_there is not None:
+        raise PipelineError(f"--output {path}: is {kind_there}, not a file; choose another --output")
     if path.exists() and not overwrite:
         raise PipelineError(f"--output {path}: the file exists; pass --overwrite to replace it, or omit --output "
                             f"to get a new numbered file in {DEFAULT_OUTPUT_DIR}/")
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise PipelineError(f"--output {path}: {folder} is not a writable folder; choose another --output")
+    _check_writable(path.parent, f"--output {path}", "choose another --output")
 
 
 def check_output_folder(folder: Path = DEFAULT_OUTPUT_DIR) -> None:
-    """The default folder can be created or written (checked before any work)."""
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
+    """The default folder can be created or written (checked before any work, as ``check_explicit_output``)."""
+    _check_writable(folder, f"{folder}/", f"pass --output FILE or run from a folder where {folder}/ can be written")
+
+
+def _check_writable(folder: Path, what: str, fix: str) -> None:
+    """``folder``, or the nearest of its parents that exists when it does not yet, is a folder in which this
+    process can create a file: tried with an empty temporary file (``.probe.<hex>.tmp``, removed at once)."""
+    existing = Path(folder)
+    while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK):
-        raise PipelineError(f"{folder}/: {existing} is not a writable folder; pass --output FILE or run from a "
-                            f"folder where {folder}/ can be written")
+    if not existing.is_dir():
+        what_is = not_regular(existing) or "a file"
+        raise PipelineError(f"{what}: {existing} is {what_is if existing.exists() else 'a broken link'}, not a "
+                            f"writable folder; {fix}")
+    probe = existing / f".probe.{secrets.token_hex(6)}.tmp"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600))
+    except OSError as exc:
+        raise PipelineError(f"{what}: {existing} is not a writable folder ({exc.strerror or exc}); {fix}") \
+            from None
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def convert(output: Output, value: Any) -> tuple[str, Any]:

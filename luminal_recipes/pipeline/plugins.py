@@ -22,6 +22,11 @@ Every package ``luminal_recipes/tasks/<task>/`` is a plug-in; nothing lists them
                   the prompt and the recipe (``given``: the inputs ``run`` was given, as given).
 ``PREPARE``       ``prepare(ctx)``: called once before any model is planned, to load and check what the steps
                   will read (a tokenizer, a scheduler config), so a bad file fails before any work.
+``CHECKS``        step name -> ``check(ctx, **inputs)``: refuses, without doing the step's work, the arguments
+                  the step would refuse (a prompt the tokenizer cannot tokenize). The driver
+                  (``Pipeline.check_runs``) calls it for every stage running that step whose inputs follow from
+                  the pipeline's inputs and parameters alone, for every run's inputs (every prompt), before any
+                  model is planned or weight read: a bad second prompt is refused before the first one's output.
 
 The checks, readers and description of a plug-in apply to a pipeline that runs at least one of its steps, before
 any work. Step names are one namespace: two plug-ins defining the same step is an error naming both.
@@ -49,7 +54,9 @@ class StepContext:
     """What a step may read besides its arguments: the checkpoint folder, the pipeline recipe (its ``tokenizer``
     and ``scheduler`` sections, whose paths the driver has checked to lie inside the checkpoint), and objects
     the pipeline's steps share (a tokenizer, a schedule), made once per pipeline by ``shared``. ``where(*path)``
-    names a place in the recipe for messages (``flux2.yaml:26:14: scheduler.options``)."""
+    names a place in the recipe for messages (``flux2.yaml:26:14: scheduler.options``). A step reads checkpoint
+    files with ``luminal_recipes.files`` (``open_regular``, ``read_regular_text``): a checkpoint the recipe names is
+    fenced there, so no file read under it leads out through a symbolic link."""
 
     def __init__(self, checkpoint: Path, recipe: PipelineRecipe, origin: Callable[..., Any] | None = None):
         self.checkpoint = checkpoint
@@ -80,10 +87,11 @@ class Task:
     prepare: Callable[[StepContext], None] | None = None
     derive: Mapping[str, Callable[[Any, Mapping[str, Any], Mapping[str, str]], dict[str, tuple[Any, str]]]] = \
         field(default_factory=dict)
+    checks: Mapping[str, Callable[..., None]] = field(default_factory=dict)
 
 
 def _read(name: str, module) -> Task:
-    tables = {table: getattr(module, table, {}) for table in ("STEPS", "PARAM_CHECKS", "INPUTS", "DERIVE")}
+    tables = {table: getattr(module, table, {}) for table in ("STEPS", "PARAM_CHECKS", "INPUTS", "DERIVE", "CHECKS")}
     for table, entries in tables.items():
         if not isinstance(entries, Mapping) or not all(isinstance(k, str) and callable(v) for k, v in entries.items()):
             raise PluginError(f"task plug-in '{name}': {table} must map names to functions")
@@ -91,8 +99,11 @@ def _read(name: str, module) -> Task:
     for hook, function in hooks.items():
         if function is not None and not callable(function):
             raise PluginError(f"task plug-in '{name}': {hook} must be a function")
+    unknown = sorted(set(tables["CHECKS"]) - set(tables["STEPS"]))
+    if unknown:
+        raise PluginError(f"task plug-in '{name}': CHECKS names step(s) it does not define: {', '.join(unknown)}")
     return Task(name, dict(tables["STEPS"]), dict(tables["PARAM_CHECKS"]), dict(tables["INPUTS"]),
-                hooks["DESCRIBE"], hooks["PREPARE"], dict(tables["DERIVE"]))
+                hooks["DESCRIBE"], hooks["PREPARE"], dict(tables["DERIVE"]), dict(tables["CHECKS"]))
 
 
 def build_registry(tasks: list[Task]) -> dict[str, Task]:

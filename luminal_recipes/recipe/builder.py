@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import instrument
 from ..errors import CheckpointError, LoraError, LuminalError, RecipeError
-from ..files import MAX_JSON_BYTES, read_json
+from ..files import MAX_JSON_BYTES, present, read_json
 from ..graph import DType, Graph, Tensor, to_dtype
 from ..graph.dtypes import SAFETENSORS_NAMES
 from ..graph.symbolic import Expr
@@ -32,7 +32,7 @@ from .loader import LoadedRecipe, load_recipe
 from .lora import LoraSpec, LoraUpdate
 from .mapping import MappedTensor, StoredTensor, map_checkpoint
 from .params import ParamResolver, ResolvedParams
-from .paths import checkpoint_roots, confined
+from .paths import confined, guard_checkpoint
 from .schema import ModelRecipe, QuantizationSpec
 from .suggest import did_you_mean
 
@@ -93,28 +93,32 @@ def build(
     sets: Iterable[str] | Mapping[str, Any] = (),
     ops: Mapping[str, Callable] | None = None,
     compute_dtype: str | None = None,
+    patterns: Sequence[str] | None = None,
 ) -> BuiltModel:
     """Load a model recipe, open its checkpoint and build the graph; ``weights`` overrides the source,
-    ``compute_dtype`` the recipe's compute dtype (``with_compute_dtype``)."""
+    ``compute_dtype`` the recipe's compute dtype (``with_compute_dtype``); ``patterns``: the files a hub
+    checkpoint is fetched with (default ``sources.DEFAULT_PATTERNS``)."""
     recipe = load_recipe(path)
     if not isinstance(recipe.doc, ModelRecipe):
         raise recipe.origin("kind").error(
             "this is a pipeline recipe; build its models one by one (the pipeline driver does that)."
         )
-    folder = checkpoint_folder(recipe, weights)
+    folder = checkpoint_folder(recipe, weights, patterns)
     if folder is None:
         raise recipe.origin("weights").error(
             "no checkpoint: pass --weights FOLDER|hf://org/repo, or set weights.source in the recipe."
         )
     from ..weights.safetensors_io import Checkpoint
 
+    roots = guard_checkpoint(recipe.origin("weights", "source") if weights is None else None, folder,
+                             weights is not None, recipe.tree, recipe.doc.weights.source)
     checkpoint = Checkpoint.open(folder)
-    roots = checkpoint_roots(folder, weights is not None, recipe.tree, recipe.doc.weights.source)
     return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets, ops=ops,
                        compute_dtype=compute_dtype)
 
 
-def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None) -> Path | None:
+def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None,
+                      patterns: Sequence[str] | None = None) -> Path | None:
     """The local folder of the checkpoint: ``weights`` if given, else the recipe's ``weights.source``."""
     from ..weights.sources import parse_source, resolve_source
 
@@ -127,7 +131,7 @@ def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None) -> Path 
         source = declared if not isinstance(parsed, Path) else \
             confined(recipe.origin("weights", "source"), recipe.folder, declared, "this recipe's folder",
                      [recipe.tree or recipe.folder])
-    return resolve_source(source)
+    return resolve_source(source) if patterns is None else resolve_source(source, patterns)
 
 
 def config_display(recipe: LoadedRecipe, folder: str | Path | None) -> str:
@@ -145,7 +149,7 @@ def read_config(recipe: LoadedRecipe, folder: Path, roots: list[Path] | None = N
     if name is None:
         return None
     path = confined(recipe.origin("weights", "config"), Path(folder), name, "the checkpoint folder", roots)
-    if not path.exists():
+    if not present(path):
         return None
     try:
         data = read_json(path, "the model's config", MAX_JSON_BYTES, CheckpointError,

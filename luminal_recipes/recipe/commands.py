@@ -24,7 +24,7 @@ from .check import check_library, check_recipe
 from .config_fields import config_report
 from .loader import LoadedRecipe, inside_tree, load_recipe
 from .params import ParamResolver
-from .paths import checkpoint_roots, confined
+from .paths import checkpoint_roots, confined, guard_checkpoint
 from .safe_eval import is_wrapped
 from .schema import ModelRecipe, ModuleLibrary, PipelineRecipe
 
@@ -159,6 +159,9 @@ def _validate_pipeline(
     else:
         folder = _local_pipeline_checkpoint(recipe)
         report.checks.append(f"checkpoint: {folder} (the recipe's `weights:`)")
+    if folder is not None:  # a checkpoint the recipe names: no link under it leads out (checked before reading it)
+        guard_checkpoint(recipe.origin("weights") if weights is None else None, Path(folder), weights is not None,
+                         recipe.tree, doc.weights)
     for name, model in doc.models.items():
         target = inside_tree(recipe.origin("models", name, "recipe"), recipe.folder, model.recipe, root)
         sub = load_recipe(target, tree_root=root)
@@ -199,9 +202,10 @@ def _build_with_weights(recipe: LoadedRecipe, weights: str | Path | None, sets: 
     folder = checkpoint_folder(recipe, weights)
     if folder is None:
         raise recipe.origin("weights").error("no checkpoint: pass --weights or set weights.source.")
+    user_given = weights is not None if user_weights is None else user_weights
+    roots = guard_checkpoint(recipe.origin("weights", "source") if weights is None else None, folder, user_given,
+                             recipe.tree, source if source is not None else recipe.doc.weights.source)
     checkpoint = Checkpoint.open(folder)
-    roots = checkpoint_roots(folder, weights is not None if user_weights is None else user_weights, recipe.tree,
-                             source if source is not None else recipe.doc.weights.source)
     return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets)
 
 

@@ -8,6 +8,11 @@ tree for the recipe's own files and for a checkpoint the recipe names (``weights
 repository's cache folder for a hub checkpoint (snapshots are symlinks into its ``blobs/``). A checkpoint given
 on the command line (``--weights``) is the user's own choice, and so are the links inside it (a folder
 assembled from symlinks to components elsewhere is fine): paths into it are checked as written only.
+
+Beyond the paths the recipe writes, every file read from a checkpoint the recipe names (tokenizer files, chat
+templates, configs, safetensors files...) obeys the same rule: ``guard_checkpoint``, called where such a
+checkpoint is resolved, fences the folder (``files.fence``): a link under it leading out is refused then, before
+any work, and every file opened under it later is checked again as it is opened.
 """
 
 from __future__ import annotations
@@ -47,6 +52,28 @@ def confined(origin: Origin, base: Path, text: str, inside: str, roots: Iterable
         raise origin.error(f"'{text}' resolves to {resolved} through a symbolic link, outside {inside} "
                            f"({allowed[0]}); paths in a recipe stay inside it. Copy the file into it.")
     return target
+
+
+def guard_checkpoint(origin: Origin | None, folder: Path, user_given: bool, tree: Path | None,
+                     source: str | None = None) -> list[Path] | None:
+    """``checkpoint_roots``, and the checkpoint folder fenced to them (``files.fence``; a fence lifted for a folder
+    the user named): a symbolic link under it leading out is refused now, at ``origin`` (the recipe line naming
+    the checkpoint), and every file opened under it later is checked as it is opened."""
+    from ..files import fence
+
+    roots = checkpoint_roots(folder, user_given, tree, source)
+    if roots is None:
+        fence(folder, None)
+        return None
+    if source is not None and str(source).startswith("python://"):
+        inside = "the package's checkpoint folder"
+    elif roots[0].name.startswith("models--"):
+        inside = "the repository's folder in the hub cache"
+    else:
+        inside = "the recipe's folder tree"
+    where = f"{origin.loc()}: the checkpoint the recipe names" if origin is not None else "the recipe's checkpoint"
+    fence(folder, roots, where, inside, ", or pass the checkpoint with --weights to use it, links and all")
+    return roots
 
 
 def checkpoint_roots(folder: Path, user_given: bool, tree: Path | None,

@@ -19,6 +19,7 @@ sandbox with time, size and depth bounds checked before the work, so a hostile t
 from __future__ import annotations
 
 import json
+import os
 import re
 import traceback
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import jinja2.nodes
 import jinja2.utils
 
 from ..errors import CheckpointError
-from ..files import MAX_JSON_BYTES, read_json, read_regular_text
+from ..files import MAX_JSON_BYTES, kind_of, present, read_json, read_regular_text
 from .bounded_jinja import BoundedEnvironment, TemplateBoundError, render
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
@@ -76,17 +77,20 @@ def find_chat_templates(folder: Path, tokenizer_config: dict, processor: bool) -
         if processor_config.get("chat_template") is not None:
             return _named(processor_config["chat_template"], f"{folder / 'processor_config.json'} chat_template")
         legacy = folder / LEGACY_PROCESSOR_FILE
-        if legacy.is_file():
+        if present(legacy):
             data = _read_json(legacy)
             if "chat_template" not in data:
                 raise CheckpointError(f"{legacy}: has no 'chat_template' key; restore the file from the checkpoint.")
             return _named(data["chat_template"], f"{legacy} chat_template")
     files: dict[str, str] = {}
     jinja = folder / CHAT_TEMPLATE_FILE
-    if jinja.is_file():
+    if present(jinja):  # whatever is there is read as a file: a FIFO, a folder or a device is refused, not skipped
         files["default"] = _read_text(jinja)
     extra = folder / CHAT_TEMPLATE_DIR
-    if extra.is_dir():
+    if present(extra):
+        if not extra.is_dir():
+            raise CheckpointError(f"{extra}: the named chat templates must be a folder of .jinja files, but this is "
+                                  f"{kind_of(os.stat(extra).st_mode) if extra.exists() else 'a broken link'}.")
         for path in sorted(extra.glob("*.jinja")):
             files[path.name.removesuffix(".jinja")] = _read_text(path)
     if files:
@@ -120,7 +124,7 @@ def _read_text(path: Path) -> str:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.exists():
+    if not present(path):
         return {}
     try:
         data = read_json(path, "a tokenizer file", MAX_JSON_BYTES, CheckpointError,

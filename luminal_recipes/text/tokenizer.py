@@ -19,7 +19,7 @@ import tokenizers
 
 from luminal_recipes import heap
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.files import MAX_JSON_BYTES, not_regular, read_json, read_regular_text
+from luminal_recipes.files import MAX_JSON_BYTES, present, read_json, read_regular_text
 
 from .chat_template import SPECIAL_TOKEN_NAMES, find_chat_templates, render_chat
 from .check import check_text
@@ -201,7 +201,7 @@ def check_length(value, name: str) -> int:
 def _loaded_as_processor(folder: Path) -> bool:
     """Whether the pipeline's model_index.json loads this folder as a processor (e.g. ``PixtralProcessor``)."""
     index = folder.parent / "model_index.json"
-    if not index.is_file():
+    if not present(index):
         return False
     try:
         data = read_json(index, "model_index.json", MAX_JSON_BYTES, CheckpointError)
@@ -217,7 +217,7 @@ def special_tokens(folder: Path, options: dict) -> dict[str, str]:
     special_tokens_map.json, which transformers merges over it when the config lists no added tokens)."""
     merged = dict(options)
     legacy = folder / "special_tokens_map.json"
-    if "added_tokens_decoder" not in options and legacy.is_file():
+    if "added_tokens_decoder" not in options and present(legacy):
         merged.update(read_tokenizer_config(legacy))
     out: dict[str, str] = {}
     for key, value in merged.items():
@@ -232,8 +232,8 @@ def special_tokens(folder: Path, options: dict) -> dict[str, str]:
 
 
 def read_tokenizer_config(path: Path) -> dict:
-    """tokenizer_config.json (or special_tokens_map.json) as a dict; {} when the file is absent."""
-    if not path.exists():
+    """tokenizer_config.json (or special_tokens_map.json) as a dict; {} when nothing is at that path."""
+    if not present(path):
         return {}
     try:
         options = read_json(path, "the tokenizer config", MAX_JSON_BYTES, CheckpointError,
@@ -258,15 +258,16 @@ def load_tokenizer_json(folder: str | Path, missing_hint: str) -> tuple[Path, to
     """The ``tokenizer.json`` of ``folder`` (or of its ``tokenizer/`` subfolder) and the folder it is in;
     ``missing_hint`` says where a missing file should come from."""
     folder = Path(folder)
-    if not (folder / "tokenizer.json").exists() and (folder / "tokenizer" / "tokenizer.json").is_file():
+    if not present(folder / "tokenizer.json") and present(folder / "tokenizer" / "tokenizer.json"):
         folder = folder / "tokenizer"
     path = folder / "tokenizer.json"
-    kind = not_regular(path)
-    if kind is not None:
-        raise CheckpointError(f"{path}: the tokenizer must be a regular file, but this is {kind}.")
-    if not path.is_file():
+    if not present(path):
         raise CheckpointError(f"{path}: file not found; {missing_hint}")
-    text = read_regular_text(path, "the tokenizer", None, CheckpointError)
+    try:
+        text = read_regular_text(path, "the tokenizer", None, CheckpointError)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc}); restore it from the checkpoint.") \
+            from None
     try:
         tokenizer = tokenizers.Tokenizer.from_str(text)
     except Exception as exc:  # the tokenizers package raises a bare Exception on malformed files

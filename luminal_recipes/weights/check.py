@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import CheckpointError, QuantizationError
-from ..files import MAX_JSON_BYTES, read_json
+from ..files import MAX_JSON_BYTES, present, read_json
 from .formats import NVFP4_BLOCK, NVFP4_LAYOUTS, NVFP4Layout, nvfp4_layout
 from .safetensors_io import Checkpoint, TensorInfo
 
@@ -335,7 +335,7 @@ def _check_fp8(name: str, want: ExpectedTensor, ckpt: Checkpoint, report: _Repor
 def read_hf_quant_config(folder: str | Path) -> dict | None:
     """``hf_quant_config.json`` of a checkpoint folder (ModelOpt's export format), or ``None`` if absent."""
     path = Path(folder) / HF_QUANT_CONFIG
-    if not path.exists():
+    if not present(path):
         return None
     try:
         data = read_json(path, HF_QUANT_CONFIG, MAX_JSON_BYTES, CheckpointError, fix="download or write it again")

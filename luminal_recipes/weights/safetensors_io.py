@@ -22,7 +22,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
-from ..files import open_regular, parse_json, read_json
+from ..files import check_fence, open_regular, parse_json, read_json
 from .formats import LEGACY_FP8_MARKER, comfy_legacy_fp8_renames
 
 # dtype name in a safetensors header -> (bits per element, numpy dtype the bytes are viewed as)
@@ -206,6 +206,7 @@ def _corrupt(path: Path, problems: list[str]) -> NoReturn:
 
 def _library_check(path: Path) -> dict[str, str]:
     """Open with the safetensors package too: a second validator, and its reading of ``__metadata__``."""
+    check_fence(path)  # the library opens the path itself: the same fence as files.open_regular's
     try:
         with safe_open(path, framework="numpy") as f:
             return dict(f.metadata() or {})
@@ -362,9 +363,11 @@ class Checkpoint:
 
     def _map(self, file: Path) -> np.memmap:
         if file not in self._maps:
-            if file.stat().st_size == 0:
-                raise CheckpointError(f"checkpoint file {file} is empty")
-            self._maps[file] = np.memmap(file, dtype=np.uint8, mode="r")
+            # opened as every checkpoint file is (files.open_regular: a regular file, inside its fence), then mapped
+            with open_regular(file, "a checkpoint file", CheckpointError) as handle:
+                if os.fstat(handle.fileno()).st_size == 0:
+                    raise CheckpointError(f"checkpoint file {file} is empty")
+                self._maps[file] = np.memmap(handle, dtype=np.uint8, mode="r")
         return self._maps[file]
 
     def close(self) -> None:

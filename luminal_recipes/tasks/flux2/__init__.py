@@ -17,7 +17,7 @@ from luminal_recipes.errors import PipelineError
 from .latents import check_seed, check_side, load_init_latents
 from .references import derive_from_references, read_references
 from .scheduler import check_steps
-from .steps import STEPS, prepare
+from .steps import STEPS, check_tokenize, prepare
 from .tokenize import check_prompt
 
 
@@ -70,4 +70,5 @@ INPUTS = {"prompt": read_prompt, "init_latents": read_init_latents, "images": re
 DESCRIBE = describe
 PREPARE = prepare
 DERIVE = {"images": derive_from_references}
-__all__ = ["DERIVE", "DESCRIBE", "INPUTS", "PARAM_CHECKS", "PREPARE", "STEPS"]
+CHECKS = {"tokenize": check_tokenize}
+__all__ = ["CHECKS", "DERIVE", "DESCRIBE", "INPUTS", "PARAM_CHECKS", "PREPARE", "STEPS"]

@@ -57,6 +57,11 @@ def tokenize(ctx: StepContext, text: str, max_length: int, allow_empty: bool = F
     return {"input_ids": tok.input_ids, "attention_mask": tok.attention_mask, "num_tokens": tok.num_tokens}
 
 
+def check_tokenize(ctx: StepContext, text: str, max_length: int, allow_empty: bool = False) -> None:
+    """What ``tokenize`` would refuse, refused before any work (``CHECKS``): every prompt, not only the first."""
+    tokenizer(ctx).check(text, int(max_length), allow_empty=bool(allow_empty))
+
+
 def detokenize(ctx: StepContext, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
                skip_special_tokens: bool = False) -> dict:
     """The text the tokens of one prompt stand for (e.g. to see what the text encoder was given after the chat

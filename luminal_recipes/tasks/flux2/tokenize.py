@@ -175,6 +175,23 @@ class Flux2Tokenizer(Tokenizer):
         """The chat-template rendering of ``prompt`` (diffusers' conversation + the checkpoint's template)."""
         return self.render(self.messages(prompt), self.generation_prompt, self.template_args)
 
+    def check(self, prompt: str, max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH,
+              allow_empty: bool = False) -> None:
+        """Refuse what ``__call__`` would refuse (the prompt, the template's rendering of it, its encoding), without
+        the warning a truncated prompt gets: the check the driver runs for every prompt before any work."""
+        self._encode(prompt, max_sequence_length, allow_empty)
+
+    def _encode(self, prompt: str, max_sequence_length: int, allow_empty: bool):
+        if not allow_empty:
+            check_prompt(prompt)
+        elif not isinstance(prompt, str):
+            raise PipelineError(f"prompt must be text, got {type(prompt).__name__}.")
+        else:
+            check_text(prompt, "the prompt", PipelineError)
+        length = check_length(max_sequence_length, "max_sequence_length")
+        text = self.format(prompt)
+        return self.encode(text, length, add_special_tokens=self.add_special_tokens(text)), length
+
     def add_special_tokens(self, text: str) -> bool:
         if self.always_add_special_tokens is not None:
             return self.always_add_special_tokens
@@ -184,15 +201,7 @@ class Flux2Tokenizer(Tokenizer):
         self, prompt: str, max_sequence_length: int = DEFAULT_MAX_SEQUENCE_LENGTH, allow_empty: bool = False
     ) -> TokenizedPrompt:
         """``allow_empty``: the prompt may be empty (the negative prompt "" of classifier-free guidance)."""
-        if not allow_empty:
-            check_prompt(prompt)
-        elif not isinstance(prompt, str):
-            raise PipelineError(f"prompt must be text, got {type(prompt).__name__}.")
-        else:
-            check_text(prompt, "the prompt", PipelineError)
-        length = check_length(max_sequence_length, "max_sequence_length")
-        text = self.format(prompt)
-        encoded = self.encode(text, length, add_special_tokens=self.add_special_tokens(text))
+        encoded, length = self._encode(prompt, max_sequence_length, allow_empty)
         num_tokens = encoded.num_tokens
         num_truncated = max(0, len(encoded.untruncated) - num_tokens)
         if num_truncated:

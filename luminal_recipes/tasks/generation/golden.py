@@ -23,12 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ...errors import CheckpointError, LuminalError, PipelineError
-from ...files import MAX_JSON_BYTES, read_json, read_regular_text
+from ...files import MAX_JSON_BYTES, present, read_json
 from ...pipeline.atomic_file import atomic_write
-from ...recipe.yaml_source import load_value
 
 SETTINGS = ("chat", "system", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -70,19 +67,28 @@ def missing_concepts(text: str, groups: list[list[str]]) -> list[list[str]]:
 
 
 def is_text_manifest(path: Path) -> bool:
+    """Whether ``path`` is a text manifest (one that cannot be read is left to the image manifest's reader to
+    report)."""
+    from ...pipeline.golden import read_manifest
+
     try:
-        data = load_value(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
-    except (OSError, yaml.YAMLError):
+        data = read_manifest(Path(path)).data
+    except LuminalError:
         return False
     return isinstance(data, dict) and "texts" in data
 
 
 def load_manifest(path: Path) -> list[TextCase]:
+    """The cases of a text manifest; each one's record (``texts/<name>.json``, read and written) lies inside the
+    manifest's folder, checked here at the entry's ``name`` line, before any model is loaded."""
+    from ...pipeline.golden import golden_file, read_manifest
+
     path = Path(path)
+    source = read_manifest(path)
+    data = source.data
     try:
-        data = load_value(read_regular_text(path, "a golden manifest", MAX_JSON_BYTES, PipelineError))
         cases = []
-        for item in data["texts"]:
+        for index, item in enumerate(data["texts"]):
             unknown = set(item) - {"name", "recipe", "weights", "prompt", "ids", "concepts", *SETTINGS}
             if unknown:
                 raise ValueError(f"entry '{item.get('name')}' has unknown keys {sorted(unknown)}")
@@ -90,15 +96,14 @@ def load_manifest(path: Path) -> list[TextCase]:
             if not weights.startswith("hf://"):
                 weights = str((path.parent / weights).resolve())
             concepts = [[str(t) for t in (g if isinstance(g, list) else [g])] for g in item.get("concepts", [])]
+            record = golden_file(source, ("texts", index, "name"), f"texts/{item['name']}.json")
             case = TextCase(str(item["name"]), (path.parent / item["recipe"]).resolve(), weights, str(item["prompt"]),
                             {k: item[k] for k in SETTINGS if k in item}, bool(item.get("ids", False)), concepts,
-                            path.parent / "texts" / f"{item['name']}.json")
+                            record)
             if not case.ids and not case.concepts:
                 raise ValueError(f"entry '{case.name}' checks nothing: give `ids: true` or `concepts:`")
             cases.append(case)
-    except FileNotFoundError:
-        raise PipelineError(f"{path}: golden manifest not found") from None
-    except (yaml.YAMLError, KeyError, TypeError, ValueError, OSError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PipelineError(f"{path}: invalid text golden manifest ({exc}); it needs `texts:` entries with name, "
                             f"recipe, weights, prompt and `ids: true` or `concepts:`") from None
     return cases
@@ -133,15 +138,10 @@ def check(manifest: Path) -> list[TextResult]:
             raise
         problems = []
         if case.ids:
-            if not case.record.exists():
+            if not present(case.record):
                 problems.append(f"no recorded ids ({case.record}); run `luminal-recipe golden update`")
             else:
-                record = read_json(case.record, "a golden record", MAX_JSON_BYTES, PipelineError,
-                                   fix="run `luminal-recipe golden update` to record it again")
-                want = record.get("ids") if isinstance(record, dict) else None
-                if not isinstance(want, list):
-                    raise PipelineError(f"{case.record}: a golden record holds {{\"ids\": [...]}}; run "
-                                        f"`luminal-recipe golden update` to record it again.")
+                want = _recorded_ids(case.record)
                 if ids != want:
                     at = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
                     problems.append(f"token ids differ from {case.record.name} at position {at} (got {ids[at:at + 4]}, "
@@ -155,14 +155,25 @@ def check(manifest: Path) -> list[TextResult]:
     return results
 
 
+def _recorded_ids(record: Path) -> list[int]:
+    try:
+        data = read_json(record, "a golden record", MAX_JSON_BYTES, PipelineError,
+                         fix="run `luminal-recipe golden update` to record it again")
+    except OSError as exc:
+        raise PipelineError(f"{record}: cannot read the golden record ({exc.strerror or exc}); run "
+                            f"`luminal-recipe golden update`") from None
+    ids = data.get("ids") if isinstance(data, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        raise PipelineError(f"{record}: 'ids' is not a list of token ids; run `luminal-recipe golden update`")
+    return ids
+
+
 def update(manifest: Path) -> list[Path]:
     """Record the current replies' ids of the ``ids: true`` cases."""
     models: dict = {}
-    written = []
-    for case in load_manifest(manifest):
-        if not case.ids:
-            continue
-        ids, text = generate(case, models)
+    replies = [(case, *generate(case, models)) for case in load_manifest(manifest) if case.ids]
+    written = []  # every reply made before any record is replaced: a case that fails changes nothing
+    for case, ids, text in replies:
         case.record.parent.mkdir(parents=True, exist_ok=True)
         data = json.dumps({"prompt": case.prompt, "settings": case.settings, "ids": ids, "text": text},
                           ensure_ascii=False) + "\n"

@@ -120,12 +120,9 @@ class LanguageModel:
         t0 = time.perf_counter()
         loaded = load_recipe(recipe)
         contract.check_static(loaded)
-        source = weights if weights is not None else loaded.doc.weights.source
-        if source is not None and str(source).startswith("hf://"):  # the tokenizer and its template come too
-            from ...weights.sources import resolve_source
-
-            weights = resolve_source(str(source), HUB_PATTERNS)
-        self.model: BuiltModel = build(recipe, weights=weights, sets=sets)
+        # a hub checkpoint is fetched with the tokenizer and its template too; the recipe's own stays the recipe's
+        # (its files fenced inside the repository's cache folder), --weights the user's
+        self.model: BuiltModel = build(recipe, weights=weights, sets=sets, patterns=HUB_PATTERNS)
         contract.check_built(self.model)
         self.name = self.model.name
         spec = loaded.doc.generation

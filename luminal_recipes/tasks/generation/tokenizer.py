@@ -19,7 +19,7 @@ import tokenizers
 from tokenizers import processors
 
 from ...errors import CheckpointError, InputError
-from ...files import MAX_JSON_BYTES, read_json
+from ...files import MAX_JSON_BYTES, present, read_json
 from ...text.chat_template import find_chat_templates, render_chat, template_variables
 from ...text.check import check_text
 from ...text.tokenizer import load_tokenizer_json, read_tokenizer_config, special_tokens
@@ -132,7 +132,7 @@ def eos_token_ids(checkpoint: Path) -> list[int]:
     list, as transformers' GenerationConfig reads it)."""
     for name in ("generation_config.json", "config.json"):
         path = Path(checkpoint) / name
-        if not path.is_file():
+        if not present(path):
             continue
         try:
             data = read_json(path, name, MAX_JSON_BYTES, CheckpointError, fix="restore it from the checkpoint")
