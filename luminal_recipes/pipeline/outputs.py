@@ -17,7 +17,6 @@ import contextlib
 import io
 import os
 import re
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, tempfiles
 from ..errors import PipelineError
 from ..files import not_regular
 from ..image_io import save_image, slugify
@@ -113,7 +112,7 @@ def check_output_folder(folder: Path = DEFAULT_OUTPUT_DIR) -> None:
 
 def _check_writable(folder: Path, what: str, fix: str) -> None:
     """``folder``, or the nearest of its parents that exists when it does not yet, is a folder in which this
-    process can create a file: tried with an empty temporary file (``.probe.<hex>.tmp``, removed at once)."""
+    process can create a file: tried with an empty temporary file (``tempfiles.create_temp``, removed at once)."""
     existing = Path(folder)
     while not os.path.lexists(existing) and existing != existing.parent:
         existing = existing.parent
@@ -121,9 +120,9 @@ def _check_writable(folder: Path, what: str, fix: str) -> None:
         what_is = not_regular(existing) or "a file"
         raise PipelineError(f"{what}: {existing} is {what_is if existing.exists() else 'a broken link'}, not a "
                             f"writable folder; {fix}")
-    probe = existing / f".probe.{secrets.token_hex(6)}.tmp"
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600))
+    try:  # through the one temporary-file pattern, so a probe a killed process left is swept like any other
+        fd, probe = tempfiles.create_temp(existing / "probe", 0o600)
+        os.close(fd)
     except OSError as exc:
         raise PipelineError(f"{what}: {existing} is not a writable folder ({exc.strerror or exc}); {fix}") \
             from None
