@@ -129,7 +129,8 @@ def run(
     ),
     no_compile: bool = typer.Option(False, "--no-compile", help="run the naive primitive program (no search)"),
     allow_nonfinite: bool = typer.Option(
-        False, "--allow-nonfinite", help="write the image even when a stage output holds NaN or infinity"
+        False, "--allow-nonfinite", help="write the outputs even when a stage output holds NaN or infinity (language "
+        "models: generate even when the logits do)"
     ),
     runtime: str = typer.Option("numpy", "--runtime", help=RUNTIME_HELP),
     max_host_memory: str | None = typer.Option(None, "--max-host-memory", help=HOST_MEMORY_HELP),
@@ -183,7 +184,7 @@ def run(
 
         refuse({"--steps": steps, "--guidance": guidance, "--width": width, "--height": height,
                 "--init-latents": init_latents, "--image": image, "--lora": lora, "--output": output,
-                "--overwrite": overwrite, "--allow-nonfinite": allow_nonfinite},
+                "--overwrite": overwrite},
                "a language model (they belong to pipelines)")
         from contextlib import nullcontext
 
@@ -194,7 +195,8 @@ def run(
                 recipe, prompts, weights, list(set_), parse_size(max_memory), runtime, not no_compile,
                 max_new_tokens, 0.0 if temperature is None else temperature, top_k or 0,
                 1.0 if top_p is None else top_p, 1.0 if repetition_penalty is None else repetition_penalty,
-                0 if seed is None else seed, list(stop), chat, system, parse_chat_vars(chat_var), context, started),
+                0 if seed is None else seed, list(stop), chat, system, parse_chat_vars(chat_var), context, started,
+                allow_nonfinite),
                 stdio, as_json, quiet)
         if kernel_times is not None:  # stdout carries the reply (and the --stdio protocol): the table goes to stderr
             typer.echo("kernel time per model and kernel class (--profile):\n" + kernel_times.table(), err=True)
