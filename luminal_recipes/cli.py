@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 
 import typer  # noqa: E402
 
-from . import __version__  # noqa: E402
+from . import __version__, memory_limits  # noqa: E402  (memory_limits: the out-of-memory message)
 from .errors import LuminalError  # noqa: E402
 
 _started_at: float | None = None  # set by `entry` (the console script): the process started this command
@@ -63,6 +63,11 @@ def user_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except LuminalError as exc:
             typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except (MemoryError, OSError) as exc:  # an allocation failed: one paragraph, as for a user error
+            if not memory_limits.is_out_of_memory(exc):
+                raise
+            typer.echo(f"error: {memory_limits.out_of_memory(exc)}", err=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import resource
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -217,3 +218,111 @@ def test_nan_constants_in_an_elementwise_expression_are_representable():
     assert code is not None and len(code.consts) == 1 and np.isnan(code.consts[0])
     code = ElementwiseCode.of("(Add (Mul in0 (Const -0.0)) (Const 0.0))", [f32], f32)
     assert [str(v) for v in code.consts] == ["-0.0", "0.0"]
+
+
+# ---- class 9: a token id beyond the vocabulary ------------------------------------------------------------------
+def test_a_token_beyond_the_embedding_is_named_with_its_tokenizer_and_the_table(tmp_path, no_weights):
+    folder = checkpoint(tmp_path)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append({"id": 384, "content": "<|extra|>", "single_word": False, "lstrip": False,
+                                      "rstrip": False, "normalized": False, "special": True})
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    refused(run("--weights", folder, "-p", "hi <|extra|> there", *FAST),
+            "token 384 '<|extra|>'", str(folder / "tokenizer.json"), "model.embed_tokens.weight [384, 64]",
+            "ids 0..383")
+
+
+def test_prompt_ids_beyond_the_vocabulary_are_named(no_weights):
+    from luminal_recipes import load_recipe
+    from luminal_recipes.errors import InputError
+
+    lm = load_recipe(LLAMA, weights=TINY_LLAMA, compile=False)
+    with pytest.raises(InputError, match=r"token 999 \(at position 2\) .*model.embed_tokens.weight \[384, 64\]"):
+        lm.generate([1, 2, 999], max_new_tokens=2)
+
+
+# ---- class 6 (part): out of process memory -----------------------------------------------------------------------
+def limited(mib: int, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The CLI in a child process whose address space is limited to ``mib`` MiB."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (mib << 20, mib << 20))
+
+    return subprocess.run([sys.executable, "-m", "luminal_recipes", *args], preexec_fn=limit, capture_output=True,
+                          text=True, timeout=timeout, cwd=os.getcwd())
+
+
+TINY_PIPELINE = [str(ROOT / "recipes" / "flux2-tiny.yaml"), "--no-compile", "--steps", "2", "--width", "32",
+                 "--height", "32", "--set", "max_sequence_length=64", "-p", "fox", "--quiet"]
+
+
+@pytest.mark.parametrize("mib", [600, 1200])
+def test_runs_under_an_address_space_limit_end_cleanly(tmp_path, mib):
+    out = tmp_path / "fox.png"
+    result = limited(mib, "run", *TINY_PIPELINE, "-o", str(out))
+    assert result.returncode in (0, 2), (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr and "memory allocation of" not in result.stderr, result.stderr[-2000:]
+    if result.returncode == 2:
+        assert result.stderr.startswith("error: ") and "RLIMIT_AS" in result.stderr, result.stderr
+        assert not out.exists()
+    else:
+        assert out.exists()
+
+
+def test_a_max_memory_beyond_the_limit_is_refused_up_front(tmp_path):
+    result = limited(900, "run", str(LLAMA), "--weights", str(TINY_LLAMA), "-p", "hi", *FAST, "--max-memory",
+                     "64GiB")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.startswith("error: --max-memory 64.00 GiB is more than this process may use"), result.stderr
+    assert "RLIMIT_AS" in result.stderr
+
+
+def test_capacity_honours_rlimit_as():
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "from luminal_recipes.runtimes.numpy_runtime import NumpyBackend\n"
+        "from luminal_recipes import memory_limits as m\n"
+        "print(NumpyBackend().capacity(), m.mapped_bytes(), m.address_reserve())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    capacity, mapped, reserve = map(int, result.stdout.split())
+    assert 0 < capacity <= (3 << 30) - mapped - reserve + (64 << 20)  # the budget was read a little before
+    assert mapped > 0
+
+
+def test_capacity_honours_the_cgroup_limit_minus_its_use(tmp_path, monkeypatch):
+    from luminal_recipes import memory_limits
+
+    (tmp_path / "memory.max").write_text(f"{3 << 30}\n")
+    (tmp_path / "memory.current").write_text(f"{2 << 30}\n")
+    (tmp_path / "memory.stat").write_text(f"anon {1 << 30}\ninactive_file {1 << 30}\n")
+    limit = memory_limits.cgroup_limit(tmp_path)
+    assert limit is not None and limit.available == 2 << 30 and str(tmp_path / "memory.max") in limit.how
+    (tmp_path / "memory.max").write_text("max\n")
+    assert memory_limits.cgroup_limit(tmp_path) is None
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{1 << 30}")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{768 << 20}")
+    (v1 / "memory" / "memory.stat").write_text(f"total_inactive_file {512 << 20}\n")
+    assert memory_limits.cgroup_limit(v1).available == 768 << 20
+    monkeypatch.setattr(memory_limits, "CGROUP", v1)
+    assert memory_limits.host_memory() <= 768 << 20
+
+
+@pytest.mark.parametrize("failure", [
+    lambda: np.empty(1 << 60, dtype=np.uint8),  # numpy's _ArrayMemoryError: says how much was asked
+    lambda: (_ for _ in ()).throw(OSError(12, "Cannot allocate memory")),
+])
+def test_an_allocation_failure_is_one_paragraph_exit_2(monkeypatch, failure):
+    from luminal_recipes.tasks.generation import cli as text_cli
+
+    def fail(*args, **kwargs):
+        failure()
+
+    monkeypatch.setattr(text_cli, "run_command", fail)
+    message = refused(run("--weights", TINY_LLAMA, "-p", "hi", *FAST), "out of memory: an allocation failed (",
+                      "raise the limit")
+    assert "\n" not in message.strip()
+    if "Unable to allocate" not in message:
+        assert "Cannot allocate memory" in message

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import memory_limits
 from ..errors import PipelineError, RecipeError
 from ..recipe.loader import load_recipe
 from ..recipe.lora import parse_lora_flag
@@ -186,7 +187,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     started = req.started if req.started is not None else time.perf_counter()
     sets, sources = _flag_sets(req)
     runtime = get_runtime(req.runtime)
-    budget = req.max_memory if req.max_memory is not None else runtime.capacity()
+    budget = memory_limits.budget(runtime, req.max_memory)  # --max-memory, or what the process may still use
     check_host_budget(runtime, req.max_host_memory)
     doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
     if isinstance(doc, PipelineRecipe):

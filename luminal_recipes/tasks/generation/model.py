@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import memory_limits
 from ...errors import BudgetError, InputError, NonFiniteError
 from ...graph.symbolic import evaluate
 from ...recipe.builder import BuiltModel, build
@@ -119,6 +120,10 @@ class LanguageModel:
                  runtime: Any = None, max_memory: int | None = None, compile: bool = True,
                  context: int | None = None, chat_template: str | None = None, allow_nonfinite: bool = False):
         t0 = time.perf_counter()
+        self.runtime = get_runtime(runtime)
+        # first: a budget the process's limits cannot give is refused before a library that aborts on a failed
+        # allocation (the tokenizer, safetensors) runs
+        self.budget = memory_limits.budget(self.runtime, None if max_memory is None else int(max_memory))
         loaded = load_recipe(recipe)
         contract.check_static(loaded)
         source = weights if weights is not None else loaded.doc.weights.source
@@ -146,8 +151,6 @@ class LanguageModel:
         self.checkpoint = Path(self.model.checkpoint_root)
         self.tokenizer = TextTokenizer.from_checkpoint(self.checkpoint, chat_template)
         self.eos_ids = eos_token_ids(self.checkpoint)
-        self.runtime = get_runtime(runtime)
-        self.budget = int(max_memory) if max_memory is not None else self.runtime.capacity()
         self.compile = compile
         self.allow_nonfinite = bool(allow_nonfinite)
         self.stats = LoadStats(build_s=time.perf_counter() - t0)
@@ -261,8 +264,9 @@ class LanguageModel:
         when the checkpoint has one) or, with ``chat=False``, is encoded as ``tokenizer(prompt)``."""
         if not isinstance(prompt, str):
             ids = [int(i) for i in prompt]
-            if not ids or any(i < 0 or i >= self._vocab for i in ids):
-                raise InputError(f"prompt ids must be a non-empty list of ids in 0..{self._vocab - 1}")
+            if not ids:
+                raise InputError("the prompt is an empty list of token ids; pass at least one")
+            self._check_vocab(ids, "the prompt's token ids", from_text=False)
             return ids
         if not prompt:
             raise InputError("the prompt is empty; pass some text with --prompt")
@@ -271,7 +275,32 @@ class LanguageModel:
         ids = self.tokenizer.prompt_ids(prompt, chat, system, dict(chat_vars or {}))
         if not ids:
             raise InputError(f"the prompt {prompt!r} encodes to no tokens")
+        shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+        self._check_vocab(ids, f"the prompt {shown!r}, as {self.tokenizer.folder / 'tokenizer.json'} encodes it"
+                          + (" through the chat template" if chat else ""))
         return ids
+
+    def _check_vocab(self, ids: Sequence[int], what: str, from_text: bool = True) -> None:
+        """Every id indexes a row of the embedding (checked before any weight is read): else an error naming the
+        token (id and text), where it came from, and the embedding tensor with its size."""
+        bad = next(((k, i) for k, i in enumerate(ids) if not 0 <= i < self._vocab), None)
+        if bad is None:
+            return
+        position, token = bad
+        try:
+            text = self.tokenizer.backend.id_to_token(token) if token >= 0 else None
+        except (OverflowError, TypeError, ValueError):
+            text = None
+        named = f"token {token}" + (f" {text!r}" if text is not None else "")
+        tables = [b for b in self.model.weights.values() if b.shape and b.shape[0] == self._vocab]
+        table = next((b for b in tables if "embed" in b.name), tables[0] if tables else None)
+        rows = (f"the embedding {table.name} {list(table.shape)} has {self._vocab} rows" if table is not None else
+                f"the model's vocabulary has {self._vocab} tokens")
+        fix = (f"The tokenizer does not match the checkpoint ({self.checkpoint}): use the tokenizer saved with these "
+               f"weights, or drop the token (an added token the embedding was never resized for) from the prompt."
+               if from_text else f"Pass ids in 0..{self._vocab - 1}.")
+        raise InputError(f"{what}: {named} (at position {position}) is beyond {self.name}'s vocabulary: {rows} (ids "
+                         f"0..{self._vocab - 1}). {fix}")
 
     # ---- running -------------------------------------------------------------------------------------------
     def _reset(self, session: _Session) -> None:
