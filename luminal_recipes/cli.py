@@ -130,7 +130,8 @@ def run(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     max_memory: str | None = typer.Option(
         None,
-        help="memory budget, e.g. 24GiB (default: the machine's physical memory, or the container's limit if lower)",
+        help="memory budget, e.g. 24GiB (default: what the process may use: physical memory, the container's limit or "
+        "ulimit -v, whichever leaves least)",
     ),
     no_compile: bool = typer.Option(False, "--no-compile", help="run the naive primitive program (no search)"),
     allow_nonfinite: bool = typer.Option(
