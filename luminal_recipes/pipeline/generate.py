@@ -10,7 +10,8 @@ prompts, ``--init-latents``: ``INPUTS``) and describe the run in the files it wr
 any work.
 
 The budget is ``--max-memory``, or by default what the runtime's device has (``Runtime.capacity()``; for numpy,
-physical memory from ``os.sysconf``, or the container's limit when lower). On a device runtime (cuda)
+the least of physical memory, the container's limit and ``ulimit -v``, less what is in use:
+``luminal_recipes.memory_limits``, which also refuses a ``--max-memory`` beyond those limits). On a device runtime (cuda)
 ``--max-host-memory`` bounds the pinned host buffers streamed weights are staged through. ``--compute-dtype``
 replaces every model's compute dtype (``recipe.builder.with_compute_dtype``)."""
 
