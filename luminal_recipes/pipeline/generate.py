@@ -11,8 +11,8 @@ any work.
 
 The budget is ``--max-memory``, or by default what the runtime's device has (``Runtime.capacity()``; for numpy,
 the least of physical memory, the container's limit and ``ulimit -v``, less what is in use:
-``luminal_recipes.memory_limits``, which also refuses a ``--max-memory`` beyond those limits). On a device runtime (cuda)
-``--max-host-memory`` bounds the pinned host buffers streamed weights are staged through. ``--compute-dtype``
+``luminal_recipes.memory_limits``, which also refuses a ``--max-memory`` beyond those limits). On a device runtime
+(cuda) ``--max-host-memory`` bounds the pinned host buffers streamed weights are staged through. ``--compute-dtype``
 replaces every model's compute dtype (``recipe.builder.with_compute_dtype``)."""
 
 from __future__ import annotations
