@@ -57,6 +57,11 @@ def scratch_egraph(families=None) -> Iterator[eb.EGraph]:
     so the rules are parsed once per process, not once per segment."""
     import egglog.bindings as eb
 
+    from luminal_recipes.memory_limits import EGGLOG_RESERVE, require_address_space
+
+    # egglog (Rust) aborts the process when an allocation fails: refuse first when the limits leave too little
+    require_address_space(EGGLOG_RESERVE, "compiling (the egglog search)", "pass --no-compile to run the naive "
+                          "program, or use the plan cache of a run made without the limit")
     key = program_text(families)  # an edited rule file is a new base
     egraph = _BASES.get(key)
     if egraph is None:

@@ -197,3 +197,20 @@ def budget(runtime, max_memory: int | None) -> int:
                 + (f"Pass at most --max-memory {tight.available // MiB}MiB, or raise the limit."
                    if tight.available >= MIN_HEADROOM else "Raise the limit (ulimit -v, the container's limit)."))
     return max_memory
+
+
+EGGLOG_RESERVE = 512 * MiB  # what an e-graph search maps (measured: ~420 MiB for the tiny Llama's two programs)
+
+
+def require_address_space(nbytes: int, what: str, fix: str) -> None:
+    """BudgetError unless the address-space limit (if any) leaves ``nbytes`` beyond what the process maps: for
+    work done inside an extension that aborts the process when an allocation fails (egglog)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return
+    mapped = mapped_bytes()
+    if soft - mapped < nbytes:
+        raise BudgetError(
+            f"{what} needs about {_gib(nbytes)} of address space, and the process's address-space limit (RLIMIT_AS, "
+            f"ulimit -v) of {_gib(soft)} leaves {_gib(max(0, soft - mapped))} beyond the {_gib(mapped)} it maps: "
+            f"{fix}, or raise the limit.")
