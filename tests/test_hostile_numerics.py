@@ -326,3 +326,19 @@ def test_an_allocation_failure_is_one_paragraph_exit_2(monkeypatch, failure):
     assert "\n" not in message.strip()
     if "Unable to allocate" not in message:
         assert "Cannot allocate memory" in message
+
+
+def test_a_pipeline_token_beyond_the_text_encoders_embedding_is_refused_before_it_runs(tmp_path):
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(ROOT / "recipes" / "flux2-tiny" / "checkpoint", folder)
+    path = folder / "tokenizer" / "tokenizer.json"
+    tokenizer = json.loads(path.read_text())
+    tokenizer["added_tokens"].append({"id": 200000, "content": "<|extra|>", "single_word": False, "lstrip": False,
+                                      "rstrip": False, "normalized": False, "special": True})
+    path.write_text(json.dumps(tokenizer))
+    out = tmp_path / "fox.png"
+    result = CliRunner().invoke(app, ["run", str(ROOT / "recipes" / "flux2-tiny.yaml"), "--weights", str(folder),
+                                      *TINY_PIPELINE[1:-3], "-p", "a <|extra|> fox", "-o", str(out), "--quiet"])
+    refused(result, "stage 'text_encoder'", "input 'tokens'", "holds id 131072",
+            "language_model.model.embed_tokens.weight (ids 0..131071)")
+    assert not out.exists()
