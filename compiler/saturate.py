@@ -57,8 +57,15 @@ def scratch_egraph(families=None) -> Iterator[eb.EGraph]:
     so the rules are parsed once per process, not once per segment."""
     import egglog.bindings as eb
 
+    from luminal_recipes import memory_limits
+
     key = program_text(families)  # an edited rule file is a new base
     egraph = _BASES.get(key)
+    # egglog (Rust) aborts the process when an allocation fails: refuse first when the limits leave too little
+    memory_limits.require_address_space(
+        memory_limits.EGGLOG_SEARCH_RESERVE if egraph is not None else memory_limits.EGGLOG_BASE_RESERVE,
+        "compiling (the egglog search)", "pass --no-compile to run the naive program, or use the plan cache of a "
+        "run made without the limit")
     if egraph is None:
         egraph = _BASES[key] = new_egraph(families)
     egraph.run_program(eb.Push(1))

@@ -11,8 +11,9 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 def load_recipe(recipe, weights=None, **options):
     """A language-model recipe with its checkpoint, ready to ``.generate(prompt, ...)`` replies and score
     ``.logits(prompt)`` (``luminal_recipes.tasks.generation.LanguageModel``; ``options``: ``sets``, ``runtime``,
-    ``max_memory`` (bytes), ``compile``, ``context``, ``chat_template``). Compiling and loading happen on the first
-    call (or ``.prepare()``)::
+    ``max_memory`` (bytes), ``compile``, ``context``, ``chat_template``, ``allow_nonfinite`` (generate even when
+    the logits hold NaN or infinity; by default ``NonFiniteError`` stops it)). Compiling and loading happen on the
+    first call (or ``.prepare()``)::
 
         from luminal_recipes import load_recipe
         lm = load_recipe("recipes/llama.yaml", weights="path/to/Llama-3.2-1B-Instruct")

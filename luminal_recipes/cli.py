@@ -39,7 +39,7 @@ from pathlib import Path  # noqa: E402
 
 import typer  # noqa: E402
 
-from . import __version__  # noqa: E402
+from . import __version__, memory_limits  # noqa: E402  (memory_limits: the out-of-memory message)
 from .errors import LuminalError  # noqa: E402
 
 _started_at: float | None = None  # set by `entry` (the console script): the process started this command
@@ -89,6 +89,11 @@ def user_errors(fn: Callable) -> Callable:
         except Terminated:
             typer.echo("terminated", err=True)
             raise typer.Exit(TERMINATED_EXIT) from None
+        except (MemoryError, OSError) as exc:  # an allocation failed: one paragraph, as for a user error
+            if not memory_limits.is_out_of_memory(exc):
+                raise
+            typer.echo(f"error: {memory_limits.out_of_memory(exc)}", err=True)
+            raise typer.Exit(2) from None
         except KeyboardInterrupt:
             typer.echo("interrupted", err=True)
             raise typer.Exit(INTERRUPTED_EXIT) from None
@@ -150,11 +155,13 @@ def run(
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     max_memory: str | None = typer.Option(
         None,
-        help="memory budget, e.g. 24GiB (default: the machine's physical memory, or the container's limit if lower)",
+        help="memory budget, e.g. 24GiB (default: what the process may use: physical memory, the container's limit or "
+        "ulimit -v, whichever leaves least)",
     ),
     no_compile: bool = typer.Option(False, "--no-compile", help="run the naive primitive program (no search)"),
     allow_nonfinite: bool = typer.Option(
-        False, "--allow-nonfinite", help="write the image even when a stage output holds NaN or infinity"
+        False, "--allow-nonfinite", help="write the outputs even when a stage output holds NaN or infinity (language "
+        "models: generate even when the logits do)"
     ),
     runtime: str = typer.Option("numpy", "--runtime", help=RUNTIME_HELP),
     max_host_memory: str | None = typer.Option(None, "--max-host-memory", help=HOST_MEMORY_HELP),
@@ -208,7 +215,7 @@ def run(
 
         refuse({"--steps": steps, "--guidance": guidance, "--width": width, "--height": height,
                 "--init-latents": init_latents, "--image": image, "--lora": lora, "--output": output,
-                "--overwrite": overwrite, "--allow-nonfinite": allow_nonfinite},
+                "--overwrite": overwrite},
                "a language model (they belong to pipelines)")
         from contextlib import nullcontext
 
@@ -219,7 +226,8 @@ def run(
                 recipe, prompts, weights, list(set_), parse_size(max_memory), runtime, not no_compile,
                 max_new_tokens, 0.0 if temperature is None else temperature, top_k or 0,
                 1.0 if top_p is None else top_p, 1.0 if repetition_penalty is None else repetition_penalty,
-                0 if seed is None else seed, list(stop), chat, system, parse_chat_vars(chat_var), context, started),
+                0 if seed is None else seed, list(stop), chat, system, parse_chat_vars(chat_var), context, started,
+                allow_nonfinite),
                 stdio, as_json, quiet)
         if kernel_times is not None:  # stdout carries the reply (and the --stdio protocol): the table goes to stderr
             typer.echo("kernel time per model and kernel class (--profile):\n" + kernel_times.table(), err=True)

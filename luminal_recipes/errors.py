@@ -41,6 +41,11 @@ class InputError(LuminalError):
     """A runtime input is missing or does not match its declared shape/dtype."""
 
 
+class NonFiniteError(LuminalError):
+    """A model computed NaN or infinity where its result is used (a language model's logits); the message names
+    the model, its checkpoint, the step and the likely cause (``--allow-nonfinite`` goes on anyway)."""
+
+
 # --- recipes, checkpoints, pipelines ------------------------------------------------------------------------------
 class RecipeError(LuminalError):
     """A recipe file is invalid; the message starts with ``file:line:col``."""

@@ -364,10 +364,12 @@ class ElementwiseCode:
             return None
         if any(not 0 <= leaf.index < len(in_dtypes) for leaf in _leaves(tree)):
             return None
-        consts: dict[float, int] = {}  # value -> its register (filled once)
+        # f32 bits -> its register (filled once): keyed by bits, so a NaN constant (never equal to itself) is one
+        # register too, and -0.0 stays apart from 0.0
+        consts: dict[int, int] = {}
         for e in _nodes(tree):
-            if e.op == "const" and float(np.float32(e.value)) not in consts:
-                consts[float(np.float32(e.value))] = len(consts)
+            if e.op == "const" and _bits(e.value) not in consts:
+                consts[_bits(e.value)] = len(consts)
         rows = [(OPCODE["Const"], reg, reg, 0, 0) for reg in consts.values()]
         free: list[int] = []
         count = len(consts)
@@ -381,7 +383,7 @@ class ElementwiseCode:
 
         def emit(e: Expr) -> tuple[int, bool]:  # (register, whether it is a temporary)
             if e.op == "const":
-                return consts[float(np.float32(e.value))], False
+                return consts[_bits(e.value)], False
             if e.op == "in":
                 reg = take()
                 rows.append((OPCODE["Load"], reg, e.index + 1, 0, 0))
@@ -399,8 +401,14 @@ class ElementwiseCode:
 
         root, _ = emit(tree)
         rows.append((OPCODE["Store"], 0, root, 0, 0))
-        value = np.array(list(consts), np.float32)
+        value = np.array(list(consts), np.uint32).view(np.float32)
         return ElementwiseCode(np.array(rows, np.int32).reshape(-1, 5), value, max(count, 1))
+
+
+def _bits(value: float) -> int:
+    """The f32 bit pattern of a constant."""
+    with np.errstate(over="ignore"):  # a constant beyond f32 becomes infinity, as np.float32 rounds it
+        return int(np.float32(value).view(np.uint32))
 
 
 def _nodes(e: Expr):

@@ -3,15 +3,15 @@
 ``NumpyRuntime()`` is ``BackendRuntime(NumpyBackend())``: the generic executable (``executable.py``) over numpy
 arrays. The arena is one ``np.uint8`` buffer and every slot a typed view of it; weights and constants are bound
 without copying (memory-mapped checkpoint arrays stay memory-mapped); outputs can be handed out as views. The
-default memory budget is host RAM (``host_memory``).
+default memory budget is what the process may still use (``host_memory``: host RAM, the container's limit and
+the address-space limit, whichever leaves least).
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
+
+from luminal_recipes import memory_limits
 
 from . import jit
 from .executable import BackendRuntime, Executable
@@ -35,16 +35,10 @@ CPU = Machine(launch_s=4e-6, bytes_per_s=8e9, ew_flops_per_s=1.5e9, mm_flops_per
 
 
 def host_memory() -> int:
-    """Host RAM: physical memory, or the cgroup (container) limit when that is lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
-        try:
-            text = limit.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            total = min(total, int(text))
-    return total
+    """The memory a run may use: the smallest of physical memory, the cgroup (container) limit minus its current
+    use, and the address-space limit (RLIMIT_AS) minus what the process maps and a reserve for its libraries
+    (``luminal_recipes.memory_limits``)."""
+    return memory_limits.host_memory()
 
 
 class NumpyBackend:
@@ -57,7 +51,7 @@ class NumpyBackend:
     graphs = False
 
     def capacity(self) -> int:
-        return host_memory()
+        return memory_limits.check_headroom()  # host_memory(), refused when the limits leave nothing
 
     def allocate(self, nbytes: int) -> np.ndarray:
         # on a cache line, as the planner aligns every buffer inside it (numpy aligns to 16 bytes only; AMX tile

@@ -550,6 +550,8 @@ class Pipeline:
             used.add(stage.model)
             arrays = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
                       for k, v in args.items()}
+            _check_indices(self.model(stage.model), arrays, f"{self.path}: {where} ({loop}model {stage.model})",
+                           {k: stage.inputs.get(k) for k in arrays})
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below, by stage
                 result = self._engines[stage.model](arrays)
         for key, target in stage.outputs.items():
@@ -603,6 +605,51 @@ def _is_of_type(value: Any, declared: str) -> bool:
         "array": lambda v: isinstance(v, np.ndarray),
     }
     return checks[declared](value)
+
+
+def index_tables(graph) -> dict[str, list[tuple[str, int]]]:
+    """Model input name -> the weights whose rows it indexes (``Gather`` with the input, through casts, as its
+    indices and a weight, through casts, as its table): ``[(weight name, rows)]``."""
+    nodes = graph.nodes
+
+    def source(node_id: int):
+        node = nodes[node_id]
+        while node.op == "Cast" and node.inputs:
+            node = nodes[node.inputs[0][0]]
+        return node
+
+    out: dict[str, list[tuple[str, int]]] = {}
+    for node in nodes:
+        if node.op != "Gather" or len(node.inputs) != 2:
+            continue
+        table, index = source(node.inputs[0][0]), source(node.inputs[1][0])
+        if table.op == "Input" and index.op == "Input" and index.attr("kind") == "input" and table.shape \
+                and isinstance(table.shape[0], int):
+            out.setdefault(index.attr("name"), []).append((table.attr("name"), int(table.shape[0])))
+    return out
+
+
+def _check_indices(model, arrays: Mapping[str, Any], where: str, sources: Mapping[str, Any]) -> None:
+    """Every id a model input feeds to an embedding-like lookup indexes a row of its weight (token ids from a
+    tokenizer larger than the model's vocabulary, say): checked before the model runs, naming the input, where its
+    value came from, the id and the weight with its size."""
+    tables = getattr(model, "_index_tables", None)
+    if tables is None:
+        tables = model._index_tables = index_tables(model.graph)
+    for name, uses in tables.items():
+        value = arrays.get(name)
+        if not isinstance(value, np.ndarray) or value.size == 0 or value.dtype.kind not in "iu":
+            continue
+        lo, hi = int(value.min()), int(value.max())
+        for weight, rows in uses:
+            if lo < 0 or hi >= rows:
+                bad = lo if lo < 0 else hi
+                position = tuple(int(i) for i in np.argwhere(value == bad)[0])
+                came = f" (from {sources[name]})" if sources.get(name) else ""
+                raise PipelineError(
+                    f"{where}: input '{name}'{came} holds id {bad} at {list(position)}, beyond the {rows} rows of the "
+                    f"weight {weight} (ids 0..{rows - 1}): the tokenizer (or the step producing the ids) does not "
+                    f"match this checkpoint's model; use the tokenizer saved with these weights.")
 
 
 def _check_finite(value: Any, what: str) -> None:

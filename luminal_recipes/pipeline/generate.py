@@ -10,8 +10,9 @@ prompts, ``--init-latents``: ``INPUTS``) and describe the run in the files it wr
 any work.
 
 The budget is ``--max-memory``, or by default what the runtime's device has (``Runtime.capacity()``; for numpy,
-physical memory from ``os.sysconf``, or the container's limit when lower). On a device runtime (cuda)
-``--max-host-memory`` bounds the pinned host buffers streamed weights are staged through. ``--compute-dtype``
+the least of physical memory, the container's limit and ``ulimit -v``, less what is in use:
+``luminal_recipes.memory_limits``, which also refuses a ``--max-memory`` beyond those limits). On a device runtime
+(cuda) ``--max-host-memory`` bounds the pinned host buffers streamed weights are staged through. ``--compute-dtype``
 replaces every model's compute dtype (``recipe.builder.with_compute_dtype``)."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import memory_limits
 from ..errors import PipelineError, RecipeError
 from ..recipe.loader import load_recipe
 from ..recipe.lora import parse_lora_flag
@@ -186,7 +188,7 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     started = req.started if req.started is not None else time.perf_counter()
     sets, sources = _flag_sets(req)
     runtime = get_runtime(req.runtime)
-    budget = req.max_memory if req.max_memory is not None else runtime.capacity()
+    budget = memory_limits.budget(runtime, req.max_memory)  # --max-memory, or what the process may still use
     check_host_budget(runtime, req.max_host_memory)
     doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
     if isinstance(doc, PipelineRecipe):

@@ -13,9 +13,10 @@ weights + constants + activation arena. Under a budget the plan is chosen in thi
 5. else the stage cannot fit: ``check_budget`` raises ``BudgetError`` saying what the leanest plan needs.
 
 So a stage whose weights exceed the budget streams its blocks. Budgets are per device: the runtime's
-(``Runtime.capacity()``, the default budget) - host RAM for numpy (``machine_memory``: physical memory, or the
-container's limit when that is lower), device memory for a GPU backend. On a device runtime a streamed stage also
-holds two pinned host staging buffers (``staging_bytes``, within ``--max-host-memory``).
+(``Runtime.capacity()``, the default budget) - host RAM for numpy (``machine_memory``: the least of physical
+memory, the container's limit and ``ulimit -v``, less what is in use: ``luminal_recipes.memory_limits``), device
+memory for a GPU backend. On a device runtime a streamed stage also holds two pinned host staging buffers
+(``staging_bytes``, within ``--max-host-memory``).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class StagePlan:
 
 
 def machine_memory() -> int:
-    """The numpy runtime's default budget: physical memory, or the cgroup (container) limit when lower."""
+    """The numpy runtime's default budget: what the process may use (``luminal_recipes.memory_limits``)."""
     from ..runtimes.numpy_runtime import host_memory
 
     return host_memory()

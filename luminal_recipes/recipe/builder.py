@@ -166,9 +166,14 @@ def resolve_params(
     config: Mapping[str, Any] | None,
     sets: Iterable[str] | Mapping[str, Any] = (),
     set_origins: Mapping[str, str] | None = None,
+    config_file: str | None = None,
 ) -> ResolvedParams:
-    config_file = recipe.doc.weights.config if isinstance(recipe.doc, ModelRecipe) else "config.json"
-    return ParamResolver(recipe.params, config, sets, config_file or "config.json", set_origins).resolve_all()
+    """The parameters' values: defaults, config.json reads and overrides, each checked against its type, its
+    ranges (``min``/``max``/``positive``, the declarations of included libraries too) and finiteness."""
+    if config_file is None:
+        config_file = recipe.doc.weights.config if isinstance(recipe.doc, ModelRecipe) else "config.json"
+    return ParamResolver(recipe.params, config, sets, config_file or "config.json", set_origins,
+                         checks=recipe.param_checks).resolve_all()
 
 
 def build_model(
@@ -202,8 +207,9 @@ def build_model(
     ops = default_ops() if ops is None else ops
     check_recipe(recipe, ops)
     # a config.json asking for something the recipe does not implement is refused before anything is built
-    check_config(recipe, config, config_file or config_display(recipe, getattr(checkpoint, "root", None)))
-    params = resolve_params(recipe, config, sets, set_origins)
+    config_file = config_file or config_display(recipe, getattr(checkpoint, "root", None))
+    check_config(recipe, config, config_file)
+    params = resolve_params(recipe, config, sets, set_origins, config_file)
     instrument.count(instrument.GRAPH_BUILD)
     try:
         return _build(recipe, checkpoint, params, ops, loras)

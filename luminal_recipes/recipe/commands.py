@@ -86,6 +86,11 @@ def _validate_library(recipe: LoadedRecipe, weights: str | Path | None) -> Valid
             f"names it reads without defining them (the including recipe must define them as parameters): "
             f"{', '.join(expected)}"
         )
+    if recipe.param_checks:
+        report.checks.append(
+            f"parameters it declares for the including recipe (their type and ranges are checked on its values): "
+            f"{', '.join(sorted(recipe.param_checks))}"
+        )
     return report
 
 

@@ -43,6 +43,9 @@ class LoadedRecipe:
     extends: list[Path] = field(default_factory=list)  # the pipeline recipes it extends, nearest first
     # what the recipe (and its includes) do with each config.json field; None: no `config:` section anywhere
     config_fields: dict[str, FieldRule] | None = None
+    # parameters a module library declares without a default (its `params:` entries with no `default:`): the
+    # including recipe defines them, and each declaration's type, choices and ranges are checked on its value
+    param_checks: dict[str, list[Located[ParamSpec]]] = field(default_factory=dict)
     tree: Path | None = None  # the folder tree its includes and local paths must stay in (resolved)
 
     @property
@@ -273,6 +276,9 @@ def _describe(value: Any) -> str:
 def _merge(loaded: LoadedRecipe, doc: ModelRecipe | ModuleLibrary, source: YamlSource) -> None:
     for name, spec in doc.params.items():
         origin = Origin(source, ("params", name))
+        if isinstance(doc, ModuleLibrary) and "default" not in spec.model_fields_set:
+            loaded.param_checks.setdefault(name, []).append(Located(spec, origin))
+            continue
         if name in loaded.params:
             first = loaded.params[name].origin.loc(key=True)
             raise origin.error(

@@ -188,8 +188,12 @@ class ParamResolver:
         overrides: Iterable[str] | Mapping[str, Any] | None = None,
         config_file: str = "config.json",
         override_origins: Mapping[str, str] | None = None,
+        checks: Mapping[str, Iterable[Located[ParamSpec]]] | None = None,
     ):
         self.params = dict(params)
+        # declarations of the same parameters by included module libraries (LoadedRecipe.param_checks): their
+        # type, choices and ranges hold too
+        self.checks = {name: list(specs) for name, specs in (checks or {}).items() if name in self.params}
         # where each override was written, when it did not come from the command line (a pipeline's `set:`, or
         # a flag such as "--steps 4")
         self.override_origins = dict(override_origins or {})
@@ -272,7 +276,11 @@ class ParamResolver:
                 kind = declared or ParamType.infer(value)
                 value = self._typed(name, value, kind, self._default_origin(name))
                 origin = "config" if is_wrapped(spec.default) and CONFIG in spec.default else "default"
-            self._check_bounds(name, value)
+            self._check_finite(name, value, origin)
+            self._check_bounds(name, value, self.params[name], origin)
+            for declared_at in self.checks.get(name, ()):
+                self._check_declared(name, value, declared_at, origin)
+                self._check_bounds(name, value, declared_at, origin)
             self.values[name], self.types[name], self.origins[name] = value, kind, origin
             return value
         finally:
@@ -312,22 +320,78 @@ class ParamResolver:
             f"parameters ({one_of(self.params)}), config.KEY and the functions {one_of(FUNCTIONS)}"
         )
 
-    # ---- bounds (`min:` / `max:`) ----------------------------------------------------------------------------
-    def _check_bounds(self, name: str, value: Any) -> None:
-        """Each number of ``value`` (the value, or every item of a list) lies within the declared min/max."""
-        spec = self.params[name].value
+    # ---- finiteness, bounds (`min:` / `max:` / `positive:`) ---------------------------------------------------
+    def _source(self, name: str, origin: str) -> str:
+        """Where a value came from, for messages: the override, config.json, or the recipe's default."""
+        if name in self.overrides:
+            return self.set_by[name]
+        if origin == "config":
+            return f"read from {self.config_file} by {shorten(str(self.params[name].value.default), 80)}"
+        return "the recipe's default"
+
+    def _check_finite(self, name: str, value: Any, origin: str) -> None:
+        """Every float of ``value`` is finite, unless the parameter (and every declaration of it) says
+        ``finite: false``."""
+        specs = [self.params[name], *self.checks.get(name, ())]
+        if all(not located.value.finite for located in specs):
+            return
         items = value if isinstance(value, (list, tuple)) else [value]
+        bad = next((v for v in items if isinstance(v, float) and not math.isfinite(v)), None)
+        if bad is None:
+            return
+        what = f"holds {bad!r}" if isinstance(value, (list, tuple)) else f"is {bad!r}"
+        message = (
+            f"parameter '{name}' {what} ({self._source(name, origin)}), not a finite number: NaN and infinities "
+            f"make every output NaN or garbage."
+            + (f" Fix {self.config_file} (a corrupt or hand-edited config?), or override the value with "
+               f"--set {name}=VALUE." if origin == "config" else "")
+        )
+        if name in self.overrides:
+            raise RecipeError(f"{self.set_by[name]}: {message}")
+        raise self._default_origin(name).error(message)
+
+    def _check_declared(self, name: str, value: Any, declared_at: Located[ParamSpec], origin: str) -> None:
+        """The type and choices a module library's declaration of ``name`` gives."""
+        spec = declared_at.value
+        problem = None
+        if spec.type:
+            try:
+                ParamType.parse(spec.type).check(value)
+            except ValueError as exc:
+                problem = str(exc)
+        if problem is None and spec.choices is not None and value not in spec.choices:
+            problem = f"{value!r} is not one of {spec.choices}"
+        if problem is None:
+            return
+        message = (f"parameter '{name}' ({self._source(name, origin)}) does not meet its declaration at "
+                   f"{declared_at.origin.loc(key=True)}: {problem}.")
+        if name in self.overrides:
+            raise RecipeError(f"{self.set_by[name]}: {message}")
+        raise self._default_origin(name).error(message)
+
+    def _check_bounds(self, name: str, value: Any, located: Located[ParamSpec] | None = None,
+                      origin: str = "default") -> None:
+        """Each number of ``value`` (the value, or every item of a list) lies within the min/max (and is > 0
+        with ``positive``) of ``located`` (default: the parameter's own definition)."""
+        located = located or self.params[name]
+        spec = located.value
+        items = value if isinstance(value, (list, tuple)) else [value]
+        numbers = [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if spec.positive:
+            for item in numbers:
+                if not item > 0:
+                    self._bound_error(name, value, item, "positive", "true", 0, located, origin)
         for key, outside in (("min", lambda v, b: v < b), ("max", lambda v, b: v > b)):
             text = getattr(spec, key)
             if text is None:
                 continue
-            bound = self._bound(name, key, text)
-            for item in items:
-                if isinstance(item, (int, float)) and not isinstance(item, bool) and outside(item, bound):
-                    self._bound_error(name, value, item, key, text, bound)
+            bound = self._bound(name, key, text, located)
+            for item in numbers:
+                if outside(item, bound):
+                    self._bound_error(name, value, item, key, text, bound, located, origin)
 
-    def _bound(self, name: str, key: str, text: Any) -> Any:
-        origin = self.params[name].origin.at(key)
+    def _bound(self, name: str, key: str, text: Any, located: Located[ParamSpec] | None = None) -> Any:
+        origin = (located or self.params[name]).origin.at(key)
         if not isinstance(text, str):
             bound = text
         else:
@@ -339,15 +403,22 @@ class ParamResolver:
             raise origin.error(f"`{key}` of parameter '{name}' must be a number, got {bound!r}")
         return bound
 
-    def _bound_error(self, name: str, value: Any, item: Any, key: str, text: Any, bound: Any) -> None:
-        spec = self.params[name].value
-        bound_loc = self.params[name].origin.loc(key)
+    def _bound_error(self, name: str, value: Any, item: Any, key: str, text: Any, bound: Any,
+                     located: Located[ParamSpec] | None = None, origin: str = "default") -> None:
+        located = located or self.params[name]
+        spec = located.value
+        bound_loc = located.origin.loc(key)
         formula = f" ({key}: {text})" if isinstance(text, str) and str(text).strip() != str(bound) else ""
         what = f"item {item!r} of {value!r}" if isinstance(value, (list, tuple)) else f"{value!r}"
-        side = "below its minimum" if key == "min" else "above its maximum"
-        doc = f" {name}: {spec.doc}." if spec.doc else ""
+        side = {"min": "below its minimum", "max": "above its maximum", "positive": "not greater than"}[key]
+        doc = f" {name}: {spec.doc or self.params[name].value.doc}." if spec.doc or self.params[name].value.doc \
+            else ""
+        source = f" ({self._source(name, origin)})" if origin == "config" else ""
         message = (
-            f"parameter '{name}' is out of range: {what} is {side} {bound!r}{formula}, declared at {bound_loc}.{doc}"
+            f"parameter '{name}' is out of range: {what}{source} is {side} {bound!r}{formula}, declared at "
+            f"{bound_loc}.{doc}"
+            + (f" Fix {self.config_file}, or override the value with --set {name}=VALUE." if origin == "config"
+               else "")
         )
         if name in self.overrides:
             raise RecipeError(f"{self.set_by[name]}: {message}")

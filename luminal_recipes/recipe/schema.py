@@ -80,7 +80,9 @@ def _check_dtype(value: str, allow_checkpoint: bool) -> str:
 
 # ---- parameters --------------------------------------------------------------------------------------------
 class ParamSpec(Strict):
-    """A recipe parameter. Short form ``name: value``; long form ``name: {type, default, doc, choices}``."""
+    """A recipe parameter. Short form ``name: value``; long form ``name: {type, default, doc, choices, min, max,
+    positive, finite}``. In a module library (``kind: modules``), an entry without ``default`` declares a parameter
+    the including recipe defines: its ``type``, ``choices`` and ranges are checked on the includer's value."""
 
     type: str | None = Field(
         None,
@@ -95,6 +97,11 @@ class ParamSpec(Strict):
     )
     max: ExprField | None = Field(
         None, description="largest allowed value (of each item, for a list): an expression over params"
+    )
+    positive: bool = Field(False, description="true: the value (each item, for a list) must be > 0")
+    finite: bool = Field(
+        True, description="false: NaN and infinities are accepted; by default every float value (from config.json, "
+        "a default or --set) must be finite"
     )
 
     @field_validator("type")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from ...errors import InputError, LuminalError
+from ...errors import InputError, LuminalError, NonFiniteError
 from ...text.check import check_text
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -60,6 +60,7 @@ class TextRequest:
     chat_vars: dict[str, Any] = field(default_factory=dict)
     context: int | None = None
     started: float = 0.0
+    allow_nonfinite: bool = False  # generate even when the logits hold NaN or infinity
 
     def options(self) -> dict:
         return {"max_new_tokens": self.max_new_tokens or default_max_new_tokens(), "temperature": self.temperature,
@@ -101,7 +102,8 @@ def load_model(req: TextRequest):
     from .model import LanguageModel
 
     model = LanguageModel(req.recipe, weights=req.weights, sets=req.sets, runtime=req.runtime,
-                          max_memory=req.max_memory, compile=req.compile, context=req.context)
+                          max_memory=req.max_memory, compile=req.compile, context=req.context,
+                          allow_nonfinite=req.allow_nonfinite)
     return model
 
 
@@ -207,6 +209,8 @@ def serve_stdio(req: TextRequest, stdin: IO[bytes] | None = None, out: IO[bytes]
         try:
             ids = model.encode(prompt, req.chat, req.system, req.chat_vars)
             n = len(model.generate(ids, on_token=tok, **sample).ids)
+        except NonFiniteError:  # NaN logits: the model (its weights or config) is broken, not the prompt
+            raise
         except LuminalError as exc:  # one bad prompt (too long...) ends that query, not the server
             print(f"error: {exc}", file=err, flush=True)
             n = 0

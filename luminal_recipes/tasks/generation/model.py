@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BudgetError, InputError
+from ... import memory_limits
+from ...errors import BudgetError, InputError, NonFiniteError
 from ...graph.symbolic import evaluate
 from ...recipe.builder import BuiltModel, build
 from ...recipe.instances import eval_field
@@ -111,13 +112,19 @@ class LanguageModel:
     overrides; ``runtime``: a runtime name or object (default numpy); ``max_memory``: the budget in bytes (default
     the runtime's device memory); ``compile=False`` runs the naive primitive program; ``context``: the longest
     prompt + reply to plan the KV cache for (default: what each call needs, at most the model's context);
-    ``chat_template``: replaces the checkpoint's template (a Jinja text, or the name of one of its templates).
+    ``chat_template``: replaces the checkpoint's template (a Jinja text, or the name of one of its templates);
+    ``allow_nonfinite=True`` generates even when the logits hold NaN or infinity (by default the prefill's and
+    every decode step's logits are checked, and ``NonFiniteError`` names the step and the likely cause).
     """
 
     def __init__(self, recipe: str | Path, weights: str | Path | None = None, sets: Iterable[str] | Mapping = (),
                  runtime: Any = None, max_memory: int | None = None, compile: bool = True,
-                 context: int | None = None, chat_template: str | None = None):
+                 context: int | None = None, chat_template: str | None = None, allow_nonfinite: bool = False):
         t0 = time.perf_counter()
+        self.runtime = get_runtime(runtime)
+        # first: a budget the process's limits cannot give is refused before a library that aborts on a failed
+        # allocation (the tokenizer, safetensors) runs
+        self.budget = memory_limits.budget(self.runtime, None if max_memory is None else int(max_memory))
         loaded = load_recipe(recipe)
         contract.check_static(loaded)
         # a hub checkpoint is fetched with the tokenizer and its template too; the recipe's own stays the recipe's
@@ -142,9 +149,8 @@ class LanguageModel:
         self.checkpoint = Path(self.model.checkpoint_root)
         self.tokenizer = TextTokenizer.from_checkpoint(self.checkpoint, chat_template)
         self.eos_ids = eos_token_ids(self.checkpoint)
-        self.runtime = get_runtime(runtime)
-        self.budget = int(max_memory) if max_memory is not None else self.runtime.capacity()
         self.compile = compile
+        self.allow_nonfinite = bool(allow_nonfinite)
         self.stats = LoadStats(build_s=time.perf_counter() - t0)
         self._programs: dict[str, Program] = {}
         self._session: _Session | None = None
@@ -256,8 +262,9 @@ class LanguageModel:
         when the checkpoint has one) or, with ``chat=False``, is encoded as ``tokenizer(prompt)``."""
         if not isinstance(prompt, str):
             ids = [int(i) for i in prompt]
-            if not ids or any(i < 0 or i >= self._vocab for i in ids):
-                raise InputError(f"prompt ids must be a non-empty list of ids in 0..{self._vocab - 1}")
+            if not ids:
+                raise InputError("the prompt is an empty list of token ids; pass at least one")
+            self._check_vocab(ids, "the prompt's token ids", from_text=False)
             return ids
         if not prompt:
             raise InputError("the prompt is empty; pass some text with --prompt")
@@ -270,7 +277,32 @@ class LanguageModel:
         ids = self.tokenizer.prompt_ids(prompt, chat, system, dict(chat_vars or {}))
         if not ids:
             raise InputError(f"the prompt {prompt!r} encodes to no tokens")
+        shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
+        self._check_vocab(ids, f"the prompt {shown!r}, as {self.tokenizer.folder / 'tokenizer.json'} encodes it"
+                          + (" through the chat template" if chat else ""))
         return ids
+
+    def _check_vocab(self, ids: Sequence[int], what: str, from_text: bool = True) -> None:
+        """Every id indexes a row of the embedding (checked before any weight is read): else an error naming the
+        token (id and text), where it came from, and the embedding tensor with its size."""
+        bad = next(((k, i) for k, i in enumerate(ids) if not 0 <= i < self._vocab), None)
+        if bad is None:
+            return
+        position, token = bad
+        try:
+            text = self.tokenizer.backend.id_to_token(token) if token >= 0 else None
+        except (OverflowError, TypeError, ValueError):
+            text = None
+        named = f"token {token}" + (f" {text!r}" if text is not None else "")
+        tables = [b for b in self.model.weights.values() if b.shape and b.shape[0] == self._vocab]
+        table = next((b for b in tables if "embed" in b.name), tables[0] if tables else None)
+        rows = (f"the embedding {table.name} {list(table.shape)} has {self._vocab} rows" if table is not None else
+                f"the model's vocabulary has {self._vocab} tokens")
+        fix = (f"The tokenizer does not match the checkpoint ({self.checkpoint}): use the tokenizer saved with these "
+               f"weights, or drop the token (an added token the embedding was never resized for) from the prompt."
+               if from_text else f"Pass ids in 0..{self._vocab - 1}.")
+        raise InputError(f"{what}: {named} (at position {position}) is beyond {self.name}'s vocabulary: {rows} (ids "
+                         f"0..{self._vocab - 1}). {fix}")
 
     # ---- running -------------------------------------------------------------------------------------------
     def _reset(self, session: _Session) -> None:
@@ -279,7 +311,8 @@ class LanguageModel:
 
     def _step(self, exe, tokens: np.ndarray, positions: np.ndarray, dims: dict[str, int]) -> np.ndarray:
         before = exe.stats.rebinds
-        out = exe.run({"tokens": tokens, "positions": positions}, copy_outputs=False, dims=dims)["logits"]
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # the logits are checked (_check_logits)
+            out = exe.run({"tokens": tokens, "positions": positions}, copy_outputs=False, dims=dims)["logits"]
         self.stats.rebinds += exe.stats.rebinds - before
         return out[0, -1]
 
@@ -325,6 +358,7 @@ class LanguageModel:
         t0 = time.perf_counter()
         logits = self._step(session.prefill, np.asarray([ids], np.int32), np.arange(n, dtype=np.int32),
                             self._dims(n, n, session.cache))
+        self._check_logits(logits, f"the prefill of the {n}-token prompt")
         prefill_s = time.perf_counter() - t0
         finish, first_s, t1 = "length", 0.0, 0.0
         position = n
@@ -349,6 +383,7 @@ class LanguageModel:
             ctx = bucket(position + 1, session.cache)
             logits = self._step(session.decode, np.asarray([[token]], np.int32),
                                 np.asarray([position], np.int32), self._dims(1, ctx, session.cache))
+            self._check_logits(logits, f"decode step {len(out_ids)} (position {position}, after token {token})")
             position += 1
         decode_s = time.perf_counter() - t1 if out_ids else 0.0
         if finish != "stop":
@@ -375,7 +410,52 @@ class LanguageModel:
                               f"activations), more than the memory budget of {format_bytes(self.budget)}")
         exe = self.runtime.load(program, self.model.load_weight, dims)
         try:
-            out = exe.run({"tokens": np.asarray([ids], np.int32), "positions": np.arange(n, dtype=np.int32)})
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below
+                out = exe.run({"tokens": np.asarray([ids], np.int32), "positions": np.arange(n, dtype=np.int32)})
         finally:
             exe.close()
+        self._check_logits(out["logits"][0], f"scoring the {n}-token sequence")
         return out["logits"][0]
+
+    # ---- non-finite logits ---------------------------------------------------------------------------------
+    def _check_logits(self, logits: np.ndarray, where: str) -> None:
+        """Stop when ``logits`` (a step's row, or a scored sequence) hold NaN or infinity, unless
+        ``allow_nonfinite``: one float64 sum of the row, which any NaN or infinity poisons (float32 logits cannot
+        overflow it), so a decode step pays microseconds."""
+        if self.allow_nonfinite or np.isfinite(np.sum(logits, dtype=np.float64)):
+            return
+        nan, inf = int(np.isnan(logits).sum()), int(np.isinf(logits).sum())
+        raise NonFiniteError(
+            f"{self.name} (checkpoint {self.checkpoint}): the logits of {where} hold non-finite values ({nan} NaN, "
+            f"{inf} infinite of {logits.size}); the reply would be garbage, so generation stops. "
+            f"{self._nonfinite_cause()} Pass --allow-nonfinite (Python: load_recipe(..., allow_nonfinite=True)) "
+            f"to generate anyway.")
+
+    def _nonfinite_cause(self, seconds: float = 10.0) -> str:
+        """The likely cause, for the message: the floating-point weights holding NaN or infinity (read for at
+        most ``seconds``, in slices of 4M values; this runs only once the logits are found bad)."""
+        bad, checked, deadline = [], 0, time.perf_counter() + seconds
+        floats = [b for b in self.model.weights.values() if b.dtype.is_float and b.load is not None]
+        for binding in floats:
+            if time.perf_counter() > deadline:
+                break
+            checked += 1
+            try:
+                flat = np.asarray(binding.load()).reshape(-1)
+                count = 0
+                for start in range(0, flat.size, 1 << 22):
+                    part = flat[start:start + (1 << 22)]
+                    if not np.isfinite(np.sum(part, dtype=np.float64)):
+                        count += int((~np.isfinite(part.astype(np.float32))).sum())
+            except (TypeError, ValueError, OSError):  # a dtype numpy cannot sum: not checked
+                continue
+            if count:
+                bad.append(f"{binding.name} ({count} of {flat.size} values)")
+        if bad:
+            shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+            return (f"The checkpoint's weights hold NaN or infinity: {shown}; the file is corrupt or comes from a "
+                    f"diverged training run (download or export it again).")
+        scope = "" if checked == len(floats) else f" as far as checked ({checked} of {len(floats)} tensors)"
+        return (f"Its weights are finite{scope}, so the computation overflowed (or divided by zero): check the "
+                f"parameters it read from config.json (norm epsilons, RoPE theta and scaling, softcapping) and any "
+                f"--set, and whether the weights are too large for the compute dtype.")
