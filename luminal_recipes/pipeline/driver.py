@@ -30,6 +30,7 @@ import numpy as np
 from .. import heap
 from ..errors import LuminalError, PipelineError, RecipeError
 from ..files import MAX_JSON_BYTES, fence, present, read_json
+from ..nonfinite import nonfinite_counts
 from ..recipe.builder import BuiltModel, build_model, read_config
 from ..recipe.loader import LoadedRecipe, load_recipe
 from ..recipe.lora import LoraSpec
@@ -653,14 +654,11 @@ def _check_indices(model, arrays: Mapping[str, Any], where: str, sources: Mappin
 
 
 def _check_finite(value: Any, what: str) -> None:
-    """Stop with an error naming the stage when a floating-point output holds NaN or infinity: one pass over the
-    output (a float64 sum, which any NaN or infinity poisons; float32 values cannot overflow it), no copy."""
-    if not isinstance(value, np.ndarray) or value.dtype.kind != "f" or value.size == 0:
+    """Stop with an error naming the stage when a floating-point output holds NaN or infinity."""
+    counts = nonfinite_counts(value)
+    if counts is None:
         return
-    total = np.sum(value, dtype=np.float64) if value.dtype.itemsize < 8 else None
-    if total is not None and np.isfinite(total) or total is None and np.isfinite(value).all():
-        return
-    nan, inf = int(np.isnan(value).sum()), int(np.isinf(value).sum())
+    nan, inf = counts
     raise PipelineError(
         f"{what} holds non-finite values ({nan} NaN, {inf} infinite of {value.size}); the outputs would be "
         f"garbage. Check the checkpoint's weights and the parameters (flags, --set ...), or pass --allow-nonfinite "

@@ -29,6 +29,7 @@ import numpy as np
 from ... import memory_limits
 from ...errors import BudgetError, InputError, NonFiniteError
 from ...graph.symbolic import evaluate
+from ...nonfinite import nonfinite_counts
 from ...recipe.builder import BuiltModel, build
 from ...recipe.instances import eval_field
 from ...recipe.loader import load_recipe
@@ -420,11 +421,11 @@ class LanguageModel:
     # ---- non-finite logits ---------------------------------------------------------------------------------
     def _check_logits(self, logits: np.ndarray, where: str) -> None:
         """Stop when ``logits`` (a step's row, or a scored sequence) hold NaN or infinity, unless
-        ``allow_nonfinite``: one float64 sum of the row, which any NaN or infinity poisons (float32 logits cannot
-        overflow it), so a decode step pays microseconds."""
-        if self.allow_nonfinite or np.isfinite(np.sum(logits, dtype=np.float64)):
+        ``allow_nonfinite`` (one float64 sum of the row: a decode step pays microseconds)."""
+        counts = None if self.allow_nonfinite else nonfinite_counts(logits)
+        if counts is None:
             return
-        nan, inf = int(np.isnan(logits).sum()), int(np.isinf(logits).sum())
+        nan, inf = counts
         raise NonFiniteError(
             f"{self.name} (checkpoint {self.checkpoint}): the logits of {where} hold non-finite values ({nan} NaN, "
             f"{inf} infinite of {logits.size}); the reply would be garbage, so generation stops. "
