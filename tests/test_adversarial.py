@@ -20,12 +20,12 @@ import time
 import zlib
 from pathlib import Path
 
+import cli_checks  # tests/cli_checks.py
 import numpy as np
 import pytest
+from cli_checks import cli, empty_workdir  # tests/cli_checks.py
 from PIL import Image
-from typer.testing import CliRunner
 
-from luminal_recipes.cli import app
 from luminal_recipes.pipeline import plan
 from luminal_recipes.recipe.builder import BuiltModel
 from luminal_recipes.weights import quantize as quantize_module
@@ -43,29 +43,12 @@ LOCATED = re.compile(r"\.yaml:\d+:\d+: ")
 
 @pytest.fixture(autouse=True)
 def workdir(tmp_path, monkeypatch):
-    """Each test runs in an empty folder, so a default ``outputs/`` written by mistake is seen."""
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    yield work
-    assert not (work / "outputs").exists(), "a bad run wrote into outputs/"
-
-
-def cli(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
+    yield from empty_workdir(tmp_path, monkeypatch)
 
 
 def refused(result, *fragments: str, out: Path | None = None) -> str:
-    """Exit 2, one clean message holding ``fragments``, no traceback, nothing at ``out``; the message."""
-    message = result.stderr
-    assert result.exit_code == 2, f"exit {result.exit_code}: {result.output}{result.exception!r}"
-    assert "Traceback" not in result.output and "Warning" not in result.output, result.output
-    assert message.startswith("error: "), message
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    if out is not None:
-        assert not out.exists(), f"{out} was written"
-    return message
+    """A clean refusal (cli_checks.refused) that prints no warning either."""
+    return cli_checks.refused(result, *fragments, out=out, warnings=False)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_checks import empty_workdir  # tests/cli_checks.py
 from typer.testing import CliRunner
 
 from luminal_recipes.cli import app
@@ -286,11 +287,7 @@ SMALL = ["--no-compile", "--steps", "2", "--width", "32", "--height", "32", "--s
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    yield work
-    assert not (work / "outputs").exists(), "a refused run wrote into outputs/"
+    yield from empty_workdir(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("recipe", ["flux2-tiny.yaml", "flux2-klein-tiny.yaml"])

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_checks import cli, empty_workdir, refused  # tests/cli_checks.py
 from safetensors.numpy import save_file
-from typer.testing import CliRunner
 
-from luminal_recipes.cli import app
 from luminal_recipes.errors import CheckpointError, LoraError
 from luminal_recipes.files import MAX_JSON_DEPTH, parse_json, read_json
 from luminal_recipes.weights.lora import read_lora
@@ -41,28 +40,9 @@ DEEP = "[" * 100_000 + "]" * 100_000  # Python's json recurses: RecursionError n
 WHERE = "--lora x.safetensors"
 
 
-def cli(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def refused(result, *fragments: str) -> str:
-    """Exit 2, one clean message holding ``fragments``, no traceback."""
-    assert result.exit_code == 2, f"exit {result.exit_code}: {result.output}{result.exception!r}"
-    assert "Traceback" not in result.output, result.output
-    message = result.stderr
-    assert message.startswith("error: "), message
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
-
-
 @pytest.fixture(autouse=True)
 def workdir(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    yield work
-    assert not (work / "outputs").exists(), "a refused run wrote into outputs/"
+    yield from empty_workdir(tmp_path, monkeypatch)
 
 
 def checkpoint_copy(tmp_path: Path) -> Path:

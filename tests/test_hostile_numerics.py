@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_checks import refused  # tests/cli_checks.py
 from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
@@ -66,16 +67,6 @@ def checkpoint(tmp_path: Path, weights: dict | None = None, config: dict | None 
 
 def run(*args: object):
     return CliRunner().invoke(app, ["run", str(LLAMA), *map(str, args)])
-
-
-def refused(result, *fragments: str) -> str:
-    message = result.stderr
-    assert result.exit_code == 2, f"exit {result.exit_code}: {result.output}{result.exception!r}"
-    assert "Traceback" not in result.output, result.output
-    assert message.startswith("error: "), message
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
 
 
 def fill(value: float):

@@ -15,11 +15,11 @@ import re
 import shutil
 from pathlib import Path
 
+import cli_checks  # tests/cli_checks.py
 import pytest
-from typer.testing import CliRunner
+from cli_checks import cli, empty_workdir  # tests/cli_checks.py
 
 from luminal_recipes import files
-from luminal_recipes.cli import app
 from luminal_recipes.errors import CheckpointError
 from luminal_recipes.pipeline import plan
 from luminal_recipes.recipe.builder import BuiltModel
@@ -37,11 +37,7 @@ SMALL = ["--no-compile", "--steps", "1", "--width", "32", "--height", "32", "--q
 
 @pytest.fixture(autouse=True)
 def workdir(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    yield work
-    assert not (work / "outputs").exists(), "a refused run wrote into outputs/"
+    yield from empty_workdir(tmp_path, monkeypatch)
 
 
 @pytest.fixture(autouse=True)
@@ -62,20 +58,9 @@ def no_work(monkeypatch):
     monkeypatch.setattr(BuiltModel, "load_weight", work)
 
 
-def cli(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
 def refused(result, *fragments: str) -> str:
-    """Exit 2, one message holding ``fragments``, no traceback, nothing secret; the message."""
-    message = result.stderr
-    assert result.exit_code == 2, f"exit {result.exit_code}: {result.output}{result.exception!r}"
-    assert "Traceback" not in result.output, result.output
-    assert SECRET not in result.output, result.output
-    assert message.startswith("error: "), message
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
+    """A clean refusal (cli_checks.refused) that never shows the secret."""
+    return cli_checks.refused(result, *fragments, secret=SECRET)
 
 
 def klein(tmp_path: Path) -> tuple[Path, Path]:
