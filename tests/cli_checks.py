@@ -40,3 +40,17 @@ def empty_workdir(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(work)
     yield work
     assert not (work / "outputs").exists(), "a refused run wrote into outputs/"
+
+
+def forbid_work(monkeypatch) -> None:
+    """Fail the test if a model is planned or a weight read: a bad input must be refused before any work."""
+    from luminal_recipes.pipeline import plan
+    from luminal_recipes.recipe.builder import BuiltModel
+    from luminal_recipes.weights.safetensors_io import Checkpoint
+
+    def work(*args, **kwargs):
+        raise AssertionError("work started before the input was checked")
+
+    monkeypatch.setattr(plan, "plan_model", work)
+    monkeypatch.setattr(Checkpoint, "load", work)
+    monkeypatch.setattr(BuiltModel, "load_weight", work)

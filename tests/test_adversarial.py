@@ -23,13 +23,10 @@ from pathlib import Path
 import cli_checks  # tests/cli_checks.py
 import numpy as np
 import pytest
-from cli_checks import cli, empty_workdir  # tests/cli_checks.py
+from cli_checks import cli, empty_workdir, forbid_work  # tests/cli_checks.py
 from PIL import Image
 
-from luminal_recipes.pipeline import plan
-from luminal_recipes.recipe.builder import BuiltModel
 from luminal_recipes.weights import quantize as quantize_module
-from luminal_recipes.weights.safetensors_io import Checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -53,13 +50,8 @@ def refused(result, *fragments: str, out: Path | None = None) -> str:
 
 @pytest.fixture
 def no_work(monkeypatch):
-    """Fail the test if a model is compiled or planned, or a weight read (bad input is refused before)."""
-    def work(*args, **kwargs):
-        raise AssertionError("work started before the input was checked")
-
-    monkeypatch.setattr(plan, "plan_model", work)
-    monkeypatch.setattr(Checkpoint, "load", work)
-    monkeypatch.setattr(BuiltModel, "load_weight", work)
+    """Fail the test if any work starts (cli_checks.forbid_work)."""
+    forbid_work(monkeypatch)
 
 
 def small(*drop: str) -> list[str]:

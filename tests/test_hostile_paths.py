@@ -17,16 +17,13 @@ from pathlib import Path
 
 import cli_checks  # tests/cli_checks.py
 import pytest
-from cli_checks import cli, empty_workdir  # tests/cli_checks.py
+from cli_checks import cli, empty_workdir, forbid_work  # tests/cli_checks.py
 
 from luminal_recipes import files
 from luminal_recipes.errors import CheckpointError
-from luminal_recipes.pipeline import plan
-from luminal_recipes.recipe.builder import BuiltModel
 from luminal_recipes.recipe.paths import guard_checkpoint
 from luminal_recipes.tasks.flux2.tokenize import Flux2Tokenizer
 from luminal_recipes.tasks.generation.tokenizer import eos_token_ids
-from luminal_recipes.weights.safetensors_io import Checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -49,13 +46,8 @@ def no_fences_left():
 
 @pytest.fixture
 def no_work(monkeypatch):
-    """Fail the test if a model is planned or a weight read: the bad input must be refused before."""
-    def work(*args, **kwargs):
-        raise AssertionError("work started before the input was checked")
-
-    monkeypatch.setattr(plan, "plan_model", work)
-    monkeypatch.setattr(Checkpoint, "load", work)
-    monkeypatch.setattr(BuiltModel, "load_weight", work)
+    """Fail the test if any work starts (cli_checks.forbid_work)."""
+    forbid_work(monkeypatch)
 
 
 def refused(result, *fragments: str) -> str:
