@@ -367,7 +367,11 @@ class Checkpoint:
             with open_regular(file, "a checkpoint file", CheckpointError) as handle:
                 if os.fstat(handle.fileno()).st_size == 0:
                     raise CheckpointError(f"checkpoint file {file} is empty")
-                self._maps[file] = np.memmap(handle, dtype=np.uint8, mode="r")
+                mapped = np.memmap(handle, dtype=np.uint8, mode="r")
+            # numpy names a map by its file object's name, here a descriptor number: the path lets the runtime
+            # drop and prefetch the map's pages (runtimes/file_pages.py), as for a map numpy opened by name
+            mapped.filename = os.path.abspath(file)
+            self._maps[file] = mapped
         return self._maps[file]
 
     def close(self) -> None:
