@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from luminal_recipes import instrument
 from luminal_recipes.errors import InputError, LuminalError
 from luminal_recipes.runtimes.backend import GraphCaptureError
 from luminal_recipes.runtimes.binding import declared_shape
@@ -36,7 +37,7 @@ from luminal_recipes.runtimes.kernels.context import KernelContext, KernelInput,
 from luminal_recipes.runtimes.memory import MemoryPlan, check_dims, plan_memory
 from luminal_recipes.runtimes.program import Program
 
-from . import cublaslt
+from . import cublaslt, symdims
 from . import gemm as gemm_mod
 from .device import DeviceTensor, twin
 from .devices import GpuDescription, describe, device_description
@@ -169,6 +170,7 @@ class _ModuleBuilder:
         key = hashlib.sha256(text.encode()).hexdigest()
         module = self._loaded.pop(key, None)
         if module is None:
+            instrument.count(instrument.CUDA_MODULE)
             module = self._compile(text, _line_owner(text, sources, owners))
         self._loaded[key] = module
         while len(self._loaded) > MODULES_KEPT:
@@ -216,6 +218,8 @@ class CudaEmuBackend:
         self.deferred_checks = None
         self.build = _ModuleBuilder(self._compile)
         self._live = 0  # bytes of this backend's allocations still referenced ("device memory" held)
+
+    kernel_dims = staticmethod(symdims.kernel_dims)  # kernels read symbolic dims from their arguments
 
     def capacity(self) -> int:
         from luminal_recipes.runtimes.numpy_runtime import host_memory
@@ -378,6 +382,8 @@ class CudaBackend:
             self._handle = cublas.create()
             cublas.setStream(self._handle, self.stream.ptr)
         return self._handle
+
+    kernel_dims = staticmethod(symdims.kernel_dims)  # kernels read symbolic dims from their arguments
 
     def capacity(self) -> int:
         return self.gpu.memory

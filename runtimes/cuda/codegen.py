@@ -25,6 +25,8 @@ from luminal_recipes.graph.view import BoundView
 from luminal_recipes.runtimes import expr as _expr
 from luminal_recipes.runtimes.expr import Expr, parse
 
+from . import symdims
+
 # storage dtype -> C type of a buffer element (common.cuh's typedefs)
 STORAGE = {
     DType.F32: "float", DType.F16: "f16", DType.BF16: "bf16", DType.F8E4M3: "f8e4m3", DType.F8E5M2: "f8e5m2",
@@ -110,14 +112,14 @@ def index_code(shape: tuple[int, ...], groups: list[tuple[int, int]], operands: 
     """Index arithmetic for ``operands`` (all viewed at ``shape``) from linear indices ``group_vars``, one per
     axis range in ``groups`` (row-major inside a group)."""
     stmts: list[str] = []
-    flats = [str(op.view.offset) for op in operands]
+    flats = [f"{op.view.offset}" for op in operands]
     conds: list[list[str]] = [[] for _ in operands]
     never = [False] * len(operands)
     for g, ((a, b), var) in enumerate(zip(groups, group_vars)):
         axes = []  # merged axes of this group: (extent, [stride per operand], [mask per operand or None])
         for k in range(a, b):
             d = shape[k]
-            if d == 1:  # any stride; only a mask that excludes index 0 matters
+            if d == 1 and not symdims.is_sym(d):  # any stride; only a mask that excludes index 0 matters
                 for i, op in enumerate(operands):
                     lo, hi = _mask(op.view, k)
                     if not (lo <= 0 < hi):
@@ -126,7 +128,7 @@ def index_code(shape: tuple[int, ...], groups: list[tuple[int, int]], operands: 
             strides = [op.view.strides[k] for op in operands]
             masks = [None if _trivial(op.view, k) else _mask(op.view, k) for op in operands]
             if axes and all(m is None for m in masks) and all(m is None for m in axes[-1][2]) and all(
-                    s_prev == s * d for s_prev, s in zip(axes[-1][1], strides)):
+                    symdims.same(s_prev, s * d) for s_prev, s in zip(axes[-1][1], strides)):
                 prev = axes[-1]
                 axes[-1] = (prev[0] * d, strides, prev[2])
                 continue
@@ -138,12 +140,13 @@ def index_code(shape: tuple[int, ...], groups: list[tuple[int, int]], operands: 
             if j == 0:
                 stmts.append(f"const {itype} {c} = {rem};")
             else:
-                stmts.append(f"const {itype} {c} = {rem} % {d};")
+                dc = f"({itype}){d}" if symdims.is_sym(d) else f"{d}"  # divide in the index type
+                stmts.append(f"const {itype} {c} = {rem} % {dc};")
                 q = f"q{tag}{g}_{j}"
-                stmts.append(f"const {itype} {q} = {rem} / {d};")
+                stmts.append(f"const {itype} {q} = {rem} / {dc};")
                 rem = q
             for i, (s, m) in enumerate(zip(strides, masks)):
-                if s == 1:
+                if s == 1 and not symdims.is_sym(s):
                     flats[i] += f" + {c}"
                 elif s != 0:
                     flats[i] += f" + {c} * ({itype}){s}"
