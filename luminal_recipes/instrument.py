@@ -1,6 +1,7 @@
 """Counters of the expensive events of a run: graph builds, compiler searches, plan-cache hits, executable
-loads and CUDA module builds and compiles. Tests read them to prove that caching holds (a second prompt builds, compiles and loads nothing) without
-relying on timings; nothing else depends on them, and counting costs a dictionary update."""
+loads and CUDA module builds and compiles. Tests read them to prove that caching holds (a second prompt builds,
+compiles and loads nothing) without relying on timings; nothing else depends on them, and counting costs a
+dictionary update."""
 
 from __future__ import annotations
 

@@ -617,7 +617,8 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict_
     plan.steps.append(_zero_flag(plan, options, SCRATCH(flag)))
     plan.steps.append(Launch(name, grid_1d(total, BLOCK, options.max_blocks), (BLOCK, 1, 1),
                              (OUT, IN(1), IN(2), SCRATCH(flag))))
-    plan.steps.append(IndexCheck(SCRATCH(flag), f"{ctx.node.op} #{ctx.node.id}: row index out of range [0, {int(rows)})"))
+    plan.steps.append(IndexCheck(SCRATCH(flag),
+                                 f"{ctx.node.op} #{ctx.node.id}: row index out of range [0, {int(rows)})"))
     return plan
 
 
