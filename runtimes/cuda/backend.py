@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -613,17 +614,19 @@ def cuda_emu_runtime() -> CudaRuntime:
 
 
 def prepare_program(program: Program, dims: dict, options: CudaOptions) -> dict[int, tuple[NodePlan, Scratch]]:
-    """Per kernel node: its ``NodePlan`` and scratch at ``dims`` (what both backends compile and bind)."""
+    """Per kernel node: its ``NodePlan`` and scratch at ``dims`` (what both backends compile and bind: symbolic
+    dims read from kernel arguments)."""
     check_dims(program, dims)
     by_id = {n.id: n for n in program.nodes}
+    kdims = symdims.kernel_dims(dims)
     out = {}
     for node in program.nodes:
         if node.op in SOURCES:
             continue
         scratch = Scratch()
-        inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, int(np.prod(declared_shape(by_id[src], dims))))
+        inputs = [KernelInput(view.bind(kdims), by_id[src].dtype.np, math.prod(declared_shape(by_id[src], kdims)))
                   for src, view in node.inputs]
-        ctx = KernelContext(node, declared_shape(node, dims), node.dtype.np, inputs, scratch)
+        ctx = KernelContext(node, declared_shape(node, kdims), node.dtype.np, inputs, scratch)
         out[node.id] = (prepare(ctx, options), scratch)
     return out
 

@@ -193,7 +193,7 @@ def is_contiguous_from(op: Operand, n: int) -> int | None:
         return None
     expect = 1
     for d, s in zip(reversed(bv.shape), reversed(bv.strides)):
-        if d != 1 and s != expect:
+        if (d != 1 or symdims.is_sym(d)) and s != expect:  # (a symbolic dim is not taken to be 1)
             return None
         expect *= d
     return bv.offset if bv.offset >= 0 and bv.offset + n <= op.size else None
@@ -202,7 +202,7 @@ def is_contiguous_from(op: Operand, n: int) -> int | None:
 def is_uniform(op: Operand) -> bool:
     """Every element reads the same buffer element (all strides 0, nothing masked, in bounds)."""
     bv = op.view
-    return (all(s == 0 or d == 1 for d, s in zip(bv.shape, bv.strides))
+    return (all(s == 0 or (d == 1 and not symdims.is_sym(d)) for d, s in zip(bv.shape, bv.strides))
             and all(_trivial(bv, k) for k in range(len(bv.shape))) and 0 <= bv.offset < op.size)
 
 

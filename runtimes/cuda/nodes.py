@@ -201,7 +201,7 @@ def _vector_loop(ec: cg.ExprCompiler, operands: list[Operand], used: list[int], 
     widest = max([out_dtype.itemsize] + [operands[i].dtype.itemsize for i, (k, _) in kinds.items()
                                          if k == "contiguous"])
     vec = min(8, 16 // widest)
-    if vec < 2 or n < vec * 2:
+    if vec < 2 or (n < vec * 2 and not symdims.is_sym(n)):  # (a length that varies: the loop serves any n)
         return ""
     out_t = ctype(out_dtype)
     checks = [f"lr_aligned(out, {vec * out_dtype.itemsize})"]
