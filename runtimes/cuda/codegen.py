@@ -1,11 +1,12 @@
 """CUDA C generation from small templates: storage types, view index arithmetic, Elementwise expressions.
 
 Everything a kernel reads goes through a view (``graph.view.BoundView``: shape, strides, offset, per-axis
-validity mask) with concrete dims, so the generated index arithmetic divides by constants. Axes are addressed in
-*groups*: a group of adjacent axes shares one linear index (an Elementwise kernel has one group, a row kernel two:
-the rows and the last axis); inside a group, axes that every view lays out contiguously are merged first, so a
-contiguous operand costs one multiply-add, not a division per axis. A read outside a view's mask, or outside the
-producer's buffer, yields 0 without touching memory (the reference interpreter's semantics).
+validity mask) with concrete dims, so the generated index arithmetic divides by constants - except by symbolic
+dims, which arrive as ``symdims.SymInt``s and print as expressions over the kernel's dim arguments. Axes are
+addressed in *groups*: a group of adjacent axes shares one linear index (an Elementwise kernel has one group, a
+row kernel two: the rows and the last axis); inside a group, axes that every view lays out contiguously are merged
+first, so a contiguous operand costs one multiply-add, not a division per axis. A read outside a view's mask, or
+outside the producer's buffer, yields 0 without touching memory (the reference interpreter's semantics).
 
 The Elementwise language (``runtimes/expr.py``) types as the numpy runtime does: floats compute in f32, integers
 in their own type, ``LessThan`` gives bool, a constant takes its partner's type; the result converts to the output

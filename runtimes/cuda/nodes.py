@@ -5,7 +5,8 @@
 to request typed scratch arrays). Semantics follow ``graph.reference`` (primitives) and ``runtimes/program.py``
 (fused kernels), with the numpy runtime's arithmetic: f32 compute, one rounding at the store.
 
-Generated kernels bake every shape, stride and offset in as constants (``codegen.index_code``); hand-written
+Generated kernels bake every fixed shape, stride and offset in as constants (``codegen.index_code``); what
+depends on a symbolic dim is read from the kernel's arguments (``symdims``: ``prepare`` appends them); hand-written
 templates live in ``kernels/*.cuh``. GEMMs go through ``gemm.matmul_desc`` (cuBLAS reads the views in place when
 it can; otherwise the operand is copied into scratch by a generated copy kernel).
 """
