@@ -18,7 +18,7 @@ from luminal_recipes.compiler import SearchOptions, compile_graph
 from luminal_recipes.graph import Graph, run_reference
 from luminal_recipes.graph.core import reduce
 from luminal_recipes.graph.symbolic import evaluate, to_dim
-from luminal_recipes.runtimes.cuda import CudaEmuBackend, CudaOptions, CudaRuntime
+from luminal_recipes.runtimes.cuda import CudaEmuBackend, CudaOptions, CudaRuntime, symdims
 
 pytestmark = pytest.mark.skipif(not __import__("shutil").which("g++"), reason="cuda-emu needs g++")
 
@@ -193,3 +193,45 @@ def test_rebinding_builds_no_module_and_matches_the_reference(kernel, emu, asser
 def test_flash_attention_rebinds(emu_flash, assert_close):
     program = _run(emu_flash, _flash, "Attention", assert_close)
     assert "Attention" in program.kernel_counts() or "AttentionBlocked" in program.kernel_counts()
+
+
+def test_symint_prints_its_expression_and_computes_as_its_value():
+    s = symdims.kernel_dims({"s": 7, "p": 3})
+    n, p = s["s"], s["p"]
+    x = (n * 4 + p) // 2 - 1
+    assert x == (7 * 4 + 3) // 2 - 1 and isinstance(x, symdims.SymInt)
+    assert symdims.plain(f"{x}") == "(((((LRDIM__s * 4) + LRDIM__p) / 2) - 1))"
+    assert str(x) == repr(x) == "14" and f"{x:d}" == "14" and int(x) == 14 and type(int(x)) is int
+    assert n * 1 is n and n + 0 is n and (n * 0) == 0 and type(n * 0) is int
+    assert type(-n // 2) is int  # a floor division C would round differently is baked as its value
+    assert values_of(x) == {"s": 7, "p": 3}
+    assert symdims.same(n * 4, n * 4) and not symdims.same(n * 4, 28) and symdims.same(3, 3)
+
+
+def values_of(x):
+    return symdims.values_in(x)
+
+
+def test_lower_adds_dim_arguments_and_struct_members():
+    """A symbolic dim read inside a functor struct becomes its member, filled wherever the struct is constructed
+    (also inside another struct); the kernel takes every dim it uses, once, after its own parameters."""
+    n = symdims.kernel_dims({"n": 5})["n"]
+    text = f"""struct LoadX {{
+  const float* __restrict__ p;
+  LR_DEV float operator()(long long i) const {{ return p[i % {n}]; }}
+}};
+struct Pair {{
+  LoadX a; LoadX b;
+  LR_DEV float operator()(long long i) const {{ return a(i) + b(i); }}
+}};
+extern "C" __global__ void __launch_bounds__(256) kern(float* __restrict__ out, const float* __restrict__ x) {{
+  for (long long i = threadIdx.x; i < {n * 3}LL; i += blockDim.x) out[i] = Pair{{LoadX{{x}}, LoadX{{x + {n}}}}}(i);
+}}"""
+    code, tokens = symdims.lower(text, "kern")
+    assert tokens == ["LRDIM__n"]
+    assert "long long LRDIM__n;" in code.split("struct Pair")[0]  # LoadX's member
+    assert "long long LRDIM__n;" not in code.split("struct Pair")[1].split("extern")[0]  # Pair reads none itself
+    assert "kern(float* __restrict__ out, const float* __restrict__ x, long long LRDIM__n)" in code
+    assert "Pair{LoadX{x, LRDIM__n}, LoadX{x + (LRDIM__n), LRDIM__n}}(i)" in code
+    assert "i < ((long long)((LRDIM__n * 3)))" in code
+    assert symdims.OPEN not in code and symdims.CLOSE not in code
