@@ -404,8 +404,11 @@ def rows_kernel(plan: NodePlan, options: CudaOptions, kind: str, op: Operand, re
     ROW_RMSNORM_ROPE: the cos and sin tables, viewed at [rows..., n/2, 2]) rotates each weighted value with its
     pair partner's."""
     nd = len(op.view.shape)
-    if symdims.is_sym(n):  # a row length that changes with the dims: one kernel for all (rows re-read per pass)
-        block, items = min(max_block, 256), 0
+    if symdims.is_sym(n):
+        # a row length that changes with the dims: one kernel for every length, choosing at run time between
+        # keeping a row in registers (up to 10 values a thread: FLUX.2-dev's 4608 keys) and re-reading it per pass
+        # (longer rows); at 1024 threads ptxas spilled these, at 512 it does not (test_cuda_nvrtc.py)
+        block, items, cached = min(max_block, 512), None, (10 if kind == "ROW_SOFTMAX" else 8)
         inv_n = f"(float)(1.0 / (double){n})"
     else:
         block = min(max_block, max(32, _pow2(-(-n // 8))))
@@ -465,11 +468,18 @@ struct NormEpi {{
   LR_DEV float operator()(long long r, int c, float v) const {{ return {value}; }}{pair}
 }};"""
         epilogue = ", NormEpi{" + ", ".join(inits) + "}"
+    def call(items: int) -> str:
+        return (f"rows_kernel<{block}, {items}, {kind}>(out, {rows}LL, {n}, {cg.float_literal(eps)}, {inv_n},\n"
+                f"                                       {load}{epilogue});")
+
+    if items is not None:
+        call = call(items)
+    else:
+        call = f"if ({n} <= {block * cached}) {{\n    {call(cached)}\n  }} else {{\n    {call(0)}\n  }}"
     text = f"""{loader}
 {extra}
 extern "C" __global__ void __launch_bounds__({block}) KNAME({", ".join(sig)}) {{
-  rows_kernel<{block}, {items}, {kind}>(out, {rows}LL, {n}, {cg.float_literal(eps)}, {inv_n},
-                                       {load}{epilogue});
+  {call}
 }}""".replace("LoadX", "LX_KNAME").replace("LoadB", "LB_KNAME").replace("LX_KNAMEB", "LXB_KNAME") \
         .replace("LoadS", "LS_KNAME").replace("LoadT", "LT_KNAME").replace("LoadC", "LC_KNAME") \
         .replace("LoadN", "LN_KNAME").replace("NormEpi", "NE_KNAME")
