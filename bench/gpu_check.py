@@ -24,6 +24,8 @@ skipped, and recorded as skipped, when the time left is below its estimate):
                      stage's device memory when it ends, before and after the release
   vae                VAE decode of a 1024x1024 image (random full-size weights): time, peak device memory
   text_encoder       Mistral-3 text encoder, 512 tokens, random full-size weights: time, peak device memory
+  rebinding          the tiny text encoder loaded for a 512-token bucket, re-bound to 8 lengths within it: seconds per
+                     re-binding and per run, CUDA modules built / NVRTC compiles while re-binding (expected: none)
   fp8_pipeline       the tiny FLUX.2 pipeline with an FP8 transformer in bf16: cuBLASLt FP8 x FP8 vs weights decoded to
                      bf16, PSNR of each against the f32 image (diffusers' weight-only result), FP8 GEMMs bound
 
@@ -1057,6 +1059,63 @@ def text_encoder(c: Check) -> dict:
     out = stage_run(c, "mistral3-text-encoder.yaml", "text_encoder", {"batch": 1, "seq": seq},
                     {"tokens": tokens, "attention_mask": mask}, sets={"out_layers": [10, 20, 30]})
     c.log(f"  text encoder {seq} tokens: {out['seconds']:.3f} s, device {out['device_bytes']}")
+    return out
+
+
+@section("rebinding", 40)
+def rebinding(c: Check) -> dict:
+    """One executable of the tiny Mistral-3 text encoder loaded for a 512-token bucket, re-bound to prompt lengths
+    within it: seconds per re-binding and per run at each length, and the CUDA modules built and NVRTC compiles
+    (``luminal_recipes.instrument``: none after loading, whatever the lengths; the kernels read the length from
+    their arguments)."""
+    import numpy as np
+
+    from luminal_recipes import instrument
+
+    folder = ROOT / "recipes" / "flux2-tiny" / "checkpoint" / "text_encoder"
+    cfg = json.loads((folder / "config.json").read_text())
+    vocab = cfg.get("text_config", cfg)["vocab_size"]
+    bucket, lengths = (16, [5, 9, 13, 16, 1]) if c.dry else (512, [37, 64, 100, 200, 333, 500, 512, 1])
+    from luminal_recipes.recipe.builder import build_model
+    from luminal_recipes.recipe.loader import load_recipe
+
+    model = build_model(load_recipe(ROOT / "recipes" / "mistral3-text-encoder.yaml"), config=cfg,
+                        sets={"out_layers": [1, 2]}, compute_dtype="bf16")
+    dims = {"batch": 1, "seq": bucket}
+    program, compile_s = compile_for(c, model, dims)
+    tensors = device_weights(c, model.graph, seed=0)
+    before = instrument.snapshot()
+    t0 = time.perf_counter()
+    exe = c.runtime.load(program, ours(c, tensors), dims)
+    load_s = time.perf_counter() - t0
+    loaded = instrument.snapshot()
+    rng = np.random.default_rng(0)
+    rows = []
+    try:
+        for n in lengths:
+            inputs = as_declared(model, {"tokens": rng.integers(0, vocab, (1, n)).astype(np.int32),
+                                         "attention_mask": np.ones((1, n), np.int32)})
+            t0 = time.perf_counter()
+            exe.bind({"seq": n})
+            bind_s = time.perf_counter() - t0
+            run = c.timed(lambda inputs=inputs: exe.run(inputs), 1, 1 if c.dry else 3)
+            rows.append({"seq": n, "bind_s": bind_s, "run_s": statistics.median(run)})
+    finally:
+        exe.close()
+    after = instrument.snapshot()
+    out = {"bucket": bucket, "compile_s": compile_s, "load_s": load_s, "lengths": rows,
+           "modules_at_load": (loaded - before)[instrument.CUDA_MODULE],
+           "compiles_at_load": (loaded - before)[instrument.CUDA_COMPILE],
+           "modules_rebinding": (after - loaded)[instrument.CUDA_MODULE],
+           "compiles_rebinding": (after - loaded)[instrument.CUDA_COMPILE]}
+    out["ok"] = out["modules_rebinding"] == 0 and out["compiles_rebinding"] == 0
+    binds = ", ".join(f"{r['bind_s'] * 1e3:.1f}" for r in rows)
+    runs = ", ".join(f"{r['run_s'] * 1e3:.2f}" for r in rows)
+    c.log(f"  re-binding a {bucket}-token bucket to {lengths}: bind {binds} ms, run {runs} ms; modules built while "
+          f"re-binding: {out['modules_rebinding']}, compiles: {out['compiles_rebinding']} (at load: "
+          f"{out['modules_at_load']})")
+    del tensors
+    c.free()
     return out
 
 

@@ -71,14 +71,18 @@ class BackendRuntime(RuntimeBase):
         dims = dict(dims or {})
         check_dims(program, dims)
         by_id = {n.id: n for n in program.nodes}
+        # a backend that generates code may bind the dims to values that remember their symbol (the CUDA
+        # backends' ``kernel_dims``: kernels read symbolic dims from their arguments, one module for every length)
+        symbolic = getattr(self.backend, "kernel_dims", None)
+        kdims = symbolic(dims) if symbolic is not None else dims
         prepared = {}
         for node in program.nodes:
             if node.op in SOURCES:
                 continue
             scratch = Scratch()
-            inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, _numel(by_id[src], dims))
+            inputs = [KernelInput(view.bind(kdims), by_id[src].dtype.np, _numel(by_id[src], kdims))
                       for src, view in node.inputs]
-            ctx = KernelContext(node, declared_shape(node, dims), node.dtype.np, inputs, scratch)
+            ctx = KernelContext(node, declared_shape(node, kdims), node.dtype.np, inputs, scratch)
             prepared[node.id] = (self.backend.kernels[node.op](ctx), scratch)
         return prepared
 

@@ -163,7 +163,9 @@ def _eval_atom(atom: Atom, bindings: Mapping[str, int]) -> int:
                 f"symbolic dimension '{atom}' has no value at run time; pass it in the dims mapping, "
                 f"e.g. dims={{'{atom}': 16}}."
             )
-        return int(bindings[atom])
+        value = bindings[atom]
+        # an int (or an int subclass such as the CUDA backend's SymInt, which must survive) as it is
+        return value if isinstance(value, int) and not isinstance(value, bool) else int(value)
     inner = Expr(dict(atom[1])).evaluate(bindings)
     return inner // atom[2] if atom[0] == "//" else inner % atom[2]
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from luminal_recipes import instrument
 from luminal_recipes.errors import InputError, LuminalError
 from luminal_recipes.runtimes.backend import GraphCaptureError
 from luminal_recipes.runtimes.binding import declared_shape
@@ -36,7 +38,7 @@ from luminal_recipes.runtimes.kernels.context import KernelContext, KernelInput,
 from luminal_recipes.runtimes.memory import MemoryPlan, check_dims, plan_memory
 from luminal_recipes.runtimes.program import Program
 
-from . import cublaslt
+from . import cublaslt, symdims
 from . import gemm as gemm_mod
 from .device import DeviceTensor, twin
 from .devices import GpuDescription, describe, device_description
@@ -169,6 +171,7 @@ class _ModuleBuilder:
         key = hashlib.sha256(text.encode()).hexdigest()
         module = self._loaded.pop(key, None)
         if module is None:
+            instrument.count(instrument.CUDA_MODULE)
             module = self._compile(text, _line_owner(text, sources, owners))
         self._loaded[key] = module
         while len(self._loaded) > MODULES_KEPT:
@@ -216,6 +219,8 @@ class CudaEmuBackend:
         self.deferred_checks = None
         self.build = _ModuleBuilder(self._compile)
         self._live = 0  # bytes of this backend's allocations still referenced ("device memory" held)
+
+    kernel_dims = staticmethod(symdims.kernel_dims)  # kernels read symbolic dims from their arguments
 
     def capacity(self) -> int:
         from luminal_recipes.runtimes.numpy_runtime import host_memory
@@ -378,6 +383,8 @@ class CudaBackend:
             self._handle = cublas.create()
             cublas.setStream(self._handle, self.stream.ptr)
         return self._handle
+
+    kernel_dims = staticmethod(symdims.kernel_dims)  # kernels read symbolic dims from their arguments
 
     def capacity(self) -> int:
         return self.gpu.memory
@@ -607,17 +614,19 @@ def cuda_emu_runtime() -> CudaRuntime:
 
 
 def prepare_program(program: Program, dims: dict, options: CudaOptions) -> dict[int, tuple[NodePlan, Scratch]]:
-    """Per kernel node: its ``NodePlan`` and scratch at ``dims`` (what both backends compile and bind)."""
+    """Per kernel node: its ``NodePlan`` and scratch at ``dims`` (what both backends compile and bind: symbolic
+    dims read from kernel arguments)."""
     check_dims(program, dims)
     by_id = {n.id: n for n in program.nodes}
+    kdims = symdims.kernel_dims(dims)
     out = {}
     for node in program.nodes:
         if node.op in SOURCES:
             continue
         scratch = Scratch()
-        inputs = [KernelInput(view.bind(dims), by_id[src].dtype.np, int(np.prod(declared_shape(by_id[src], dims))))
+        inputs = [KernelInput(view.bind(kdims), by_id[src].dtype.np, math.prod(declared_shape(by_id[src], kdims)))
                   for src, view in node.inputs]
-        ctx = KernelContext(node, declared_shape(node, dims), node.dtype.np, inputs, scratch)
+        ctx = KernelContext(node, declared_shape(node, kdims), node.dtype.np, inputs, scratch)
         out[node.id] = (prepare(ctx, options), scratch)
     return out
 

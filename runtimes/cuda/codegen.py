@@ -1,11 +1,12 @@
 """CUDA C generation from small templates: storage types, view index arithmetic, Elementwise expressions.
 
 Everything a kernel reads goes through a view (``graph.view.BoundView``: shape, strides, offset, per-axis
-validity mask) with concrete dims, so the generated index arithmetic divides by constants. Axes are addressed in
-*groups*: a group of adjacent axes shares one linear index (an Elementwise kernel has one group, a row kernel two:
-the rows and the last axis); inside a group, axes that every view lays out contiguously are merged first, so a
-contiguous operand costs one multiply-add, not a division per axis. A read outside a view's mask, or outside the
-producer's buffer, yields 0 without touching memory (the reference interpreter's semantics).
+validity mask) with concrete dims, so the generated index arithmetic divides by constants - except by symbolic
+dims, which arrive as ``symdims.SymInt``s and print as expressions over the kernel's dim arguments. Axes are
+addressed in *groups*: a group of adjacent axes shares one linear index (an Elementwise kernel has one group, a
+row kernel two: the rows and the last axis); inside a group, axes that every view lays out contiguously are merged
+first, so a contiguous operand costs one multiply-add, not a division per axis. A read outside a view's mask, or
+outside the producer's buffer, yields 0 without touching memory (the reference interpreter's semantics).
 
 The Elementwise language (``runtimes/expr.py``) types as the numpy runtime does: floats compute in f32, integers
 in their own type, ``LessThan`` gives bool, a constant takes its partner's type; the result converts to the output
@@ -24,6 +25,8 @@ from luminal_recipes.graph.dtypes import DType, to_dtype
 from luminal_recipes.graph.view import BoundView
 from luminal_recipes.runtimes import expr as _expr
 from luminal_recipes.runtimes.expr import Expr, parse
+
+from . import symdims
 
 # storage dtype -> C type of a buffer element (common.cuh's typedefs)
 STORAGE = {
@@ -110,14 +113,14 @@ def index_code(shape: tuple[int, ...], groups: list[tuple[int, int]], operands: 
     """Index arithmetic for ``operands`` (all viewed at ``shape``) from linear indices ``group_vars``, one per
     axis range in ``groups`` (row-major inside a group)."""
     stmts: list[str] = []
-    flats = [str(op.view.offset) for op in operands]
+    flats = [f"{op.view.offset}" for op in operands]
     conds: list[list[str]] = [[] for _ in operands]
     never = [False] * len(operands)
     for g, ((a, b), var) in enumerate(zip(groups, group_vars)):
         axes = []  # merged axes of this group: (extent, [stride per operand], [mask per operand or None])
         for k in range(a, b):
             d = shape[k]
-            if d == 1:  # any stride; only a mask that excludes index 0 matters
+            if d == 1 and not symdims.is_sym(d):  # any stride; only a mask that excludes index 0 matters
                 for i, op in enumerate(operands):
                     lo, hi = _mask(op.view, k)
                     if not (lo <= 0 < hi):
@@ -126,7 +129,7 @@ def index_code(shape: tuple[int, ...], groups: list[tuple[int, int]], operands: 
             strides = [op.view.strides[k] for op in operands]
             masks = [None if _trivial(op.view, k) else _mask(op.view, k) for op in operands]
             if axes and all(m is None for m in masks) and all(m is None for m in axes[-1][2]) and all(
-                    s_prev == s * d for s_prev, s in zip(axes[-1][1], strides)):
+                    symdims.same(s_prev, s * d) for s_prev, s in zip(axes[-1][1], strides)):
                 prev = axes[-1]
                 axes[-1] = (prev[0] * d, strides, prev[2])
                 continue
@@ -138,12 +141,13 @@ def index_code(shape: tuple[int, ...], groups: list[tuple[int, int]], operands: 
             if j == 0:
                 stmts.append(f"const {itype} {c} = {rem};")
             else:
-                stmts.append(f"const {itype} {c} = {rem} % {d};")
+                dc = f"({itype}){d}" if symdims.is_sym(d) else f"{d}"  # divide in the index type
+                stmts.append(f"const {itype} {c} = {rem} % {dc};")
                 q = f"q{tag}{g}_{j}"
-                stmts.append(f"const {itype} {q} = {rem} / {d};")
+                stmts.append(f"const {itype} {q} = {rem} / {dc};")
                 rem = q
             for i, (s, m) in enumerate(zip(strides, masks)):
-                if s == 1:
+                if s == 1 and not symdims.is_sym(s):
                     flats[i] += f" + {c}"
                 elif s != 0:
                     flats[i] += f" + {c} * ({itype}){s}"
@@ -190,7 +194,7 @@ def is_contiguous_from(op: Operand, n: int) -> int | None:
         return None
     expect = 1
     for d, s in zip(reversed(bv.shape), reversed(bv.strides)):
-        if d != 1 and s != expect:
+        if (d != 1 or symdims.is_sym(d)) and s != expect:  # (a symbolic dim is not taken to be 1)
             return None
         expect *= d
     return bv.offset if bv.offset >= 0 and bv.offset + n <= op.size else None
@@ -199,7 +203,7 @@ def is_contiguous_from(op: Operand, n: int) -> int | None:
 def is_uniform(op: Operand) -> bool:
     """Every element reads the same buffer element (all strides 0, nothing masked, in bounds)."""
     bv = op.view
-    return (all(s == 0 or d == 1 for d, s in zip(bv.shape, bv.strides))
+    return (all(s == 0 or (d == 1 and not symdims.is_sym(d)) for d, s in zip(bv.shape, bv.strides))
             and all(_trivial(bv, k) for k in range(len(bv.shape))) and 0 <= bv.offset < op.size)
 
 

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from luminal_recipes import tempfiles
+from luminal_recipes import instrument, tempfiles
 from luminal_recipes.errors import LuminalError
 
 from .module import KERNEL_DIR, cache_key, cache_root, headers_digest, template_includes
@@ -86,6 +86,7 @@ def compile_emu(source: str, sanitize: str | None = None, kernel_of_line=None) -
             src = Path(tmp) / "module.cpp"
             src.write_text(source)
             out = Path(tmp) / "module.so"
+            instrument.count(instrument.CUDA_COMPILE)
             proc = subprocess.run([gxx(), *flags, *pch, f"-I{KERNEL_DIR}", str(src), "-o", str(out)],
                                   capture_output=True, text=True)
             if proc.returncode != 0:

@@ -5,7 +5,8 @@
 to request typed scratch arrays). Semantics follow ``graph.reference`` (primitives) and ``runtimes/program.py``
 (fused kernels), with the numpy runtime's arithmetic: f32 compute, one rounding at the store.
 
-Generated kernels bake every shape, stride and offset in as constants (``codegen.index_code``); hand-written
+Generated kernels bake every fixed shape, stride and offset in as constants (``codegen.index_code``); what
+depends on a symbolic dim is read from the kernel's arguments (``symdims``: ``prepare`` appends them); hand-written
 templates live in ``kernels/*.cuh``. GEMMs go through ``gemm.matmul_desc`` (cuBLAS reads the views in place when
 it can; otherwise the operand is copied into scratch by a generated copy kernel).
 """
@@ -26,6 +27,7 @@ from luminal_recipes.graph.view import BoundView, View
 from luminal_recipes.runtimes.kernels.fused import conv_windows
 
 from . import codegen as cg
+from . import symdims
 from .codegen import CodegenError, Operand, ctype
 from .cublaslt import E4M3, LtDesc, arch_number, fp8_unsupported, workspace_bytes
 from .gemm import GemmLayoutError, Matrix, matmul_desc, split_batch
@@ -97,12 +99,40 @@ def prepare(ctx, options: CudaOptions | None = None) -> NodePlan:
     try:
         plan = fn(ctx, options)
     except (CodegenError, GemmLayoutError) as e:
-        raise CudaPrepareError(f"{_where(ctx)}: {e}") from e
+        raise CudaPrepareError(symdims.plain(f"{_where(ctx)}: {e}")) from e
+    plan = _dims_as_arguments(plan, ctx)
     if arch_number(options.arch) < 80 and any(isinstance(s, Gemm) and BF16 in (s.desc.a_type, s.desc.b_type)
                                               for s in plan.steps):
         options.notice(f"{options.arch} has no bf16 tensor cores: bf16 GEMMs run on cuBLAS's bf16 kernels without "
                        "them (CUBLAS_COMPUTE_32F, correct but several times slower than on sm_80+)")
     return plan
+
+
+def _dims_as_arguments(plan: NodePlan, ctx) -> NodePlan:
+    """Kernels whose text reads symbolic dims (``symdims``) take them as trailing ``long long`` arguments; their
+    launches pass the values being bound."""
+    if not any(symdims.OPEN in s.code for s in plan.sources):
+        return plan
+    values = symdims.values_in(ctx.shape, ctx.inputs)
+    sources, extra = [], {}
+    for s in plan.sources:
+        if symdims.OPEN not in s.code:
+            sources.append(s)
+            continue
+        code, tokens = symdims.lower(s.code, s.name)
+        extra[s.name] = tuple(symdims.dim_of(t, values) for t in tokens)
+        sources.append(KernelSource(s.name, s.params + ("long long",) * len(tokens), code, s.sync))
+
+    def launch(step):
+        if isinstance(step, Launch) and extra.get(step.kernel):
+            return Launch(step.kernel, step.grid, step.block, (*step.args, *extra[step.kernel]))
+        if isinstance(step, SkipIfSame):
+            return SkipIfSame(launch(step.launch), step.a, step.b)
+        if isinstance(step, IndexCheck):
+            return IndexCheck(step.flag, symdims.plain(step.message))
+        return step
+
+    return NodePlan(sources, [launch(step) for step in plan.steps])
 
 
 def _operands(ctx) -> list[Operand]:
@@ -172,7 +202,7 @@ def _vector_loop(ec: cg.ExprCompiler, operands: list[Operand], used: list[int], 
     widest = max([out_dtype.itemsize] + [operands[i].dtype.itemsize for i, (k, _) in kinds.items()
                                          if k == "contiguous"])
     vec = min(8, 16 // widest)
-    if vec < 2 or n < vec * 2:
+    if vec < 2 or (n < vec * 2 and not symdims.is_sym(n)):  # (a length that varies: the loop serves any n)
         return ""
     out_t = ctype(out_dtype)
     checks = [f"lr_aligned(out, {vec * out_dtype.itemsize})"]
@@ -374,8 +404,16 @@ def rows_kernel(plan: NodePlan, options: CudaOptions, kind: str, op: Operand, re
     ROW_RMSNORM_ROPE: the cos and sin tables, viewed at [rows..., n/2, 2]) rotates each weighted value with its
     pair partner's."""
     nd = len(op.view.shape)
-    block = min(max_block, max(32, _pow2(-(-n // 8))))
-    items = -(-n // block) if -(-n // block) <= 8 else 0
+    if symdims.is_sym(n):
+        # a row length that changes with the dims: one kernel for every length, choosing at run time between
+        # keeping a row in registers (up to 10 values a thread: FLUX.2-dev's 4608 keys) and re-reading it per pass
+        # (longer rows); at 1024 threads ptxas spilled these, at 512 it does not (test_cuda_nvrtc.py)
+        block, items, cached = min(max_block, 512), None, (10 if kind == "ROW_SOFTMAX" else 8)
+        inv_n = f"(float)(1.0 / (double){n})"
+    else:
+        block = min(max_block, max(32, _pow2(-(-n // 8))))
+        items = -(-n // block) if -(-n // block) <= 8 else 0
+        inv_n = cg.float_literal(1.0 / n)
     loader = view_loader("LoadX", op, [(0, nd - 1), (nd - 1, nd)])
     out_t = ctype(out_dtype)
     params = [f"{out_t}*", f"const {ctype(op.dtype)}*"]
@@ -430,11 +468,18 @@ struct NormEpi {{
   LR_DEV float operator()(long long r, int c, float v) const {{ return {value}; }}{pair}
 }};"""
         epilogue = ", NormEpi{" + ", ".join(inits) + "}"
+    def call(items: int) -> str:
+        return (f"rows_kernel<{block}, {items}, {kind}>(out, {rows}LL, {n}, {cg.float_literal(eps)}, {inv_n},\n"
+                f"                                       {load}{epilogue});")
+
+    if items is not None:
+        call = call(items)
+    else:
+        call = f"if ({n} <= {block * cached}) {{\n    {call(cached)}\n  }} else {{\n    {call(0)}\n  }}"
     text = f"""{loader}
 {extra}
 extern "C" __global__ void __launch_bounds__({block}) KNAME({", ".join(sig)}) {{
-  rows_kernel<{block}, {items}, {kind}>(out, {rows}LL, {n}, {cg.float_literal(eps)}, {cg.float_literal(1.0 / n)},
-                                       {load}{epilogue});
+  {call}
 }}""".replace("LoadX", "LX_KNAME").replace("LoadB", "LB_KNAME").replace("LX_KNAMEB", "LXB_KNAME") \
         .replace("LoadS", "LS_KNAME").replace("LoadT", "LT_KNAME").replace("LoadC", "LC_KNAME") \
         .replace("LoadN", "LN_KNAME").replace("NormEpi", "NE_KNAME")
@@ -530,7 +575,7 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict_
     plan.steps.append(_zero_flag(plan, options, SCRATCH(flag)))
     plan.steps.append(Launch(name, grid_1d(total, BLOCK, options.max_blocks), (BLOCK, 1, 1),
                              (OUT, IN(0), IN(1), SCRATCH(flag))))
-    plan.steps.append(IndexCheck(SCRATCH(flag), f"Gather #{ctx.node.id}: index out of range [0, {rows}); check "
+    plan.steps.append(IndexCheck(SCRATCH(flag), f"Gather #{ctx.node.id}: index out of range [0, {int(rows)}); check "
                                                f"token ids against the vocabulary size"))
     return plan
 
@@ -583,7 +628,8 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict_
     plan.steps.append(_zero_flag(plan, options, SCRATCH(flag)))
     plan.steps.append(Launch(name, grid_1d(total, BLOCK, options.max_blocks), (BLOCK, 1, 1),
                              (OUT, IN(1), IN(2), SCRATCH(flag))))
-    plan.steps.append(IndexCheck(SCRATCH(flag), f"{ctx.node.op} #{ctx.node.id}: row index out of range [0, {rows})"))
+    plan.steps.append(IndexCheck(SCRATCH(flag),
+                                 f"{ctx.node.op} #{ctx.node.id}: row index out of range [0, {int(rows)})"))
     return plan
 
 

@@ -14,6 +14,7 @@ import os
 import re
 from pathlib import Path
 
+from luminal_recipes import instrument
 from luminal_recipes.errors import LuminalError
 
 from .module import KERNEL_DIR, cache_key, cache_root, headers_digest, write_atomic
@@ -73,6 +74,7 @@ def compile_module(source: str, arch: str, extra: tuple[str, ...] = (), describe
     log_path = path.with_suffix(".log")
     if path.exists() and log_path.exists():
         return path.read_bytes(), log_path.read_text()
+    instrument.count(instrument.CUDA_COMPILE)
     prog = lib.createProgram(source, "module.cu", [], [])
     try:
         try:

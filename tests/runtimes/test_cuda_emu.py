@@ -466,40 +466,34 @@ def test_conv1x1_is_one_batched_gemm_without_im2col(check, rng):
 
 
 # ---- re-binding: a decode loop -------------------------------------------------------------------------------------
-def test_decode_loop_rebinds_one_module_per_length(emu):
-    """The CUDA kernels bake every dim in: each new length of a re-bound executable is one module (compiled once,
-    then kept: a second pass over the same lengths compiles nothing); each step moves only its inputs and output
-    and agrees with the reference threading the state by hand."""
+def test_decode_loop_rebinds_one_module_for_every_length(emu):
+    """The kernels read the symbolic length from their arguments: the re-bound executable builds one module for
+    every length (g++ runs once, with an empty cache), a second pass builds nothing; each step moves only its
+    inputs and output and agrees with the reference threading the state by hand."""
     from test_decode_loop import D, decode_graph
 
+    from luminal_recipes import instrument
     from luminal_recipes.compiler import SearchOptions, compile_graph
-    from luminal_recipes.runtimes.cuda import emu as emu_module
 
     steps = 6
     g = decode_graph(32)
     program = compile_graph(g, emu, {"n": steps}, options=SearchOptions(use_cache=False, time_top=0)).program
     assert "ScatterInPlace" in program.kernel_counts()
+    before = instrument.snapshot()
     exe = emu.load(program, dims={"n": steps})
     rng = np.random.default_rng(0)
     state = np.zeros((32, D), np.float32)
-    compiled = []
-    real_compile = emu_module.compile_emu
-    try:
-        emu_module.compile_emu = lambda *a, **k: compiled.append(1) or real_compile(*a, **k)
-        for rounds in range(2):
-            exe.set_state("cache")
-            state[...] = 0
-            for t in range(steps):
-                inputs = {"pos": np.array([t], np.int32), "row": rng.standard_normal((1, D)).astype(np.float32),
-                          "q": rng.standard_normal((1, D)).astype(np.float32)}
-                y = exe.run(inputs, dims={"n": t + 1})["y"]
-                want = run_reference(g, {**inputs, "cache": state}, dims={"n": t + 1})
-                state = want["cache"]
-                np.testing.assert_allclose(y, want["y"], rtol=1e-5, atol=1e-5)
-                assert (exe.stats.bytes_in, exe.stats.bytes_out, exe.stats.bytes_device) == (4 + 2 * D * 4, D * 4, 0)
-            if rounds == 0:
-                first = len(compiled)
-    finally:
-        emu_module.compile_emu = real_compile
-    assert first <= steps and len(compiled) == first  # the second pass reuses every module
+    for _ in range(2):
+        exe.set_state("cache")
+        state[...] = 0
+        for t in range(steps):
+            inputs = {"pos": np.array([t], np.int32), "row": rng.standard_normal((1, D)).astype(np.float32),
+                      "q": rng.standard_normal((1, D)).astype(np.float32)}
+            y = exe.run(inputs, dims={"n": t + 1})["y"]
+            want = run_reference(g, {**inputs, "cache": state}, dims={"n": t + 1})
+            state = want["cache"]
+            np.testing.assert_allclose(y, want["y"], rtol=1e-5, atol=1e-5)
+            assert (exe.stats.bytes_in, exe.stats.bytes_out, exe.stats.bytes_device) == (4 + 2 * D * 4, D * 4, 0)
+    built = instrument.snapshot() - before
+    assert built[instrument.CUDA_MODULE] == 1 and built[instrument.CUDA_COMPILE] <= 1
     assert np.array_equal(exe.state("cache"), state) and exe.stats.arena_allocations == 0

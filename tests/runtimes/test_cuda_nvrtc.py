@@ -4,7 +4,8 @@ ptxas reports no local-memory spills.
 The kernels come from the programs ``compile_graph`` makes (numpy runtime, no timing) for the tiny FLUX.2
 pipeline's three stages and the Llama recipe, each also rewritten to bf16 and f16 activations, plus the hot
 kernels at FLUX.2-dev sizes (norms over 3072, head-dim-128 norms, softmax over 4608 keys, fp8/nvfp4 weight
-decoders, the fp8 activation quantizers of the cuBLASLt path, im2col, GroupNorm + SiLU). All of them form one module per
+decoders, the fp8 activation quantizers of the cuBLASLt path, im2col, GroupNorm + SiLU). The stages' symbolic dims are
+prepared as the runtime prepares them (``prepare_program``): kernel arguments. All of them form one module per
 architecture (NVRTC ~1 s), cached on disk afterwards.
 Needs the CUDA wheels of the test extra (cupy, nvidia-cuda-nvrtc/-runtime/-crt); no GPU.
 """
@@ -128,6 +129,8 @@ def module_text(tmp_path_factory) -> tuple[str, int]:
 def test_every_kernel_compiles_without_spills(module_text, arch):
     text, count = module_text
     assert count > 100  # the stages' distinct kernels, three dtypes, dev sizes
+    # the stages' symbolic dims (seq, img, txt, h, w) are kernel arguments, read inside their functor structs too
+    assert "long long LRDIM__seq)" in text and "long long LRDIM__img;" in text
     _, log = nvrtc.compile_module(text, arch, extra=("-Xptxas=-v",))
     usage = nvrtc.resource_usage(log)
     assert len(usage) >= count, f"ptxas reported {len(usage)} kernels of {count}"
