@@ -241,7 +241,10 @@ def _size(n: int) -> str:
 
 # ---- JSON ---------------------------------------------------------------------------------------------------------
 MAX_JSON_DEPTH = 128  # configs nest a few levels; Python's parser would recurse (and fail) near 1,000
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # no nested repeat: linear time
+# A string, or an unterminated one up to the end of the text: a match never fails once it starts at a quote, so
+# a scan is linear even for text full of quotes and escapes ('"' + '\\"' * n had every quote start a failing scan
+# to the end: quadratic). The parser then reports the unterminated string.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _JSON_FIX = "fix the file, or download or write it again"
 
 

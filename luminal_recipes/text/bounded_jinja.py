@@ -46,6 +46,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatt
 from jinja2.utils import Namespace
 from markupsafe import Markup
 
+from .printf import printf_numbers
+
 MAX_TEMPLATE_CHARS = 1 << 16  # a template's source: real ones are 1-20 KB; compiling 64 KiB of Jinja takes seconds
 MAX_VALUE = 1 << 20  # characters of one string (the rendered text included)
 MAX_ITEMS = 1 << 17  # items of one list, tuple or dict (Jinja's filters loop over items in Python)
@@ -178,8 +180,6 @@ def _int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) else default
 
 
-# printf-style fields: %[(name)][flags][width][.precision][length]type
-_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.DOTALL)
 
 
 def printf_size(template: str, args: Any) -> int:
@@ -193,12 +193,11 @@ def printf_size(template: str, args: Any) -> int:
         values = [args]
     size = len(template) + text_size(values)
     stars = [abs(v) for v in values if isinstance(v, int)]
-    for match in _PRINTF_FIELD.finditer(template):
-        for number in match.group(1, 2):
-            if number == "*":
-                size += max(stars, default=0)
-            elif number:
-                size += int(number) if len(number) < 12 else MAX_VALUE + 1
+    for number in printf_numbers(template):  # linear, nested %(keys) as Python reads them
+        if number == "*":
+            size += max(stars, default=0)
+        else:
+            size += int(number) if len(number) < 12 else MAX_VALUE + 1
         if size > MAX_VALUE:
             break
     return size
