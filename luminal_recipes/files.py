@@ -282,8 +282,13 @@ def parse_json(text: str, where: str, error: type[LuminalError] = LuminalError, 
         return out
 
     try:
-        return json.loads(text, parse_float=number, object_pairs_hook=pairs,
-                          **({} if nonfinite else {"parse_constant": constant}))
+        value = json.loads(text, parse_float=number, object_pairs_hook=pairs,
+                           **({} if nonfinite else {"parse_constant": constant}))
+        lone = _lone_surrogate(text, value) if _SURROGATE_ESCAPE.search(text) else None
+        if lone is not None:  # "\ud800" parses, but is no character: tokenizers and printing fail on it later
+            raise error(f"{where}{_locate(text, lone)}: {_keyed(text, lone)}the escape {lone} is half of a UTF-16 "
+                        f"surrogate pair, not a character (the text is not valid Unicode); {fix}.")
+        return value
     except json.JSONDecodeError as exc:
         raise error(f"{where}:{exc.lineno}:{exc.colno}: not valid {kind} ({exc.msg}); {fix}.") from None
     except RecursionError:  # not reached after the depth scan; kept so no parser recursion escapes as a traceback
@@ -302,6 +307,38 @@ def read_json(path: str | PathLike, what: str, limit: int | None = MAX_JSON_BYTE
     text = read_regular_text(path, what, limit, error)
     return parse_json(text, str(path) if where is None else where, error, fix=fix, max_depth=max_depth,
                       nonfinite=nonfinite)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(text: str, value: Any) -> str | None:
+    """The first ``\\uD8xx``-``\\uDFxx`` escape of ``text`` that stands alone (not one half of a pair), when a
+    string of ``value`` (its keys included) holds a lone surrogate; else None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                break
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    else:
+        return None
+    for match in _SURROGATE_ESCAPE.finditer(text):
+        code = int(match.group()[2:], 16)
+        after = text[match.end():match.end() + 6]
+        paired = code < 0xDC00 and re.fullmatch(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}", after)
+        before = text[max(0, match.start() - 6):match.start()]
+        if paired or (code >= 0xDC00 and re.fullmatch(r"\\u[dD][89abAB][0-9a-fA-F]{2}", before)):
+            continue
+        return match.group()
+    return "\\uD800"
 
 
 def _depth_beyond(text: str, limit: int) -> int | None:

@@ -467,11 +467,13 @@ class _Evaluator:
     def _IfExp(self, node: ast.IfExp) -> Any:
         return self.eval(node.body) if self.eval(node.test) else self.eval(node.orelse)
 
+    # a list built of values (parameters) that are lists is sized too: [a, a] holds a's items twice, so a chain of
+    # parameters each [previous, previous] would otherwise double to 2**n items for the next walk over it
     def _List(self, node: ast.List) -> Any:
-        return [self.eval(e) for e in node.elts]
+        return check_value([self.eval(e) for e in node.elts])
 
     def _Tuple(self, node: ast.Tuple) -> Any:
-        return tuple(self.eval(e) for e in node.elts)
+        return check_value(tuple(self.eval(e) for e in node.elts))
 
     def _Call(self, node: ast.Call) -> Any:
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
