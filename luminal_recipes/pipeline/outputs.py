@@ -91,6 +91,7 @@ def check_explicit_output(path: Path, kind: str, overwrite: bool) -> None:
     if path.suffix.lower() != want:
         raise PipelineError(f"--output {path}: this pipeline's output is of type {kind}; the file name must end "
                             f"with {want}")
+    _check_name(path, f"--output {_shown(path)}", "choose another --output")
     if path.is_dir():
         raise PipelineError(f"--output {path}: is a folder; give a file name ending in {want}")
     if os.path.islink(path) and not path.exists():
@@ -108,6 +109,34 @@ def check_explicit_output(path: Path, kind: str, overwrite: bool) -> None:
 def check_output_folder(folder: Path = DEFAULT_OUTPUT_DIR) -> None:
     """The default folder can be created or written (checked before any work, as ``check_explicit_output``)."""
     _check_writable(folder, f"{folder}/", f"pass --output FILE or run from a folder where {folder}/ can be written")
+
+
+def _check_name(path: Path, what: str, fix: str) -> None:
+    """A name the file system can hold: no part longer than its NAME_MAX (255 bytes on Linux), nothing the
+    system refuses to look up (a path too long, a NUL byte); pathlib's checks would raise these as OSErrors."""
+    existing = Path(os.path.abspath(path)).parent
+    while not os.path.isdir(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
+    if longest > limit:
+        raise PipelineError(f"{what}: a name in it is {longest} bytes long, more than the {limit} a file name may "
+                            f"have here; {fix}")
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # checked below: the folder is tried, the file made by the run
+    except (OSError, ValueError) as exc:  # ENAMETOOLONG for the whole path, EACCES on the way, a NUL byte
+        raise PipelineError(f"{what}: cannot be used as a file name ({getattr(exc, 'strerror', None) or exc}); "
+                            f"{fix}") from None
+
+
+def _shown(path: Path, limit: int = 200) -> str:
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit - 40]}...{text[-20:]} ({len(text)} characters)"
 
 
 def _check_writable(folder: Path, what: str, fix: str) -> None:
