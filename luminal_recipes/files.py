@@ -121,6 +121,29 @@ def read_regular_text(path: str | PathLike, what: str, limit: int | None = None,
                     f"{exc.start}); save it as UTF-8.") from None
 
 
+def name_problem(path: str | PathLike) -> str | None:
+    """Why ``path`` cannot name a file to be written (in words), or None: a part longer than the file system's
+    NAME_MAX (255 bytes on Linux), a path the system refuses to look up (too long, a NUL byte, no permission on
+    the way). Checked before any work, where pathlib's own checks would raise these as OSErrors after it."""
+    existing = Path(os.path.abspath(path)).parent
+    while not os.path.isdir(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = max((len(os.fsencode(part)) for part in Path(path).parts), default=0)
+    if longest > limit:
+        return f"a name in it is {longest} bytes long, more than the {limit} a file name may have here"
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # to be made: whether its folder can be written is the caller's check
+    except (OSError, ValueError) as exc:  # ENAMETOOLONG for the whole path, EACCES on the way, a NUL byte
+        return f"it cannot be used as a file name ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
 # ---- fences around the checkpoint folders recipes name -------------------------------------------------------
 MAX_AUDIT_ENTRIES = 200_000  # a checkpoint holds tens of files; past this many the walk stops (opens still checked)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import __version__, tempfiles
 from ..errors import PipelineError
-from ..files import not_regular
+from ..files import name_problem, not_regular
 from ..image_io import save_image, slugify
 from .atomic_file import OutputExistsError, atomic_write
 
@@ -112,26 +112,9 @@ def check_output_folder(folder: Path = DEFAULT_OUTPUT_DIR) -> None:
 
 
 def _check_name(path: Path, what: str, fix: str) -> None:
-    """A name the file system can hold: no part longer than its NAME_MAX (255 bytes on Linux), nothing the
-    system refuses to look up (a path too long, a NUL byte); pathlib's checks would raise these as OSErrors."""
-    existing = Path(os.path.abspath(path)).parent
-    while not os.path.isdir(existing) and existing != existing.parent:
-        existing = existing.parent
-    try:
-        limit = os.pathconf(existing, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255
-    longest = max((len(os.fsencode(part)) for part in path.parts), default=0)
-    if longest > limit:
-        raise PipelineError(f"{what}: a name in it is {longest} bytes long, more than the {limit} a file name may "
-                            f"have here; {fix}")
-    try:
-        os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        pass  # checked below: the folder is tried, the file made by the run
-    except (OSError, ValueError) as exc:  # ENAMETOOLONG for the whole path, EACCES on the way, a NUL byte
-        raise PipelineError(f"{what}: cannot be used as a file name ({getattr(exc, 'strerror', None) or exc}); "
-                            f"{fix}") from None
+    problem = name_problem(path)
+    if problem is not None:
+        raise PipelineError(f"{what}: {problem}; {fix}")
 
 
 def _shown(path: Path, limit: int = 200) -> str:
