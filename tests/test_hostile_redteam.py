@@ -351,3 +351,24 @@ def test_a_golden_that_is_not_an_image_is_a_located_error(tmp_path, monkeypatch)
     monkeypatch.setattr(golden, "render", lambda *args, **kwargs: np.random.default_rng(0).integers(
         0, 256, (32, 32, 3), dtype=np.uint8))
     refused(cli("golden", "check", manifest), "a.png: not an image Pillow can read")
+
+
+# ---- the checkpoint fence: the folder above a tokenizer --------------------------------------------------------------
+def test_a_tokenizer_at_a_fenced_checkpoint_s_root_does_not_read_the_folder_above(tmp_path):
+    """Whether a tokenizer folder is a processor is read from the pipeline's model_index.json beside it; for a
+    tokenizer at the root of a fenced checkpoint that file would lie outside the checkpoint, so it is not read."""
+    from luminal_recipes import files
+    from luminal_recipes.text.tokenizer import _loaded_as_processor
+
+    tree = tmp_path / "tree"
+    checkpoint = tree / "checkpoint"
+    (checkpoint / "tokenizer").mkdir(parents=True)
+    (tree / "model_index.json").write_text(json.dumps({"checkpoint": ["transformers", "PixtralProcessor"]}))
+    (checkpoint / "model_index.json").write_text(json.dumps({"tokenizer": ["transformers", "PixtralProcessor"]}))
+    try:
+        files.fence(checkpoint, [tree], "r.yaml:1:1: the checkpoint the recipe names", "the recipe's folder tree")
+        assert not _loaded_as_processor(checkpoint)
+        assert _loaded_as_processor(checkpoint / "tokenizer")  # inside: the pipeline's own model_index.json
+    finally:
+        files._FENCES.clear()
+    assert _loaded_as_processor(checkpoint)  # a folder the user named: read as before

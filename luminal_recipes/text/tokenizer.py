@@ -19,7 +19,7 @@ import tokenizers
 
 from luminal_recipes import heap
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.files import MAX_JSON_BYTES, present, read_json, read_regular_text
+from luminal_recipes.files import MAX_JSON_BYTES, fence_of, present, read_json, read_regular_text
 
 from .chat_template import SPECIAL_TOKEN_NAMES, find_chat_templates, render_chat
 from .check import check_text
@@ -201,8 +201,8 @@ def check_length(value, name: str) -> int:
 def _loaded_as_processor(folder: Path) -> bool:
     """Whether the pipeline's model_index.json loads this folder as a processor (e.g. ``PixtralProcessor``)."""
     index = folder.parent / "model_index.json"
-    if not present(index):
-        return False
+    if not present(index) or fence_of(index) is not fence_of(folder):
+        return False  # a tokenizer at a fenced checkpoint's root: the folder above is no pipeline of it
     try:
         data = read_json(index, "model_index.json", MAX_JSON_BYTES, CheckpointError)
     except OSError:
