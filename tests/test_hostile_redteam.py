@@ -372,3 +372,48 @@ def test_a_tokenizer_at_a_fenced_checkpoint_s_root_does_not_read_the_folder_abov
     finally:
         files._FENCES.clear()
     assert _loaded_as_processor(checkpoint)  # a folder the user named: read as before
+
+
+# ---- tokenizer files read whole: bounded --------------------------------------------------------------------------
+def _tokenizer_copy(tmp_path: Path) -> Path:
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(RECIPES / "flux2-klein-tiny" / "checkpoint" / "tokenizer", folder)
+    return folder
+
+
+def _refused_in_child(folder: Path, words: str) -> None:
+    out = results(textwrap.dedent(f"""
+        import json, resource
+        from luminal_recipes.errors import CheckpointError
+        from luminal_recipes.tasks.flux2.tokenize import Flux2Tokenizer
+        try:
+            Flux2Tokenizer.from_pretrained({str(folder)!r}, processor=False)
+            print(json.dumps(["read", 0]))
+        except CheckpointError as exc:
+            print(json.dumps([str(exc), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))
+    """))
+    assert words in out[0], out
+    assert out[1] < 1 << 20, out  # KiB: well under a GiB was ever resident
+
+
+def test_a_huge_tokenizer_json_is_refused_before_it_is_read(tmp_path):
+    """A 3 GiB (sparse) tokenizer.json was read whole and parsed: 12 GB resident, 47 s."""
+    folder = _tokenizer_copy(tmp_path)
+    os.truncate(folder / "tokenizer.json", 3 << 30)
+    _refused_in_child(folder, "tokenizer.json: the tokenizer is 3.0 GiB, more than the 256.0 MiB this tool reads")
+
+
+def test_named_chat_templates_are_bounded_in_size_and_number(tmp_path):
+    """Every additional_chat_templates/*.jinja is read whole: 16 MiB each (and any number of them) reached GBs."""
+    folder = _tokenizer_copy(tmp_path)
+    extra = folder / "additional_chat_templates"
+    extra.mkdir()
+    for i in range(3):
+        with open(extra / f"t{i}.jinja", "wb") as handle:
+            handle.truncate(15 << 20)
+    _refused_in_child(folder, "t0.jinja: a chat template is 15.0 MiB, more than the 256.0 KiB this tool reads")
+    shutil.rmtree(extra)
+    extra.mkdir()
+    for i in range(300):
+        (extra / f"t{i}.jinja").write_text("{{ messages[0]['content'] }}")
+    _refused_in_child(folder, "more than 256 named chat templates")

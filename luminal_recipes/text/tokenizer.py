@@ -254,6 +254,9 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+MAX_TOKENIZER_BYTES = 256 << 20  # tokenizer.json: the largest published are ~35 MB; parsing takes several times this
+
+
 def load_tokenizer_json(folder: str | Path, missing_hint: str) -> tuple[Path, tokenizers.Tokenizer]:
     """The ``tokenizer.json`` of ``folder`` (or of its ``tokenizer/`` subfolder) and the folder it is in;
     ``missing_hint`` says where a missing file should come from."""
@@ -264,7 +267,7 @@ def load_tokenizer_json(folder: str | Path, missing_hint: str) -> tuple[Path, to
     if not present(path):
         raise CheckpointError(f"{path}: file not found; {missing_hint}")
     try:
-        text = read_regular_text(path, "the tokenizer", None, CheckpointError)
+        text = read_regular_text(path, "the tokenizer", MAX_TOKENIZER_BYTES, CheckpointError)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc}); restore it from the checkpoint.") \
             from None
