@@ -417,3 +417,22 @@ def test_named_chat_templates_are_bounded_in_size_and_number(tmp_path):
     for i in range(300):
         (extra / f"t{i}.jinja").write_text("{{ messages[0]['content'] }}")
     _refused_in_child(folder, "more than 256 named chat templates")
+
+
+def test_a_safetensors_header_of_too_many_tensors_is_refused_before_parsing(tmp_path):
+    """1,000,000 one-number tensors in a 70 MB header (within the format's 100 MiB) took 2.2 GB and 46 s."""
+    import struct
+
+    from luminal_recipes.errors import CheckpointError
+    from luminal_recipes.weights.safetensors_io import MAX_TENSORS_PER_FILE
+
+    n = MAX_TENSORS_PER_FILE + 1
+    entries = ",".join(f'"t{i}":{{"dtype":"F32","shape":[1],"data_offsets":[{4 * i},{4 * i + 4}]}}' for i in range(n))
+    raw = ("{" + entries + "}").encode()
+    raw += b" " * (-len(raw) % 8)
+    path = tmp_path / "many.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(4 * n))
+    started = time.perf_counter()
+    with pytest.raises(CheckpointError, match=f"more than the {MAX_TENSORS_PER_FILE} tensors"):
+        Checkpoint.open(path)
+    assert time.perf_counter() - started < 2
