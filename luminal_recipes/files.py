@@ -121,6 +121,29 @@ def read_regular_text(path: str | PathLike, what: str, limit: int | None = None,
                     f"{exc.start}); save it as UTF-8.") from None
 
 
+def name_problem(path: str | PathLike) -> str | None:
+    """Why ``path`` cannot name a file to be written (in words), or None: a part longer than the file system's
+    NAME_MAX (255 bytes on Linux), a path the system refuses to look up (too long, a NUL byte, no permission on
+    the way). Checked before any work, where pathlib's own checks would raise these as OSErrors after it."""
+    existing = Path(os.path.abspath(path)).parent
+    while not os.path.isdir(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    longest = max((len(os.fsencode(part)) for part in Path(path).parts), default=0)
+    if longest > limit:
+        return f"a name in it is {longest} bytes long, more than the {limit} a file name may have here"
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # to be made: whether its folder can be written is the caller's check
+    except (OSError, ValueError) as exc:  # ENAMETOOLONG for the whole path, EACCES on the way, a NUL byte
+        return f"it cannot be used as a file name ({getattr(exc, 'strerror', None) or exc})"
+    return None
+
+
 # ---- fences around the checkpoint folders recipes name -------------------------------------------------------
 MAX_AUDIT_ENTRIES = 200_000  # a checkpoint holds tens of files; past this many the walk stops (opens still checked)
 
@@ -241,7 +264,10 @@ def _size(n: int) -> str:
 
 # ---- JSON ---------------------------------------------------------------------------------------------------------
 MAX_JSON_DEPTH = 128  # configs nest a few levels; Python's parser would recurse (and fail) near 1,000
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # no nested repeat: linear time
+# A string, or an unterminated one up to the end of the text: a match never fails once it starts at a quote, so
+# a scan is linear even for text full of quotes and escapes ('"' + '\\"' * n had every quote start a failing scan
+# to the end: quadratic). The parser then reports the unterminated string.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _JSON_FIX = "fix the file, or download or write it again"
 
 
@@ -279,8 +305,13 @@ def parse_json(text: str, where: str, error: type[LuminalError] = LuminalError, 
         return out
 
     try:
-        return json.loads(text, parse_float=number, object_pairs_hook=pairs,
-                          **({} if nonfinite else {"parse_constant": constant}))
+        value = json.loads(text, parse_float=number, object_pairs_hook=pairs,
+                           **({} if nonfinite else {"parse_constant": constant}))
+        lone = _lone_surrogate(text, value) if _SURROGATE_ESCAPE.search(text) else None
+        if lone is not None:  # "\ud800" parses, but is no character: tokenizers and printing fail on it later
+            raise error(f"{where}{_locate(text, lone)}: {_keyed(text, lone)}the escape {lone} is half of a UTF-16 "
+                        f"surrogate pair, not a character (the text is not valid Unicode); {fix}.")
+        return value
     except json.JSONDecodeError as exc:
         raise error(f"{where}:{exc.lineno}:{exc.colno}: not valid {kind} ({exc.msg}); {fix}.") from None
     except RecursionError:  # not reached after the depth scan; kept so no parser recursion escapes as a traceback
@@ -299,6 +330,38 @@ def read_json(path: str | PathLike, what: str, limit: int | None = MAX_JSON_BYTE
     text = read_regular_text(path, what, limit, error)
     return parse_json(text, str(path) if where is None else where, error, fix=fix, max_depth=max_depth,
                       nonfinite=nonfinite)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(text: str, value: Any) -> str | None:
+    """The first ``\\uD8xx``-``\\uDFxx`` escape of ``text`` that stands alone (not one half of a pair), when a
+    string of ``value`` (its keys included) holds a lone surrogate; else None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                break
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    else:
+        return None
+    for match in _SURROGATE_ESCAPE.finditer(text):
+        code = int(match.group()[2:], 16)
+        after = text[match.end():match.end() + 6]
+        paired = code < 0xDC00 and re.fullmatch(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}", after)
+        before = text[max(0, match.start() - 6):match.start()]
+        if paired or (code >= 0xDC00 and re.fullmatch(r"\\u[dD][89abAB][0-9a-fA-F]{2}", before)):
+            continue
+        return match.group()
+    return "\\uD800"
 
 
 def _depth_beyond(text: str, limit: int) -> int | None:

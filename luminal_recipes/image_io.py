@@ -156,6 +156,11 @@ def read_png(path: str | PathLike) -> tuple[np.ndarray, dict[str, str]]:
     """``(pixels (H, W, 3) uint8, text chunks)`` of a PNG, e.g. one this module wrote (a regular file: a FIFO or
     a device is refused, never read)."""
     data = read_regular(path, "a PNG", MAX_IMAGE_FILE_BYTES, PipelineError)
-    with Image.open(io.BytesIO(data)) as image:
-        image.load()
-        return np.asarray(image.convert("RGB")), dict(image.text)
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            return np.asarray(image.convert("RGB")), dict(getattr(image, "text", {}))
+    except Image.UnidentifiedImageError:
+        raise PipelineError(f"{path}: not an image Pillow can read; write the PNG again.") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:  # truncated, a bomb...
+        raise PipelineError(f"{path}: cannot read it as an image ({exc}); write the PNG again.") from None

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import PipelineError
-from ..files import MAX_JSON_BYTES, present, read_regular_text
+from ..files import MAX_JSON_BYTES, name_problem, present, read_regular_text
 from ..image_io import read_png, to_uint8, write_png
 from ..recipe.located import Origin
 from ..recipe.paths import confined
+from ..recipe.safe_eval import shorten
 from ..recipe.yaml_source import YamlSource, parse_yaml
 from .driver import Pipeline
 
@@ -75,8 +76,11 @@ def golden_file(source: YamlSource, at: tuple, text: Any, suffixes: tuple[str, .
     folder = source.file.parent
     path = confined(origin, folder, text, "the manifest's folder", [folder])
     for suffix in suffixes:
-        if suffix:
-            confined(origin, folder, str(Path(text).with_suffix(suffix)), "the manifest's folder", [folder])
+        written = confined(origin, folder, str(Path(text).with_suffix(suffix)), "the manifest's folder",
+                           [folder]) if suffix else path
+        problem = name_problem(written)  # before any image is made, not as the file is written
+        if problem is not None:
+            raise origin.error(f"the golden file {shorten(str(written), 120)}: {problem}")
     return path
 
 

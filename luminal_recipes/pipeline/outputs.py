@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import __version__, tempfiles
 from ..errors import PipelineError
-from ..files import not_regular
+from ..files import name_problem, not_regular
 from ..image_io import save_image, slugify
 from .atomic_file import OutputExistsError, atomic_write
 
@@ -91,6 +91,7 @@ def check_explicit_output(path: Path, kind: str, overwrite: bool) -> None:
     if path.suffix.lower() != want:
         raise PipelineError(f"--output {path}: this pipeline's output is of type {kind}; the file name must end "
                             f"with {want}")
+    _check_name(path, f"--output {_shown(path)}", "choose another --output")
     if path.is_dir():
         raise PipelineError(f"--output {path}: is a folder; give a file name ending in {want}")
     if os.path.islink(path) and not path.exists():
@@ -108,6 +109,17 @@ def check_explicit_output(path: Path, kind: str, overwrite: bool) -> None:
 def check_output_folder(folder: Path = DEFAULT_OUTPUT_DIR) -> None:
     """The default folder can be created or written (checked before any work, as ``check_explicit_output``)."""
     _check_writable(folder, f"{folder}/", f"pass --output FILE or run from a folder where {folder}/ can be written")
+
+
+def _check_name(path: Path, what: str, fix: str) -> None:
+    problem = name_problem(path)
+    if problem is not None:
+        raise PipelineError(f"{what}: {problem}; {fix}")
+
+
+def _shown(path: Path, limit: int = 200) -> str:
+    text = str(path)
+    return text if len(text) <= limit else f"{text[:limit - 40]}...{text[-20:]} ({len(text)} characters)"
 
 
 def _check_writable(folder: Path, what: str, fix: str) -> None:

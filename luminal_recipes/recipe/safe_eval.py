@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..text.printf import printf_numbers
 from .suggest import did_you_mean, one_of
 
 _WRAPPED = re.compile(r"^\s*\$\{(.*)\}\s*$", re.DOTALL)
@@ -177,8 +178,6 @@ def checked_round(number: Any, *ndigits: Any) -> Any:
     return check_value(round(number, *ndigits))
 
 
-# printf-style fields: %[(name)][flags][width][.precision][length]type
-_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.DOTALL)
 
 
 def checked_format(template: str, args: Any) -> str:
@@ -187,14 +186,13 @@ def checked_format(template: str, args: Any) -> str:
     values = list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, tuple) else [args]
     size = len(template) + sum(text_size(v) for v in values)
     starred = [v for v in values if _plain_int(v)]
-    for match in _PRINTF_FIELD.finditer(template):
-        for number in match.group(1, 2):
-            if number == "*":
-                size += max((abs(v) for v in starred), default=0)
-            elif number:
-                size += int(number) if len(number) < 10 else MAX_SEQUENCE + 1
-            if size > MAX_SEQUENCE:
-                raise _limit(size, f"{shorten(repr(template), 40)} % ...")
+    for number in printf_numbers(template):  # linear, nested %(keys) as Python reads them
+        if number == "*":
+            size += max((abs(v) for v in starred), default=0)
+        else:
+            size += int(number) if len(number) < 10 else MAX_SEQUENCE + 1
+        if size > MAX_SEQUENCE:
+            raise _limit(size, f"{shorten(repr(template), 40)} % ...")
     if size > MAX_SEQUENCE:
         raise _limit(size, f"{shorten(repr(template), 40)} % ...")
     return check_value(template % args)
@@ -469,11 +467,13 @@ class _Evaluator:
     def _IfExp(self, node: ast.IfExp) -> Any:
         return self.eval(node.body) if self.eval(node.test) else self.eval(node.orelse)
 
+    # a list built of values (parameters) that are lists is sized too: [a, a] holds a's items twice, so a chain of
+    # parameters each [previous, previous] would otherwise double to 2**n items for the next walk over it
     def _List(self, node: ast.List) -> Any:
-        return [self.eval(e) for e in node.elts]
+        return check_value([self.eval(e) for e in node.elts])
 
     def _Tuple(self, node: ast.Tuple) -> Any:
-        return tuple(self.eval(e) for e in node.elts)
+        return check_value(tuple(self.eval(e) for e in node.elts))
 
     def _Call(self, node: ast.Call) -> Any:
         if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):

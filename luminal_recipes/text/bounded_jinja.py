@@ -46,11 +46,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEscapeFormatt
 from jinja2.utils import Namespace
 from markupsafe import Markup
 
+from .printf import printf_numbers
+
 MAX_TEMPLATE_CHARS = 1 << 16  # a template's source: real ones are 1-20 KB; compiling 64 KiB of Jinja takes seconds
 MAX_VALUE = 1 << 20  # characters of one string (the rendered text included)
 MAX_ITEMS = 1 << 17  # items of one list, tuple or dict (Jinja's filters loop over items in Python)
 MAX_WORK = 1 << 24  # characters and items all the operations of one render produce together
-MAX_SLOW_TEXT = 1 << 17  # characters of the input of a filter that loops in Python over its words (urlize)
+MAX_SLOW_TEXT = 1 << 17  # characters of the input of a filter that loops in Python over its words (urlize) or
+#                          copies the rest of the text once per tag it removes (striptags: quadratic)
+_SLOW = ("urlize", "striptags")  # filters (and Markup methods) limited to MAX_SLOW_TEXT characters of input
 MAX_WRAP_WORK = 1 << 31  # textwrap splits a long word in steps that copy the rest: (longest word) ** 2 / width
 MAX_STEPS = 1 << 19  # loop iterations, calls, lookups, operators and filters of one render
 MAX_SECONDS = 5.0  # one render's wall time, checked at every step
@@ -79,6 +83,7 @@ class _Budget:
         self.steps = 0
         self.work = 0
         self.deadline = time.monotonic() + MAX_SECONDS
+        self.sizes: dict[int, tuple[Any, int]] = {}  # id -> (container, its text_size): each built one, once
 
     def tick(self) -> None:
         self.steps += 1
@@ -106,15 +111,66 @@ def _tick() -> None:
 
 def _spend(value: Any) -> Any:
     """Count a value an operation built against the render's budget (and its size against MAX_VALUE or
-    MAX_ITEMS)."""
+    MAX_ITEMS); a list, tuple or dict also by its text (``_built_size``)."""
     if isinstance(value, (str, bytes, list, tuple, dict)):
         size = len(value)
         if size > _limit(value):
             raise _too_big("an operation", size, _limit(value))
+        if not isinstance(value, (str, bytes)):
+            _built_size(value)
         budget = _BUDGET.get()
         if budget is not None:
             budget.spend(size)
     return value
+
+
+def _built_size(value: list | tuple | dict) -> int:
+    """The text size of a container a template builds (``text_size``: an item held twice counts twice), refused
+    beyond MAX_WORK. Python compares, hashes, sorts, copies and lower-cases such a value item by item in one C call
+    that no step count interrupts, so a value whose text is larger than its length says is refused when built:
+    ``[s] * 100000`` (s a long string: ``|sort``, ``|unique``, ``|max`` lower-case every item) or ``[x, x]``
+    nested 60 deep (2**60 items to ``==`` or ``hash``). Each container built in a render is sized once (its sized
+    items are looked up, not walked again), so building stays linear."""
+    budget = _BUDGET.get()
+    sizes = budget.sizes if budget is not None else {}
+    known = sizes.get(id(value))
+    if known is not None and known[0] is value:
+        return known[1]
+    children = [x for pair in value.items() for x in pair] if isinstance(value, dict) else value
+    total = 2 + len(value) * 4
+    for child in children:
+        if total > MAX_WORK:
+            break
+        if isinstance(child, str):
+            total += len(child)
+            continue
+        known = sizes.get(id(child))
+        total += known[1] if known is not None and known[0] is child else text_size(child, MAX_WORK - total)
+    return _record_size(value, total)
+
+
+def _record_size(value: Any, total: int, kind: type | None = None) -> int:
+    if total > MAX_WORK:
+        raise TemplateBoundError(f"a {(kind or type(value)).__name__} whose text would be more than {MAX_WORK} "
+                                 f"characters (items held more than once count each time); chat templates build "
+                                 f"smaller values")
+    budget = _BUDGET.get()
+    if budget is not None and value is not None:
+        budget.sizes[id(value)] = (value, total)
+    return total
+
+
+def _binop_size(operator: str, left: Any, right: Any) -> int | None:
+    """The text size of ``left + right`` or ``left * right`` for lists and tuples, from the operands' (each sized
+    once), refused beyond MAX_WORK before the result is built; None for other operations."""
+    sequences = (list, tuple)
+    if operator == "+" and isinstance(left, sequences) and isinstance(right, sequences):
+        return _record_size(None, _built_size(left) + _built_size(right), type(left))
+    if operator == "*":
+        for seq, count in ((left, right), (right, left)):
+            if isinstance(seq, sequences) and isinstance(count, int):
+                return _record_size(None, 2 + max(0, count) * _built_size(seq), type(seq))
+    return None
 
 
 def render(template: jinja2.Template, variables: dict) -> str:
@@ -178,8 +234,6 @@ def _int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) else default
 
 
-# printf-style fields: %[(name)][flags][width][.precision][length]type
-_PRINTF_FIELD = re.compile(r"%(?:\([^)]*\))?[#0 +\-]*(\*|\d+)?(?:\.(\*|\d+))?[hlL]?(.)", re.DOTALL)
 
 
 def printf_size(template: str, args: Any) -> int:
@@ -193,12 +247,11 @@ def printf_size(template: str, args: Any) -> int:
         values = [args]
     size = len(template) + text_size(values)
     stars = [abs(v) for v in values if isinstance(v, int)]
-    for match in _PRINTF_FIELD.finditer(template):
-        for number in match.group(1, 2):
-            if number == "*":
-                size += max(stars, default=0)
-            elif number:
-                size += int(number) if len(number) < 12 else MAX_VALUE + 1
+    for number in printf_numbers(template):  # linear, nested %(keys) as Python reads them
+        if number == "*":
+            size += max(stars, default=0)
+        else:
+            size += int(number) if len(number) < 12 else MAX_VALUE + 1
         if size > MAX_VALUE:
             break
     return size
@@ -258,6 +311,8 @@ def _method_size(name: str, owner: Any, args: tuple, kwargs: dict) -> tuple[int,
             return _int(_arg(args, kwargs, 0, "length", 1)), args
         return 0, args
     size = len(owner)
+    if name in _SLOW:
+        _check_slow(name, size)
     if name in ("center", "ljust", "rjust", "zfill"):
         return max(size, _int(_arg(args, kwargs, 0, "width"))), args
     if name == "expandtabs":
@@ -281,6 +336,12 @@ def _method_size(name: str, owner: Any, args: tuple, kwargs: dict) -> tuple[int,
         longest = max((len(v) for v in values if isinstance(v, (str, bytes))), default=1)
         return size * max(1, longest), args
     return 0, args
+
+
+def _check_slow(name: str, size: int) -> None:
+    if size > MAX_SLOW_TEXT:
+        raise TemplateBoundError(f"{name} of {size} characters would take too long; chat templates {name} at most "
+                                 f"{MAX_SLOW_TEXT}")
 
 
 # ---- filters ------------------------------------------------------------------------------------------------------
@@ -320,8 +381,8 @@ def _filter_size(name: str, a: dict, environment: jinja2.Environment) -> int:
         if isinstance(a.get("count"), int) and a["count"] >= 0:
             count = min(count, a["count"])
         return text + count * max(0, len(new) - len(old))
-    if name == "urlize" and text > MAX_SLOW_TEXT:
-        raise TemplateBoundError(f"urlize of {text} characters; chat templates urlize at most {MAX_SLOW_TEXT}")
+    if name in _SLOW:
+        _check_slow(name, text)
     if name == "wordwrap":
         wrap = a.get("wrapstring")
         wrap = len(wrap) if isinstance(wrap, str) else 1
@@ -370,7 +431,7 @@ _sum = jinja2.pass_environment(_sum)
 
 # filters whose result's size depends on their arguments (widths, counts, separators): sized by _filter_size
 _SIZED = {"center", "indent", "format", "join", "replace", "wordwrap", "batch", "slice", "tojson", "pprint", "sum",
-          "urlize"}
+          "urlize", "striptags"}
 
 
 def _bounded_filter(name: str, function: Callable, environment: jinja2.Environment) -> Callable:
@@ -434,7 +495,23 @@ def _lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str
 
 # ---- the environment ----------------------------------------------------------------------------------------------
 class _BoundedCodeGenerator(CodeGenerator):
-    """``a ~ b`` joined by ``environment.bounded_join``, which sizes the pieces' text first."""
+    """``a ~ b`` joined by ``environment.bounded_join``, which sizes the pieces' text first; list, tuple and dict
+    literals sized as they are built (``environment.built``)."""
+
+    def _built(visit: Callable) -> Callable:  # noqa: N805 - a decorator of this class's visitors
+        def visitor(self: CodeGenerator, node: nodes.Expr, frame: Any) -> None:
+            if getattr(node, "ctx", "load") != "load":  # a tuple being assigned to (a for loop's target)
+                visit(self, node, frame)
+                return
+            self.write("environment.built(")
+            visit(self, node, frame)
+            self.write(")")
+
+        return visitor
+
+    visit_List = _built(CodeGenerator.visit_List)
+    visit_Tuple = _built(CodeGenerator.visit_Tuple)
+    visit_Dict = _built(CodeGenerator.visit_Dict)
 
     @optimizeconst
     def visit_Concat(self, node: nodes.Concat, frame: Any) -> None:
@@ -521,10 +598,19 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             raise _too_big("this ~ join", size)
         return _spend(join(pieces))
 
+    def built(self, value: Any) -> Any:
+        """A list, tuple or dict literal's value, sized (``_built_size``)."""
+        _tick()
+        return _spend(value)
+
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _tick()
         check_binop(operator, left, right)
-        return _spend(super().call_binop(context, operator, left, right))
+        size = _binop_size(operator, left, right)
+        result = super().call_binop(context, operator, left, right)
+        if size is not None:
+            _record_size(result, size)  # so that _spend does not walk the result again
+        return _spend(result)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _tick()

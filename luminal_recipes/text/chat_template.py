@@ -35,7 +35,7 @@ import jinja2.utils
 
 from ..errors import CheckpointError
 from ..files import MAX_JSON_BYTES, kind_of, present, read_json, read_regular_text
-from .bounded_jinja import BoundedEnvironment, TemplateBoundError, render
+from .bounded_jinja import MAX_TEMPLATE_CHARS, BoundedEnvironment, TemplateBoundError, render
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
@@ -91,8 +91,16 @@ def find_chat_templates(folder: Path, tokenizer_config: dict, processor: bool) -
         if not extra.is_dir():
             raise CheckpointError(f"{extra}: the named chat templates must be a folder of .jinja files, but this is "
                                   f"{kind_of(os.stat(extra).st_mode) if extra.exists() else 'a broken link'}.")
-        for path in sorted(extra.glob("*.jinja")):
-            files[path.name.removesuffix(".jinja")] = _read_text(path)
+        names = []
+        with os.scandir(extra) as entries:  # counted as listed: a folder of a million files is not sorted first
+            for entry in entries:
+                if entry.name.endswith(".jinja"):
+                    names.append(entry.name)
+                    if len(names) > MAX_NAMED_TEMPLATES:
+                        raise CheckpointError(f"{extra}: more than {MAX_NAMED_TEMPLATES} named chat templates; a "
+                                              f"tokenizer has a few. Restore the folder from the checkpoint.")
+        for name in sorted(names):
+            files[name.removesuffix(".jinja")] = _read_text(extra / name)
     if files:
         where = str(jinja) if list(files) == ["default"] else f"{folder} ({CHAT_TEMPLATE_FILE}, {CHAT_TEMPLATE_DIR}/)"
         return ChatTemplates(files["default"] if list(files) == ["default"] else files, where)
@@ -116,9 +124,13 @@ def _named(value: Any, source: str) -> ChatTemplates:
     )
 
 
+MAX_TEMPLATE_BYTES = 4 * MAX_TEMPLATE_CHARS  # a template file: what the renderer compiles, in UTF-8 at most
+MAX_NAMED_TEMPLATES = 256  # additional_chat_templates/*.jinja: each read whole, so their number is bounded too
+
+
 def _read_text(path: Path) -> str:
     try:
-        return read_regular_text(path, "a chat template", MAX_JSON_BYTES, CheckpointError)
+        return read_regular_text(path, "a chat template", MAX_TEMPLATE_BYTES, CheckpointError)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read it ({exc}); restore it from the checkpoint.") from None
 

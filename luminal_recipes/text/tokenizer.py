@@ -19,7 +19,7 @@ import tokenizers
 
 from luminal_recipes import heap
 from luminal_recipes.errors import CheckpointError, PipelineError
-from luminal_recipes.files import MAX_JSON_BYTES, present, read_json, read_regular_text
+from luminal_recipes.files import MAX_JSON_BYTES, fence_of, present, read_json, read_regular_text
 
 from .chat_template import SPECIAL_TOKEN_NAMES, find_chat_templates, render_chat
 from .check import check_text
@@ -201,8 +201,8 @@ def check_length(value, name: str) -> int:
 def _loaded_as_processor(folder: Path) -> bool:
     """Whether the pipeline's model_index.json loads this folder as a processor (e.g. ``PixtralProcessor``)."""
     index = folder.parent / "model_index.json"
-    if not present(index):
-        return False
+    if not present(index) or fence_of(index) is not fence_of(folder):
+        return False  # a tokenizer at a fenced checkpoint's root: the folder above is no pipeline of it
     try:
         data = read_json(index, "model_index.json", MAX_JSON_BYTES, CheckpointError)
     except OSError:
@@ -254,6 +254,9 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+MAX_TOKENIZER_BYTES = 256 << 20  # tokenizer.json: the largest published are ~35 MB; parsing takes several times this
+
+
 def load_tokenizer_json(folder: str | Path, missing_hint: str) -> tuple[Path, tokenizers.Tokenizer]:
     """The ``tokenizer.json`` of ``folder`` (or of its ``tokenizer/`` subfolder) and the folder it is in;
     ``missing_hint`` says where a missing file should come from."""
@@ -264,7 +267,7 @@ def load_tokenizer_json(folder: str | Path, missing_hint: str) -> tuple[Path, to
     if not present(path):
         raise CheckpointError(f"{path}: file not found; {missing_hint}")
     try:
-        text = read_regular_text(path, "the tokenizer", None, CheckpointError)
+        text = read_regular_text(path, "the tokenizer", MAX_TOKENIZER_BYTES, CheckpointError)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read it ({exc.strerror or exc}); restore it from the checkpoint.") \
             from None

@@ -10,6 +10,11 @@ Thompson NFA and run as a lazily built DFA (the RE2 approach): one pass over the
 the key. Constructs that need backtracking (backreferences, lookarounds, conditionals, atomic groups, possessive
 repeats) are refused with the key named, and so are keys longer than ``MAX_KEY_CHARS`` or whose automaton
 exceeds ``MAX_STATES`` (a counted repeat such as ``(a{100}){100}`` expands).
+
+A key without a repeat or a branch of its own (a module name, ``blocks.0.attn``: the common case) cannot make ``re``
+backtrack beyond PEFT's ``(.*\\.)?`` wrapper (time ``len(name) * len(key)``), so ``re`` itself matches it. One dict
+holds at most ``MAX_KEYS`` keys and ``MAX_TOTAL_STATES`` automaton states in all: each key is bounded, but building
+thousands of large automata took minutes (400 keys ``[a-z]{4990}N``, a 10 KB header: 21 s).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ _PREFIX_CHARS = len("(.*\\.)?(")  # PEFT's wrapper before the key
 MAX_KEY_CHARS = 500  # PEFT keys are module names or short expressions
 MAX_STATES = 5000  # NFA states of one key, counted repeats expanded
 MAX_DFA_CACHE = 20000  # cached transitions per key before the cache is dropped (memory stays bounded)
+MAX_KEYS = 4096  # keys of one pattern dict: a model has at most a few thousand LoRA layers to name
+MAX_TOTAL_STATES = 50_000  # automaton states of all the keys of one dict (building them takes ~10 us a state)
 
 _ATOMS = (_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN)
 _REPEATS = (_c.MAX_REPEAT, _c.MIN_REPEAT)
@@ -70,6 +77,10 @@ class PeftPattern:
             raise PatternError(f"the key {_shown(key)} nests too deep") from None
         self.asserts: list[Callable] = []  # zero-width tests (``$``, ``\b``...), by index
         self.states: list[list] = []
+        self.fast: Callable | None = None
+        if _fixed(list(tree)) == 2:  # no repeat or branch of its own (only the wrapper's two): ``re`` is linear
+            self.fast = re.compile(source).match  # module names, "blocks.0.attn" (the common keys), at C speed
+            return
         self._work = 0  # items built, repeats expanded: bounded even where they add no state (``(?:){10**9}``)
         try:
             match = self._new(["m"])
@@ -169,6 +180,8 @@ class PeftPattern:
         return found
 
     def matches(self, name: str) -> bool:
+        if self.fast is not None:
+            return self.fast(name) is not None
         seeds = frozenset((self.start,))
         for pos in range(len(name) + 1):
             context = tuple(test(name, pos) is not None for test in self.asserts)
@@ -184,7 +197,10 @@ class PeftPattern:
 def compile_patterns(patterns: dict, where: str, error: type[Exception]) -> list[tuple[PeftPattern, object]]:
     """A PEFT pattern dict's keys compiled, in order, with their values; ``error`` naming ``where`` and the key
     for one that is not a regular expression or is refused."""
-    out = []
+    if len(patterns) > MAX_KEYS:
+        raise error(f"{where}: {len(patterns)} keys, more than the {MAX_KEYS} this tool reads (a model has at most "
+                    f"a few thousand layers to name)")
+    out, states = [], 0
     for key, value in patterns.items():
         if not isinstance(key, str):
             raise error(f"{where}: the key {key!r} is not a string")
@@ -192,7 +208,31 @@ def compile_patterns(patterns: dict, where: str, error: type[Exception]) -> list
             out.append((PeftPattern(key), value))
         except PatternError as exc:
             raise error(f"{where}: {exc}") from None
+        states += len(out[-1][0].states)
+        if states > MAX_TOTAL_STATES:  # each key within MAX_STATES, but building thousands of them takes minutes
+            raise error(f"{where}: the keys together expand to more than {MAX_TOTAL_STATES} automaton states "
+                        f"(at {_shown(key)}); name the modules, or use fewer and simpler expressions")
     return out
+
+
+def _fixed(items: list) -> int | None:
+    """How many repeats a parsed expression holds, or None if it holds a branch or anything but plain
+    characters, zero-width tests and groups (then it needs the automaton, or is refused there)."""
+    count = 0
+    for op, av in items:
+        if op in _ATOMS or op is _c.AT:
+            continue
+        if op is _c.SUBPATTERN:
+            inner = _fixed(list(av[3]))
+        elif op in _REPEATS:
+            inner = _fixed(list(av[2]))
+            inner = None if inner is None else inner + 1
+        else:
+            return None
+        if inner is None:
+            return None
+        count += inner
+    return count
 
 
 def first_match(compiled: Iterable[tuple[PeftPattern, object]], name: str):
