@@ -30,14 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_checks import cli, forbid_work, refused  # tests/cli_checks.py
 from safetensors.numpy import save_file
-from typer.testing import CliRunner
 
-from luminal_recipes.cli import app
 from luminal_recipes.errors import LoraError, LuminalError
 from luminal_recipes.files import name_problem, parse_json
-from luminal_recipes.pipeline import plan
-from luminal_recipes.recipe.builder import BuiltModel
 from luminal_recipes.recipe.safe_eval import ExprError, evaluate, parse, unwrap
 from luminal_recipes.text.printf import printf_numbers
 from luminal_recipes.weights.lora import read_lora
@@ -67,20 +64,6 @@ def results(code: str) -> list:
     return json.loads(output.strip().splitlines()[-1])
 
 
-def cli(*args: object):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def refused(result, *fragments: str) -> str:
-    assert result.exit_code == 2, f"exit {result.exit_code}: {result.output}{result.exception!r}"
-    assert "Traceback" not in result.output, result.output
-    message = result.stderr
-    assert message.startswith("error: "), message
-    for fragment in fragments:
-        assert fragment in message, f"{fragment!r} not in {message!r}"
-    return message
-
-
 @pytest.fixture(autouse=True)
 def workdir(tmp_path, monkeypatch):
     work = tmp_path / "work"
@@ -91,12 +74,7 @@ def workdir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def no_work(monkeypatch):
-    def work(*args, **kwargs):
-        raise AssertionError("work started before the input was checked")
-
-    monkeypatch.setattr(plan, "plan_model", work)
-    monkeypatch.setattr(Checkpoint, "load", work)
-    monkeypatch.setattr(BuiltModel, "load_weight", work)
+    forbid_work(monkeypatch)
 
 
 # ---- linear scans of untrusted text -----------------------------------------------------------------------------
@@ -436,3 +414,34 @@ def test_a_safetensors_header_of_too_many_tensors_is_refused_before_parsing(tmp_
     with pytest.raises(CheckpointError, match=f"more than the {MAX_TENSORS_PER_FILE} tensors"):
         Checkpoint.open(path)
     assert time.perf_counter() - started < 2
+
+
+# ---- a recipe's own regexes ---------------------------------------------------------------------------------------
+def test_a_backtracking_recipe_regex_stops_at_its_budget(monkeypatch):
+    """weights.rename/split/ignore regexes need capture groups, so they run on the regex engine with a time budget
+    per pattern: '(a|aa)+$' against 45 a's and a 'b' backtracks for minutes in Python's re."""
+    from luminal_recipes.recipe import regexes
+    from luminal_recipes.recipe.mapping import rename
+    from luminal_recipes.recipe.schema import WeightsSection
+
+    monkeypatch.setattr(regexes, "BUDGET_S", 0.3)
+    section = WeightsSection.model_validate({"rename": [{"regex": r"(a|aa)+$", "to": "x"}]})
+    started = time.perf_counter()
+    with pytest.raises(LuminalError, match=r"regex '\(a\|aa\)\+\$' took more than 0.3 s .*aaab"):
+        rename("a" * 45 + "b", section)
+    assert time.perf_counter() - started < 5
+    # the budget is the pattern's in all: later names are refused at once
+    with pytest.raises(LuminalError, match="took more than"):
+        rename("a" * 45 + "c", section)
+
+
+def test_recipe_regexes_keep_re_semantics():
+    from luminal_recipes.recipe.mapping import rename
+    from luminal_recipes.recipe.schema import WeightsSection
+
+    section = WeightsSection.model_validate({"rename": [
+        {"regex": r"^model\.layers\.(\d+)\.(?P<rest>.*)$", "to": r"blocks.\1.\g<rest>"},
+        {"prefix": "blocks.", "to": "layers."}]})
+    assert rename("model.layers.12.mlp.up_proj.weight", section) == "layers.12.mlp.up_proj.weight"
+    with pytest.raises(LuminalError, match="does not fit the regex"):
+        rename("model.layers.1.x", WeightsSection.model_validate({"rename": [{"regex": r"model", "to": r"\3"}]}))

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import LoraError
 from ..weights.lora import LoraFile, LoraLayer, read_lora
+from . import regexes
 from .instances import WeightDecl, eval_field
 from .mapping import rename
 from .schema import ModelRecipe, WeightsSection
@@ -198,7 +199,7 @@ def _map_name(layer: LoraLayer, convention: Convention, weights: Mapping[str, We
     if _linear(weights.get(target)):
         return [(target, whole, whole)]
     for rule in section.split:
-        match = re.fullmatch(rule.regex, target)
+        match = regexes.fullmatch(rule.regex, target)
         if match is None:
             continue
         parts = [match.expand(template) for template in rule.into]
@@ -233,11 +234,11 @@ def _rename_underscored(name: str, section: WeightsSection) -> str:
     replacements, so the result is the recipe's dotted weight name when the rules name the layer."""
     for rule in section.rename:
         if rule.prefix is not None:
-            match = re.match("[._]".join(re.escape(part) for part in rule.prefix.split(".")), name)
+            match = regexes.match("[._]".join(re.escape(part) for part in rule.prefix.split(".")), name)
             if match is not None:
                 name = rule.to + name[match.end():]
         else:
-            name = re.sub(rule.regex.replace("\\.", "[._]"), rule.to, name)
+            name = regexes.sub(rule.regex.replace("\\.", "[._]"), rule.to, name)
     return name
 
 

@@ -11,7 +11,6 @@ A split rule that matches a quantized weight (one stored with a ``weight_scale``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, RecipeError
+from . import regexes
 from .schema import WeightsSection
 from .split_quantized import quantized_companions, split_quantized
 
@@ -58,10 +58,10 @@ def rename(name: str, section: WeightsSection) -> str:
     return name
 
 
-def _expand(match: re.Match, template: str, what: str) -> str:
+def _expand(match: regexes.Match, template: str, what: str) -> str:
     try:
         return match.expand(template)
-    except (re.error, IndexError) as exc:
+    except regexes.ERRORS as exc:
         raise RecipeError(
             f"weights.{what}: the name template '{template}' does not fit the regex "
             f"'{match.re.pattern}' ({exc}); refer only to groups the regex has (\\1, \\2...)."
@@ -70,8 +70,8 @@ def _expand(match: re.Match, template: str, what: str) -> str:
 
 def _substitute(pattern: str, replacement: str, name: str) -> str:
     try:
-        return re.sub(pattern, replacement, name)
-    except (re.error, IndexError) as exc:
+        return regexes.sub(pattern, replacement, name)
+    except regexes.ERRORS as exc:
         raise RecipeError(
             f"weights.rename: the replacement '{replacement}' does not fit the regex '{pattern}' "
             f"({exc}); refer only to groups the regex has (\\1, \\2...)."
@@ -87,7 +87,7 @@ def map_checkpoint(
     """Apply the section's rules to every stored tensor. ``split_sizes(rule_index, rule)`` evaluates sizes."""
     current: dict[str, MappedTensor] = {}
     for stored_name, info in stored.items():
-        if any(re.fullmatch(p, stored_name) for p in section.ignore):
+        if any(regexes.fullmatch(p, stored_name) for p in section.ignore):
             continue
         name = rename(stored_name, section)
         if name in current:
@@ -114,10 +114,10 @@ def _apply_splits(
 ) -> dict[str, MappedTensor]:
     if not section.split:
         return tensors
-    matches: dict[str, tuple[int, Any, re.Match]] = {}
+    matches: dict[str, tuple[int, Any, regexes.Match]] = {}
     for name in tensors:
         for index, rule in enumerate(section.split):
-            match = re.fullmatch(rule.regex, name)
+            match = regexes.fullmatch(rule.regex, name)
             if match is not None:
                 matches[name] = (index, rule, match)
                 break
@@ -194,7 +194,7 @@ def _apply_stacks(tensors: dict[str, MappedTensor], section: WeightsSection) -> 
     axes: dict[str, int] = {}
     for name, tensor in tensors.items():
         for rule in section.stack:
-            match = re.fullmatch(rule.regex, name)
+            match = regexes.fullmatch(rule.regex, name)
             if match is not None:
                 target = _expand(match, rule.into, "stack")
                 groups.setdefault(target, {})[int(match.group("index"))] = tensor
@@ -235,7 +235,7 @@ def _apply_transposes(tensors: dict[str, MappedTensor], section: WeightsSection)
         return tensors
     for name, tensor in list(tensors.items()):
         for rule in section.transpose:
-            if re.fullmatch(rule.regex, name):
+            if regexes.fullmatch(rule.regex, name):
                 axes = tuple(rule.axes) if rule.axes else tuple(reversed(range(len(tensor.shape))))
                 if sorted(axes) != list(range(len(tensor.shape))):
                     raise CheckpointError(

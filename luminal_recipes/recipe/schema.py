@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from . import regexes
 from .suggest import did_you_mean, one_of
 
 Scalar = int | float | bool | str | None
@@ -350,8 +351,8 @@ class TransposeRule(Strict):
 
 def _check_regex(value: str) -> str:
     try:
-        re.compile(value)
-    except re.error as exc:
+        regexes.compile_pattern(value)  # the engine the rules run on (recipe/regexes.py)
+    except regexes.ERRORS as exc:
         raise ValueError(f"invalid regular expression '{value}': {exc}") from None
     return value
 
