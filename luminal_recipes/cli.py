@@ -56,28 +56,44 @@ app = typer.Typer(
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is (as Ctrl-C raises ``KeyboardInterrupt``), so that every cleanup an
-    interruption runs (temporary files of outputs and plan-cache entries removed) runs for it too."""
+    """SIGTERM or SIGHUP (a closed terminal), raised where the program is (as Ctrl-C raises
+    ``KeyboardInterrupt``), so that every cleanup an interruption runs (temporary files of outputs and plan-cache
+    entries removed) runs for it too."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum  # as a shell reports a process ended by that signal: 143 for SIGTERM, 129 SIGHUP
 
 
-TERMINATED_EXIT = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
+TERMINATED_EXIT = 128 + signal.SIGTERM  # 143
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 
-def _on_sigterm(signum, frame) -> None:
-    # a second SIGTERM during the cleanup ends the process at once (the default action)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise Terminated()
+def _on_terminate(signum, frame) -> None:
+    # a second signal during the cleanup ends the process at once (the default action)
+    for each in TERMINATING:
+        signal.signal(each, signal.SIG_DFL)
+    raise Terminated(signum)
 
 
-def handle_sigterm():
-    """Make SIGTERM raise ``Terminated`` in the main thread (like Ctrl-C); returns the handler it replaced, for
-    ``signal.signal(signal.SIGTERM, previous)`` once the command is over."""
-    return signal.signal(signal.SIGTERM, _on_sigterm)
+def handle_sigterm() -> dict:
+    """Make SIGTERM and SIGHUP raise ``Terminated`` in the main thread (like Ctrl-C); returns the handlers it
+    replaced, for ``restore_signals`` once the command is over."""
+    return {each: signal.signal(each, _on_terminate) for each in TERMINATING}
+
+
+def restore_signals(previous: dict) -> None:
+    for each, handler in previous.items():
+        signal.signal(each, handler if handler is not None else signal.SIG_DFL)
 
 
 def user_errors(fn: Callable) -> Callable:
-    """Turn LuminalError into a clean message and exit code 2; Ctrl-C into exit code 130, SIGTERM 143."""
+    """Turn LuminalError into a clean message and exit code 2; Ctrl-C into exit code 130, SIGTERM 143, SIGHUP 129."""
 
     @wraps(fn)
     def wrapper(*args, **kwargs):
@@ -86,9 +102,9 @@ def user_errors(fn: Callable) -> Callable:
         except LuminalError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
-        except Terminated:
+        except Terminated as exc:
             typer.echo("terminated", err=True)
-            raise typer.Exit(TERMINATED_EXIT) from None
+            raise typer.Exit(exc.exit_code) from None
         except (MemoryError, OSError) as exc:  # an allocation failed: one paragraph, as for a user error
             if not memory_limits.is_out_of_memory(exc):
                 raise
@@ -481,18 +497,18 @@ def entry() -> None:
     output is written (atomically) before the command returns; the standard streams are flushed here."""
     global _started_at
     _started_at = _IMPORTED_AT
-    previous = handle_sigterm()  # SIGTERM cleans up like Ctrl-C: no temporary file left behind
+    previous = handle_sigterm()  # SIGTERM and SIGHUP clean up like Ctrl-C: no temporary file left behind
     try:
         app(prog_name="luminal-recipe")
         code = 0
     except SystemExit as exc:
         code = exc.code
-    except Terminated:  # outside a command (while the arguments are parsed)
-        code = TERMINATED_EXIT
+    except Terminated as exc:  # outside a command (while the arguments are parsed)
+        code = exc.exit_code
     except KeyboardInterrupt:
         code = INTERRUPTED_EXIT
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        restore_signals(previous)
     if code is not None and not isinstance(code, int):  # sys.exit("message"): printed, status 1
         print(code, file=sys.stderr)
         code = 1

@@ -3,9 +3,9 @@
 Every file written atomically (a PNG or another output, a golden record, a plan-cache entry, a compiled CUDA
 module, the plan cache's key) is first written to a temporary file beside it, named by ``temp_path``:
 ``.<name>.<pid>.<12 hex>.tmp`` (the target's name, at most 100 characters of it; the writer's process id; a
-random part). A write that fails or is interrupted (Ctrl-C, or SIGTERM: the command line turns it into the same
-exception) removes its temporary file; only a process killed outright (SIGKILL, a power cut) can leave one. Such
-leftovers are removed by ``sweep`` the next time this tool writes into the same folder, and by
+random part). A write that fails or is interrupted (Ctrl-C, or SIGTERM or SIGHUP: the command line turns them
+into the same exception) removes its temporary file; only a process killed outright (SIGKILL, a power cut) can
+leave one. Such leftovers are removed by ``sweep`` the next time this tool writes into the same folder, and by
 ``luminal-recipe cache clear``: a file is removed only when its name has exactly this pattern, it is a regular
 file (never a link or a folder), it was last modified more than ``STALE_AFTER_S`` ago, and the process named in it
 is not running on this machine. A temporary file that another process is still writing is therefore never

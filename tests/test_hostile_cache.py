@@ -280,8 +280,8 @@ def _wait_for(ready: Path, proc: subprocess.Popen) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("kind", ["png", "entry"])
-def test_sigterm_while_writing_leaves_nothing(folder, tmp_path, kind):
+@pytest.mark.parametrize("kind,signum", [("png", signal.SIGTERM), ("entry", signal.SIGTERM), ("png", signal.SIGHUP)])
+def test_sigterm_while_writing_leaves_nothing(folder, tmp_path, kind, signum):
     out = tmp_path / "out" / "cat.png"
     out.parent.mkdir()
     ready = tmp_path / "ready"
@@ -291,11 +291,11 @@ def test_sigterm_while_writing_leaves_nothing(folder, tmp_path, kind):
     try:
         _wait_for(ready, proc)
         assert [p for p in written.iterdir() if tempfiles.TEMP_NAME.match(p.name)]  # it was writing
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 143, err[-2000:]
+    assert proc.returncode == 128 + signum, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
     assert list(written.iterdir()) == [], list(written.iterdir())  # neither the file nor a temporary one
 
