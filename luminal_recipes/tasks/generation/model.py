@@ -98,6 +98,9 @@ class LoadStats:
     plans: dict = field(default_factory=dict)  # role -> memory figures
 
 
+TEXT_FLOOR = 1 << 20  # prompt text up to this many characters always reaches the tokenizer
+
+
 class _Session:
     """The executables of one KV-cache length: decode (owns the states) and the current prefill bucket."""
 
@@ -153,6 +156,7 @@ class LanguageModel:
             raise loaded.origin("generation", "context").error(
                 f"generation.context is {value!r}; it must be a positive whole number (the model's longest sequence)")
         self.max_context = value
+        self._longest_token: int | None = None  # the vocabulary's longest token in characters (computed once)
         if context is not None:
             if isinstance(context, bool) or not isinstance(context, int) or context < 2:
                 raise InputError(f"--context {context}: must be a whole number >= 2")
@@ -284,6 +288,7 @@ class LanguageModel:
             raise InputError("the prompt is empty; pass some text with --prompt")
         check_text(prompt, "the prompt", InputError)
         check_text(system, "--system", InputError)
+        self._check_text_length(len(prompt) + len(system or ""))
         for name, value in (chat_vars or {}).items():
             check_text(value, f"--chat-var {name}", InputError)
         if chat is None:
@@ -295,6 +300,24 @@ class LanguageModel:
         self._check_vocab(ids, f"the prompt {shown!r}, as {self.tokenizer.folder / 'tokenizer.json'} encodes it"
                           + (" through the chat template" if chat else ""))
         return ids
+
+    def _check_text_length(self, chars: int) -> None:
+        """Text far longer than the context could hold is refused before the tokenizer sees it: encoding is
+        linear but takes ~1 s and hundreds of bytes per thousand characters, and tokenizers' regex engine panics
+        (a Rust panic, not a Python error) when an allocation fails. The bound: every token of the context as
+        long as the vocabulary's longest, four times over (a normalizer may shorten text), and at least 1 Mi
+        characters."""
+        if chars <= TEXT_FLOOR:
+            return
+        if self._longest_token is None:
+            vocab = self.tokenizer.backend.get_vocab(with_added_tokens=True)
+            self._longest_token = max((len(token) for token in vocab), default=1)
+        limit = max(TEXT_FLOOR, 4 * self.max_context * self._longest_token)
+        if chars > limit:
+            raise InputError(f"the prompt is {chars:,} characters long: more than {self.name}'s context of "
+                             f"{self.max_context:,} tokens could hold ({limit:,} characters at most, the longest "
+                             f"token of {self.tokenizer.folder / 'tokenizer.json'} being {self._longest_token} "
+                             f"characters). Shorten the prompt.")
 
     def _check_vocab(self, ids: Sequence[int], what: str, from_text: bool = True) -> None:
         """Every id indexes a row of the embedding (checked before any weight is read): else an error naming the
