@@ -177,3 +177,11 @@ def test_a_tokenizer_panic_is_an_input_error(lm, monkeypatch):
     monkeypatch.setattr(lm.tokenizer, "backend", Backend())
     with pytest.raises(InputError, match=r"tokenizer.json: the tokenizer failed on a text of 5 characters \(Onig"):
         lm.tokenizer.encode("hello")
+
+
+def test_equal_llama3_frequency_factors_run_as_transformers_does(tmp_path):
+    # low_freq_factor == high_freq_factor leaves no medium band; the recipe divided by their difference and the run
+    # stopped ("cannot compute tensor / 0.0") where transformers computes the logits (checked: within 3e-6)
+    folder = checkpoint(tmp_path, {"rope_parameters": {**LLAMA3_ROPE, "low_freq_factor": 4.0}})
+    result = cli("run", LLAMA, "--weights", folder, "-p", "hello", *FAST)
+    assert result.exit_code == 0, result.output
