@@ -185,3 +185,12 @@ def test_equal_llama3_frequency_factors_run_as_transformers_does(tmp_path):
     folder = checkpoint(tmp_path, {"rope_parameters": {**LLAMA3_ROPE, "low_freq_factor": 4.0}})
     result = cli("run", LLAMA, "--weights", folder, "-p", "hello", *FAST)
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("kwargs,words", [({"prompt_tokens": "a"}, "prepare(prompt_tokens='a')"),
+                                          ({"prompt_tokens": -1}, "prepare(prompt_tokens=-1)"),
+                                          ({"max_new_tokens": 2.5}, "prepare(max_new_tokens=2.5)")])
+def test_prepare_refuses_wrong_sizes(lm, kwargs, words):
+    with pytest.raises(InputError) as caught:
+        lm.prepare(**kwargs)
+    assert words in str(caught.value), str(caught.value)

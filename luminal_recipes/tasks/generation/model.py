@@ -271,6 +271,10 @@ class LanguageModel:
     def prepare(self, prompt_tokens: int = 1, max_new_tokens: int = 256) -> None:
         """Compile, plan and load for a prompt of ``prompt_tokens`` and a reply of ``max_new_tokens`` (what
         ``generate`` does on its first call); raises BudgetError before any weight is read if it cannot fit."""
+        prompt_tokens, max_new_tokens = _whole(prompt_tokens), _whole(max_new_tokens)
+        for name, value in (("prompt_tokens", prompt_tokens), ("max_new_tokens", max_new_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"prepare({name}={_shown(value)}): expected a whole number >= 1")
         self._ensure(min(prompt_tokens + max_new_tokens, self.max_context), prompt_tokens)
 
     # ---- prompts -------------------------------------------------------------------------------------------
