@@ -194,3 +194,18 @@ def test_prepare_refuses_wrong_sizes(lm, kwargs, words):
     with pytest.raises(InputError) as caught:
         lm.prepare(**kwargs)
     assert words in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("recipe,config,words", [
+    ("gemma3", {"sliding_window": "512"}, "parameter 'sliding_window'"),  # reached attention(window='512')
+    ("gpt2", {"scale_attn_weights": "no"}, "parameter 'scale_attn_weights'"),  # "no" scaled the scores
+    ("qwen3-moe", {"norm_topk_prob": "false"}, "parameter 'norm_topk_prob'"),  # "false" normalised them
+])
+def test_other_families_declare_their_switch_and_window_types(tmp_path, no_weights, recipe, config, words):
+    folder = tmp_path / recipe
+    shutil.copytree(ROOT / "tests" / "golden" / "checkpoints" / f"{recipe}-tiny", folder)
+    data = json.loads((folder / "config.json").read_text())
+    data.update(config)
+    (folder / "config.json").write_text(json.dumps(data))
+    refused(cli("run", ROOT / "recipes" / f"{recipe}.yaml", "--weights", folder, "-p", "hello", *FAST), words,
+            "expected", f"{recipe}.yaml:", str(folder / "config.json"))
