@@ -19,6 +19,15 @@ def load_recipe(recipe, weights=None, **options):
         lm = load_recipe("recipes/llama.yaml", weights="path/to/Llama-3.2-1B-Instruct")
         print(lm.generate("Name three rivers.", max_new_tokens=64).text)
     """
+    import inspect
+
+    from .errors import InputError
+    from .recipe.suggest import did_you_mean
     from .tasks.generation import LanguageModel
 
+    known = [name for name in inspect.signature(LanguageModel).parameters if name not in ("recipe", "weights")]
+    for name in options:
+        if name not in known:
+            raise InputError(f"load_recipe(..., {name}=...): unknown option{did_you_mean(name, known)}; the options "
+                             f"are {', '.join(known)}.")
     return LanguageModel(recipe, weights=weights, **options)

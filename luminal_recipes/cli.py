@@ -231,8 +231,8 @@ def run(
 
         refuse({"--steps": steps, "--guidance": guidance, "--width": width, "--height": height,
                 "--init-latents": init_latents, "--image": image, "--lora": lora, "--output": output,
-                "--overwrite": overwrite},
-               "a language model (they belong to pipelines)")
+                "--overwrite": overwrite, "--compute-dtype": compute_dtype, "--max-host-memory": max_host_memory},
+               "a language model (they belong to pipelines)")  # given and ignored, they would change nothing
         from contextlib import nullcontext
 
         from .runtimes.profile import profiling

@@ -274,8 +274,9 @@ class ParamResolver:
             else:
                 value = self._default_value(name, spec)
                 kind = declared or ParamType.infer(value)
-                value = self._typed(name, value, kind, self._default_origin(name))
                 origin = "config" if is_wrapped(spec.default) and CONFIG in spec.default else "default"
+                value = self._typed(name, value, kind, self._default_origin(name),
+                                    f" ({self._source(name, origin)})" if origin == "config" else "")
             self._check_finite(name, value, origin)
             self._check_bounds(name, value, self.params[name], origin)
             for declared_at in self.checks.get(name, ()):
@@ -439,14 +440,14 @@ class ParamResolver:
         spec = self.params[name].value
         return ParamType.parse(spec.type) if spec.type else None
 
-    def _typed(self, name: str, value: Any, kind: ParamType, origin: Origin) -> Any:
+    def _typed(self, name: str, value: Any, kind: ParamType, origin: Origin, source: str = "") -> Any:
         spec = self.params[name].value
         try:
             value = kind.check(value)
         except ValueError as exc:
-            raise origin.error(
-                f"parameter '{name}' has the wrong type: {exc}. Change the value or its `type:`."
-            ) from None
+            fix = (f"Fix {self.config_file}, or override the value with --set {name}=VALUE." if source else
+                   "Change the value or its `type:`.")
+            raise origin.error(f"parameter '{name}'{source} has the wrong type: {exc}. {fix}") from None
         if spec.choices is not None and value not in spec.choices:
             raise origin.error(f"parameter '{name}' is {value!r}, not one of its choices {spec.choices}")
         return value

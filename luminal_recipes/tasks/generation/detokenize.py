@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ...errors import InputError
+
 REPLACEMENT = "\ufffd"
 
 
@@ -53,7 +55,14 @@ class StopStrings:
     """``feed(text)`` -> (text safe to print, whether a stop string was reached); ``flush()`` releases what was held
     back at the end of a reply that did not stop on a string."""
 
-    def __init__(self, stops: Sequence[str]):
+    def __init__(self, stops: Sequence[str] | str | None):
+        if stops is None:
+            stops = ()
+        elif isinstance(stops, str):  # one stop string, not one per character
+            stops = (stops,)
+        elif not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+            shown = repr(stops) if len(repr(stops)) <= 60 else repr(stops)[:57] + "..."
+            raise InputError(f"--stop {shown}: expected a string or a list of strings")
         self.stops = [s for s in stops if s]
         self.held = ""
         self.stopped = False

@@ -98,6 +98,9 @@ class LoadStats:
     plans: dict = field(default_factory=dict)  # role -> memory figures
 
 
+TEXT_FLOOR = 1 << 20  # prompt text up to this many characters always reaches the tokenizer
+
+
 class _Session:
     """The executables of one KV-cache length: decode (owns the states) and the current prefill bucket."""
 
@@ -122,10 +125,23 @@ class LanguageModel:
                  runtime: Any = None, max_memory: int | None = None, compile: bool = True,
                  context: int | None = None, chat_template: str | None = None, allow_nonfinite: bool = False):
         t0 = time.perf_counter()
+        for flag, value in (("compile", compile), ("allow_nonfinite", allow_nonfinite)):
+            if not isinstance(value, (bool, np.bool_)):  # a string such as "no" would count as true
+                raise InputError(f"{flag}={_shown(value)}: expected True or False")
         self.runtime = get_runtime(runtime)
         # first: a budget the process's limits cannot give is refused before a library that aborts on a failed
         # allocation (the tokenizer, safetensors) runs
-        self.budget = memory_limits.budget(self.runtime, None if max_memory is None else int(max_memory))
+        if isinstance(max_memory, str):  # "24GiB", as --max-memory takes it
+            from ...pipeline.generate import parse_size
+
+            max_memory = parse_size(max_memory, "max_memory")
+        elif isinstance(max_memory, np.integer):
+            max_memory = int(max_memory)
+        if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, int)
+                                       or max_memory <= 0):
+            raise InputError(f"max_memory {_shown(max_memory)}: expected a positive number of bytes or a size "
+                             f"such as '24GiB'")
+        self.budget = memory_limits.budget(self.runtime, max_memory)
         loaded = load_recipe(recipe)
         contract.check_static(loaded)
         # a hub checkpoint is fetched with the tokenizer and its template too; the recipe's own stays the recipe's
@@ -140,6 +156,7 @@ class LanguageModel:
             raise loaded.origin("generation", "context").error(
                 f"generation.context is {value!r}; it must be a positive whole number (the model's longest sequence)")
         self.max_context = value
+        self._longest_token: int | None = None  # the vocabulary's longest token in characters (computed once)
         if context is not None:
             if isinstance(context, bool) or not isinstance(context, int) or context < 2:
                 raise InputError(f"--context {context}: must be a whole number >= 2")
@@ -254,6 +271,10 @@ class LanguageModel:
     def prepare(self, prompt_tokens: int = 1, max_new_tokens: int = 256) -> None:
         """Compile, plan and load for a prompt of ``prompt_tokens`` and a reply of ``max_new_tokens`` (what
         ``generate`` does on its first call); raises BudgetError before any weight is read if it cannot fit."""
+        prompt_tokens, max_new_tokens = _whole(prompt_tokens), _whole(max_new_tokens)
+        for name, value in (("prompt_tokens", prompt_tokens), ("max_new_tokens", max_new_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"prepare({name}={_shown(value)}): expected a whole number >= 1")
         self._ensure(min(prompt_tokens + max_new_tokens, self.max_context), prompt_tokens)
 
     # ---- prompts -------------------------------------------------------------------------------------------
@@ -262,7 +283,7 @@ class LanguageModel:
         """Token ids of a prompt: a list of ids is used as is; text goes through the chat template (the default
         when the checkpoint has one) or, with ``chat=False``, is encoded as ``tokenizer(prompt)``."""
         if not isinstance(prompt, str):
-            ids = [int(i) for i in prompt]
+            ids = _token_ids(prompt)
             if not ids:
                 raise InputError("the prompt is an empty list of token ids; pass at least one")
             self._check_vocab(ids, "the prompt's token ids", from_text=False)
@@ -271,6 +292,7 @@ class LanguageModel:
             raise InputError("the prompt is empty; pass some text with --prompt")
         check_text(prompt, "the prompt", InputError)
         check_text(system, "--system", InputError)
+        self._check_text_length(len(prompt) + len(system or ""))
         for name, value in (chat_vars or {}).items():
             check_text(value, f"--chat-var {name}", InputError)
         if chat is None:
@@ -282,6 +304,24 @@ class LanguageModel:
         self._check_vocab(ids, f"the prompt {shown!r}, as {self.tokenizer.folder / 'tokenizer.json'} encodes it"
                           + (" through the chat template" if chat else ""))
         return ids
+
+    def _check_text_length(self, chars: int) -> None:
+        """Text far longer than the context could hold is refused before the tokenizer sees it: encoding is
+        linear but takes ~1 s and hundreds of bytes per thousand characters, and tokenizers' regex engine panics
+        (a Rust panic, not a Python error) when an allocation fails. The bound: every token of the context as
+        long as the vocabulary's longest, four times over (a normalizer may shorten text), and at least 1 Mi
+        characters."""
+        if chars <= TEXT_FLOOR:
+            return
+        if self._longest_token is None:
+            vocab = self.tokenizer.backend.get_vocab(with_added_tokens=True)
+            self._longest_token = max((len(token) for token in vocab), default=1)
+        limit = max(TEXT_FLOOR, 4 * self.max_context * self._longest_token)
+        if chars > limit:
+            raise InputError(f"the prompt is {chars:,} characters long: more than {self.name}'s context of "
+                             f"{self.max_context:,} tokens could hold ({limit:,} characters at most, the longest "
+                             f"token of {self.tokenizer.folder / 'tokenizer.json'} being {self._longest_token} "
+                             f"characters). Shorten the prompt.")
 
     def _check_vocab(self, ids: Sequence[int], what: str, from_text: bool = True) -> None:
         """Every id indexes a row of the embedding (checked before any weight is read): else an error naming the
@@ -326,8 +366,20 @@ class LanguageModel:
         of the checkpoint, a ``stop`` string, ``max_new_tokens`` or the context. ``on_text(piece)`` receives the
         text as it is decoded (never half a character, never part of a stop string); ``on_token(id, piece)`` each
         token with the text it released."""
-        settings = SamplingSettings(float(temperature), int(top_k), float(top_p), float(repetition_penalty),
-                                    int(seed))
+        # numpy scalars become Python numbers; anything else reaches SamplingSettings as given, which refuses it
+        settings = SamplingSettings(_real(temperature), _whole(top_k), _real(top_p), _real(repetition_penalty),
+                                    _whole(seed))
+        max_new_tokens = _whole(max_new_tokens)
+        for flag, value in (("chat", chat), ("system", system), ("chat_vars", chat_vars), ("on_text", on_text),
+                            ("on_token", on_token)):
+            expected = {"chat": "True, False or None", "system": "a string or None",
+                        "chat_vars": "a mapping of names to values or None"}.get(flag, "a callable or None")
+            fits = (value is None or (isinstance(value, bool) if flag == "chat" else isinstance(value, str)
+                    if flag == "system" else isinstance(value, Mapping) if flag == "chat_vars" else
+                    callable(value)))
+            if not fits:
+                raise InputError(f"generate({flag}=...): expected {expected}, got "
+                                 f"{_shown(value)} ({type(value).__name__})")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"--max-new-tokens {max_new_tokens}: must be a whole number >= 1")
         ids = self.encode(prompt, chat, system, chat_vars)
@@ -460,3 +512,40 @@ class LanguageModel:
         return (f"Its weights are finite{scope}, so the computation overflowed (or divided by zero): check the "
                 f"parameters it read from config.json (norm epsilons, RoPE theta and scaling, softcapping) and any "
                 f"--set, and whether the weights are too large for the compute dtype.")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _real(value: Any) -> Any:
+    """A numpy floating/integer scalar as a Python float; anything else unchanged (for the settings to judge)."""
+    return float(value) if isinstance(value, (np.floating, np.integer)) else value
+
+
+def _whole(value: Any) -> Any:
+    """A numpy integer scalar as a Python int; anything else unchanged (for the caller's check to judge)."""
+    return int(value) if isinstance(value, np.integer) else value
+
+
+def _token_ids(prompt: Any) -> list[int]:
+    """A prompt given as token ids: a list, tuple or 1-D integer array of whole numbers (not bools, not floats
+    that happen to be whole, not bytes, which are text to decode first); else InputError naming what was given."""
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        raise InputError("the prompt is bytes; pass text as a str (decode it, e.g. prompt.decode('utf-8')) or "
+                         "token ids as a list of ints")
+    if isinstance(prompt, np.ndarray):
+        if prompt.ndim != 1 or not (np.issubdtype(prompt.dtype, np.integer) or prompt.size == 0):
+            raise InputError(f"the prompt's token ids are a {prompt.ndim}-D {prompt.dtype} array; pass a 1-D "
+                             f"integer array or a list of ints")
+        return [int(i) for i in prompt]
+    if not isinstance(prompt, (list, tuple)):
+        raise InputError(f"the prompt must be text (str) or token ids (a list of ints), got {_shown(prompt)} "
+                         f"({type(prompt).__name__})")
+    for position, item in enumerate(prompt):
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+            raise InputError(f"the prompt's token ids: item {position} is {_shown(item)} "
+                             f"({type(item).__name__}), not a whole number; pass ints")
+    return [int(i) for i in prompt]
+

@@ -69,7 +69,14 @@ class TextTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """``tokenizer(text)["input_ids"]`` (``add_special_tokens=False``: as a chat template's text is encoded)."""
         check_text(text, f"{self.template_source or self.folder}: the text to encode", InputError)
-        return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        try:
+            return list(self.backend.encode(text, add_special_tokens=add_special_tokens).ids)
+        except BaseException as exc:  # a Rust panic (pyo3's PanicException derives from BaseException)
+            if type(exc).__name__ != "PanicException":
+                raise
+            raise InputError(f"{self.folder / 'tokenizer.json'}: the tokenizer failed on a text of {len(text):,} "
+                             f"characters ({str(exc)[:200]}); shorten the text, or give the run more memory.") \
+                from None
 
     def render(self, prompt: str, system: str | None = None, variables: dict[str, Any] | None = None) -> str:
         """The chat template's text for a user prompt (after an optional system message), ready for the reply."""
