@@ -33,11 +33,17 @@ def refused(result, *fragments: str, out: Path | None = None, secret: str | None
     return message
 
 
-def empty_workdir(tmp_path: Path, monkeypatch):
-    """A fixture body: run the test in an empty folder and fail it if a default ``outputs/`` appears there."""
+def new_workdir(tmp_path: Path, monkeypatch) -> Path:
+    """Run the test in a new empty folder (the current directory), returned."""
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
+    return work
+
+
+def empty_workdir(tmp_path: Path, monkeypatch):
+    """A fixture body: run the test in an empty folder and fail it if a default ``outputs/`` appears there."""
+    work = new_workdir(tmp_path, monkeypatch)
     yield work
     assert not (work / "outputs").exists(), "a refused run wrote into outputs/"
 

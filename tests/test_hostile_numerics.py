@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_checks import refused  # tests/cli_checks.py
+from cli_checks import new_workdir, refused  # tests/cli_checks.py
 from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
@@ -36,10 +36,7 @@ FAST = ["--no-compile", "--max-new-tokens", "3", "--no-chat", "--quiet"]
 
 @pytest.fixture(autouse=True)
 def workdir(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
+    return new_workdir(tmp_path, monkeypatch)
 
 
 def checkpoint(tmp_path: Path, weights: dict | None = None, config: dict | None = None) -> Path:

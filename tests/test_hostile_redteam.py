@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_checks import cli, forbid_work, refused  # tests/cli_checks.py
+from cli_checks import cli, forbid_work, new_workdir, refused  # tests/cli_checks.py
 from safetensors.numpy import save_file
 
 from luminal_recipes.errors import LoraError, LuminalError
@@ -66,10 +66,7 @@ def results(code: str) -> list:
 
 @pytest.fixture(autouse=True)
 def workdir(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
+    return new_workdir(tmp_path, monkeypatch)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_checks import cli, refused  # tests/cli_checks.py
+from cli_checks import cli, new_workdir, refused  # tests/cli_checks.py
 
 from luminal_recipes.errors import InputError, LuminalError
 from luminal_recipes.recipe.builder import BuiltModel
@@ -26,10 +26,7 @@ FAST = ["--no-compile", "--max-new-tokens", "2", "--no-chat", "--quiet"]
 
 @pytest.fixture(autouse=True)
 def workdir(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
+    return new_workdir(tmp_path, monkeypatch)
 
 
 @pytest.fixture
