@@ -91,6 +91,7 @@ class Pipeline:
         self._skipped: dict[str, str] = {}  # value -> the stage that would have made it and did not run
         self._context: StepContext | None = None
         self._models: dict[str, BuiltModel] = {}  # built graphs, kept for the Pipeline's life
+        self._index_tables: dict[str, dict[str, list[tuple[str, int]]]] = {}  # model -> index_tables(its graph)
         self._recipes: dict[str, LoadedRecipe] = {}  # model recipes, loaded once
         self._checkpoints: dict = {}  # model name -> its open Checkpoint (maps dropped when the model is released)
         self._engines: dict[str, ModelEngine] = {}  # loaded models kept between stages or runs
@@ -551,8 +552,10 @@ class Pipeline:
             used.add(stage.model)
             arrays = {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
                       for k, v in args.items()}
-            _check_indices(self.model(stage.model), arrays, f"{self.path}: {where} ({loop}model {stage.model})",
-                           {k: stage.inputs.get(k) for k in arrays})
+            if stage.model not in self._index_tables:
+                self._index_tables[stage.model] = index_tables(self.model(stage.model).graph)
+            _check_indices(self._index_tables[stage.model], arrays, f"{self.path}: {where} ({loop}model "
+                           f"{stage.model})", {k: stage.inputs.get(k) for k in arrays})
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # checked below, by stage
                 result = self._engines[stage.model](arrays)
         for key, target in stage.outputs.items():
@@ -630,13 +633,11 @@ def index_tables(graph) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
-def _check_indices(model, arrays: Mapping[str, Any], where: str, sources: Mapping[str, Any]) -> None:
-    """Every id a model input feeds to an embedding-like lookup indexes a row of its weight (token ids from a
-    tokenizer larger than the model's vocabulary, say): checked before the model runs, naming the input, where its
-    value came from, the id and the weight with its size."""
-    tables = getattr(model, "_index_tables", None)
-    if tables is None:
-        tables = model._index_tables = index_tables(model.graph)
+def _check_indices(tables: Mapping[str, list[tuple[str, int]]], arrays: Mapping[str, Any], where: str,
+                   sources: Mapping[str, Any]) -> None:
+    """Every id a model input feeds to an embedding-like lookup (``tables``: ``index_tables`` of its graph) indexes
+    a row of its weight (token ids from a tokenizer larger than the model's vocabulary, say): checked before the
+    model runs, naming the input, where its value came from, the id and the weight with its size."""
     for name, uses in tables.items():
         value = arrays.get(name)
         if not isinstance(value, np.ndarray) or value.size == 0 or value.dtype.kind not in "iu":

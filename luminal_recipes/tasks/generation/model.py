@@ -370,14 +370,13 @@ class LanguageModel:
         settings = SamplingSettings(_real(temperature), _whole(top_k), _real(top_p), _real(repetition_penalty),
                                     _whole(seed))
         max_new_tokens = _whole(max_new_tokens)
-        for flag, value in (("chat", chat), ("system", system), ("chat_vars", chat_vars), ("on_text", on_text),
-                            ("on_token", on_token)):
-            expected = {"chat": "True, False or None", "system": "a string or None",
-                        "chat_vars": "a mapping of names to values or None"}.get(flag, "a callable or None")
-            fits = (value is None or (isinstance(value, bool) if flag == "chat" else isinstance(value, str)
-                    if flag == "system" else isinstance(value, Mapping) if flag == "chat_vars" else
-                    callable(value)))
-            if not fits:
+        for flag, value, fits, expected in (
+                ("chat", chat, lambda v: isinstance(v, bool), "True, False or None"),
+                ("system", system, lambda v: isinstance(v, str), "a string or None"),
+                ("chat_vars", chat_vars, lambda v: isinstance(v, Mapping), "a mapping of names to values or None"),
+                ("on_text", on_text, callable, "a callable or None"),
+                ("on_token", on_token, callable, "a callable or None")):
+            if value is not None and not fits(value):
                 raise InputError(f"generate({flag}=...): expected {expected}, got "
                                  f"{_shown(value)} ({type(value).__name__})")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
