@@ -98,7 +98,7 @@ def update(check: bool, names: set[str] | None = None) -> list[str]:
     for path in sorted(DOCS.glob("*.md")):
         text = path.read_text()
 
-        def fill(m: re.Match) -> str:
+        def fill(m: re.Match, path: Path = path) -> str:
             name = m.group("name")
             if names is not None and name not in names:
                 return m.group(0)

@@ -9,8 +9,12 @@ import time
 
 
 def _process_started() -> float:
-    """The ``perf_counter`` value when this process started (Linux: its start time in /proc, so the interpreter's
-    own start-up counts too), else now."""
+    """The ``perf_counter`` value when this command's program started: now less the CPU time the process has used
+    so far (the interpreter's start-up and imports, which are CPU-bound), never before the process's start in
+    /proc (Linux). The process's start alone would count what it did before it ``exec``ed this program: `bash -c
+    'sleep 6 && exec luminal-recipe run ...'` has the shell's pid, and its start, but the sleep used no CPU time."""
+    now = time.perf_counter()
+    cpu = time.process_time()
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
@@ -18,9 +22,9 @@ def _process_started() -> float:
             uptime = float(f.read().split()[0])
         age = uptime - start_ticks / __import__("os").sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return time.perf_counter()
+        age = cpu
     # imported long after the start: a process that runs commands later (counted from the command's start then)
-    return time.perf_counter() - age if 0.0 <= age < 30.0 else time.perf_counter()
+    return now - min(cpu, max(age, 0.0)) if cpu < 30.0 else now
 
 
 _IMPORTED_AT = _process_started()  # before typer and the rest load: `run` reports the whole command's time
