@@ -271,6 +271,8 @@ def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool
             models[stage.model] = pipeline.model(stage.model) if from_checkpoint else \
                 _shape_model(pipeline, stage.model)
         check_io_fits(models[stage.model], dims, budget, stage.name, _sized_by(stage, pipeline))
+    if progress:
+        progress("memory plan", 0, len(stages))
     for k, (stage, dims) in enumerate(stages):
         key = (stage.model, tuple(sorted(dims.items())))
         if key not in done:
