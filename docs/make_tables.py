@@ -87,6 +87,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "memory-flux2-dev": flux2_dev_memory,
     "memory-flux2-klein": flux2_klein_memory,
     "cli-run-options": lambda: _options("run"),
+    "cli-chat-options": lambda: _options("chat"),
 }
 
 

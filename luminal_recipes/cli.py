@@ -45,6 +45,8 @@ import typer  # noqa: E402
 
 from . import __version__, memory_limits  # noqa: E402  (memory_limits: the out-of-memory message)
 from .errors import LuminalError  # noqa: E402
+from .tasks.generation.chat_command import THREADS_HELP  # noqa: E402
+from .tasks.generation.chat_command import chat as chat_command  # noqa: E402
 
 _started_at: float | None = None  # set by `entry` (the console script): the process started this command
 
@@ -211,10 +213,15 @@ def run(
                                        "+ reply; default: what the prompts need)"),
     stdio: bool = typer.Option(False, "--stdio", help="language models: serve the benchmark protocol on stdin/"
                                "stdout (READY, then TOK lines and EOQ per prompt line)"),
+    threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP),
 ) -> None:
     """Run a recipe: a pipeline writes its outputs (images as PNG, arrays as .npy, text as .txt) for each prompt;
     a language model (a model recipe with `generation:`) streams its reply to each prompt."""
     started = _started_at if _started_at is not None else time.perf_counter()
+    if threads is not None:  # before the runtimes load: every pool starts at this size
+        from .threads import set_threads
+
+        set_threads(threads)
     from .errors import PipelineError
     from .files import read_regular_text
     from .pipeline.generate import GenerateRequest, generate, parse_size
@@ -311,6 +318,9 @@ def _is_language_model(recipe: Path) -> bool:
         check_static(loaded)
         return True
     return False
+
+
+app.command("chat")(user_errors(chat_command))
 
 
 @app.command()
