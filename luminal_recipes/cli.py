@@ -332,6 +332,9 @@ def validate(
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="also list config.json fields: required values met, and unknown fields"
     ),
+    draft_config: str | None = typer.Option(
+        None, "--draft-config", help="print a `config:` section for this model recipe drafted from a transformers "
+        "config class (Phi3Config, or a model_type such as phi3) instead of validating"),
 ) -> None:
     """Check a recipe (schema, expressions, forwards) and its checkpoint: the recipe's own when it is a local
     folder, or --weights (a Hub checkpoint is only downloaded and checked when passed as --weights)."""
@@ -340,6 +343,16 @@ def validate(
     from .recipe.commands import ALL_KINDS
     from .recipe.loader import load_recipe
 
+    if draft_config is not None:
+        from .errors import InputError
+        from .recipe.draft_config import draft_config as draft
+
+        loaded = load_recipe(recipe, allowed=ALL_KINDS)
+        if loaded.kind != "model":
+            raise InputError(f"--draft-config drafts a model recipe's `config:` section; {recipe} is a "
+                             f"{loaded.kind} recipe")
+        typer.echo(draft(loaded, draft_config), nl=False)
+        return
     loaded = load_recipe(recipe, allowed=ALL_KINDS)
     if loaded.kind == "pipeline":
         check_steps_known(loaded)  # every `run:` names a step of a task plug-in (the recipe layer knows none)

@@ -39,6 +39,7 @@ from ...runtimes.registry import get_runtime
 from ...text.check import check_text
 from . import contract
 from .detokenize import IncrementalDetokenizer, StopStrings
+from .length import warn_beyond_context
 from .sampling import Sampler, SamplingSettings
 from .tokenizer import TextTokenizer, eos_token_ids
 
@@ -388,6 +389,7 @@ class LanguageModel:
             raise InputError(f"the prompt is {n} tokens long; {self.name} takes at most {limit} tokens of prompt and "
                              f"reply together ({'--context' if self.context else 'its generation.context'}), which "
                              f"leaves no room for a reply. Shorten the prompt.")
+        warn_beyond_context(self.name, max_new_tokens, n, limit, "--context" if self.context else "generation.context")
         budget_tokens = min(max_new_tokens, limit - n)
         session = self._ensure(n + budget_tokens, n)
         self._reset(session)
