@@ -108,3 +108,11 @@ def test_make_tables_finds_a_stale_block(tmp_path, monkeypatch):
     assert "| old |" in doc.read_text()
     assert tables.update(check=False) == ["x.md: cli-run-options"]
     assert tables.update(check=True) == [] and "`--prompt`, `-p`" in doc.read_text()
+
+
+def test_one_parity_test_pattern_is_named():
+    """The docs name one file as "the pattern" of a language model's parity test."""
+    named = set()
+    for path in DOCS:
+        named |= set(re.findall(r"`(tests/[\w/]+\.py)` is the pattern", path.read_text()))
+    assert named == {"tests/recipe/test_llm_parity.py"}, named
