@@ -111,7 +111,16 @@ def test_threads_sets_every_pool():
     """One setting reaches our kernels' pool, BLAS (loaded already) and numba."""
     script = ("import numpy, numba\n"
               "from luminal_recipes.threads import set_threads, threads_in_use\n"
-              "import luminal_recipes.runtimes.numpy_runtime\n"
+              "import importlib\n"
+              "from luminal_recipes.threads import POOL_MODULES\n"
+              "from luminal_recipes.runtimes.registry import get_runtime\n"
+              "get_runtime('numpy')\n"  # the CPU runtime loaded, and its thread pool (wherever the layout keeps it)
+              "for name in POOL_MODULES:\n"
+              "    try:\n"
+              "        importlib.import_module(name)\n"
+              "        break\n"
+              "    except ImportError:\n"
+              "        pass\n"
               "set_threads(1)\n"
               "print(threads_in_use())\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
