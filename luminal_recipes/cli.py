@@ -147,11 +147,16 @@ LORA_HELP = ("a LoRA .safetensors to apply, PATH or PATH:SCALE (repeatable); dif
 @app.command()
 @user_errors
 def run(
-    recipe: Path = typer.Argument(..., help="a pipeline recipe (recipes/flux2.yaml) or a language model "
-                                  "(recipes/llama.yaml)"),
+    recipe: Path | None = typer.Argument(None, help="a pipeline recipe (recipes/flux2.yaml) or a language model "
+                                         "(recipes/llama.yaml); omitted: the shipped recipe that accepts --weights "
+                                         "(model_index.json, config.json or a GGUF file's architecture)"),
     prompt: list[str] = typer.Option([], "--prompt", "-p", help="text prompt (repeatable: one output each)"),
     prompts_file: Path | None = typer.Option(None, help="a file with one prompt per line"),
-    seed: int | None = typer.Option(None, help="seed of the initial noise (language models: of the sampling)"),
+    seed: str | None = typer.Option(None, help="seed of the initial noise (language models: of the sampling), a "
+                                    "whole number or `random`; default: drawn at random (printed and stored in "
+                                    "the output), or $LUMINAL_RECIPES_SEED when set (0: the old default)"),
+    num_images: int = typer.Option(1, "--num-images", "-n", min=1, help="images per prompt, with the seeds seed, "
+                                   "seed+1, ... (as a ComfyUI batch)"),
     steps: int | None = typer.Option(None, help="denoising steps"),
     guidance: float | None = typer.Option(None, help="guidance scale"),
     width: int | None = typer.Option(None, help="image width (multiple of 16)"),
@@ -212,6 +217,17 @@ def run(
     a language model (a model recipe with `generation:`) streams its reply to each prompt."""
     started = _started_at if _started_at is not None else time.perf_counter()
     from .errors import PipelineError
+    from .pipeline.seeds import parse_seed
+
+    if recipe is None:
+        if weights is None:
+            raise PipelineError("no recipe: name one (luminal-recipe run RECIPE ...) or pass --weights DIR|hf://"
+                                "org/repo|FILE.gguf to run the shipped recipe that accepts that checkpoint")
+        from .recipe.choose import choose_recipe
+
+        recipe = choose_recipe(weights)
+        if not quiet and not as_json and not stdio:
+            typer.echo(f"recipe: {recipe} (chosen for --weights {weights})", err=True)
     from .files import read_regular_text
     from .pipeline.generate import GenerateRequest, generate, parse_size
     from .pipeline.progress import progress_printer
@@ -229,8 +245,9 @@ def run(
     if _is_language_model(recipe):
         from .tasks.generation.cli import TextRequest, parse_chat_vars, refuse, run_command
 
-        refuse({"--steps": steps, "--guidance": guidance, "--width": width, "--height": height,
-                "--init-latents": init_latents, "--image": image, "--lora": lora, "--output": output,
+        refuse({"--num-images": num_images if num_images != 1 else None, "--steps": steps, "--guidance": guidance,
+                "--width": width, "--height": height, "--init-latents": init_latents, "--image": image, "--lora": lora,
+                "--output": output,
                 "--overwrite": overwrite, "--compute-dtype": compute_dtype, "--max-host-memory": max_host_memory},
                "a language model (they belong to pipelines)")  # given and ignored, they would change nothing
         from contextlib import nullcontext
@@ -242,8 +259,8 @@ def run(
                 recipe, prompts, weights, list(set_), parse_size(max_memory), runtime, not no_compile,
                 max_new_tokens, 0.0 if temperature is None else temperature, top_k or 0,
                 1.0 if top_p is None else top_p, 1.0 if repetition_penalty is None else repetition_penalty,
-                0 if seed is None else seed, list(stop), chat, system, parse_chat_vars(chat_var), context, started,
-                allow_nonfinite),
+                _text_seed(seed, temperature, quiet or as_json or stdio), list(stop), chat, system,
+                parse_chat_vars(chat_var), context, started, allow_nonfinite),
                 stdio, as_json, quiet)
         if kernel_times is not None:  # stdout carries the reply (and the --stdio protocol): the table goes to stderr
             typer.echo("kernel time per model and kernel class (--profile):\n" + kernel_times.table(), err=True)
@@ -255,7 +272,11 @@ def run(
     req = GenerateRequest(
         recipe,
         prompts,
-        params={"steps": steps, "guidance": guidance, "width": width, "height": height, "seed": seed},
+        params={"steps": steps, "guidance": guidance, "width": width, "height": height,
+                "seed": None if seed is None else parse_seed(seed)},
+        num_images=num_images,
+        random_default_seed=True,
+        command=_command(),
         files={"init_latents": init_latents, "images": list(image) or None},
         loras=list(lora),
         output=output,
@@ -282,7 +303,8 @@ def run(
                 typer.echo(out["text"])
         if not quiet:
             paths = ", ".join(out["path"] for out in item["outputs"].values())
-            typer.echo(f"wrote {paths} ({item['seconds']:.1f} s)")
+            seed_note = f"seed {item['seed']}, " if item.get("seed") is not None else ""
+            typer.echo(f"wrote {paths} ({seed_note}{item['seconds']:.1f} s)")
     if not quiet:
         timing = summary["timing"]
         typer.echo(f"done in {timing['total_seconds']:.1f} s, of which compiling and planning "
@@ -293,6 +315,24 @@ def run(
 
         typer.echo("kernel time per model and kernel class (--profile):\n"
                    + KernelProfile.from_json(summary["profile"], summary.get("profile_instances")).table())
+
+
+def _command() -> str:
+    """The command line as typed (for the outputs' provenance)."""
+    import shlex
+
+    return shlex.join(["luminal-recipe", *sys.argv[1:]])
+
+
+def _text_seed(seed: str | None, temperature: float | None, quiet: bool) -> int:
+    """The sampling seed of a language model: as for images (``pipeline/seeds.py``); a drawn one is printed (on
+    stderr) when it matters, i.e. when sampling (--temperature above 0)."""
+    from .pipeline.seeds import parse_seed
+
+    value = parse_seed(seed)
+    if seed is None and temperature and not quiet:
+        typer.echo(f"sampling seed {value} (pass --seed {value} to repeat this reply)", err=True)
+    return value
 
 
 def _is_language_model(recipe: Path) -> bool:

@@ -65,6 +65,7 @@ class Generation:
     first_token_s: float  # prompt in -> first token chosen (prefill + sampling)
     decode_s: float  # the decode steps (after the first token)
     peak_memory_bytes: int | None = None
+    seed: int | None = None  # the sampling seed (set by the Python API, which may draw it)
 
     @property
     def decode_steps(self) -> int:
