@@ -216,6 +216,7 @@ def run(
     """Run a recipe: a pipeline writes its outputs (images as PNG, arrays as .npy, text as .txt) for each prompt;
     a language model (a model recipe with `generation:`) streams its reply to each prompt."""
     started = _started_at if _started_at is not None else time.perf_counter()
+    given = dict(locals())  # the arguments as parsed (the outputs record the command)
     from .errors import PipelineError
     from .pipeline.seeds import parse_seed
 
@@ -276,7 +277,7 @@ def run(
                 "seed": None if seed is None else parse_seed(seed)},
         num_images=num_images,
         random_default_seed=True,
-        command=_command(),
+        command=_command(run, given),
         files={"init_latents": init_latents, "images": list(image) or None},
         loras=list(lora),
         output=output,
@@ -317,11 +318,32 @@ def run(
                    + KernelProfile.from_json(summary["profile"], summary.get("profile_instances")).table())
 
 
-def _command() -> str:
-    """The command line as typed (for the outputs' provenance)."""
+def _command(fn: Callable, given: dict) -> str:
+    """The command (for the outputs' provenance) as parsed: ``luminal-recipe <command>``, its arguments and every
+    option given a value other than its default, each under its first name (``given``: the command function's
+    arguments)."""
+    import inspect
     import shlex
 
-    return shlex.join(["luminal-recipe", *sys.argv[1:]])
+    from typer.models import ArgumentInfo, OptionInfo
+
+    words = ["luminal-recipe", fn.__name__]
+    for name, param in inspect.signature(fn).parameters.items():
+        info, value = param.default, given.get(name)
+        if isinstance(info, ArgumentInfo):
+            words += [str(value)] if value is not None else []
+            continue
+        if not isinstance(info, OptionInfo) or value is None or value == info.default or value in ([], ()):
+            continue
+        decls = [d for d in (info.param_decls or ()) if d.startswith("--")]
+        flag_name = decls[0].split("/")[0] if decls else "--" + name.rstrip("_").replace("_", "-")
+        if isinstance(value, bool):
+            negative = decls[0].split("/")[1] if decls and "/" in decls[0] else None
+            words.append(flag_name if value else negative or flag_name)
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            words += [flag_name, str(item)]
+    return shlex.join(words)
 
 
 def _text_seed(seed: str | None, temperature: float | None, quiet: bool) -> int:

@@ -28,7 +28,7 @@ def _load_tolerances(path: Path) -> dict[tuple[str, str], tuple[float, float]]:
 
 # `luminal-recipe run` draws a seed when --seed is omitted (pipeline/seeds.py); the suite pins the default to 0, the
 # seed an omitted --seed meant before, so runs compared with a reference or with each other stay reproducible
-# (tests/api/test_seeds.py unsets it to test the drawing)
+# (tests/pipeline/test_seeds.py unsets it to test the drawing)
 os.environ.setdefault("LUMINAL_RECIPES_SEED", "0")
 
 TOLERANCES = _load_tolerances(Path(__file__).with_name("TOLERANCES.md"))

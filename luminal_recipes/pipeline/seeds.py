@@ -1,7 +1,7 @@
 """Seeds as users expect them (diffusers draws a random generator, ComfyUI "randomizes"): an omitted seed is drawn
 at random (and printed and recorded in the output, so the image can be made again), unless the environment
-variable ``LUMINAL_RECIPES_SEED`` gives the default (an integer, e.g. ``0``: the default of versions before 0.2,
-which used seed 0 whenever ``--seed`` was omitted). ``--seed random`` draws one explicitly. A batch of N images
+variable ``LUMINAL_RECIPES_SEED`` gives the default (an integer, e.g. ``0``: the default before seeds were drawn,
+when an omitted ``--seed`` meant 0). ``--seed random`` draws one explicitly. A batch of N images
 (``--num-images N``) takes the seeds ``seed, seed + 1, ...``, as ComfyUI numbers a batch, so image k of a batch
 is made again alone with ``--seed seed+k``.
 
