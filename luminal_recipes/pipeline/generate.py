@@ -226,16 +226,15 @@ class PipelineSession:
             if req.num_images != 1 and "seed" not in doc.params:
                 raise PipelineError(f"--num-images {req.num_images}: pipeline '{doc.name}' ({req.recipe}) has no "
                                     f"seed parameter, so its runs would all be the same; run it once")
-        # the seeds of the batch: --seed, `random`, or the default (drawn when the request says so, else the
-        # recipe's); the first is the pipeline's own value, the others are given per run
-        self.seeds: list[int | None] = [None]
+        # the seeds of the batch: --seed (or `random`), else --set seed=..., else the default (drawn when the
+        # request says so, else the recipe's); the first is the pipeline's own value, the others given per run
+        self.seeds: list[int | None] | None = None
         if isinstance(doc, PipelineRecipe) and "seed" in doc.params:
             given = params.get("seed")
-            if given is None and req.random_default_seed:
+            if given is None and req.random_default_seed and "seed" not in parse_sets(req.sets):
                 given = parse_seed(None)
-            if given is not None or req.num_images != 1:
-                self.seeds = list(batch_seeds(given if given is not None else doc.params["seed"].default,
-                                              req.num_images))
+            if given is not None:
+                self.seeds = list(batch_seeds(given, req.num_images))
                 params["seed"] = self.seeds[0]
         sets, sources = _flag_sets(req, params)
         loras = [parse_lora_flag(text) if isinstance(text, str) else text for text in req.loras]
@@ -244,12 +243,14 @@ class PipelineSession:
                                     allow_nonfinite=req.allow_nonfinite, runtime=self.runtime,
                                     host_budget_bytes=req.max_host_memory, compute_dtype=req.compute_dtype,
                                     loras=loras)
-        if self.seeds == [None] and "seed" in pipe.params:
-            self.seeds = [int(pipe.params["seed"])]
         self.tasks = tasks_of(pipe.doc)
         self.declared = _declared_outputs(pipe)
         _check_inputs(pipe, req)
         check_params(pipe, self.tasks)
+        if self.seeds is None:  # the recipe's seed (or --set seed=...): the batch counts from it
+            value = pipe.params.get("seed")
+            self.seeds = list(batch_seeds(value, req.num_images)) \
+                if isinstance(value, int) and not isinstance(value, bool) else [None]
         self.given = {name: value for name, value in req.files.items() if value is not None}
         self.file_inputs = read_file_inputs(pipe, self.tasks, self.given)
         self.recipe_hash = _recipe_hash(pipe.recipe.files)

@@ -21,7 +21,7 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def test_the_shipped_folder_is_the_repositorys():
-    assert RECIPES_DIR == RECIPES.resolve()
+    assert RECIPES.resolve() == RECIPES_DIR
 
 
 @pytest.mark.parametrize(("config", "recipe"), [

@@ -91,3 +91,23 @@ def test_embed_and_pipeline_options_are_refused(lm, llama):
         Pipeline.from_recipe(RECIPES / "llama.yaml", weights=llama[0], compute_dtype="bf16")
     with pytest.raises(InputError, match="unknown option"):
         Pipeline.from_recipe(RECIPES / "llama.yaml", weights=llama[0], contxt=64)
+
+
+def test_cli_sampling_seed_is_drawn_printed_and_repeatable(llama, monkeypatch):
+    import json
+    import re
+
+    from typer.testing import CliRunner
+
+    from luminal_recipes.cli import app
+
+    monkeypatch.delenv("LUMINAL_RECIPES_SEED", raising=False)
+    args = ["run", str(RECIPES / "llama.yaml"), "--weights", str(llama[0]), "-p", PROMPTS[0], "--max-new-tokens", "6",
+            "--temperature", "1.0"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    seed = int(re.search(r"sampling seed (\d+) \(pass --seed \1 to repeat this reply\)", first.stderr)[1])
+    again = CliRunner().invoke(app, [*args, "--seed", str(seed), "--json"])
+    assert again.exit_code == 0, again.output
+    row = json.loads(again.stdout)
+    assert row["seed"] == seed and row["text"] + "\n" == first.stdout
