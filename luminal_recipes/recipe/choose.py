@@ -4,8 +4,8 @@
 What the checkpoint says: a diffusers pipeline folder its ``model_index.json`` ``_class_name``; a transformers
 folder its ``config.json`` ``architectures`` (then ``model_type``); a single ``.gguf`` file its
 ``general.architecture`` key (read alone, with the ``gguf`` package's ``GGUFReader``). What a recipe runs is data
-in the recipe: its ``accepts:`` block (``recipe/schema.py`` ``AcceptsSpec``), read from the recipe's own file (a
-recipe that ``extends:`` another declares its own, or is chosen only by name or by its default checkpoint).
+in the recipe: its ``accepts:`` block (``recipe/schema.py`` ``AcceptsSpec``), the recipe file's own (``extends:``
+does not pass it on: a variant declares its own, or is chosen only by name or by its default checkpoint).
 
 The choice, in order: a recipe whose own default checkpoint (``weights:``) is the one given (the tiny checkpoints
 shipped in the repository pick their tiny recipes); else the one recipe whose ``accepts:`` matches (architectures
@@ -90,14 +90,6 @@ def _gguf_identity(path: Path) -> Identity:
     return Identity("gguf", (value,), None, str(path))
 
 
-def _declares_accepts(path: Path) -> bool:
-    """Whether the recipe file itself (not a recipe it extends) writes `accepts:`."""
-    from .yaml_source import load_yaml
-
-    data = load_yaml(path).data
-    return isinstance(data, dict) and "accepts" in data
-
-
 def _shipped(folder: Path) -> list[Path]:
     return sorted(p for p in folder.glob("*.yaml") if p.is_file())
 
@@ -134,7 +126,7 @@ def choose_recipe(weights: str | Path, folder: Path = RECIPES_DIR) -> Path:
     found = identify(text)
     accepting = {}
     for path in recipes:
-        if not _loads(path) or not _declares_accepts(path):
+        if not _loads(path):
             continue
         accepts = load_recipe(path).doc.accepts
         if accepts is not None:

@@ -732,9 +732,9 @@ class PipelineRecipe(Strict):
     doc: str | None = None
     extends: str | None = Field(
         None,
-        description="another pipeline recipe in this folder that this one builds on: its keys apply unless this "
-        "file gives them (mappings merge key by key; a list, such as `stages`, or any other value is replaced "
-        "whole)",
+        description="another pipeline recipe in this folder that this one builds on: its keys (but `accepts`) "
+        "apply unless this file gives them (mappings merge key by key; a list, such as `stages`, or any other value "
+        "is replaced whole)",
     )
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     weights: str | None = Field(
