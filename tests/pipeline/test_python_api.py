@@ -145,3 +145,25 @@ def test_bad_arguments_are_located_errors(pipe, call, fragment):
 def test_embed_on_an_image_pipeline_is_refused(pipe):
     with pytest.raises(InputError, match="does not return one array"):
         pipe.embed(["a", "b"])
+
+
+def test_a_list_of_prompts_makes_an_image_each(pipe):
+    out = pipe(["a red fox", "a blue bird"], seed=[3], **SIZE)
+    assert out.prompts == ["a red fox", "a blue bird"] and out.seeds == [3, 3]
+    assert [im.info["prompt"] for im in out.images] == out.prompts
+    assert np.asarray(out.images[0]).tobytes() != np.asarray(out.images[1]).tobytes()
+
+
+def test_loras_with_scales_are_the_clis_and_recorded(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    from lora_files import make_lora, write_formats
+
+    state, config, _ = make_lora()
+    lora = write_formats(state, config, tmp_path / "loras")["diffusers"]
+    with Pipeline.from_recipe(TINY, compile=False, sets=["max_sequence_length=64"], loras=[(lora, 0.5)]) as p:
+        out = p(PROMPT, seed=2, **SIZE)
+    assert out.images[0].info["loras"] == f"{lora}:0.5 (transformer)"
+    monkeypatch.chdir(tmp_path)
+    ((pixels, meta),) = cli_images(tmp_path, "--seed", "2", "--lora", f"{lora}:0.5")
+    assert meta["loras"] == out.images[0].info["loras"]
+    assert np.asarray(out.images[0]).tobytes() == pixels.tobytes()
