@@ -116,7 +116,8 @@ def _extended(source: YamlSource, root: Path, chain: list[Path]) -> tuple[YamlSo
         raise origin.error(f"'{relative}' is {f'a `kind: {kind}` recipe' if kind else 'not a recipe'}; `extends` "
                            f"takes a pipeline recipe (kind: pipeline).")
     base, further = _extended(base, root, chain + [target])
-    return merge_sources(base, source), [target, *further]
+    # `accepts:` (the checkpoints `run --weights` without a recipe picks it for) is each file's own
+    return merge_sources(base, source, not_inherited=("accepts",)), [target, *further]
 
 
 def inside_tree(origin: Origin, folder: Path, relative: str, root: Path) -> Path:

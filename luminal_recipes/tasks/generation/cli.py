@@ -162,7 +162,7 @@ def run_text(req: TextRequest, out: IO[str] | None = None, err: IO[str] | None =
         if not as_json:
             out.write("\n")
             out.flush()
-        row = {"prompt": prompt, **result.summary(), "load_s": round(load_s, 3),
+        row = {"prompt": prompt, **result.summary(), "seed": req.seed, "load_s": round(load_s, 3),
                "compile_s": round(model.stats.compile_s, 3), "memory_plan": model.stats.plans}
         results.append(row)
         if as_json:

@@ -66,6 +66,7 @@ class Generation:
     first_token_s: float  # prompt in -> first token chosen (prefill + sampling)
     decode_s: float  # the decode steps (after the first token)
     peak_memory_bytes: int | None = None
+    seed: int | None = None  # the sampling seed (set by the Python API, which may draw it)
 
     @property
     def decode_steps(self) -> int:
@@ -544,6 +545,11 @@ def _token_ids(prompt: Any) -> list[int]:
     if not isinstance(prompt, (list, tuple)):
         raise InputError(f"the prompt must be text (str) or token ids (a list of ints), got {_shown(prompt)} "
                          f"({type(prompt).__name__})")
+    if prompt and all(isinstance(item, str) for item in prompt):
+        texts = f"{len(prompt)} text{'s' * (len(prompt) > 1)}"
+        raise InputError(f"the prompt is a list of {texts}: LanguageModel.generate replies to one "
+                         f"prompt (text, or a list of token ids); for one reply each, use luminal_recipes.Pipeline."
+                         f"from_recipe(recipe, weights=...).generate([...]), or call generate once per prompt")
     for position, item in enumerate(prompt):
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
             raise InputError(f"the prompt's token ids: item {position} is {_shown(item)} "
