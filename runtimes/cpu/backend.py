@@ -16,7 +16,7 @@ from luminal_recipes import memory_limits
 from ..executable import BackendRuntime, Executable
 from ..kernels import Machine
 from ..kernels.context import ALIGNMENT
-from . import jit
+from . import isa, jit
 from .kernels import PREPARE
 
 NUMPY_PREPARE = PREPARE  # every kernel of the registry, by name (``kernels/__init__.py``)
@@ -89,6 +89,7 @@ class NumpyBackend:
 
 class NumpyRuntime(BackendRuntime):
     def __init__(self) -> None:
+        isa.check()  # a LUMINAL_RECIPES_ISA this CPU cannot run is refused here, with the paths it can
         super().__init__(NumpyBackend())
         jit.warm_up()  # numba's start-up, while the caller builds and compiles
 

@@ -1,18 +1,18 @@
 """f32 products on the CPU's AMX tiles (``amx.gemm``: bf16x3, f32 accuracy) for the numpy runtime's MatMul and
 attention kernels: whether they may run here, how a product is cut for the cores, and the step that runs it.
 
-They may run when the CPU has AMX tiles and bf16 (``/proc/cpuinfo``), numba is installed, ``LUMINAL_RECIPES_AMX``
-is not ``0``, Linux granted this process the tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM,
-XFEATURE_XTILEDATA)``: a process must ask before its first tile instruction, which would otherwise kill it with
-SIGILL; the grant covers every thread), and the compiled kernels match numpy on a probe product (``ready``).
-Kernels choose at prepare time (``worth_it``); a product with an inf or NaN operand is computed by BLAS.
+They may run when the selected instruction-set path is ``amx`` (``..isa``: the CPU has AMX tiles and bf16, numba
+is installed, neither ``LUMINAL_RECIPES_ISA`` nor ``LUMINAL_RECIPES_AMX=0`` asks for less), Linux granted this
+process the tile registers (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``: a process must ask before
+its first tile instruction, which would otherwise kill it with SIGILL; the grant covers every thread), and the
+compiled kernels match numpy on a probe product (``ready``). Kernels choose at prepare time (``worth_it``); a
+product with an inf or NaN operand is computed by BLAS.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import math
 import os
 import threading
@@ -21,31 +21,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import isa
+
 _SYS_ARCH_PRCTL = 158  # x86-64
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @functools.cache
 def reason_unavailable() -> str | None:
     """None when AMX products can run in this process, else why not (for tests' skip messages and logs)."""
-    if os.environ.get("LUMINAL_RECIPES_AMX", "1") == "0":
-        return "LUMINAL_RECIPES_AMX=0"
-    if not {"amx_tile", "amx_bf16"} <= _cpu_flags():
-        return "the CPU has no AMX tiles with bf16 (amx_tile, amx_bf16)"
-    if os.environ.get("LUMINAL_RECIPES_JIT", "1") == "0" or importlib.util.find_spec("numba") is None:
-        return "numba is not installed or LUMINAL_RECIPES_JIT=0 (pip install luminal-recipes[jit])"
+    reason = isa.why_not("amx")  # the CPU's flags, numba, LUMINAL_RECIPES_ISA / _AMX / _JIT
+    if reason is not None:
+        return reason
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0:
         return f"Linux refused the AMX tile registers (arch_prctl: {os.strerror(ctypes.get_errno())})"

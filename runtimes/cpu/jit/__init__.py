@@ -3,25 +3,25 @@
 Importing numba and loading its first function from the disk cache costs about a second (LLVM's start-up);
 ``warm_up()`` (called when a numpy backend is made) does it on a daemon thread while the pipeline builds and
 compiles its graphs, and ``kernels()`` waits for it when a kernel is bound. numba is optional (``pip install
-luminal-recipes[jit]``): ``AVAILABLE`` is False where it is not installed, or with ``LUMINAL_RECIPES_JIT=0``, and
+luminal-recipes[jit]``): ``AVAILABLE`` is False where it is not installed, or with ``LUMINAL_RECIPES_JIT=0`` or
+``LUMINAL_RECIPES_ISA=numpy``, and
 the kernels keep their numpy passes (the same values; the tests compare both).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
 
+from .. import isa
 from ..threads import parallel, split
 
-# LUMINAL_RECIPES_JIT=0 keeps the numpy passes: numba and LLVM add ~1 s of start-up and ~120 MiB of resident
-# memory to a process, for kernels a few times faster than numpy's passes
-AVAILABLE = os.environ.get("LUMINAL_RECIPES_JIT", "1") != "0" and importlib.util.find_spec("numba") is not None
+# LUMINAL_RECIPES_JIT=0 (or LUMINAL_RECIPES_ISA=numpy: ``..isa``) keeps the numpy passes: numba and LLVM add ~1 s
+# of start-up and ~120 MiB of resident memory to a process, for kernels a few times faster than numpy's passes
+AVAILABLE = isa.selected() != "numpy"
 _LOCK = threading.Lock()
 _MODULE: ModuleType | None = None
 _WARMING: threading.Thread | None = None
