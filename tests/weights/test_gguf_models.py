@@ -1,0 +1,58 @@
+"""Every shipped LLM recipe whose architecture GGUF has, run from a GGUF file written by llama.cpp's own
+converter (tests/fixtures/gguf/make_fixtures.py: tiny random checkpoints saved by transformers): the prompt's ids
+and the greedy reply are token for token those of transformers' GGUF path (``AutoTokenizer`` and
+``AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+from luminal_recipes.tasks.generation import LanguageModel  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gguf"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+PROMPT = "Hello world, 12 naïve cafés 🦙"
+
+# fixture -> (recipe, config values the file states but transformers' GGUF mapping leaves at the config class's
+# default, passed to from_pretrained so that the reference builds the model the file holds)
+CASES = {
+    "tiny-llama": ("llama.yaml", {}),
+    "tiny-llama-tied": ("llama.yaml", {}),
+    "tiny-llama-q4_k": ("llama.yaml", {}),  # Q4_K and Q6_K tensors by llama.cpp's quantizer
+    "tiny-qwen3": ("qwen3.yaml", {"head_dim": 16}),
+    "tiny-qwen3moe": ("qwen3-moe.yaml", {"moe_intermediate_size": 32}),
+    "tiny-gemma3": ("gemma3.yaml", {}),
+    "tiny-gpt2": ("gpt2.yaml", {"n_positions": 256}),
+}
+
+
+def reference(path: Path, overrides: dict):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                              **overrides).eval()
+    return tokenizer, model
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_greedy_ids_equal_transformers_gguf_path(name):
+    recipe, overrides = CASES[name]
+    path = FIXTURES / f"{name}.gguf"
+    tokenizer, model = reference(path, overrides)
+    ids = tokenizer(PROMPT)["input_ids"]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8,
+                              attention_mask=torch.ones(1, len(ids), dtype=torch.long))[0, len(ids):].tolist()
+    lm = LanguageModel(RECIPES / recipe, weights=path, compile=False)
+    try:
+        assert lm.encode(PROMPT, chat=False) == ids
+        got = lm.generate(PROMPT, max_new_tokens=8, chat=False)
+        assert got.ids == want and len(want) >= 4, (got.ids, want)
+        assert got.text == tokenizer.decode(got.ids, skip_special_tokens=True)
+    finally:
+        lm.release()
