@@ -49,9 +49,10 @@ SPLITS = {
     "qwen35": _QWEN35,
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
 }
-# special tokens each builder's tokenizer class adds as its defaults (transformers adds them when missing)
-INNER_DEFAULTS = {"gpt2": ("<|endoftext|>",), "llama": ("<unk>", "<s>", "</s>"),
-                  "gemma": ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")}
+# special tokens each builder's tokenizer class adds as its defaults (transformers adds them when missing, in the
+# order of SPECIAL_TOKENS_ATTRIBUTES: bos, eos, unk, sep, pad, cls, mask)
+INNER_DEFAULTS = {"gpt2": ("<|endoftext|>",), "llama": ("<s>", "</s>", "<unk>"),
+                  "gemma": ("<bos>", "<eos>", "<unk>", "<pad>", "<mask>")}
 # extra named special tokens the model type's tokenizer class keeps by default (GemmaTokenizer's mask token)
 OUTER_DEFAULTS = {"gemma3_text": {"mask_token": "<mask>"}}
 GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")

@@ -1,9 +1,9 @@
 """Golden-text checks: regenerate the replies a manifest lists and compare them with what was recorded.
 
 A text manifest (``tests/golden/texts.yaml``) lists ``texts:``, each with a ``name``, the ``recipe`` and
-``weights`` (relative to the manifest, ``hf://...`` or ``python://...``, a folder or a GGUF file), the ``prompt`` and the generation settings (``chat``,
-``system``, ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``,
-``stop``). A case is checked in one or both ways:
+``weights`` (relative to the manifest, ``hf://...`` or ``python://...``; a folder or a GGUF file), the ``prompt``
+and the generation settings (``chat``, ``system``, ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
+``repetition_penalty``, ``seed``, ``stop``). A case is checked in one or both ways:
 
 - **token ids** (``ids: true``; the tiny checkpoints): the reply's ids must equal those recorded in
   ``<manifest folder>/texts/<name>.json`` exactly (greedy decoding on one machine and program is exact);
