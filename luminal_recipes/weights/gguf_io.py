@@ -259,7 +259,23 @@ _OPENED: dict[tuple, GgufCheckpoint] = {}
 # ---- reading the file ------------------------------------------------------------------------------------
 def _read(path: Path) -> Any:
     """``gguf.GGUFReader`` over the file opened as every checkpoint file is (``files.open_regular``)."""
-    from gguf import GGUFReader
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    class Reader(GGUFReader):
+        """gguf's reader, stopping at a tensor whose type gguf does not know with a message naming the tensor
+        (gguf's own error names only the number)."""
+
+        def _build_tensors(self, start_offs: int, fields: list) -> None:
+            known = {int(t) for t in GGMLQuantizationType}
+            for info in fields:
+                raw = int(info.parts[4][0])
+                if raw not in known:
+                    name = bytes(info.parts[1]).decode("utf-8", "replace")
+                    raise CheckpointError(
+                        f"{path}: tensor '{name}' is stored in ggml type {raw}, which the gguf package "
+                        f"{_gguf_version()} does not know (a newer llama.cpp type, or a corrupt file); implemented: "
+                        f"{', '.join(SUPPORTED_TYPES)}. Requantize the model to one of them with llama-quantize.")
+            super()._build_tensors(start_offs, fields)
 
     with open_regular(path, "a GGUF checkpoint file", CheckpointError) as handle:
         size = os.fstat(handle.fileno()).st_size
@@ -272,7 +288,9 @@ def _read(path: Path) -> Any:
                                   f"it is not a GGUF file, or its first bytes are damaged.")
         handle.seek(0)
         try:
-            reader = GGUFReader(handle)
+            reader = Reader(handle)
+        except CheckpointError:
+            raise
         except Exception as exc:  # the reader raises whatever numpy does on a malformed header
             why = str(exc).split("\n")[0][:300] or type(exc).__name__
             raise CheckpointError(
@@ -280,6 +298,15 @@ def _read(path: Path) -> Any:
                 f"corrupt (or of a type this gguf package does not know). Download or convert it again.") from None
     reader.data.filename = os.path.abspath(path)  # named as a map numpy opened by name (runtimes' file pages)
     return reader
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(version unknown)"
 
 
 def _check_types(path: Path, reader: Any) -> None:

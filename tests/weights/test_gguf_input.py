@@ -110,6 +110,10 @@ def test_unsupported_quant_type_is_refused_naming_tensor_and_type(tmp_path):
     iq = tmp_path / "iq.gguf"
     iq.write_bytes(bytes(data))
     refused(run(iq), "'blk.0.ffn_up.weight' (IQ4_NL)", "Q4_K")
+    data[at:at + 4] = np.uint32(250).tobytes()  # a type no gguf knows
+    unknown = tmp_path / "unknown.gguf"
+    unknown.write_bytes(bytes(data))
+    refused(run(unknown), "tensor 'blk.0.ffn_up.weight' is stored in ggml type 250")
 
 
 @pytest.mark.usefixtures("no_work")
