@@ -23,8 +23,10 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 LLAMA = FIXTURES / "tiny-llama.gguf"
 
 
-def rewrite(src: Path, dst: Path, set_kv: dict | None = None, drop: tuple[str, ...] = (), arch: str | None = None):
-    """A copy of ``src`` written by gguf's GGUFWriter with metadata changed (``set_kv``: key -> (value, type))."""
+def rewrite(src: Path, dst: Path, set_kv: dict | None = None, drop: tuple[str, ...] = (), arch: str | None = None,
+            add: dict | None = None):
+    """A copy of ``src`` written by gguf's GGUFWriter with metadata changed (``set_kv``: key -> (value, type)) and
+    tensors added (``add``: name -> array)."""
     reader = gguf.GGUFReader(src)
     architecture = arch or reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(dst, architecture)
@@ -40,6 +42,8 @@ def rewrite(src: Path, dst: Path, set_kv: dict | None = None, drop: tuple[str, .
     for tensor in reader.tensors:
         writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_shape=tensor.data.shape,
                           raw_dtype=tensor.tensor_type)
+    for name, array in (add or {}).items():
+        writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -96,6 +100,12 @@ def test_unknown_metadata_key_is_refused_naming_it(tmp_path):
     refused(run(odd), "'llama.attention.clamp_kqv'", "not implemented")
     scaled = rewrite(LLAMA, tmp_path / "yarn.gguf", {"llama.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING)})
     refused(run(scaled), "'llama.rope.scaling.type' is 'yarn'")
+
+
+@pytest.mark.usefixtures("no_work")
+def test_llama3_rope_factors_tensor_is_refused(tmp_path):
+    odd = rewrite(LLAMA, tmp_path / "rope.gguf", add={"rope_freqs.weight": np.ones(4, np.float32)})
+    refused(run(odd), "tensor 'rope_freqs.weight'", "not implemented")
 
 
 @pytest.mark.usefixtures("no_work")

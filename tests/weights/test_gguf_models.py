@@ -85,3 +85,22 @@ def test_greedy_ids_equal_transformers_gguf_path(name):
             assert got.text == text
     finally:
         lm.release()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_config_is_what_transformers_builds_from_the_metadata(name):
+    """The recipe's `config.*` from the GGUF metadata: transformers' GGUF config (load_gguf_checkpoint) on every
+    field both state, plus the values transformers leaves at the class default that the file does state."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from luminal_recipes.weights.gguf_io import GgufCheckpoint
+
+    path = FIXTURES / f"{name}.gguf"
+    theirs = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    ours = GgufCheckpoint.open(path).config
+    extra = set(CASES[name][1])
+    shared = (set(theirs) & set(ours)) - extra
+    assert {"model_type", "tie_word_embeddings", "vocab_size"} <= shared
+    assert {k: ours[k] for k in shared} == {k: theirs[k] for k in shared}
+    for key, value in CASES[name][1].items():  # what the test passes to from_pretrained is what the file says
+        assert ours[key] == value, key
