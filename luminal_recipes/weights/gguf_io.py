@@ -372,11 +372,7 @@ def _config(path: Path, reader: Any, architecture: str, spec: dict, names: list[
             f"{'s' * (len(problems) != 1)}):\n" + "\n".join(f"  - {p}" for p in problems)
             + "\nThe reference would compute something else with these, so the file is refused; use the model's "
               "safetensors checkpoint with its recipe.")
-    model_type = spec["model_type"]
-    name = fields.get("general.name")
-    if name is not None and spec.get("named"):
-        model_type = spec["named"].get(str(_value(name, path, "general.name")), model_type)
-    config["model_type"] = model_type
+    config["model_type"] = spec["model_type"]
     for key, value in (spec.get("defaults") or {}).items():
         config.setdefault(key, value)
     config["tie_word_embeddings"] = "output.weight" not in names

