@@ -52,6 +52,7 @@ def test_tokenizer_ids_are_transformers(hf_tokenizer):
     assert ours.eos_ids == [hf_tokenizer.eos_token_id] == [2]
 
 
+@pytest.mark.slow
 def test_run_answers_with_transformers_greedy_tokens_from_the_same_gguf(hf_tokenizer):
     """`luminal-recipe run recipes/llama.yaml --weights python://...Q4_1.gguf --prompt ...` (the README's text quick
     start; --json to read the ids) against ``AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)``."""
