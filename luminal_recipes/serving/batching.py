@@ -1,0 +1,170 @@
+"""The work queue between the HTTP handlers (asyncio) and the model (one worker thread).
+
+Interface (what a caller - a route, or later ``generate(list)`` - uses)::
+
+    scheduler = Scheduler(max_queue=64, metrics=...)
+    scheduler.start()
+    handle = scheduler.submit(job)      # QueueFull when max_queue requests already wait (the caller answers 429)
+    async for piece in handle:          # what the job emits (text pieces), as it emits them
+        ...
+    result = handle.result              # the job's return value once the iteration ended (or its error raised)
+    handle.cancel()                     # a waiting job never starts; a running one stops at its next emit/check
+    scheduler.stop()                    # no new job; the queued and running ones finish; the worker ends
+
+A job is ``job(handle) -> result``, run on the worker thread: it calls ``handle.emit(x)`` to stream and
+``handle.cancelled()`` to learn that its client left (``backends.Cancelled`` ends it). Jobs run one at a time, in
+submission order (FIFO): a pipeline run, an embedding, a language model's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .backends import Cancelled
+
+
+class QueueFull(Exception):
+    """``max_queue`` requests already wait."""
+
+
+class Closed(Exception):
+    """The scheduler is stopping (SIGTERM): no new work."""
+
+
+_DONE = object()
+
+
+class Handle:
+    """One submitted job, seen from the event loop that submitted it."""
+
+    def __init__(self, job: Callable[[Handle], Any], loop: asyncio.AbstractEventLoop):
+        self.job = job
+        self._loop = loop
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._cancel = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.submitted = time.perf_counter()
+        self.started: float | None = None
+        self.first_emit: float | None = None
+        self.finished: float | None = None
+
+    # ---- worker side ----------------------------------------------------------------------------------------
+    def emit(self, item: Any) -> None:
+        if self.first_emit is None:
+            self.first_emit = time.perf_counter()
+        self._loop.call_soon_threadsafe(self._events.put_nowait, item)
+
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error, self.finished = result, error, time.perf_counter()
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, _DONE)
+        except RuntimeError:  # the loop is closed: nobody waits
+            pass
+
+    # ---- caller side ----------------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        while True:
+            item = await self._events.get()
+            if item is _DONE:
+                break
+            yield item
+        if self.error is not None:
+            raise self.error
+
+    async def wait(self) -> Any:
+        """The result, once the job ended (its emitted items dropped)."""
+        async for _ in self:
+            pass
+        return self.result
+
+
+class Scheduler:
+    """A FIFO of jobs run one at a time on one worker thread; at most ``max_queue`` waiting."""
+
+    def __init__(self, max_queue: int, metrics=None, name: str = "model"):
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self.name = name
+        self._waiting: collections.deque[Handle] = collections.deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._running: Handle | None = None
+        self._thread = threading.Thread(target=self._work, name=f"luminal-serve-{name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Jobs waiting (not the running one)."""
+        with self._cond:
+            return len(self._waiting)
+
+    @property
+    def busy(self) -> int:
+        with self._cond:
+            return len(self._waiting) + (self._running is not None)
+
+    def submit(self, job: Callable[[Handle], Any]) -> Handle:
+        handle = Handle(job, asyncio.get_running_loop())
+        with self._cond:
+            if self._closing:
+                raise Closed
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull
+            self._waiting.append(handle)
+            self._report()
+            self._cond.notify()
+        return handle
+
+    def stop(self, timeout: float | None = None) -> None:
+        """No new jobs; the worker ends once the queued and running ones are done."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _report(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self._waiting))
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closing:
+                    self._cond.wait()
+                if not self._waiting:
+                    return  # closing and drained
+                handle = self._waiting.popleft()
+                self._running = handle
+                self._report()
+            try:
+                if handle.cancelled():
+                    handle._finish(error=Cancelled())
+                    continue
+                handle.started = time.perf_counter()
+                try:
+                    result = handle.job(handle)
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, which answers it
+                    handle._finish(error=exc)
+                else:
+                    handle._finish(result)
+            finally:
+                with self._cond:
+                    self._running = None
