@@ -127,8 +127,10 @@ class TextBackend:
         self.model._check_vocab(ids, f"`{field}`")
         return ids
 
-    def run(self, ids: list[int], max_tokens: int, *, temperature: float, top_p: float, seed: int,
-            stop: Sequence[str], on_text: Callable[[str], None], cancelled: Callable[[], bool],
+    def run(self, ids: list[int], max_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+            repetition_penalty: float = 1.0, seed: int = 0,
+            stop: Sequence[str] = (), on_text: Callable[[str], None] = lambda text: None,
+            cancelled: Callable[[], bool] = lambda: False,
             on_token: Callable[[int], None] | None = None) -> TextResult:
         """One reply, as `luminal-recipe run` gives it for the same ids and settings; ``on_text`` gets its text
         as decoded (never half a character, never part of a stop string), ``on_token`` each token id as chosen;
@@ -139,7 +141,8 @@ class TextBackend:
             if cancelled():
                 raise Cancelled
 
-        result = self.model.generate(ids, max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+        result = self.model.generate(ids, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                     repetition_penalty=repetition_penalty, seed=seed, stop=stop,
                                      on_text=on_text, on_token=each_token)
         return TextResult(len(result.prompt_ids), result.ids, result.text,
                           "length" if result.finish_reason == "length" else "stop")

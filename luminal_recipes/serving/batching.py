@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -65,10 +66,8 @@ class Handle:
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error, self.finished = result, error, time.perf_counter()
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             self._loop.call_soon_threadsafe(self._events.put_nowait, _DONE)
-        except RuntimeError:  # the loop is closed: nobody waits
-            pass
 
     # ---- caller side ----------------------------------------------------------------------------------------
     def cancel(self) -> None:

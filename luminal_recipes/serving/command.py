@@ -3,6 +3,7 @@ docs/serving.md). Only typer is imported here; FastAPI and uvicorn (the `serve` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -94,10 +95,9 @@ def serve(
     config = uvicorn.Config(asgi, log_level=log_level, timeout_graceful_shutdown=None, lifespan="on",
                             access_log=log_level == "debug")
     server = uvicorn.Server(config)
-    try:
+    # SIGTERM/SIGINT: uvicorn stops accepting, finishes the requests in flight, then re-raises the signal
+    with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
-    except KeyboardInterrupt:  # SIGTERM/SIGINT, re-raised by uvicorn once it has finished the requests in flight
-        pass
     print("luminal-recipe serve: stopped", file=sys.stderr, flush=True)
 
 

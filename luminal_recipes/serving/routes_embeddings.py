@@ -4,7 +4,6 @@ base64), each text embedded as ``luminal-recipe run RECIPE --prompt TEXT`` embed
 from __future__ import annotations
 
 import base64
-import time
 from typing import Literal
 
 import numpy as np

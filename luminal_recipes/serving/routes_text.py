@@ -2,10 +2,11 @@
 (and its Python client parses them): ``stream`` as server-sent events (``data: {chunk}`` lines, ``data: [DONE]``),
 ``n`` choices, ``usage``, ``finish_reason``.
 
-Defaults follow OpenAI where it has one (``temperature`` 1, ``top_p`` 1, ``n`` 1; ``max_tokens`` 16 for
-completions, the room the context leaves for chat), except ``seed``: omitted, it is 0 (`run`'s default), so a
-request is reproducible. Choice ``k`` of ``n`` samples with ``seed + k``. The same ids, settings and seed give
-the same tokens as ``luminal-recipe run`` (``--temperature --top-p --seed --stop --max-new-tokens``).
+Extensions (as vLLM's): ``top_k`` and ``repetition_penalty``. Defaults follow OpenAI where it has one
+(``temperature`` 1, ``top_p`` 1, ``n`` 1; ``max_tokens`` 16 for completions, the room the context leaves for
+chat), except ``seed``: omitted, it is 0 (`run`'s default), so a request is reproducible. Choice ``k`` of
+``n`` samples with ``seed + k``. The same ids, settings and seed give the same tokens as ``luminal-recipe run``
+(``--temperature --top-p --top-k --repetition-penalty --seed --stop --max-new-tokens``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ class _Sampling(_Body):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logprobs: bool | int | None = None
+    # extensions vLLM and llama.cpp's server accept too (`run`'s --top-k and --repetition-penalty)
+    top_k: int = Field(0, ge=0)
+    repetition_penalty: float = Field(1.0, gt=0)
 
 
 class ChatRequest(_Sampling):
@@ -137,6 +141,7 @@ def router(state) -> APIRouter:
 
             try:
                 return backend.run(ids, max_tokens, temperature=body.temperature, top_p=body.top_p,
+                                   top_k=body.top_k, repetition_penalty=body.repetition_penalty,
                                    seed=body.seed + k, stop=stops, on_text=handle.emit, cancelled=handle.cancelled,
                                    on_token=on_token)
             finally:
