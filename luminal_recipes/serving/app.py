@@ -29,14 +29,17 @@ class ServerState:
     closing: bool = False
 
 
-def create_app(backend, limits: Limits | None = None, api_key: str | None = None, model_id: str | None = None):
-    """The ASGI app serving ``backend`` (prepared: compiled and loaded)."""
+def create_app(backend, limits: Limits | None = None, api_key: str | None = None, model_id: str | None = None,
+               scheduler: Scheduler | None = None):
+    """The ASGI app serving ``backend`` (prepared: compiled and loaded, on ``scheduler``'s worker thread when given:
+    the thread that runs its requests)."""
     from .. import __version__
 
     limits = limits or Limits()
     state = ServerState(backend, limits, model_id or backend.name, fingerprint=f"luminal-recipes-{__version__}")
     state.metrics = Metrics(state.model_id)
-    state.scheduler = Scheduler(limits.max_queue, state.metrics, backend.kind)
+    state.scheduler = scheduler or Scheduler(limits.max_queue, name=backend.kind)
+    state.scheduler.metrics = state.metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -4,6 +4,7 @@ Interface (what a caller - a route, or later ``generate(list)`` - uses)::
 
     scheduler = Scheduler(max_queue=64, metrics=...)
     scheduler.start()
+    model = scheduler.call(load)        # a function run on the worker thread, waited for (no event loop needed)
     handle = scheduler.submit(job)      # QueueFull when max_queue requests already wait (the caller answers 429)
     async for piece in handle:          # what the job emits (text pieces), as it emits them
         ...
@@ -43,10 +44,10 @@ _DONE = object()
 class Handle:
     """One submitted job, seen from the event loop that submitted it."""
 
-    def __init__(self, job: Callable[[Handle], Any], loop: asyncio.AbstractEventLoop):
+    def __init__(self, job: Callable[[Handle], Any], loop: asyncio.AbstractEventLoop | None):
         self.job = job
         self._loop = loop
-        self._events: asyncio.Queue = asyncio.Queue()
+        self._events: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
         self._cancel = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
@@ -66,6 +67,8 @@ class Handle:
 
     def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error, self.finished = result, error, time.perf_counter()
+        if self._loop is None:  # a call(): its future has the result
+            return
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
             self._loop.call_soon_threadsafe(self._events.put_nowait, _DONE)
 
@@ -106,7 +109,27 @@ class Scheduler:
         self._thread = threading.Thread(target=self._work, name=f"luminal-serve-{name}", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        if not self._thread.is_alive():
+            self._thread.start()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn()`` on the worker thread and wait for it (from a thread without an event loop): the model is
+        loaded and compiled there, as egglog's e-graphs and some runtimes must stay on the thread that made them."""
+        import concurrent.futures
+
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def job(_handle):
+            try:
+                done.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+                done.set_exception(exc)
+
+        with self._cond:
+            self._waiting.append(Handle(job, None))
+            self._cond.notify()
+        self.start()
+        return done.result()
 
     @property
     def depth(self) -> int:

@@ -67,6 +67,7 @@ def serve(
     from ..pipeline.generate import parse_size
     from .app import create_app
     from .backends import ModelOptions, load_backend
+    from .batching import Scheduler
     from .limits import Limits
 
     if not 0 <= port <= 65535:
@@ -82,12 +83,23 @@ def serve(
                     max_inputs=max_inputs)
     sock = _bind(host, port)  # before the slow load: a port in use fails at once
     print(f"luminal-recipe serve: loading and compiling {recipe}...", file=sys.stderr, flush=True)
-    backend = load_backend(options)
-    if backend.kind == "text":
-        backend.prepare(max_tokens)
-    else:
-        backend.prepare()
-    asgi, _ = create_app(backend, limits, key, model_name)
+
+    def load():
+        backend = load_backend(options)
+        if backend.kind == "text":
+            backend.prepare(max_tokens)
+        else:
+            backend.prepare()
+        return backend
+
+    # loaded and compiled on the thread that will run every request (egglog's e-graphs stay on their thread)
+    scheduler = Scheduler(max_queue, name="model")
+    try:
+        backend = scheduler.call(load)
+    except BaseException:
+        scheduler.stop()
+        raise
+    asgi, _ = create_app(backend, limits, key, model_name, scheduler)
     bound = sock.getsockname()
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     print(f"luminal-recipe serve: {backend.kind} model {model_name or backend.name!r} on http://{shown}:{bound[1]}"
