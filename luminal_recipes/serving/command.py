@@ -41,7 +41,6 @@ def serve(
                                        f"but /health (default: ${API_KEY_ENV} when set)"),
     model_name: str | None = typer.Option(None, "--model-name", help="the model id clients send and /v1/models "
                                           "lists (default: the recipe's name)"),
-    max_batch: int = typer.Option(8, "--max-batch", min=1, help="language models: sequences decoded together"),
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="requests waiting; past it: 429 with Retry-After"),
     max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="most tokens one reply may ask for"),
     max_n: int = typer.Option(8, "--max-n", min=1, help="most choices (or images) per request"),
@@ -79,7 +78,7 @@ def serve(
                            parse_size(max_host_memory, "--max-host-memory"), compute_dtype, not no_compile, context,
                            tuple(lora), allow_nonfinite)
     limits = Limits(max_body_bytes=max_body_bytes, max_tokens=max_tokens, max_n=max_n, max_queue=max_queue,
-                    max_batch=max_batch, max_image_pixels=max_image_pixels, max_images=max_images,
+                    max_image_pixels=max_image_pixels, max_images=max_images,
                     max_inputs=max_inputs)
     sock = _bind(host, port)  # before the slow load: a port in use fails at once
     print(f"luminal-recipe serve: loading and compiling {recipe}...", file=sys.stderr, flush=True)

@@ -14,7 +14,6 @@ class Limits:
     max_tokens: int = 4096  # tokens one reply may ask for (also capped by the context)
     max_n: int = 8  # choices / images per request
     max_queue: int = 64  # requests waiting; past it: 429 with Retry-After
-    max_batch: int = 8  # language models: sequences decoded together
     max_image_pixels: int = 2048 * 2048  # width x height of an output image
     max_images: int = 6  # reference images of an edit
     max_inputs: int = 256  # texts of one embeddings request

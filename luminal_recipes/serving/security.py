@@ -50,15 +50,25 @@ class Guard:
                     return await _send_error(send, 413, too_large, "body_too_large")
             except ValueError:
                 return await _send_error(send, 400, "the Content-Length header is not a number")
-        seen = 0
+        seen, exceeded, replaced = 0, False, False
 
         async def limited_receive():
-            nonlocal seen
+            nonlocal seen, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_body:  # raised where the route reads its body: answered 413 (errors.py)
+                if seen > self.max_body:  # a chunked body grew past the limit: the route stops reading it
+                    exceeded = True
                     raise HTTPException(413, too_large)
             return message
 
-        await self.app(scope, limited_receive, send)
+        async def checked_send(message):
+            nonlocal replaced
+            if exceeded:  # whatever the framework made of the interrupted read, the answer is 413
+                if message["type"] == "http.response.start" and not replaced:
+                    replaced = True
+                    await _send_error(send, 413, too_large, "body_too_large")
+                return
+            await send(message)
+
+        await self.app(scope, limited_receive, checked_send)

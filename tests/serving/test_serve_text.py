@@ -162,6 +162,14 @@ def test_errors_are_openai_error_objects(client, server):
     r = httpx.post(server.url + "/v1/chat/completions", headers=headers,
                    json={"messages": [{"role": "user", "content": "x" * 70000}]})
     assert r.status_code == 413 and "65,536" in r.json()["error"]["message"]
+    def chunked():  # no Content-Length: the limit is counted as the body arrives
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(20):
+            yield b"x" * 5000
+        yield b'"}]}'
+
+    r = httpx.post(server.url + "/v1/chat/completions", headers=headers, content=chunked())
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
     r = httpx.post(server.url + "/v1/embeddings", headers=headers, json={"input": "hi"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = httpx.post(server.url + "/v1/chat/completions", headers=headers, content=b"{not json")
