@@ -204,9 +204,15 @@ def _generated(server) -> float:
 
 
 def test_a_client_that_disconnects_cancels_its_reply(server):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    # a request whose whole reply is 200 tokens (no EOS before): what a cancelled one must stay below
+    body = next((b for b in ({"prompt": p, "max_tokens": 200, "temperature": 0.7, "seed": seed}
+                             for p in ("def main():", "The capital of France is") for seed in range(6))
+                 if httpx.post(server.url + "/v1/completions", headers=headers, json=b,
+                               timeout=120).json()["choices"][0]["finish_reason"] == "length"), None)
+    assert body is not None, "no 200-token reply found to cancel"
     before = _generated(server)
-    with httpx.stream("POST", server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                      json={"prompt": "def main():", "max_tokens": 200, "temperature": 0, "stream": True},
+    with httpx.stream("POST", server.url + "/v1/completions", headers=headers, json={**body, "stream": True},
                       timeout=60) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(4)]
