@@ -74,6 +74,16 @@ class TextResult:
     finish_reason: str  # OpenAI's: "stop" (an EOS token or a stop string) or "length"
 
 
+@dataclass
+class TextJob:
+    """A reply for the continuous batcher (``batching.TextBatcher``): prompt ids, tokens, sampling, stops."""
+
+    ids: list[int]
+    max_tokens: int
+    settings: Any  # tasks.generation.sampling.SamplingSettings
+    stop: Sequence[str]
+
+
 class Cancelled(Exception):
     """Raised inside a run when its request was cancelled (the client went away)."""
 
@@ -93,10 +103,25 @@ class TextBackend:
                                    allow_nonfinite=options.allow_nonfinite)
         self.name = self.model.name
         self.context = self.model.context or self.model.max_context
+        self.options = options
+        self.batched = None  # a BatchedDecoder, when requests are decoded together (prepare(max_batch > 1))
 
-    def prepare(self, max_new_tokens: int) -> None:
-        """Compile, plan and load once, for the longest request the limits allow."""
-        self.model.prepare(1, max(1, min(max_new_tokens, self.context - 1)))
+    def prepare(self, max_new_tokens: int, max_batch: int = 1) -> None:
+        """Compile, plan and load once: for ``max_batch`` > 1 the batched program (``max_batch`` sequences of the
+        whole context each, decoded together), else the single-sequence programs for the longest reply."""
+        if max_batch > 1:
+            from ..tasks.generation.batched import BatchedDecoder
+
+            self.batched = BatchedDecoder(self.model, self.options.recipe, self.options.weights,
+                                          list(self.options.sets), slots=max_batch)
+            self.batched.prepare(longest_prompt=64)
+        else:
+            self.model.prepare(1, max(1, min(max_new_tokens, self.context - 1)))
+
+    def close(self) -> None:
+        if self.batched is not None:
+            self.batched.close()
+        self.model.release()
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
         """The prompt ids of a conversation: the checkpoint's chat template, as transformers'

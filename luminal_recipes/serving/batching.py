@@ -190,3 +190,112 @@ class Scheduler:
             finally:
                 with self._cond:
                     self._running = None
+
+
+class TextBatcher(Scheduler):
+    """Continuous batching of a language model's replies (``tasks/generation/batched.py``): up to ``slots``
+    sequences decoded together, one step of the batched program for all of them; a waiting request's prompt is
+    run (its prefill) between two decode steps, into a free slot of the KV cache, and a reply that ends frees its
+    slot at once. ``submit_text(job)`` returns a ``Handle`` as ``submit`` does (its items: text pieces; its result:
+    a ``backends.TextResult``); ``call`` runs a function on the worker thread (loading). ``engine`` (a
+    ``BatchedDecoder``) and ``lm`` (its ``LanguageModel``: tokenizer, EOS ids, checks) are set once loaded."""
+
+    def __init__(self, max_queue: int, slots: int, metrics=None, name: str = "text"):
+        super().__init__(max_queue, metrics, name)
+        self.slots = slots
+        self.engine = None
+        self.lm = None
+
+    def submit_text(self, job) -> Handle:
+        return self.submit(job)
+
+    def _work(self) -> None:
+        from ..tasks.generation.batched import Reply
+        from .backends import TextResult
+
+        active: dict[int, tuple[Handle, Reply]] = {}
+        free = list(range(self.slots))
+        while True:
+            admitted: list[tuple[Handle, int]] = []
+            with self._cond:
+                while not self._waiting and not active and not self._closing:
+                    self._cond.wait()
+                if self._closing and not self._waiting and not active:
+                    return
+                while self._waiting and (free or self._waiting[0]._loop is None):
+                    handle = self._waiting.popleft()
+                    admitted.append((handle, free.pop(0) if handle._loop is not None else -1))
+                self._report()
+            for handle, slot in admitted:
+                if handle._loop is None:  # a call(): loading, on this thread
+                    handle.job(handle)
+                    continue
+                self._admit(handle, slot, active, free, Reply, TextResult)
+            if active:
+                self._decode(active, free, TextResult)
+            if self.metrics is not None:
+                self.metrics.running.set(len(active))
+
+    def _admit(self, handle: Handle, slot: int, active: dict, free: list, reply_cls, result_cls) -> None:
+        job = handle.job
+        if handle.cancelled():
+            handle._finish(error=Cancelled())
+            free.append(slot)
+            return
+        lm = self.lm
+        reply = reply_cls(job.ids, job.max_tokens, job.settings, job.stop, set(lm.eos_ids), lm.tokenizer.decode,
+                          handle.emit, slot)
+        try:
+            handle.started = time.perf_counter()
+            n = len(job.ids)
+            logits = self.engine.step(job.ids, list(range(n)), [slot] * n, 1)[-1]
+            lm._check_logits(logits, f"the prefill of the {n}-token prompt")
+            done = reply.take(logits)
+        except BaseException as exc:  # noqa: BLE001 - answered to its request
+            handle._finish(error=exc)
+            free.append(slot)
+            return
+        self._count(handle, reply)
+        if done:
+            self._done(handle, reply, free, result_cls)
+        else:
+            active[slot] = (handle, reply)
+
+    def _decode(self, active: dict, free: list, result_cls) -> None:
+        for slot, (handle, _) in list(active.items()):
+            if handle.cancelled():
+                del active[slot]
+                free.append(slot)
+                handle._finish(error=Cancelled())
+        if not active:
+            return
+        slots = list(active)
+        replies = [active[s][1] for s in slots]
+        try:
+            rows = self.engine.step([r.out[-1] for r in replies], [r.position for r in replies], slots, len(slots))
+            for row, r in zip(rows, replies):
+                self.lm._check_logits(row, f"decode step {len(r.out)} (position {r.position})")
+        except BaseException as exc:  # noqa: BLE001 - every reply of the step gets the error
+            for s in slots:
+                active.pop(s)[0]._finish(error=exc)
+                free.append(s)
+            return
+        for s, row in zip(slots, rows):
+            handle, reply = active[s]
+            done = reply.take(row)
+            self._count(handle, reply)
+            if done:
+                del active[s]
+                self._done(handle, reply, free, result_cls)
+
+    def _count(self, handle: Handle, reply) -> None:
+        if len(reply.out) == 1:
+            handle.first_token = reply.first_token_at
+        if self.metrics is not None:
+            self.metrics.tokens(1)
+
+    @staticmethod
+    def _done(handle: Handle, reply, free: list, result_cls) -> None:
+        free.append(reply.slot)
+        handle._finish(result_cls(len(reply.ids), list(reply.out), reply.text,
+                                  "length" if reply.finish == "length" else "stop"))

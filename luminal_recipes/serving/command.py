@@ -41,6 +41,8 @@ def serve(
                                        f"but /health (default: ${API_KEY_ENV} when set)"),
     model_name: str | None = typer.Option(None, "--model-name", help="the model id clients send and /v1/models "
                                           "lists (default: the recipe's name)"),
+    max_batch: int = typer.Option(8, "--max-batch", min=1, help="language models: sequences decoded together by "
+                                  "one batched program (continuous batching; 1: one reply at a time)"),
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="requests waiting; past it: 429 with Retry-After"),
     max_tokens: int = typer.Option(4096, "--max-tokens", min=1, help="most tokens one reply may ask for"),
     max_n: int = typer.Option(8, "--max-n", min=1, help="most choices (or images) per request"),
@@ -65,8 +67,8 @@ def serve(
                          f"'luminal-recipes[serve]'") from None
     from ..pipeline.generate import parse_size
     from .app import create_app
-    from .backends import ModelOptions, load_backend
-    from .batching import Scheduler
+    from .backends import ModelOptions, load_backend, recipe_kind
+    from .batching import Scheduler, TextBatcher
     from .limits import Limits
 
     if not 0 <= port <= 65535:
@@ -83,16 +85,21 @@ def serve(
     sock = _bind(host, port)  # before the slow load: a port in use fails at once
     print(f"luminal-recipe serve: loading and compiling {recipe}...", file=sys.stderr, flush=True)
 
+    kind = recipe_kind(recipe)
+    batching = kind == "text" and max_batch > 1
+    scheduler = TextBatcher(max_queue, max_batch) if batching else Scheduler(max_queue, name=kind)
+
     def load():
         backend = load_backend(options)
         if backend.kind == "text":
-            backend.prepare(max_tokens)
+            backend.prepare(max_tokens, max_batch)
+            if batching:
+                scheduler.engine, scheduler.lm = backend.batched, backend.model
         else:
             backend.prepare()
         return backend
 
     # loaded and compiled on the thread that will run every request (egglog's e-graphs stay on their thread)
-    scheduler = Scheduler(max_queue, name="model")
     try:
         backend = scheduler.call(load)
     except BaseException:
