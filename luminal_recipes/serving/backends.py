@@ -24,6 +24,8 @@ import numpy as np
 
 from ..errors import InputError, PipelineError
 
+DEFAULT_SLOT_TOKENS = 2048  # continuous batching: tokens (prompt + reply) per sequence without --context
+
 
 @dataclass
 class ModelOptions:
@@ -112,9 +114,12 @@ class TextBackend:
         if max_batch > 1:
             from ..tasks.generation.batched import BatchedDecoder
 
+            # each slot holds a whole sequence: --context, else the model's context up to DEFAULT_SLOT_TOKENS
+            slot_len = self.model.context or min(self.model.max_context, DEFAULT_SLOT_TOKENS)
             self.batched = BatchedDecoder(self.model, self.options.recipe, self.options.weights,
-                                          list(self.options.sets), slots=max_batch)
+                                          list(self.options.sets), slots=max_batch, slot_len=slot_len)
             self.batched.prepare(longest_prompt=64)
+            self.context = self.batched.slot_len
         else:
             self.model.prepare(1, max(1, min(max_new_tokens, self.context - 1)))
 

@@ -1,20 +1,22 @@
 """Several replies decoded together by one program: continuous batching for a language-model recipe.
 
 The recipe's graph is built once more with two of its ops replaced (``build(..., ops=...)``; the recipe itself is
-unchanged): the KV cache holds ``slots`` sequences of ``slot_len`` rows each, one after the other (rows ``slot *
-slot_len ...``), and every step runs a list of tokens, each with its own sequence:
+unchanged): the KV cache holds ``slots`` sequences interleaved - row ``position * slots + slot`` holds the keys
+and values of ``slot``'s token at ``position`` - and every step runs a list of tokens, each of its own sequence:
 
 - ``positions`` ``[seq]``: each token's position in its own sequence (RoPE and the causal mask use it, as in a
   single reply);
-- ``cache_rows`` ``[seq]``: the cache row each token's keys and values are written to (``slot * slot_len +
-  position``), replacing ``update_cache``'s rows;
-- ``row_lo`` ``[seq]``: the first row of the token's slot; ``attention`` lets a token see rows ``row_lo ..
-  cache_rows`` (and, with a sliding window, the last ``window`` of them) - its own sequence, causally.
+- ``cache_rows`` ``[seq]``: the row each token's keys and values are written to, replacing ``update_cache``'s;
+- ``token_slot`` ``[seq]`` and ``key_slot``/``key_pos`` ``[ctx]`` (the slot and position of every cache row):
+  ``attention`` lets a token see the rows of its own slot up to its own position (and, with a sliding window, the
+  last ``window`` of them) - its own sequence, causally.
 
 One step can so hold a new sequence's whole prompt (its prefill) or the next token of every running sequence (a
-decode step); the logits of the last ``keep`` tokens come back. ``BatchedDecoder`` holds the program, its
-executables (one per power-of-two bucket of tokens per step, sharing the KV cache) and runs steps;
-``Reply`` is one sequence's sampling and text, exactly as ``LanguageModel.generate`` makes them.
+decode step); the logits of the last ``keep`` tokens come back. A step attends to the first ``ctx`` rows, a
+power-of-two bucket of ``(longest position + 1) * slots``: the work grows with the running sequences' length, not
+the cache's. ``BatchedDecoder`` holds the program, its executables (one per power-of-two bucket of tokens per
+step, sharing the KV cache) and runs steps; ``Reply`` is one sequence's sampling and text, exactly as
+``LanguageModel.generate`` makes them.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...errors import BudgetError, InputError
-from ...graph import Tensor, cast
+from ...graph import DType, Tensor, cast
 from ...graph.symbolic import evaluate
 from ...graph.view import View
 from ...ops.attention import scaled_dot_product_attention
-from ...ops.elementwise import logical_and, logical_not
+from ...ops.elementwise import equal, logical_and, logical_not
 from ...ops.indexing import write_rows
 from ...runtimes.memory import format_bytes
 from .detokenize import IncrementalDetokenizer, StopStrings
@@ -40,12 +42,13 @@ from .sampling import Sampler, SamplingSettings
 MIN_STEP_BUCKET = 8
 
 
-def _slot_input(graph, name: str, seq):
+def _slot_input(graph, name: str, size):
+    """The i32 input ``name`` of shape ``[size]`` (made once per graph; every layer reads the same)."""
     node = graph._inputs_by_name.get(name)
     if node is not None:
         n = graph.nodes[node]
         return Tensor(graph, node, View.contiguous(n.shape), n.dtype)
-    return graph.input(name, (seq,), "i32")
+    return graph.input(name, (size,), "i32")
 
 
 def update_cache_in_slots(cache, positions, x, length):
@@ -74,12 +77,12 @@ def attention_in_slots(q, k, v, mask=None, causal=False, window=None, key_mask=N
                          "causal over positions: serve it with --max-batch 1")
     graph = q.graph
     s, t = q.shape[2], k.shape[2]
-    rows = _slot_input(graph, "cache_rows", s).expand(1, t)  # [S, T]
-    lo = _slot_input(graph, "row_lo", s).expand(1, t)
-    keys = graph.iota(t).expand(0, s)
-    allowed = logical_and(logical_not(keys < lo), logical_not(rows < keys))  # lo <= key <= own row
+    own = equal(_slot_input(graph, "key_slot", t).expand(0, s), _slot_input(graph, "token_slot", s).expand(1, t))
+    key_pos = _slot_input(graph, "key_pos", t).expand(0, s)  # [S, T]
+    pos = (positions if positions.dtype == DType.I32 else cast(positions, DType.I32)).expand(1, t)
+    allowed = logical_and(own, logical_not(pos < key_pos))  # its own slot, keys up to its own position
     if window is not None:
-        allowed = logical_and(allowed, keys > (rows - window))
+        allowed = logical_and(allowed, key_pos > (pos - window))
     return scaled_dot_product_attention(q, k, v, mask=allowed.unsqueeze(0).unsqueeze(0), scale=scale)
 
 
@@ -102,10 +105,12 @@ class BatchedDecoder:
         self.slots = slots
         self.slot_len = min(slot_len or lm.max_context, lm.context or lm.max_context)
         self.rows = slots * self.slot_len
+        rows = np.arange(self.rows, dtype=np.int32)
+        self._key_slot, self._key_pos = rows % np.int32(slots), rows // np.int32(slots)  # row = pos * slots + slot
         ops = {**default_ops(), "update_cache": update_cache_in_slots, "attention": attention_in_slots}
         self.model = build(recipe, weights=weights, sets=sets, ops=ops, patterns=HUB_PATTERNS)
         names = {n.name for n in self.model.graph.inputs("input")}
-        if not {"cache_rows", "row_lo"} <= names:
+        if not {"cache_rows", "token_slot", "key_slot", "key_pos"} <= names:
             raise InputError(f"{self.model.name}: its recipe writes no KV cache through update_cache and attention "
                              f"over positions, so its replies cannot be decoded together; serve it with --max-batch 1")
         self.runtime = lm.runtime
@@ -113,8 +118,8 @@ class BatchedDecoder:
         self._exes: dict[int, object] = {}
         self._owner = None  # the executable holding the KV cache (the first loaded)
 
-    def _dims(self, seq: int, keep: int) -> dict[str, int]:
-        dims = {"batch": 1, "seq": seq, "ctx": self.rows, "cache": self.rows, "keep": keep}
+    def _dims(self, seq: int, keep: int, ctx: int | None = None) -> dict[str, int]:
+        dims = {"batch": 1, "seq": seq, "ctx": ctx or self.rows, "cache": self.rows, "keep": keep}
         return {k: v for k, v in dims.items() if k in self.model.recipe.doc.dims}
 
     def state_bytes(self) -> int:
@@ -167,10 +172,14 @@ class BatchedDecoder:
         n = len(tokens)
         exe = self._exe(step_bucket(n))
         pos = np.asarray(positions, np.int32)
-        lo = np.asarray(slots, np.int32) * np.int32(self.slot_len)
-        feeds = {"tokens": np.asarray([tokens], np.int32), "positions": pos, "cache_rows": lo + pos, "row_lo": lo}
+        slot = np.asarray(slots, np.int32)
+        ctx = min(self.rows, max(MIN_STEP_BUCKET * self.slots,
+                                 1 << max(0, (int(pos.max()) + 1) * self.slots - 1).bit_length()))
+        feeds = {"tokens": np.asarray([tokens], np.int32), "positions": pos,
+                 "cache_rows": pos * np.int32(self.slots) + slot, "token_slot": slot,
+                 "key_slot": self._key_slot[:ctx], "key_pos": self._key_pos[:ctx]}
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            out = exe.run(feeds, copy_outputs=False, dims=self._dims(n, keep))["logits"]
+            out = exe.run(feeds, copy_outputs=False, dims=self._dims(n, keep, ctx))["logits"]
         return np.array(out[0])
 
     def close(self) -> None:
