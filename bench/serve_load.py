@@ -1,6 +1,6 @@
-"""Load test of `luminal-recipe serve` with a language model: 1, 4 and 8 concurrent chat streams (the official
-`openai` client, one thread per stream) against a server this script starts on 127.0.0.1, bounded in requests and
-time.
+"""Load test of `luminal-recipe serve` with a language model: 1, 4 and 8 concurrent chat streams (OpenAI's
+streaming protocol over httpx, one thread per stream) against a server this script starts on 127.0.0.1,
+bounded in requests and time.
 
 For each concurrency C it sends ``--requests-per-stream`` streamed chat requests on each of C streams (greedy,
 ``--max-tokens`` tokens each, a different prompt per request) and reports:
@@ -11,9 +11,8 @@ For each concurrency C it sends ``--requests-per-stream`` streamed chat requests
 - completeness: every request answered with a finish_reason and usage, or with an error (counted); each reply
   is compared with the same request answered alone (C = 1): none lost, duplicated or mixed up.
 
-The ratio aggregate(C) / aggregate(1) is what continuous batching would raise (the target: >= 3x at 8); with
-the FIFO worker of this version the server decodes one sequence at a time, so the figure shows the queueing
-instead (docs/serving.md, "Concurrency").
+The ratio aggregate(C) / aggregate(1) is what continuous batching raises (the target: >= 3x at 8; `serve
+--max-batch`, docs/serving.md "Concurrency"); ``--max-batch 1`` measures one reply at a time for comparison.
 
     python bench/serve_load.py                                   # the tiny Llama shipped in tests/golden
     python bench/serve_load.py --recipe recipes/llama.yaml --weights DIR --max-tokens 64
@@ -43,7 +42,7 @@ def percentile(values: list[float], q: float) -> float:
 
 def start_server(args) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "luminal_recipes", "serve", args.recipe, "--host", "127.0.0.1", "--port", "0",
-           "--max-queue", "64", "--log-level", "warning"]
+           "--max-queue", "64", "--max-batch", str(args.max_batch), "--log-level", "warning"]
     if args.weights:
         cmd += ["--weights", args.weights]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -61,21 +60,29 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 
 
 def one_request(client, model: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed chat request over OpenAI's protocol (httpx, the SSE lines parsed here: a light client, so
+    that 8 client threads measure the server rather than their own parsing)."""
     t0 = time.perf_counter()
     stamps, text, finish, usage, error = [], [], None, None, None
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     try:
-        stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                                max_tokens=max_tokens, temperature=0, stream=True,
-                                                stream_options={"include_usage": True})
-        for chunk in stream:
-            if chunk.usage is not None:
-                usage = chunk.usage.completion_tokens
-            for choice in chunk.choices:
-                if choice.delta.content:
-                    stamps.append(time.perf_counter())
-                    text.append(choice.delta.content)
-                if choice.finish_reason:
-                    finish = choice.finish_reason
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"HTTP {response.status_code}: {response.read()[:200]!r}")
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    usage = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", ()):
+                    piece = choice["delta"].get("content")
+                    if piece:
+                        stamps.append(time.perf_counter())
+                        text.append(piece)
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
     except Exception as exc:  # noqa: BLE001 - counted and reported
         error = f"{type(exc).__name__}: {exc}"
     return {"prompt": prompt, "text": "".join(text), "finish": finish, "tokens": usage, "error": error,
@@ -119,20 +126,21 @@ def main() -> None:
     parser.add_argument("--weights", default=str(ROOT / "tests" / "golden" / "checkpoints" / "llama-tiny"))
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--requests-per-stream", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-batch", type=int, default=8, help="the server's --max-batch")
     parser.add_argument("--time-limit", type=float, default=300.0, help="seconds for all rounds together")
     parser.add_argument("--start-timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
     args = parser.parse_args()
-    import openai
+    import httpx
 
     levels = [int(c) for c in args.concurrency.split(",")]
     if any(c < 1 or c > 64 for c in levels) or not 1 <= args.requests_per_stream <= 50:
         raise SystemExit("concurrency in 1..64 and --requests-per-stream in 1..50 (the run is bounded)")
     proc, url = start_server(args)
     try:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
-        model = client.models.list().data[0].id
+        client = httpx.Client(base_url=url, timeout=300, limits=httpx.Limits(max_connections=64))
+        model = client.get("/v1/models").json()["data"][0]["id"]
         one_request(client, model, "warm-up", 4)
         deadline = time.monotonic() + args.time_limit
         rounds = [round_of(client, model, c, args.requests_per_stream, args.max_tokens, deadline) for c in levels]
@@ -150,8 +158,8 @@ def main() -> None:
         proc.terminate()
         proc.wait(60)
     base = rounds[0]["tokens_per_s"] if rounds and rounds[0]["tokens_per_s"] > 0 else float("nan")
-    print(f"\n{args.recipe} ({args.weights}), {args.max_tokens} tokens per request, "
-          f"{args.requests_per_stream} requests per stream")
+    print(f"\n{args.recipe} ({args.weights}), serve --max-batch {args.max_batch}, {args.max_tokens} tokens per "
+          f"request, {args.requests_per_stream} requests per stream")
     print(f"{'streams':>7} {'reqs':>5} {'err':>4} {'tokens':>7} {'tok/s':>8} {'x1':>5} {'TTFT p50':>9} "
           f"{'TTFT p99':>9} {'tok p50':>8} {'tok p99':>8}  (ms)")
     for r in rounds:

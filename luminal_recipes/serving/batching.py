@@ -88,6 +88,21 @@ class Handle:
         if self.error is not None:
             raise self.error
 
+    async def batches(self):
+        """As iterating, but each item a list of what was emitted since the last (one wake-up, one write)."""
+        while True:
+            items = [await self._events.get()]
+            while not self._events.empty():
+                items.append(self._events.get_nowait())
+            done = items[-1] is _DONE
+            items = [item for item in items if item is not _DONE]
+            if items:
+                yield items
+            if done:
+                break
+        if self.error is not None:
+            raise self.error
+
     async def wait(self) -> Any:
         """The result, once the job ended (its emitted items dropped)."""
         async for _ in self:

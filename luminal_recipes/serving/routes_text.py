@@ -202,8 +202,8 @@ def router(state) -> APIRouter:
 
             async def pump(k: int, handle):
                 try:
-                    async for piece in handle:
-                        await queue.put((k, "text", piece))
+                    async for pieces in handle.batches():
+                        await queue.put((k, "text", pieces))
                     await queue.put((k, "done", handle.result))
                 except BaseException as exc:  # noqa: BLE001 - reported to the client as an error event
                     await queue.put((k, "error", exc))
@@ -215,8 +215,8 @@ def router(state) -> APIRouter:
                     yield _sse(chunk)
                 while done < len(handles):
                     k, kind, value = await queue.get()
-                    if kind == "text":
-                        yield _sse(make_chunk(k, value))
+                    if kind == "text":  # the pieces emitted since the last write: one event each, one write
+                        yield "".join(_sse(make_chunk(k, piece)) for piece in value)
                     elif kind == "done":
                         done += 1
                         results[k] = value
