@@ -15,6 +15,7 @@ The ratio aggregate(C) / aggregate(1) is what continuous batching raises (the ta
 --max-batch`, docs/serving.md "Concurrency"); ``--max-batch 1`` measures one reply at a time for comparison.
 
     python bench/serve_load.py                                   # the tiny Llama shipped in tests/golden
+    python bench/serve_load.py --no-http                         # the batcher alone, in this process
     python bench/serve_load.py --recipe recipes/llama.yaml --weights DIR --max-tokens 64
 """
 
@@ -120,6 +121,56 @@ def round_of(client, model: str, streams: int, per_stream: int, max_tokens: int,
             "results": results}
 
 
+def scheduler_rounds(args, levels: list[int]) -> None:
+    """``--no-http``: the same rounds straight on the scheduler (``serving.batching.TextBatcher``, or one reply
+    at a time with ``--max-batch 1``) in this process: what the model and the batching give without HTTP."""
+    import asyncio
+
+    from luminal_recipes.serving.backends import ModelOptions, TextBackend, TextJob
+    from luminal_recipes.serving.batching import Scheduler, TextBatcher
+    from luminal_recipes.tasks.generation.sampling import SamplingSettings
+
+    batching = args.max_batch > 1
+    scheduler = TextBatcher(64, args.max_batch) if batching else Scheduler(64)
+
+    def load():
+        backend = TextBackend(ModelOptions(Path(args.recipe), args.weights or None))
+        backend.prepare(args.max_tokens, args.max_batch)
+        if batching:
+            scheduler.engine, scheduler.lm = backend.batched, backend.model
+        return backend
+
+    backend = scheduler.call(load)
+
+    def submit(ids):
+        if batching:
+            return scheduler.submit_text(TextJob(ids, args.max_tokens, SamplingSettings(), ()))
+        return scheduler.submit(lambda h: backend.run(ids, args.max_tokens, on_text=h.emit))
+
+    async def rounds():
+        await submit(backend.prompt_ids("warm-up")).wait()
+        base = None
+        for c in levels:
+            async def stream(s: int) -> list:
+                out = []
+                for r in range(args.requests_per_stream):  # one request after the other, as a client does
+                    ids = backend.prompt_ids(f"Request {s}-{r}: tell me about the number {7 * s + r}.")
+                    out.append(await submit(ids).wait())
+                return out
+
+            t0 = time.perf_counter()
+            results = [r for each in await asyncio.gather(*(stream(s) for s in range(c))) for r in each]
+            rate = sum(len(r.ids) for r in results) / (time.perf_counter() - t0)
+            base = base or rate
+            print(f"{c:>7} {len(results):>5} {sum(len(r.ids) for r in results):>7} {rate:>8.1f} "
+                  f"{rate / base:>5.2f}")
+
+    print(f"\n{args.recipe}: the scheduler without HTTP, --max-batch {args.max_batch}, {args.max_tokens} tokens")
+    print(f"{'streams':>7} {'reqs':>5} {'tokens':>7} {'tok/s':>8} {'x1':>5}")
+    asyncio.run(rounds())
+    scheduler.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", default=str(ROOT / "recipes" / "llama.yaml"))
@@ -131,12 +182,17 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=300.0, help="seconds for all rounds together")
     parser.add_argument("--start-timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    parser.add_argument("--no-http", action="store_true", help="run the rounds on the scheduler in this process, "
+                        "without the server")
     args = parser.parse_args()
     import httpx
 
     levels = [int(c) for c in args.concurrency.split(",")]
     if any(c < 1 or c > 64 for c in levels) or not 1 <= args.requests_per_stream <= 50:
         raise SystemExit("concurrency in 1..64 and --requests-per-stream in 1..50 (the run is bounded)")
+    if args.no_http:
+        scheduler_rounds(args, levels)
+        return
     proc, url = start_server(args)
     try:
         client = httpx.Client(base_url=url, timeout=300, limits=httpx.Limits(max_connections=64))
