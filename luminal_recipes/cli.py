@@ -9,8 +9,12 @@ import time
 
 
 def _process_started() -> float:
-    """The ``perf_counter`` value when this process started (Linux: its start time in /proc, so the interpreter's
-    own start-up counts too), else now."""
+    """The ``perf_counter`` value when this command's program started: now less the CPU time the process has used
+    so far (the interpreter's start-up and imports, which are CPU-bound), never before the process's start in
+    /proc (Linux). The process's start alone would count what it did before it ``exec``ed this program: `bash -c
+    'sleep 6 && exec luminal-recipe run ...'` has the shell's pid, and its start, but the sleep used no CPU time."""
+    now = time.perf_counter()
+    cpu = time.process_time()
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
@@ -18,9 +22,9 @@ def _process_started() -> float:
             uptime = float(f.read().split()[0])
         age = uptime - start_ticks / __import__("os").sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return time.perf_counter()
+        age = cpu
     # imported long after the start: a process that runs commands later (counted from the command's start then)
-    return time.perf_counter() - age if 0.0 <= age < 30.0 else time.perf_counter()
+    return now - min(cpu, max(age, 0.0)) if cpu < 30.0 else now
 
 
 _IMPORTED_AT = _process_started()  # before typer and the rest load: `run` reports the whole command's time
@@ -41,6 +45,8 @@ import typer  # noqa: E402
 
 from . import __version__, memory_limits  # noqa: E402  (memory_limits: the out-of-memory message)
 from .errors import LuminalError  # noqa: E402
+from .tasks.generation.chat_command import THREADS_HELP  # noqa: E402
+from .tasks.generation.chat_command import chat as chat_command  # noqa: E402
 
 _started_at: float | None = None  # set by `entry` (the console script): the process started this command
 
@@ -207,10 +213,15 @@ def run(
                                        "+ reply; default: what the prompts need)"),
     stdio: bool = typer.Option(False, "--stdio", help="language models: serve the benchmark protocol on stdin/"
                                "stdout (READY, then TOK lines and EOQ per prompt line)"),
+    threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP),
 ) -> None:
     """Run a recipe: a pipeline writes its outputs (images as PNG, arrays as .npy, text as .txt) for each prompt;
     a language model (a model recipe with `generation:`) streams its reply to each prompt."""
     started = _started_at if _started_at is not None else time.perf_counter()
+    if threads is not None:  # before the runtimes load: every pool starts at this size
+        from .threads import set_threads
+
+        set_threads(threads)
     from .errors import PipelineError
     from .files import read_regular_text
     from .pipeline.generate import GenerateRequest, generate, parse_size
@@ -309,6 +320,9 @@ def _is_language_model(recipe: Path) -> bool:
     return False
 
 
+app.command("chat")(user_errors(chat_command))
+
+
 @app.command()
 @user_errors
 def validate(
@@ -318,6 +332,9 @@ def validate(
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="also list config.json fields: required values met, and unknown fields"
     ),
+    draft_config: str | None = typer.Option(
+        None, "--draft-config", help="print a `config:` section for this model recipe drafted from a transformers "
+        "config class (Phi3Config, or a model_type such as phi3) instead of validating"),
 ) -> None:
     """Check a recipe (schema, expressions, forwards) and its checkpoint: the recipe's own when it is a local
     folder, or --weights (a Hub checkpoint is only downloaded and checked when passed as --weights)."""
@@ -326,6 +343,16 @@ def validate(
     from .recipe.commands import ALL_KINDS
     from .recipe.loader import load_recipe
 
+    if draft_config is not None:
+        from .errors import InputError
+        from .recipe.draft_config import draft_config as draft
+
+        loaded = load_recipe(recipe, allowed=ALL_KINDS)
+        if loaded.kind != "model":
+            raise InputError(f"--draft-config drafts a model recipe's `config:` section; {recipe} is a "
+                             f"{loaded.kind} recipe")
+        typer.echo(draft(loaded, draft_config), nl=False)
+        return
     loaded = load_recipe(recipe, allowed=ALL_KINDS)
     if loaded.kind == "pipeline":
         check_steps_known(loaded)  # every `run:` names a step of a task plug-in (the recipe layer knows none)
@@ -352,7 +379,7 @@ def inspect(
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
     from .pipeline.generate import derived_sets, parse_size
-    from .pipeline.plan import inspect_memory
+    from .pipeline.memory_report import inspect_memory
     from .recipe import inspect as inspect_recipe
 
     sets = derived_sets(recipe, weights, list(set_), {"images": list(image)}) if image else list(set_)

@@ -522,6 +522,8 @@ class Pipeline:
             items = range(int(over)) if isinstance(over, (int, np.integer)) else list(over)
             total = len(items)
             collected: dict[str, list] = {name: [] for name in stage.loop.collect}
+            if self.progress:  # the loop's start: its rate is measured from here
+                self.progress(stage.name, 0, total)
             for k, item in enumerate(items):
                 env[stage.loop.var] = item
                 t0 = time.perf_counter()

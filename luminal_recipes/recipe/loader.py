@@ -279,6 +279,11 @@ def _merge(loaded: LoadedRecipe, doc: ModelRecipe | ModuleLibrary, source: YamlS
         if isinstance(doc, ModuleLibrary) and "default" not in spec.model_fields_set:
             loaded.param_checks.setdefault(name, []).append(Located(spec, origin))
             continue
+        if isinstance(doc, ModuleLibrary) and name in loaded.params and \
+                loaded.params[name].origin.source is loaded.source:
+            # a library's default, which the including recipe overrides: its type and ranges still hold
+            loaded.param_checks.setdefault(name, []).append(Located(spec, origin))
+            continue
         if name in loaded.params:
             first = loaded.params[name].origin.loc(key=True)
             raise origin.error(

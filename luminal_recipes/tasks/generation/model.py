@@ -37,10 +37,11 @@ from ...runtimes.memory import format_bytes
 from ...runtimes.program import Program
 from ...runtimes.registry import get_runtime
 from ...text.check import check_text
+from ...text.tokenizer import TextTokenizer, eos_token_ids
 from . import contract
 from .detokenize import IncrementalDetokenizer, StopStrings
+from .length import warn_beyond_context
 from .sampling import Sampler, SamplingSettings
-from .tokenizer import TextTokenizer, eos_token_ids
 
 HUB_PATTERNS = ("*.json", "*.safetensors", "*.jinja")  # weights, configs, tokenizer.json and chat templates
 MIN_BUCKET = 64  # the smallest prompt-length, cache and attended-prefix bucket
@@ -388,6 +389,7 @@ class LanguageModel:
             raise InputError(f"the prompt is {n} tokens long; {self.name} takes at most {limit} tokens of prompt and "
                              f"reply together ({'--context' if self.context else 'its generation.context'}), which "
                              f"leaves no room for a reply. Shorten the prompt.")
+        warn_beyond_context(self.name, max_new_tokens, n, limit, "--context" if self.context else "generation.context")
         budget_tokens = min(max_new_tokens, limit - n)
         session = self._ensure(n + budget_tokens, n)
         self._reset(session)
