@@ -485,6 +485,11 @@ MANIFEST_HELP = ("a golden manifest: images (goldens.yaml) or replies of languag
                  f"{GOLDEN_MANIFEST} and {TEXT_MANIFEST}")
 
 
+from .serving.command import serve as _serve  # noqa: E402  (the command's code: luminal_recipes/serving/)
+
+app.command(name="serve")(user_errors(_serve))
+
+
 def _manifests(manifest: Path | None) -> list[Path]:
     return [manifest] if manifest is not None else [GOLDEN_MANIFEST, TEXT_MANIFEST]
 
