@@ -19,6 +19,7 @@ from .kernels import Machine
 from .kernels.context import ALIGNMENT
 from .numpy_attention import prepare_attention, prepare_attention_blocked
 from .numpy_dequant import prepare_dequant_matmul
+from .numpy_gguf import PREPARE as GGUF_PREPARE
 from .numpy_kernels import PREPARE
 
 NUMPY_PREPARE = {
@@ -26,6 +27,7 @@ NUMPY_PREPARE = {
     "Attention": prepare_attention,
     "AttentionBlocked": prepare_attention_blocked,
     "DequantMatMul": prepare_dequant_matmul,
+    **GGUF_PREPARE,
 }
 
 # cost-model constants of this CPU backend: numpy dispatch per kernel, memory bandwidth, elementwise and BLAS
