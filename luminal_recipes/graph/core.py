@@ -6,7 +6,8 @@ writes one contiguous output of its ``shape``; consumers read it through the ``V
 Primitive ops (luminal's set): unary ``Log2 Exp2 Sin Sqrt Recip``; binary ``Add Mul Mod LessThan``; ``SumReduce
 MaxReduce`` over one axis; ``Iota`` (0..n-1 as i32); ``Gather`` (rows of a table by index); ``Scatter`` (rows written
 into a copy of a destination); ``Cast``; ``Dequant`` (GGUF block-quantized bytes decoded to floats, as a cast
-from a block format: ``graph.gguf_blocks`` defines the formats); plus ``Constant`` and ``Input`` (activations and named weights).
+from a block format: ``graph.gguf_blocks`` defines the formats); plus ``Constant`` and ``Input`` (activations and
+named weights).
 Binary ops need equal shapes and dtypes: broadcasting and promotion are always explicit.
 """
 

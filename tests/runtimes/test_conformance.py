@@ -22,8 +22,7 @@ import pytest
 from luminal_recipes import ops
 from luminal_recipes.compiler.search import SearchOptions, search_segment
 from luminal_recipes.compiler.segments import assemble, split
-from luminal_recipes.graph import DType, Graph, Tensor, run_reference
-from luminal_recipes.graph import gguf_blocks
+from luminal_recipes.graph import DType, Graph, Tensor, gguf_blocks, run_reference
 from luminal_recipes.graph.core import binary, dequant, reduce, unary
 from luminal_recipes.graph.symbolic import evaluate
 from luminal_recipes.runtimes.kernels import PRIMITIVE_KERNELS, REGISTRY

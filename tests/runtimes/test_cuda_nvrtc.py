@@ -65,7 +65,8 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
     """Hot kernels at FLUX.2-dev sizes (bf16): modulation LayerNorm over 3072, QK RMSNorm over 128-wide heads (alone,
     and with its weight and the rotation of pairs by f32 tables), a GELU-style Elementwise, softmax over 4608 keys
     with a bias (chunked attention), attention at head dim 128,
-    fp8 and nvfp4 weight decoders for K = 3072, GGUF Q4_K/Q6_K/Q8_0 decoders, the VAE's 3x3 im2col and GroupNorm + SiLU at 512 channels."""
+    fp8 and nvfp4 weight decoders for K = 3072, GGUF Q4_K/Q6_K/Q8_0
+    decoders, the VAE's 3x3 im2col and GroupNorm + SiLU at 512 channels."""
     g = Graph()
     x = g.input("x", (4608, 3072), "bf16")
     q = g.input("q", (1, 48, 4608, 128), "bf16")
