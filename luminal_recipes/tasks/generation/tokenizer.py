@@ -23,6 +23,7 @@ from ...files import MAX_JSON_BYTES, present, read_json
 from ...text.chat_template import find_chat_templates, render_chat, template_variables
 from ...text.check import check_text
 from ...text.tokenizer import load_tokenizer_json, read_tokenizer_config, special_tokens
+from ...weights.gguf_io import is_gguf
 
 # names every template is given by transformers; --chat-var may not set them
 RESERVED_VARIABLES = {"messages", "tools", "documents", "add_generation_prompt"}
@@ -39,7 +40,10 @@ class TextTokenizer:
 
     @classmethod
     def from_checkpoint(cls, folder: str | Path, chat_template: str | None = None) -> TextTokenizer:
-        """The tokenizer of a checkpoint folder (``tokenizer.json`` there or in ``tokenizer/``)."""
+        """The tokenizer of a checkpoint folder (``tokenizer.json`` there or in ``tokenizer/``), or of a GGUF file
+        (its metadata: ``text/gguf_tokenizer.py``)."""
+        if is_gguf(folder):
+            return cls._from_gguf(Path(folder), chat_template)
         folder, backend = load_tokenizer_json(
             folder, "generating text needs the checkpoint's tokenizer (tokenizer.json, with tokenizer_config.json), "
             f"saved next to config.json as transformers' save_pretrained writes it. Copy the tokenizer files into "
@@ -64,6 +68,16 @@ class TextTokenizer:
         clean = bool(options.get("clean_up_tokenization_spaces", False)) and \
             type(backend.model).__name__ != "BPE"
         return cls(backend, folder, special, template, source, clean)
+
+    @classmethod
+    def _from_gguf(cls, path: Path, chat_template: str | None) -> TextTokenizer:
+        from ...text.gguf_tokenizer import load_gguf_tokenizer
+
+        found = load_gguf_tokenizer(path)
+        template, source = found.chat_template, found.template_source
+        if chat_template is not None:
+            template, source = chat_template, "the chat template given"
+        return cls(found.backend, path, found.special_tokens, template, source, False)
 
     # ---- prompts -----------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -136,7 +150,11 @@ def _bos_eos_post_processor(backend: tokenizers.Tokenizer, special: dict[str, st
 
 def eos_token_ids(checkpoint: Path) -> list[int]:
     """The ids generation stops at: ``eos_token_id`` of generation_config.json, else of config.json (an int or a
-    list, as transformers' GenerationConfig reads it)."""
+    list, as transformers' GenerationConfig reads it); for a GGUF file, tokenizer.ggml.eos_token_id."""
+    if is_gguf(checkpoint):
+        from ...text.gguf_tokenizer import load_gguf_tokenizer
+
+        return load_gguf_tokenizer(checkpoint).eos_ids
     for name in ("generation_config.json", "config.json"):
         path = Path(checkpoint) / name
         if not present(path):
