@@ -227,3 +227,137 @@ def matmul_rows(packed, x, xs, out, n0, n1, kind, bs, ts, sl, nsub, has_c, f16):
                 acc[m] += tot
         for m in range(m_rows):
             out[m, n] = acc[m]
+
+
+# ---- specialised fused products (one per type family): the packed bytes read once, no scratch, loops simple
+# enough for LLVM to vectorise (x's sums per block come from ``_sums``) -----------------------------------------
+@_fast
+def matmul_q4(packed, x, xs, out, n0, n1, kind, f16):
+    """Q4_0 (kind 0) / Q4_1 (kind 1): per element d * x * q into 16 lanes (vectorised), plus m * sum(x) per
+    block (Q4_1; Q4_0: q - 8)."""
+    ts = 18 if kind == 0 else 20
+    p = 2 if kind == 0 else 4
+    nb = x.shape[1] // 32
+    lanes = np.zeros(32, np.float32)
+    off = F(8.0) if kind == 0 else F(0.0)
+    for n in range(n0, n1):
+        row = packed[n]
+        for m in range(x.shape[0]):
+            xm = x[m]
+            lanes[:] = 0.0
+            acc = F(0.0)
+            for blk in range(nb):
+                o = blk * ts
+                xb = blk * 32
+                d = f16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+                for j in range(16):  # the nibbles in f32 arithmetic (exact), which LLVM vectorises
+                    fb = F(row[o + p + j])
+                    hi = np.floor(fb * F(0.0625))
+                    lanes[j] += d * (xm[xb + j] * (fb - F(16.0) * hi - off))
+                    lanes[16 + j] += d * (xm[xb + 16 + j] * (hi - off))
+                if kind == 1:
+                    acc += f16[np.int64(row[o + 2]) | (np.int64(row[o + 3]) << 8)] * xs[m, blk]
+            for j in range(32):
+                acc += lanes[j]
+            out[m, n] = acc
+
+
+@_fast
+def matmul_q8_0(packed, x, xs, out, n0, n1, kind, f16):
+    nb = x.shape[1] // 32
+    lanes = np.zeros(32, np.float32)
+    for n in range(n0, n1):
+        row = packed[n]
+        q = row.view(np.int8)
+        for m in range(x.shape[0]):
+            xm = x[m]
+            lanes[:] = 0.0
+            for blk in range(nb):
+                o = blk * 34
+                xb = blk * 32
+                d = f16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+                for j in range(32):
+                    lanes[j] += d * (xm[xb + j] * F(q[o + 2 + j]))
+            acc = F(0.0)
+            for j in range(32):
+                acc += lanes[j]
+            out[m, n] = acc
+
+
+@_fast
+def matmul_q4_k(packed, x, xs, out, n0, n1, kind, f16):
+    """Q4_K (kind 7) / Q5_K (kind 8): 8 sub-blocks of 32, each a * sum(x q) - (dmin m) * sum(x)."""
+    ts = 144 if kind == 7 else 176
+    p = 16 if kind == 7 else 48
+    nb = x.shape[1] // 256
+    for n in range(n0, n1):
+        row = packed[n]
+        for m in range(x.shape[0]):
+            xm = x[m]
+            acc = F(0.0)
+            for blk in range(nb):
+                o = blk * ts
+                d = f16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+                dmin = f16[np.int64(row[o + 2]) | (np.int64(row[o + 3]) << 8)]
+                for g in range(4):
+                    xb = blk * 256 + g * 64
+                    qo = o + p + g * 32
+                    s0 = F(0.0)
+                    s1 = F(0.0)
+                    if kind == 7:
+                        for j in range(32):
+                            b = row[qo + j]
+                            s0 += xm[xb + j] * F(b & 15)
+                            s1 += xm[xb + 32 + j] * F(b >> 4)
+                    else:
+                        for j in range(32):
+                            b = np.int64(row[qo + j])
+                            h = np.int64(row[o + 16 + j]) >> (2 * g)
+                            s0 += xm[xb + j] * F((b & 15) | ((h & 1) << 4))
+                            s1 += xm[xb + 32 + j] * F((b >> 4) | ((h & 2) << 3))
+                    sc0, mn0 = _k_scale_min(row, o + 4, 2 * g)
+                    sc1, mn1 = _k_scale_min(row, o + 4, 2 * g + 1)
+                    sub = blk * 8 + 2 * g
+                    acc += (d * F(sc0)) * s0 - (dmin * F(mn0)) * xs[m, sub]
+                    acc += (d * F(sc1)) * s1 - (dmin * F(mn1)) * xs[m, sub + 1]
+            out[m, n] = acc
+
+
+@_fast
+def matmul_q6_k(packed, x, xs, out, n0, n1, kind, f16):
+    """Q6_K: 16 sub-blocks of 16, each d * sc * sum(x q), q = (low | high << 4) - 32."""
+    nb = x.shape[1] // 256
+    for n in range(n0, n1):
+        row = packed[n]
+        sc = row.view(np.int8)
+        for m in range(x.shape[0]):
+            xm = x[m]
+            acc = F(0.0)
+            for blk in range(nb):
+                o = blk * 210
+                d = f16[np.int64(row[o + 208]) | (np.int64(row[o + 209]) << 8)]
+                for h in range(2):
+                    xb = blk * 256 + h * 128
+                    lo_o = o + h * 64
+                    hi_o = o + 128 + h * 32
+                    for part in range(2):  # elements part*16 .. part*16+15 of each 32-run
+                        s0 = F(0.0)
+                        s1 = F(0.0)
+                        s2 = F(0.0)
+                        s3 = F(0.0)
+                        for jj in range(16):
+                            j = part * 16 + jj
+                            a = np.int64(row[lo_o + j])
+                            b = np.int64(row[lo_o + 32 + j])
+                            hh = np.int64(row[hi_o + j])
+                            s0 += xm[xb + j] * F(((a & 15) | ((hh & 3) << 4)) - 32)
+                            s1 += xm[xb + 32 + j] * F(((b & 15) | (((hh >> 2) & 3) << 4)) - 32)
+                            s2 += xm[xb + 64 + j] * F(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
+                            s3 += xm[xb + 96 + j] * F(((b >> 4) | (((hh >> 6) & 3) << 4)) - 32)
+                        base = o + 192 + h * 8 + part
+                        acc += d * (F(sc[base]) * s0 + F(sc[base + 2]) * s1 + F(sc[base + 4]) * s2
+                                    + F(sc[base + 6]) * s3)
+            out[m, n] = acc
+
+
+SPECIALISED = {0: matmul_q4, 1: matmul_q4, 4: matmul_q8_0, 7: matmul_q4_k, 8: matmul_q4_k, 9: matmul_q6_k}

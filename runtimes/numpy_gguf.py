@@ -181,15 +181,19 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
         target = out.reshape(rows, n_out) if acc is None else scratch[acc]
         if fused:
             xc, xs = scratch[x_c], scratch[sums]
-            parts = [lambda n0=sl_.start, n1=sl_.stop: gj.matmul_rows(w, xc, xs, target, n0, n1, kind, bs, ts, sl,
-                                                                     nsub, has_c, f16)
-                     for sl_ in cpu_threads.split(n_out, k_in * max(rows, 1))]
+            special = gj.SPECIALISED.get(kind)
+            if special is not None:  # the type's own loops (vectorised), else the generic block decoder's
+                parts = [lambda n0=p.start, n1=p.stop: special(w, xc, xs, target, n0, n1, kind, f16)
+                         for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
+            else:
+                parts = [lambda n0=p.start, n1=p.stop: gj.matmul_rows(w, xc, xs, target, n0, n1, kind, bs, ts, sl,
+                                                                      nsub, has_c, f16)
+                         for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
             products = cpu_threads.parallel(parts)
 
             def compute():
                 np.copyto(xc, x)
-                if has_c:
-                    gj._sums(xc, xs, sl)
+                gj._sums(xc, xs, sl)
                 products()
         else:
             steps = []
