@@ -427,7 +427,10 @@ class _WeightFactory:
                 self.cache[decl.name] = self._dense(decl)
             if decl.name in self.updates:
                 self.cache[decl.name] = self._adapted(decl, self.cache[decl.name])
-        return self.cache[decl.name]
+            return self.cache[decl.name]
+        from .gguf_packed import per_use
+
+        return per_use(self.cache[decl.name])
 
     def _adapted(self, decl: WeightDecl, base: Tensor) -> Tensor:
         """The weight with its LoRA updates: merged into its loader (dense weights, mode auto or merge), and/or

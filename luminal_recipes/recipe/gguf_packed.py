@@ -57,3 +57,16 @@ def packed_weight(graph: Graph, checkpoint: Any, stored: Any, name: str, compute
     bind(name, raw.shape, DType.U8, load, tuple(stored.sources))
     weight = graph.weight(name, raw.shape, DType.U8)
     return dequant(weight, record.type_name, to_dtype(compute))
+
+
+def per_use(t: Tensor) -> Tensor:
+    """A new ``Dequant`` node for each use of a packed weight (the bytes stay one weight): a weight used in two
+    places (a tied LM head reads the embedding table) is then decoded beside each reader, so the compiler fuses
+    each use with its reader even when the two sit in different segments of the graph."""
+    node = t.graph.nodes[t.node]
+    if node.op != "Dequant":
+        return t
+    src = t.graph.nodes[node.inputs[0][0]]
+    if src.op != "Input":
+        return t
+    return dequant(t.graph.tensor(src.name), node.attr("qtype"), node.dtype)
