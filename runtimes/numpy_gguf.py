@@ -29,7 +29,7 @@ from .kernels.context import Bind, KernelContext
 from .numpy_kernels import F32, bind_all, with_refresh
 from .views import operand
 
-FUSED_ROWS = 16   # rows of x up to which the fused pass runs (each weight block decoded once for all of them)
+FUSED_ROWS = 4    # rows of x up to which the fused pass runs (it decodes per row of x: more rows take the bands)
 BAND = 1 << 20    # decoded weight elements per band of the prefill path (4 MiB of f32: stays in L2/L3)
 
 _F16 = None
