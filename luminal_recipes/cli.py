@@ -352,7 +352,7 @@ def inspect(
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
     from .pipeline.generate import derived_sets, parse_size
-    from .pipeline.plan import inspect_memory
+    from .pipeline.memory_report import inspect_memory
     from .recipe import inspect as inspect_recipe
 
     sets = derived_sets(recipe, weights, list(set_), {"images": list(image)}) if image else list(set_)

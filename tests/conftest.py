@@ -110,6 +110,6 @@ def _jit_kernels_loaded():
     """numba compiles a kernel (on a clean clone, before its cache exists) inside ``warnings.catch_warnings``,
     which is not thread-safe: the jit warm-up thread compiling while a test sits in ``pytest.warns`` puts the
     warning filters back under it, and the test sees no warning. Every kernel is loaded before the first test."""
-    from luminal_recipes.runtimes import jit
+    from luminal_recipes.runtimes.cpu import jit
 
     jit.wait_for_warm_up()

@@ -233,7 +233,7 @@ def inspect(
     Without ``weights``, a ``config`` (config.json path or mapping) gives the sizes; the graph is built from
     shapes alone; with neither, only what the recipe says without sizes is shown. For a pipeline, also the
     memory plan of every model stage under ``max_memory`` bytes (None: unbounded), as the ``memory_plan``
-    callable prints it (``pipeline.plan.inspect_memory``: planning needs the compiler and a runtime, which a
+    callable prints it (``pipeline.memory_report.inspect_memory``: planning needs the compiler and a runtime, which a
     recipe does not know).
     """
     recipe = load_recipe(path, allowed=ALL_KINDS)

@@ -1,5 +1,5 @@
 """GGUF block decoding (``graph.gguf_blocks``, the ``Dequant`` primitive's definition, and the compiled
-``runtimes.gguf_jit``) bit for bit against llama.cpp's gguf-py (``gguf.quants.dequantize``)."""
+``runtimes.cpu.jit.gguf_kernels``) bit for bit against llama.cpp's gguf-py (``gguf.quants.dequantize``)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def test_numpy_decoding_is_gguf_py_bit_for_bit(qtype):
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_compiled_decoding_is_gguf_py_bit_for_bit(qtype):
     pytest.importorskip("numba")
-    from luminal_recipes.runtimes import gguf_jit, numpy_gguf
+    from luminal_recipes.runtimes.cpu.jit import gguf_kernels as gguf_jit
+    from luminal_recipes.runtimes.cpu.kernels import gguf as numpy_gguf
 
     table = gguf_jit.f16_table()
     for what, raw in _cases(qtype):

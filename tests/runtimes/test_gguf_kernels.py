@@ -58,7 +58,7 @@ def test_decoding_and_lookup_are_gguf_py_bit_for_bit(qtype, runtime):
 @pytest.mark.parametrize("jit", [True, False])
 @pytest.mark.parametrize("rows", [1, 2, 40])
 def test_products_of_every_type_match_the_reference(rows, jit, numpy_runtime, assert_close, monkeypatch):
-    from luminal_recipes.runtimes import jit as jit_module
+    from luminal_recipes.runtimes.cpu import jit as jit_module
 
     if not jit:
         monkeypatch.setattr(jit_module, "AVAILABLE", False)

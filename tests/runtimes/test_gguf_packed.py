@@ -29,7 +29,8 @@ def _records(name: str):
 def test_llama_cpp_quantized_blocks_decode_bit_for_bit():
     """Every block llama.cpp's quantizer wrote (Q4_1, Q8_0, Q4_K, Q6_K) decodes to gguf-py's values, in numpy and
     in the compiled decoder."""
-    from luminal_recipes.runtimes import gguf_jit, numpy_gguf
+    from luminal_recipes.runtimes.cpu.jit import gguf_kernels as gguf_jit
+    from luminal_recipes.runtimes.cpu.kernels import gguf as numpy_gguf
 
     table = gguf_jit.f16_table()
     seen = set()

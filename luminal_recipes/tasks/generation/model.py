@@ -37,10 +37,10 @@ from ...runtimes.memory import format_bytes
 from ...runtimes.program import Program
 from ...runtimes.registry import get_runtime
 from ...text.check import check_text
+from ...text.tokenizer import TextTokenizer, eos_token_ids
 from . import contract
 from .detokenize import IncrementalDetokenizer, StopStrings
 from .sampling import Sampler, SamplingSettings
-from .tokenizer import TextTokenizer, eos_token_ids
 
 HUB_PATTERNS = ("*.json", "*.safetensors", "*.jinja")  # weights, configs, tokenizer.json and chat templates
 MIN_BUCKET = 64  # the smallest prompt-length, cache and attended-prefix bucket

@@ -1,4 +1,4 @@
-"""The address of ``cblas_sgemm`` in the BLAS that numpy itself uses, for compiled kernels (``numpy_jit``) that
+"""The address of ``cblas_sgemm`` in the BLAS that numpy itself uses, for compiled kernels (``numba_kernels``) that
 call a matrix product between their own passes without returning to Python.
 
 Found through threadpoolctl (the library numpy loaded, so ``cpu_threads.blas_single_threaded`` governs its

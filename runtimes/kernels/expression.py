@@ -321,7 +321,7 @@ def _tiles(shape: tuple[int, ...], budget: int) -> tuple[list[tuple], int]:
     return out, rows * inner
 
 
-# ---- register code for a compiled evaluator (numpy_jit.elementwise_tiles) ---------------------------------
+# ---- register code for a compiled evaluator (numba_kernels.elementwise_tiles) ---------------------------------
 # opcodes of one instruction row (op, dest, a, b, c); registers hold one tile of f32 values. "Logistic" is
 # ``Recip(Add(Exp(Mul(a, b)), c))`` (b, c constants: the sigmoid 1 / (e^-x + 1) of SiLU, SwiGLU, GELU's tanh)
 # in one pass over the tile instead of four, each operation still rounded on its own, in the same order

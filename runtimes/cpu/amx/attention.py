@@ -1,14 +1,14 @@
-"""The numpy runtime's Attention kernel with both products on the AMX tiles (bf16x3, f32 accuracy: ``amx_gemm``):
+"""The numpy runtime's Attention kernel with both products on the AMX tiles (bf16x3, f32 accuracy: ``amx.gemm``):
 one compiled call per (head, query block) task, releasing the GIL, plus one per head to pack k and v.
 
 ``p v`` on AMX needs ``p`` cut into its three bf16 parts; done as a pass of its own over the block of ``p`` it
 costs what the faster product saves (bench/README "MatMul and attention on AMX tiles"). Here the softmax pass
 that computes ``p`` writes only the parts, in the same loop as the exp (``_exp_split_row``: p is never stored
-as f32), straight into the tile-by-tile layout the tile loads read (``amx_gemm.pack_a_tiles``'), so the product
+as f32), straight into the tile-by-tile layout the tile loads read (``amx.gemm.pack_a_tiles``'), so the product
 packs nothing of ``p``.
 
 Per head, ``pack_kv`` splits k (as k^T: panels of 32 keys) and v (panels of 32 columns) once into VNNI panels
-(``amx_gemm.pack_b``); a part keeps the packed head it last worked on, so the query blocks of a head that one
+(``amx.gemm.pack_b``); a part keeps the packed head it last worked on, so the query blocks of a head that one
 part takes in turn pack it once (the BLAS path reads k and v in place, but an AMX product must pack them).
 
 Per task, ``task``: ``q * scale`` split into bf16 parts (as the BLAS path scales q), then the keys in blocks
@@ -20,8 +20,8 @@ rows are ``acc / sum``. Every tile product is of whole 32 x 32 blocks: the packe
 edges, and the scratch is padded.
 
 Returns 0 when done, 1 when an operand or p holds a value that is not finite (in bf16 parts inf times a zero
-part would give NaN: the caller computes that task on BLAS). ``runtimes/amx.py`` says when AMX may run;
-``numpy_attention`` decides per kernel at prepare time and keeps the BLAS path for every other case (a bias,
+part would give NaN: the caller computes that task on BLAS). ``runtimes/cpu/amx/`` says when AMX may run;
+``kernels.attention`` decides per kernel at prepare time and keeps the BLAS path for every other case (a bias,
 output that is not f32, no AMX, no numba).
 """
 
@@ -35,8 +35,10 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from . import amx
-from .amx_gemm import (
+from .. import amx
+from ..jit.disk_cache import install as _install_cache_locator
+from ..jit.numba_kernels import EXP_LOW, MAGIC, _maxnum, _wide_vectors, exp_f32
+from .gemm import (
     BLOCK,
     PARTS,
     _block_tiles,
@@ -51,12 +53,10 @@ from .amx_gemm import (
     pack_a_tiles,
     pack_b,
 )
-from .numba_cache import install as _install_cache_locator
-from .numpy_jit import EXP_LOW, MAGIC, _maxnum, _wide_vectors, exp_f32
 
-_install_cache_locator()  # before the kernels: their cache goes stale with amx_gemm's and numpy_jit's helpers
+_install_cache_locator()  # before the kernels: their cache goes stale with amx.gemm's and numba_kernels's helpers
 
-_FAST = {"contract"}  # as numpy_jit's row kernels: FMA contraction only, IEEE infinities and NaNs
+_FAST = {"contract"}  # as numba_kernels's row kernels: FMA contraction only, IEEE infinities and NaNs
 KEY_BLOCK = 768  # keys per block of the online softmax (``key_block``)
 ROWS = 256  # query rows per task at most
 PANEL_STEP = 16 * BLOCK * 2 * 2  # bytes of a VNNI panel per 32 k: 16 pairs x 32 columns x 2 bf16
@@ -159,7 +159,7 @@ def _row_max(typingctx, src, n):
 
 
 def _exp_vector(builder, x):
-    """``numpy_jit.exp_f32`` on a <16 x float>: its range reduction and Cephes polynomial with explicit FMAs, the
+    """``numba_kernels.exp_f32`` on a <16 x float>: its range reduction and Cephes polynomial with explicit FMAs, the
     scaling by 2^n in one ``vscalefps`` (zero-masked where x is below ``EXP_LOW``, as exp_f32's select), where
     the integer conversion, shift, add and multiply took four instructions; the same values."""
     fma = functools.partial(_vector_call, builder, "llvm.fma")
@@ -252,7 +252,7 @@ def pack_kv(k, k_rs, k_cs, v, v_rs, v_cs, t, d, dv, kp, vp):
 @numba.njit(fastmath=_FAST, cache=True, nogil=True, error_model="numpy")
 def _softmax_parts(scores, rows, i0, n, running, sums, rescale, first, p_buf):
     """One key block (``n`` keys) of an online softmax over rows ``0:rows`` of ``scores`` (rows ``i0 + i`` of
-    the running state), as ``numpy_jit.exp_rows_online``: ``new = max(running, max(row))`` (not below f32's
+    the running state), as ``numba_kernels.exp_rows_online``: ``new = max(running, max(row))`` (not below f32's
     lowest), the rescale factor ``exp(running - new)``, ``sums = sums * rescale + sum(p)``, with ``p = exp(x -
     new)`` written only as its three bf16 parts to ``p_buf`` [KB / 32, 3, 32, 32] (``pack_a_tiles``' layout;
     zero from ``n`` to the next multiple of 32), in the same pass as the exp. 1 if p holds a value that is not

@@ -1,4 +1,4 @@
-"""f32 products on the CPU's AMX tiles (``amx_gemm``: bf16x3, f32 accuracy) for the numpy runtime's MatMul and
+"""f32 products on the CPU's AMX tiles (``amx.gemm``: bf16x3, f32 accuracy) for the numpy runtime's MatMul and
 attention kernels: whether they may run here, how a product is cut for the cores, and the step that runs it.
 
 They may run when the CPU has AMX tiles and bf16 (``/proc/cpuinfo``), numba is installed, ``LUMINAL_RECIPES_AMX``
@@ -136,7 +136,7 @@ class Plan:
         b_shape = (3, self.kc // 2, BLOCK, 2)
         if self.row_chunks:  # every panel of B, packed once per part
             b_shape = (_round_up(self.n, BLOCK) // BLOCK, *b_shape)
-        a_shape = (self.a_rows // BLOCK, self.kc // BLOCK, 3, BLOCK, BLOCK)  # see amx_gemm.pack_a
+        a_shape = (self.a_rows // BLOCK, self.kc // BLOCK, 3, BLOCK, BLOCK)  # see amx.gemm.pack_a
         return [(a_shape, np.dtype(np.uint16)), (b_shape, np.dtype(np.uint16)),
                 ((BLOCK, BLOCK), np.dtype(np.float32)), ((64,), np.dtype(np.uint8))]
 
@@ -207,7 +207,7 @@ def multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, buffers: list[np.nda
     operands with a value that is not finite, or an ``out`` that is not C-contiguous, go to BLAS."""
     if not available():  # also asks Linux for the tiles, before any tile instruction
         raise RuntimeError(f"AMX products unavailable: {reason_unavailable()}")
-    from . import amx_gemm
+    from . import gemm as amx_gemm
 
     m, k = a.shape
     # the compiled kernel takes one output layout (another would compile for seconds): any other goes to BLAS
@@ -226,7 +226,8 @@ def product(p: Plan, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: lis
         raise RuntimeError(f"AMX products unavailable: {reason}")
     if a.dtype != np.float32 or b.dtype != np.float32 or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("AMX products take f32 operands and a C-contiguous f32 output")
-    from . import amx_gemm, cpu_threads
+    from .. import threads as cpu_threads
+    from . import gemm as amx_gemm
 
     operands = (a.ctypes.data, *a.strides, b.ctypes.data, *b.strides, p.k, out)
     nonfinite = [0] * len(p.parts)

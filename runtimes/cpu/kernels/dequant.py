@@ -16,7 +16,7 @@ follows ``ops.quant`` exactly (same products in the same order, in f32):
   weight_scale_2``, with one f8e4m3 scale per 16 inputs; comfy scales are stored in cuBLAS 128x4 tiles and are
   untiled band by band.
 
-On a CPU with AMX tiles (``runtimes/amx_dequant.py``), a large enough product runs there instead: the weight
+On a CPU with AMX tiles (``runtimes/cpu/amx/dequant.py``), a large enough product runs there instead: the weight
 decoded block by block straight into bf16 tiles (exact), x cut into three bf16 parts, f32 accuracy; the bands
 above remain for what it refuses (an x with a value that is not finite, an infinite fp8 weight), with a smaller
 band (``FALLBACK_TILE``).
@@ -32,10 +32,12 @@ import numpy as np
 
 from luminal_recipes.graph.dtypes import E2M1_VALUES
 
-from . import amx_dequant, cpu_threads, jit
-from .kernels.context import Bind, KernelContext
-from .numpy_kernels import F32, bind_all, with_refresh
-from .views import operand
+from ...kernels.context import Bind, KernelContext
+from .. import jit
+from .. import threads as cpu_threads
+from ..amx import dequant as amx_dequant
+from .common import F32, bind_all, with_refresh
+from .operands import operand
 
 # decoded weight elements per band (16 MiB in f32): each band is one BLAS call, which packs all of x again, so
 # narrow bands cost more than the decoding (measured at x [512, 6144] @ [3072, 6144]^T: 4 MiB bands 0.65x the dense
@@ -122,7 +124,7 @@ def prepare_dequant_matmul(ctx: KernelContext) -> Bind:
 
 def _amx_plan(ctx: KernelContext, fmt: str, rows: int, k_in: int, n_out: int):
     """The AMX product's plan (one part per core) and each part's scratch, or None (the bands on BLAS): large
-    enough products of an f32-computed layer whose decoded weights are exact in bf16 (``amx_dequant``'s
+    enough products of an f32-computed layer whose decoded weights are exact in bf16 (``amx.dequant``'s
     tables), where numba and AMX run."""
     table_fp8 = fmt == "fp8" and np.dtype(ctx.inputs[1].dtype) != np.dtype(ml_dtypes.float8_e4m3fn)
     if not jit.AVAILABLE or not amx_dequant.worth_it(rows, k_in, n_out,

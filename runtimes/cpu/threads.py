@@ -1,5 +1,5 @@
 """Running a kernel's independent parts on every core: numpy's ufuncs and the compiled row kernels
-(``numpy_jit``) release the GIL, so parts given to worker threads run in parallel with the caller's.
+(``numba_kernels``) release the GIL, so parts given to worker threads run in parallel with the caller's.
 
 One pool per process of daemon workers, one fewer than the most parts asked for (the caller runs the first part
 itself; kernels cut their work into at most ``THREADS`` parts), started on first use. Plain threads rather than

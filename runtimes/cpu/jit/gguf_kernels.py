@@ -1,4 +1,4 @@
-"""GGUF block decoding and fused dequant-products, compiled by numba (``runtimes/numpy_gguf.py`` binds them).
+"""GGUF block decoding and fused dequant-products, compiled by numba (``runtimes/cpu/kernels/gguf.py`` binds them).
 
 Each block is decoded into its integer codes (as f32) and one or two coefficients per sub-block: the value of
 element ``e`` of sub-block ``s`` is ``a[s] * q[e]`` (``+ c[s]`` for the types with a minimum: Q4_1, Q5_1, Q2_K,

@@ -27,7 +27,7 @@ Tile configuration (``ldtilecfg``): 64 bytes, byte 0 the palette (1), bytes 16-4
 
 Linux hands out AMX's 8 KiB of tile registers only to processes that ask (they enlarge every signal frame and
 context switch): ``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`` grants it to the whole process, once;
-without it the first tile instruction kills the process (SIGILL). ``runtimes/amx.py`` asks before anything here
+without it the first tile instruction kills the process (SIGILL). ``runtimes/cpu/amx/`` asks before anything here
 runs and checks the CPU. Each call releases the tiles when it ends (``tilerelease``: the thread's AMX state is
 then "init" and costs nothing to switch).
 """

@@ -1,6 +1,6 @@
 """``x @ dequant(W).T`` for FP8 and NVFP4 weights on the CPU's AMX tiles, at f32 accuracy, W kept packed.
 
-Why three tile products, not bf16x3's six (``amx_gemm``): a decoded quantized weight is exactly a bf16. An fp8
+Why three tile products, not bf16x3's six (``amx.gemm``): a decoded quantized weight is exactly a bf16. An fp8
 value (e4m3: 4 significant bits, e5m2: 3) lies inside bf16's exponent range; an NVFP4 element is an E2M1 code
 (<= 2 significant bits) times its f8e4m3 block scale (4 bits): <= 6 significant bits, |w| in [2^-10, 2688]. What
 is left of the decoding, one factor per output column (NVFP4's ``weight_scale_2``, fp8's per-tensor or
@@ -19,15 +19,15 @@ registers (transposed there into VNNI rows), other fp8 through a 256-entry bf16 
 Loop order (per part, one per core, each owning a range of output columns, or of x's rows where the weight has
 fewer rows than x): the weight is decoded a block at a time, ``kc`` k by ``nc`` columns (<= 1 MiB of bf16: it
 stays in the core's L2), and that block is used for every 32-row panel of x, each panel cut into its three bf16
-parts once per block (``amx_gemm.pack_a``); each k block is summed in fresh tile accumulators and added into the
+parts once per block (``amx.gemm.pack_a``); each k block is summed in fresh tile accumulators and added into the
 output in f32 (a sum of block sums rounds less than one running sum over K), and the column scale is applied to
 each 32 x 32 block after its last. Neither the weight nor x is ever converted whole.
 
 Falls back (the caller's BLAS path, the same values as without AMX): an x with a value that is not finite (inf
 minus inf in its parts, inf times a zero part), a weight with an infinity (fp8 e5m2: inf times a zero part of x
 would be NaN), layouts the kernel does not read (see ``readable``), products too small or decode-bound
-(``worth_it``), and whatever ``runtimes/amx.py`` refuses. (numba's disk cache checks only the file of the cached
-function: the kernels compile ``amx_gemm``'s ``pack_a`` and intrinsics into their own code.)
+(``worth_it``), and whatever ``runtimes/cpu/amx/`` refuses. (numba's disk cache checks only the file of the cached
+function: the kernels compile ``amx.gemm``'s ``pack_a`` and intrinsics into their own code.)
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import numpy as np
 
 from luminal_recipes.graph.dtypes import E2M1_VALUES
 
-from . import amx
+from .. import amx
 
 B_BLOCK_BYTES = 1 << 20  # a part's decoded weight block (bf16): in its core's 2 MiB L2 with a panel of x
 KC_MOST = 512  # k per block at most (more k per block: fewer passes over the output's partial sums)
@@ -48,10 +48,10 @@ MIN_MACS = 1 << 23  # as amx.MIN_MACS: smaller products stay on the decode-then-
 # bands at one row) times one row of x, 1 x 6144 x 6144: tiles 0.79-1.12x the bands' speed; 8 rows already 1.5x
 FP8_MIN_ROWS = 2
 
-# how the kernel reads the weight (as amx_dequant_gemm's): fp8 through the table, fp8 with infinities (checked),
+# how the kernel reads the weight (as amx.dequant_gemm's): fp8 through the table, fp8 with infinities (checked),
 # NVFP4 (ModelOpt scales, comfy's tiled ones), fp8 e4m3fn decoded in registers
 FP8, FP8_INF, NVFP4, NVFP4_TILED, FP8_E4M3 = 0, 1, 2, 3, 4
-BLOCK = 32  # as amx_gemm.BLOCK: columns per panel, rows per panel of x
+BLOCK = 32  # as amx.gemm.BLOCK: columns per panel, rows per panel of x
 
 
 # ---- the decode tables ------------------------------------------------------------------------------------
@@ -172,8 +172,8 @@ def product(p: Plan, x: np.ndarray, weight: Weight, out: np.ndarray, scratch: li
         raise RuntimeError(f"AMX products unavailable: {reason}")
     if x.dtype != np.float32 or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("AMX dequant products take an f32 x and a C-contiguous f32 output")
-    from . import cpu_threads
-    from .amx_dequant_gemm import dequant_gemm
+    from .. import threads as cpu_threads
+    from .dequant_gemm import dequant_gemm
 
     cs = weight.col_scale
     cs_stride = 0 if cs.size == 1 else cs.strides[0]

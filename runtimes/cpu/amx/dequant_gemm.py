@@ -1,6 +1,6 @@
-"""The kernels of ``runtimes/amx_dequant.py`` (numba, AMX intrinsics): the three-product tile block, the decoding
+"""The kernels of ``runtimes/cpu/amx/dequant.py`` (numba, AMX intrinsics): the three-product tile block, the decoding
 of a weight block into VNNI words, and the per-part product. Imported only where numba is installed and AMX runs
-(``amx_dequant`` asks first)."""
+(``amx.dequant`` asks first)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from .amx_gemm import (
+from ..jit.disk_cache import install as _install_cache_locator
+from .gemm import (
     _I64,
     _PTR,
     BLOCK,
@@ -23,10 +24,9 @@ from .amx_gemm import (
     open_accumulators,
     pack_a,
 )
-from .amx_gemm import _transpose16 as transpose16
-from .numba_cache import install as _install_cache_locator
+from .gemm import _transpose16 as transpose16
 
-_install_cache_locator()  # before the kernels: their cache goes stale with amx_gemm's helpers
+_install_cache_locator()  # before the kernels: their cache goes stale with amx.gemm's helpers
 
 # how the kernel reads the weight (``dequant_gemm``'s ``fmt``)
 FP8, FP8_INF, NVFP4, NVFP4_TILED, FP8_E4M3 = 0, 1, 2, 3, 4

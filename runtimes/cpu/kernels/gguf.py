@@ -2,7 +2,7 @@
 ``GatherDequant`` (an embedding lookup: only the picked rows are decoded) and ``DequantMatMulGGUF`` (``x @
 dequant(W).T`` with W kept packed).
 
-With numba (``runtimes/gguf_jit.py``):
+With numba (``runtimes/cpu/jit/gguf_kernels.py``):
 
 - decode (``Dequant``, ``GatherDequant``, the prefill bands below): one compiled pass per row, the rows split over
   the cores, bit for bit ``gguf_blocks.dequantize``;
@@ -24,10 +24,11 @@ import numpy as np
 from luminal_recipes.errors import InputError
 from luminal_recipes.graph import gguf_blocks
 
-from . import cpu_threads, jit
-from .kernels.context import Bind, KernelContext
-from .numpy_kernels import F32, bind_all, with_refresh
-from .views import operand
+from ...kernels.context import Bind, KernelContext
+from .. import jit
+from .. import threads as cpu_threads
+from .common import F32, bind_all, with_refresh
+from .operands import operand
 
 FUSED_ROWS = 4    # rows of x up to which the fused pass runs (it decodes per row of x: more rows take the bands)
 BAND = 1 << 20    # decoded weight elements per band of the prefill path (4 MiB of f32: stays in L2/L3)
@@ -40,7 +41,7 @@ def _jit():
     global _F16
     if not jit.AVAILABLE:
         return None, None
-    from . import gguf_jit
+    from ..jit import gguf_kernels as gguf_jit
 
     if _F16 is None:
         _F16 = gguf_jit.f16_table()
@@ -50,7 +51,7 @@ def _jit():
 def layout(qtype: str, k: int) -> tuple[int, int, int, int, int, bool]:
     """(kind, elements per block, bytes per block, elements per sub-block, sub-blocks, has a minimum) of the
     compiled kernels for rows of ``k`` elements."""
-    from .gguf_jit import FLOAT_BLOCK, KINDS, LAYOUT
+    from ..jit.gguf_kernels import FLOAT_BLOCK, KINDS, LAYOUT
 
     kind = KINDS[qtype]
     _, bs, ts = gguf_blocks.QTYPES[qtype]

@@ -1,4 +1,4 @@
-"""The numpy backend's compiled kernels (``numpy_jit``, numba), loaded lazily and warmed up in the background.
+"""The numpy backend's compiled kernels (``numba_kernels``, numba), loaded lazily and warmed up in the background.
 
 Importing numba and loading its first function from the disk cache costs about a second (LLVM's start-up);
 ``warm_up()`` (called when a numpy backend is made) does it on a daemon thread while the pipeline builds and
@@ -17,7 +17,7 @@ from types import ModuleType
 
 import numpy as np
 
-from .cpu_threads import parallel, split
+from ..threads import parallel, split
 
 # LUMINAL_RECIPES_JIT=0 keeps the numpy passes: numba and LLVM add ~1 s of start-up and ~120 MiB of resident
 # memory to a process, for kernels a few times faster than numpy's passes
@@ -28,11 +28,11 @@ _WARMING: threading.Thread | None = None
 
 
 def kernels() -> ModuleType:
-    """``numpy_jit``, imported and with every kernel's machine code loaded (compiled on the first run ever)."""
+    """``numba_kernels``, imported and with every kernel's machine code loaded (compiled on the first run ever)."""
     global _MODULE
     with _LOCK:
         if _MODULE is None:
-            from . import numpy_jit
+            from . import numba_kernels as numpy_jit
 
             _touch(numpy_jit)
             _MODULE = numpy_jit
@@ -91,7 +91,7 @@ def _touch(module: ModuleType) -> None:
     source = np.zeros((2, 4), np.float32)  # Copy's upsampling: rows of a read-only view, one run or strided
     for src in (_read_only(source), _read_only(source[:, :3])):
         module.upsample2_rows(src, np.zeros((4, 2 * src.shape[1]), np.float32), 0, 2)
-    from . import cblas
+    from .. import cblas
 
     blas = cblas.sgemm()
     if blas is not None:  # the band loop, on the same input layouts (no band to run: nothing is multiplied)
@@ -126,10 +126,11 @@ def wait_for_warm_up() -> None:
 
 def _warm() -> None:
     kernels()
-    from . import amx, amx_dequant
+    from .. import amx
+    from ..amx import dequant as amx_dequant
 
     if amx.ready():  # the AMX product's kernels too, on a CPU with AMX (else a no-op)
-        from . import amx_attention
+        from ..amx import attention as amx_attention
 
         amx_attention.ready()
     amx_dequant.ready()  # and the quantized weights' product on AMX

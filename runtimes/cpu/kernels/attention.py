@@ -15,7 +15,7 @@ machine). Query blocks are a few hundred rows (OpenBLAS is slower on fewer; larg
 measured faster, not slower) and at least ``MIN_TASKS`` per call where heads are few.
 Besides the two products, what costs is the passes over the scores, so each block of ``q`` is scaled once
 (``(q * scale) k^T`` instead of scaling every score) and, with numba, max, exp and the row sums are one compiled
-pass per row (``numpy_jit``, vectorised with 512-bit registers), else numpy passes. ``p @ v`` reads ``v`` in
+pass per row (``numba_kernels``, vectorised with 512-bit registers), else numpy passes. ``p @ v`` reads ``v`` in
 place (nothing of size ``T`` is copied, which matters for decoding: one query row against a growing cache) and
 the output rows are divided by the sums at the end.
 """
@@ -27,10 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import amx, cpu_threads, jit
-from .kernels.context import Bind, KernelContext
-from .numpy_kernels import F32, F32_MIN, bind_all, view_reshape, with_refresh
-from .views import operand
+from ...kernels.context import Bind, KernelContext
+from .. import amx, jit
+from .. import threads as cpu_threads
+from .common import F32, F32_MIN, bind_all, view_reshape, with_refresh
+from .operands import operand
 
 ATTENTION_TILE = 1 << 21  # score elements per query block of the unblocked kernel (8 MiB in f32, per core)
 BLOCKED_ROWS = 256  # query rows per block of the key-blocked kernel
@@ -281,7 +282,7 @@ def _fused_step(plan: _Plan, tasks: list, scale: np.float32, buffers: list, blas
 
 def amx_attention():
     """``amx_attention`` (numba: imported only where AMX runs)."""
-    from . import amx_attention as module
+    from ..amx import attention as module
 
     return module
 
@@ -362,7 +363,7 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
 
 
 def _online_numpy(sc: np.ndarray, m: np.ndarray, total: np.ndarray, rescale: np.ndarray, first: bool) -> None:
-    """``numpy_jit.exp_rows_online`` in numpy passes (the same values)."""
+    """``numba_kernels.exp_rows_online`` in numpy passes (the same values)."""
     block_max = np.max(sc, axis=1)
     if first:
         np.maximum(block_max, F32_MIN, out=m)

@@ -1,4 +1,4 @@
-"""The numpy backend (CPU): the kernels of ``numpy_kernels``/``numpy_attention``/``numpy_dequant`` and host memory.
+"""The numpy backend (CPU): host memory, and the kernels of ``kernels/`` (``PREPARE``).
 
 ``NumpyRuntime()`` is ``BackendRuntime(NumpyBackend())``: the generic executable (``executable.py``) over numpy
 arrays. The arena is one ``np.uint8`` buffer and every slot a typed view of it; weights and constants are bound
@@ -13,22 +13,13 @@ import numpy as np
 
 from luminal_recipes import memory_limits
 
+from ..executable import BackendRuntime, Executable
+from ..kernels import Machine
+from ..kernels.context import ALIGNMENT
 from . import jit
-from .executable import BackendRuntime, Executable
-from .kernels import Machine
-from .kernels.context import ALIGNMENT
-from .numpy_attention import prepare_attention, prepare_attention_blocked
-from .numpy_dequant import prepare_dequant_matmul
-from .numpy_gguf import PREPARE as GGUF_PREPARE
-from .numpy_kernels import PREPARE
+from .kernels import PREPARE
 
-NUMPY_PREPARE = {
-    **PREPARE,
-    "Attention": prepare_attention,
-    "AttentionBlocked": prepare_attention_blocked,
-    "DequantMatMul": prepare_dequant_matmul,
-    **GGUF_PREPARE,
-}
+NUMPY_PREPARE = PREPARE  # every kernel of the registry, by name (``kernels/__init__.py``)
 
 # cost-model constants of this CPU backend: numpy dispatch per kernel, memory bandwidth, elementwise and BLAS
 # throughput; numpy's exp2 calls libm once per element (5.6 ns vs 1.75 ns for its vectorised exp)
