@@ -55,7 +55,7 @@ def test_compiled_decoding_is_gguf_py_bit_for_bit(qtype):
         k = raw.shape[1] // gguf_blocks.type_size(qtype) * gguf_blocks.block_size(qtype)
         out = np.full((raw.shape[0], k), np.nan, np.float32)
         kind, bs, ts, sl, nsub, has_c = numpy_gguf.layout(qtype, k)
-        gguf_jit.dequant_rows(raw, out, kind, bs, ts, sl, nsub, has_c, table)
+        gguf_jit.dequant_any(raw, out, kind, bs, ts, sl, nsub, has_c, table)
         assert _same_bits(out, _want(raw, qtype)), (qtype, what)
 
 

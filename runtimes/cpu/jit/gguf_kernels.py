@@ -361,3 +361,81 @@ def matmul_q6_k(packed, x, xs, out, n0, n1, kind, f16):
 
 
 SPECIALISED = {0: matmul_q4, 1: matmul_q4, 4: matmul_q8_0, 7: matmul_q4_k, 8: matmul_q4_k, 9: matmul_q6_k}
+
+
+# ---- specialised exact decoding (the prompt's bands, Dequant, GatherDequant): the same IEEE operations as
+# ``dequant_rows`` (no fast-math flags), nibbles split with u8 operations (an i64 one keeps LLVM from vectorising)
+@_exact
+def _dequant_q4(packed, out, kind, f16):
+    ts = 18 if kind == 0 else 20
+    p = 2 if kind == 0 else 4
+    nb = out.shape[1] // 32
+    low, four = np.uint8(15), np.uint8(4)
+    for r in range(packed.shape[0]):
+        row = packed[r]
+        dst = out[r]
+        for blk in range(nb):
+            o = blk * ts
+            d = f16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+            if kind == 0:
+                for j in range(16):
+                    b = row[o + p + j]
+                    dst[blk * 32 + j] = d * (F(b & low) - F(8.0))
+                    dst[blk * 32 + 16 + j] = d * (F(b >> four) - F(8.0))
+            else:
+                m = f16[np.int64(row[o + 2]) | (np.int64(row[o + 3]) << 8)]
+                for j in range(16):
+                    b = row[o + p + j]
+                    dst[blk * 32 + j] = d * F(b & low) + m
+                    dst[blk * 32 + 16 + j] = d * F(b >> four) + m
+
+
+@_exact
+def _dequant_q8_0(packed, out, f16):
+    nb = out.shape[1] // 32
+    for r in range(packed.shape[0]):
+        row = packed[r]
+        q = row.view(np.int8)
+        dst = out[r]
+        for blk in range(nb):
+            o = blk * 34
+            d = f16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+            for j in range(32):
+                dst[blk * 32 + j] = F(q[o + 2 + j]) * d
+
+
+@_exact
+def _dequant_q4_k(packed, out, f16):
+    nb = out.shape[1] // 256
+    low, four = np.uint8(15), np.uint8(4)
+    for r in range(packed.shape[0]):
+        row = packed[r]
+        dst = out[r]
+        for blk in range(nb):
+            o = blk * 144
+            d = f16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+            dmin = f16[np.int64(row[o + 2]) | (np.int64(row[o + 3]) << 8)]
+            for g in range(4):
+                sc0, mn0 = _k_scale_min(row, o + 4, 2 * g)
+                sc1, mn1 = _k_scale_min(row, o + 4, 2 * g + 1)
+                a0 = d * F(sc0)
+                c0 = dmin * F(mn0)
+                a1 = d * F(sc1)
+                c1 = dmin * F(mn1)
+                base = blk * 256 + g * 64
+                for j in range(32):
+                    b = row[o + 16 + g * 32 + j]
+                    dst[base + j] = a0 * F(b & low) - c0
+                    dst[base + 32 + j] = a1 * F(b >> four) - c1
+
+
+def dequant_any(packed, out, kind, bs, ts, sl, nsub, has_c, f16):
+    """``dequant_rows`` through a type's own loops where it has some (Q4_0, Q4_1, Q8_0, Q4_K): the same bits."""
+    if kind == 0 or kind == 1:
+        _dequant_q4(packed, out, kind, f16)
+    elif kind == 4:
+        _dequant_q8_0(packed, out, f16)
+    elif kind == 7:
+        _dequant_q4_k(packed, out, f16)
+    else:
+        dequant_rows(packed, out, kind, bs, ts, sl, nsub, has_c, f16)

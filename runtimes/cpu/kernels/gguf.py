@@ -75,7 +75,7 @@ def _decoder(qtype: str, k: int):
     kind, bs, ts, sl, nsub, has_c = layout(qtype, k)
 
     def compiled_decode(packed, out):
-        return jit.by_rows(gj.dequant_rows, [packed, out], kind, bs, ts, sl, nsub, has_c, f16)
+        return jit.by_rows(gj.dequant_any, [packed, out], kind, bs, ts, sl, nsub, has_c, f16)
 
     return compiled_decode
 
