@@ -162,6 +162,8 @@ class Lowering:
             return _call(op, loads[0], _int(ndim_in - 1 - node.attr("axis")))
         if op == "Cast":
             return _call("Cast", _str(str(node.dtype)), loads[0])
+        if op == "Dequant":
+            return _call("Dequant", _str(node.attr("qtype")), _str(str(node.dtype)), loads[0])
         return _call(op, *loads)
 
     def _shape_facts(self, shape: tuple[Dim, ...]) -> list:

@@ -10,6 +10,7 @@ from .core import (
     Tensor,
     binary,
     cast,
+    dequant,
     gather,
     reduce,
     scatter,
@@ -23,6 +24,7 @@ from .view import View
 
 __all__ = [
     "BINARY_OPS", "PRIMITIVE_OPS", "REDUCE_OPS", "UNARY_OPS", "DType", "Dim", "Expr", "Graph", "Node", "Tensor",
-    "View", "binary", "cast", "dumps", "format_graph", "gather", "loads", "reduce", "run_reference", "scatter",
+    "View", "binary", "cast", "dequant", "dumps", "format_graph", "gather", "loads", "reduce", "run_reference",
+    "scatter",
     "structural_hash", "to_dim", "to_dtype", "unary",
 ]

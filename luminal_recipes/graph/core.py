@@ -5,7 +5,9 @@ writes one contiguous output of its ``shape``; consumers read it through the ``V
 
 Primitive ops (luminal's set): unary ``Log2 Exp2 Sin Sqrt Recip``; binary ``Add Mul Mod LessThan``; ``SumReduce
 MaxReduce`` over one axis; ``Iota`` (0..n-1 as i32); ``Gather`` (rows of a table by index); ``Scatter`` (rows written
-into a copy of a destination); ``Cast``; plus ``Constant`` and ``Input`` (activations and named weights).
+into a copy of a destination); ``Cast``; ``Dequant`` (GGUF block-quantized bytes decoded to floats, as a cast
+from a block format: ``graph.gguf_blocks`` defines the formats); plus ``Constant`` and ``Input`` (activations and
+named weights).
 Binary ops need equal shapes and dtypes: broadcasting and promotion are always explicit.
 """
 
@@ -27,7 +29,8 @@ from .view import View
 UNARY_OPS = ("Log2", "Exp2", "Sin", "Sqrt", "Recip")
 BINARY_OPS = ("Add", "Mul", "Mod", "LessThan")
 REDUCE_OPS = ("SumReduce", "MaxReduce")
-PRIMITIVE_OPS = UNARY_OPS + BINARY_OPS + REDUCE_OPS + ("Iota", "Gather", "Scatter", "Cast", "Constant", "Input")
+PRIMITIVE_OPS = UNARY_OPS + BINARY_OPS + REDUCE_OPS + ("Iota", "Gather", "Scatter", "Cast", "Dequant", "Constant",
+                                                      "Input")
 
 
 @dataclass(frozen=True)
@@ -445,6 +448,28 @@ def cast(x: Tensor, dtype) -> Tensor:
     dtype = to_dtype(dtype)
     node = x.graph.add_node("Cast", (_edge(x),), x.shape, dtype)
     return Tensor(x.graph, node.id, View.contiguous(x.shape), dtype)
+
+
+def dequant(packed: Tensor, qtype: str, dtype="f32") -> Tensor:
+    """``packed`` u8 ``[..., row_bytes]``, rows of whole GGUF ``qtype`` blocks -> ``[..., K]`` decoded values
+    (``graph.gguf_blocks``: K = row_bytes / type_size * block_size), computed in f32."""
+    from . import gguf_blocks
+
+    if qtype not in gguf_blocks.QTYPES:
+        raise DTypeError(f"Dequant: unknown GGUF quantization type {qtype!r}; supported: "
+                         f"{', '.join(gguf_blocks.QTYPES)}")
+    if packed.dtype != DType.U8:
+        raise DTypeError(f"Dequant: packed {qtype} data must be u8 bytes, got {packed.dtype}")
+    if packed.ndim < 1 or not isinstance(packed.shape[-1], int):
+        raise ShapeError(f"Dequant: packed {qtype} data needs a fixed last axis of bytes, got "
+                         f"{shape_str(packed.shape)}")
+    _, bs, ts = gguf_blocks.QTYPES[qtype]
+    if packed.shape[-1] % ts:
+        raise ShapeError(f"Dequant: rows of {packed.shape[-1]} bytes are not whole {qtype} blocks of {ts} bytes")
+    dt = to_dtype(dtype)
+    shape = packed.shape[:-1] + (packed.shape[-1] // ts * bs,)
+    node = packed.graph.add_node("Dequant", (_edge(packed),), shape, dt, {"qtype": qtype})
+    return Tensor(packed.graph, node.id, View.contiguous(shape), dt)
 
 
 def gather(table: Tensor, indices: Tensor) -> Tensor:

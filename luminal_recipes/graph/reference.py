@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from ..errors import InputError, UnboundDimError
+from . import gguf_blocks
 from .core import Graph, Node
 from .dtypes import DType
 from .serialize import reachable
@@ -105,6 +106,8 @@ def _run_node(graph: Graph, node: Node, values, inputs, weights, dims, mode) -> 
         return np.max(x, axis=node.attr("axis")).astype(out_dtype, copy=False)
     if op == "Cast":
         return _cast(args[0], graph.nodes[node.inputs[0][0]].dtype, node.dtype, out_dtype)
+    if op == "Dequant":
+        return _round(gguf_blocks.dequantize(args[0], node.attr("qtype")), node.dtype, out_dtype)
     if op == "Gather":
         table, idx = args
         if idx.size and (idx.min() < 0 or idx.max() >= table.shape[0]):

@@ -252,7 +252,7 @@ def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: M
         _check_against_checkpoint(recipe, decls, quantized, mapped, checkpoint)
     updates = _map_loras(recipe, decls, quantized, params, loras) if loras else {}
     graph = Graph()
-    factory = _WeightFactory(graph, doc, mapped, quantized, updates)
+    factory = _WeightFactory(graph, doc, mapped, quantized, updates, checkpoint)
     policy = doc.weights.dtype
     states: dict[str, Tensor] = {}
     interpreter = Interpreter(graph, ops, factory.tensor, policy.compute, policy.per_op,
@@ -405,9 +405,10 @@ class _WeightFactory:
 
     def __init__(
         self, graph: Graph, doc: ModelRecipe, mapped: dict[str, MappedTensor] | None, quantized: set[str],
-        updates: Mapping[str, list[LoraUpdate]] | None = None,
+        updates: Mapping[str, list[LoraUpdate]] | None = None, checkpoint: Any = None,
     ):
         self.graph = graph
+        self.checkpoint = checkpoint
         self.policy = doc.weights.dtype
         self.quant = doc.weights.quantization
         self.mapped = mapped
@@ -426,7 +427,10 @@ class _WeightFactory:
                 self.cache[decl.name] = self._dense(decl)
             if decl.name in self.updates:
                 self.cache[decl.name] = self._adapted(decl, self.cache[decl.name])
-        return self.cache[decl.name]
+            return self.cache[decl.name]
+        from .gguf_packed import per_use
+
+        return per_use(self.cache[decl.name])
 
     def _adapted(self, decl: WeightDecl, base: Tensor) -> Tensor:
         """The weight with its LoRA updates: merged into its loader (dense weights, mode auto or merge), and/or
@@ -486,6 +490,16 @@ class _WeightFactory:
 
     def _dense(self, decl: WeightDecl) -> Tensor:
         compute = to_dtype(self.policy.compute)
+        if self.mapped is not None and decl.dtype == "checkpoint" and decl.name not in self.updates:
+            from .gguf_packed import packed_weight  # a GGUF tensor kept packed, decoded in the graph
+
+            def bind(name, shape, dtype, load, sources):
+                self.bindings[name] = WeightBinding(name, tuple(shape), dtype, load, sources)
+
+            packed = packed_weight(self.graph, self.checkpoint, self.mapped.get(decl.name), decl.name,
+                                   str(compute), bind)
+            if packed is not None:
+                return packed
         if decl.dtype != "checkpoint":
             dtype = to_dtype(decl.dtype)
         elif self.mapped is not None and decl.name in self.mapped:

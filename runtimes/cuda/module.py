@@ -18,7 +18,8 @@ from luminal_recipes.compiler.cache import cache_dir
 from .plan import KernelSource
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
-TEMPLATES = ("common.cuh", "rows.cuh", "reduce.cuh", "index.cuh", "attention.cuh", "dequant.cuh", "conv.cuh")
+TEMPLATES = ("common.cuh", "rows.cuh", "reduce.cuh", "index.cuh", "attention.cuh", "dequant.cuh", "conv.cuh",
+             "gguf.cuh")
 
 
 def headers_digest() -> str:

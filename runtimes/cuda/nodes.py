@@ -1348,3 +1348,9 @@ extern "C" __global__ void __launch_bounds__({BLOCK}) KNAME({out_t}* __restrict_
 
 
 PREPARE["Conv2d"] = prepare_conv2d
+
+
+# ---- GGUF block-quantized weights (gguf_nodes.py) ------------------------------------------------------------
+from .gguf_nodes import PREPARE as _GGUF_PREPARE  # noqa: E402 - its kernels use this module's helpers
+
+PREPARE.update(_GGUF_PREPARE)

@@ -75,6 +75,20 @@ def _dequant_matmul(k: KernelCall) -> Work:
     return work
 
 
+def _dequant_matmul_gguf(k: KernelCall) -> Work:
+    # the packed weight read once (its bytes: the operand's dtype is u8), each of its values decoded once
+    work = _matmul(k)
+    work.ew_flops = 3.0 * k.attrs.get("out_features", 1) * k.attrs.get("in_features", 1)
+    return work
+
+
+def _gather_dequant(k: KernelCall) -> Work:
+    # only the picked rows of the packed table are read and decoded
+    index = touched(k.inputs[1][0], k.dims)
+    row = k.inputs[0][0].shape[-1] if k.inputs[0][0].shape else 1
+    return Work(bytes=index * k.dim(row) + k.read(1) + k.written, ew_flops=3.0 * k.out_numel)
+
+
 def _scatter_in_place(k: KernelCall) -> Work:
     # only the rows written move (read from the source, written into the destination), not the destination
     work = k.base()
@@ -169,6 +183,19 @@ FUSED: list[KernelSpec] = [
         "optional bias viewed at the output shape",
         {"format": "'fp8' | 'nvfp4'", "layout": "nvfp4: 'modelopt' | 'comfy' (fp8: ignored)",
          "out_features": "N", "in_features": "K"}, cost=_dequant_matmul),
+    KernelSpec(
+        "DequantMatMulGGUF", "out [..., M, out_features] = x @ dequant(W).T with W kept as GGUF blocks "
+        "(graph.gguf_blocks; the Dequant primitive's values), products accumulated in f32.",
+        {"DequantMatMulGGUF": Ctor("qtype:String x:Ld packed:Ld out_features:i64 in_features:i64")},
+        "x [..., M, K]; packed u8 [N, K / block_size * type_size] (whole blocks per row)",
+        {"qtype": "the GGUF block type (as the Dequant primitive)", "out_features": "N", "in_features": "K"},
+        cost=_dequant_matmul_gguf),
+    KernelSpec(
+        "GatherDequant", "out [..., K] = dequant(table[index]): the rows of a GGUF-packed table picked by index "
+        "and decoded (an embedding lookup of a quantized file: the table is never decoded whole).",
+        {"GatherDequant": Ctor("qtype:String table:Ld index:Ld")},
+        "table u8 [R, K / block_size * type_size], index (i32) [...]",
+        {"qtype": "the GGUF block type (as the Dequant primitive)"}, cost=_gather_dequant),
     KernelSpec(
         "ScatterInPlace", "as Scatter, but writes into the destination's buffer (legal only when nothing else "
         "reads the destination afterwards; the memory planner aliases the two, else it copies first).",

@@ -32,6 +32,11 @@ def _gather(k: KernelCall) -> Work:
     return Work(bytes=rows + k.read(1) + k.written, ew_flops=k.out_numel)
 
 
+def _dequant(k: KernelCall) -> Work:
+    # the packed bytes read once, the decoded values written; a few integer and float operations per value
+    return k.base(ew_flops=3.0 * k.out_numel)
+
+
 def _reduce_axis(literals, views) -> dict:
     # the e-graph counts reduction axes from the end of the operand (rules match trailing axes of any rank)
     return {"axis": len(views[0].shape) - 1 - literals["axis"]}
@@ -64,6 +69,13 @@ def _specs() -> list[KernelSpec]:
                    cost=_scatter, primitive=True),
         KernelSpec("Cast", REFERENCE, {"Cast": Ctor("dtype:String x:Ld", attrs=lambda literals, views: {})},
                    "x; out = x converted to the node's dtype", primitive=True),
+        KernelSpec("Dequant", REFERENCE,
+                   {"Dequant": Ctor("qtype:String dtype:String x:Ld",
+                                    attrs=lambda literals, views: {"qtype": literals["qtype"]})},
+                   "x u8 [..., row_bytes] (whole blocks per row); out [..., K] = the decoded values "
+                   "(graph.gguf_blocks), computed in f32, converted to the node's dtype",
+                   {"qtype": "the GGUF block type: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K"},
+                   cost=_dequant, primitive=True),
         KernelSpec("Constant", REFERENCE, {"Const": Ctor("dtype:String value:f64"),
                                            "ConstArr": Ctor("node:i64 values:String")},
                    "none", {"value": "a scalar (or the node's data: an array)"}, cost=_source, primitive=True),

@@ -11,7 +11,9 @@ the rule, the spec and the implementation together. A kernel added to the regist
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -20,11 +22,14 @@ import pytest
 from luminal_recipes import ops
 from luminal_recipes.compiler.search import SearchOptions, search_segment
 from luminal_recipes.compiler.segments import assemble, split
-from luminal_recipes.graph import DType, Graph, Tensor, run_reference
-from luminal_recipes.graph.core import binary, reduce, unary
+from luminal_recipes.graph import DType, Graph, Tensor, gguf_blocks, run_reference
+from luminal_recipes.graph.core import binary, dequant, reduce, unary
 from luminal_recipes.graph.symbolic import evaluate
 from luminal_recipes.runtimes.kernels import PRIMITIVE_KERNELS, REGISTRY
 from luminal_recipes.runtimes.program import Program
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/gguf_data.py
+import gguf_data  # noqa: E402
 
 VIEWS = ("contiguous", "transposed", "sliced", "padded", "broadcast")
 FLOATS = ("f32", "bf16", "f16")
@@ -234,6 +239,48 @@ def _dequant(c: Case) -> Case:
     return c.output(ops.linear(x, ops.dequant_nvfp4(w, s, s2, 8, 32, "modelopt")))
 
 
+GGUF_TYPES = tuple(gguf_blocks.QTYPES)
+
+
+def _gguf_weight(c: Case, name: str, qtype: str, rows: int, blocks: int, view: str) -> Tensor:
+    """A packed GGUF weight (``tests/gguf_data.packed``: finite scales) read through ``view``."""
+    raw = gguf_data.packed(c.rng, qtype, rows + (3 if view == "sliced" else 0), blocks)
+    if view == "broadcast":
+        raw = raw[:1]
+    w = c.g.weight(name, raw.shape, "u8")
+    c.weights[name] = raw
+    if view == "sliced":
+        return w.slice(0, 2, 2 + rows)
+    return w.broadcast_to((rows, raw.shape[1])) if view == "broadcast" else w
+
+
+def _gguf_dequant(c: Case) -> Case:
+    qtype = str(c.rng.choice(GGUF_TYPES))
+    w = _gguf_weight(c, "w", qtype, 5, 2, str(c.rng.choice(("contiguous", "sliced", "broadcast"))))
+    return c.output(dequant(w, qtype, str(c.rng.choice(FLOATS))))
+
+
+def _gguf_gather(c: Case) -> Case:
+    qtype = str(c.rng.choice(GGUF_TYPES))
+    ids = c.operand("ids", (2, 5), "i32", view="contiguous", low=0, high=7)
+    table = _gguf_weight(c, "table", qtype, 7, 1, str(c.rng.choice(("contiguous", "sliced"))))
+    return c.output(ops.embedding(ids, dequant(table, qtype, str(c.rng.choice(FLOATS)))))
+
+
+def _gguf_matmul(c: Case) -> Case:
+    """x @ dequant(W).T for several types at once (a sum of products), x with one row (decoding) or many."""
+    rows = int(c.rng.choice((1, 3, 40)))
+    k = 512
+    x = c.operand("x", (rows, k), "f32", view=str(c.rng.choice(("contiguous", "transposed", "sliced"))))
+    out = None
+    for i, qtype in enumerate(c.rng.choice(GGUF_TYPES, 4, replace=False)):
+        qtype = str(qtype)
+        blocks = k // (32 if gguf_blocks.block_size(qtype) == 1 else gguf_blocks.block_size(qtype))
+        y = ops.linear(x, dequant(_gguf_weight(c, f"w{i}", qtype, 6, blocks, "contiguous"), qtype))
+        out = y if out is None else out + y
+    return c.output(out * (1.0 / 16))
+
+
 def _scatter_in_place(c: Case) -> Case:
     cache = c.operand("cache", (9, 4), "f32", view="contiguous")
     pos = c.g.input("pos", (2,), "i32")
@@ -265,6 +312,7 @@ CASES: dict[str, Callable[[Case], Case]] = {
     "GroupNorm": _group_norm, "RMSNormRoPE": _rms_norm_rope, "Attention": _attention,
     "AttentionBlocked": _attention, "Conv2d": _conv2d, "DequantMatMul": _dequant,
     "ScatterInPlace": _scatter_in_place, "Concat": _concat, "Copy": _copy,
+    "Dequant": _gguf_dequant, "GatherDequant": _gguf_gather, "DequantMatMulGGUF": _gguf_matmul,
 }
 RIVALS = {"Attention": {"AttentionBlocked"}, "AttentionBlocked": {"Attention"}}
 SEEDS = (0, 1, 2)
@@ -305,7 +353,7 @@ def test_kernel_matches_the_reference(kernel, seed, runtime, assert_close):
 
 
 COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "GroupNorm", "RMSNormRoPE", "Attention",
-            "AttentionBlocked", "DequantMatMul")
+            "AttentionBlocked", "DequantMatMul", "Dequant", "GatherDequant", "DequantMatMulGGUF")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -65,7 +65,8 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
     """Hot kernels at FLUX.2-dev sizes (bf16): modulation LayerNorm over 3072, QK RMSNorm over 128-wide heads (alone,
     and with its weight and the rotation of pairs by f32 tables), a GELU-style Elementwise, softmax over 4608 keys
     with a bias (chunked attention), attention at head dim 128,
-    fp8 and nvfp4 weight decoders for K = 3072, the VAE's 3x3 im2col and GroupNorm + SiLU at 512 channels."""
+    fp8 and nvfp4 weight decoders for K = 3072, GGUF Q4_K/Q6_K/Q8_0
+    decoders, the VAE's 3x3 im2col and GroupNorm + SiLU at 512 channels."""
     g = Graph()
     x = g.input("x", (4608, 3072), "bf16")
     q = g.input("q", (1, 48, 4608, 128), "bf16")
@@ -80,6 +81,9 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
     cos, sin = (g.input(name, (4608, 128)).broadcast_to((1, 48, 4608, 128)).reshape((1, 48, 4608, 64, 2))
                 for name in ("cos", "sin"))
     gw = g.weight("gw", (512,), "bf16").reshape((1, 512, 1, 1)).broadcast_to((1, 512, 128, 128))
+    # GGUF blocks: a Q4_K and a Q6_K weight for K = 3072, a Q8_0 embedding table
+    wq4, wq6 = g.weight("wq4", (3072, 12 * 144), "u8"), g.weight("wq6", (3072, 12 * 210), "u8")
+    table, ids = g.weight("table", (1000, 96 * 34), "u8"), g.input("ids", (16,), "i32")
     f = Fused(g)
     outs = {
         "ln": f.add("LayerNorm", [x], (4608, 3072), "bf16", eps=1e-6),
@@ -96,6 +100,10 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
                      out_features=3072, in_features=3072),
         "nvfp4": f.add("DequantMatMul", [x, w4, s4, s42], (4608, 3072), "bf16", format="nvfp4", layout="modelopt",
                        out_features=3072, in_features=3072),
+        "gguf_q4k": f.add("DequantMatMulGGUF", [x, wq4], (4608, 3072), "bf16", qtype="Q4_K", out_features=3072,
+                          in_features=3072),
+        "gguf_q6k": f.add("Dequant", [wq6], (3072, 3072), "f32", qtype="Q6_K"),
+        "gguf_gather": f.add("GatherDequant", [table, ids], (16, 3072), "f32", qtype="Q8_0"),
         "conv": f.add("Conv2d", [img, cw], (1, 512, 128, 128), "bf16", stride=1),
         "group_norm_silu": f.add("GroupNorm", [groups, gw, gw], (1, 512, 128, 128), "bf16", eps=1e-6, act="silu"),
     }

@@ -12,7 +12,8 @@ the tests compare it with.
 
 Families: ``elementwise`` (primitives, Cast, fused Elementwise), ``reduce``, ``indexing`` (Gather, Scatter),
 ``layout`` (Copy, Concat), ``matmul``, ``norms`` (Softmax and the norms), ``conv`` (Conv2d), ``attention``,
-``dequant`` (DequantMatMul); ``common`` and ``operands`` are what they share.
+``dequant`` (DequantMatMul), ``gguf`` (GGUF block weights: Dequant, GatherDequant, DequantMatMulGGUF);
+``common`` and ``operands`` are what they share.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .attention import prepare_attention, prepare_attention_blocked
 from .conv import prepare_conv2d
 from .dequant import prepare_dequant_matmul
 from .elementwise import _BINARY, prepare_binary, prepare_cast, prepare_elementwise, prepare_unary
+from .gguf import PREPARE as GGUF_PREPARE
 from .indexing import prepare_gather, prepare_scatter
 from .layout import prepare_concat, prepare_copy
 from .matmul import prepare_matmul
@@ -49,4 +51,5 @@ PREPARE = {
     "Attention": prepare_attention,
     "AttentionBlocked": prepare_attention_blocked,
     "DequantMatMul": prepare_dequant_matmul,
+    **GGUF_PREPARE,  # Dequant, GatherDequant, DequantMatMulGGUF (GGUF block weights)
 }

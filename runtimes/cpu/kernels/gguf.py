@@ -1,0 +1,225 @@
+"""numpy kernels of GGUF block-quantized weights (``graph.gguf_blocks``): the ``Dequant`` primitive,
+``GatherDequant`` (an embedding lookup: only the picked rows are decoded) and ``DequantMatMulGGUF`` (``x @
+dequant(W).T`` with W kept packed).
+
+With numba (``runtimes/cpu/jit/gguf_kernels.py``):
+
+- decode (``Dequant``, ``GatherDequant``, the prefill bands below): one compiled pass per row, the rows split over
+  the cores, bit for bit ``gguf_blocks.dequantize``;
+- a product with few rows of x (decoding a token, a small batch: ``FUSED_ROWS`` rows at most): one pass over the
+  packed weight, its output rows split over the cores; each block is decoded once into registers-sized scratch
+  and used for every row of x (``gguf_jit.matmul_rows``);
+- more rows (a prompt): bands of weight rows decoded into an f32 scratch (``BAND`` elements) on every core, each
+  band one BLAS product, so a long prompt runs at the speed of the dense product (compute-bound).
+
+Without numba the bands are decoded by ``gguf_blocks.dequantize`` (numpy): same values, slower.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from luminal_recipes.errors import InputError
+from luminal_recipes.graph import gguf_blocks
+
+from ...kernels.context import Bind, KernelContext
+from .. import jit
+from .. import threads as cpu_threads
+from .common import F32, bind_all, with_refresh
+from .operands import operand
+
+FUSED_ROWS = 4    # rows of x up to which the fused pass runs (it decodes per row of x: more rows take the bands)
+BAND = 1 << 20    # decoded weight elements per band of the prefill path (4 MiB of f32: stays in L2/L3)
+
+_F16 = None
+
+
+def _jit():
+    """``gguf_jit`` and the f16 table, or (None, None) without numba."""
+    global _F16
+    if not jit.AVAILABLE:
+        return None, None
+    from ..jit import gguf_kernels as gguf_jit
+
+    if _F16 is None:
+        _F16 = gguf_jit.f16_table()
+    return gguf_jit, _F16
+
+
+def layout(qtype: str, k: int) -> tuple[int, int, int, int, int, bool]:
+    """(kind, elements per block, bytes per block, elements per sub-block, sub-blocks, has a minimum) of the
+    compiled kernels for rows of ``k`` elements."""
+    from ..jit.gguf_kernels import FLOAT_BLOCK, KINDS, LAYOUT
+
+    kind = KINDS[qtype]
+    _, bs, ts = gguf_blocks.QTYPES[qtype]
+    sl, nsub, has_c = LAYOUT[kind]
+    if bs == 1:  # float rows: walked FLOAT_BLOCK elements at a time where K allows
+        fb = FLOAT_BLOCK if k % FLOAT_BLOCK == 0 else 1
+        return kind, fb, ts * fb, fb, 1, False
+    return kind, bs, ts, sl, nsub, has_c
+
+
+def _decoder(qtype: str, k: int):
+    """``decode(packed [r, row_bytes], out f32 [r, k]) -> step`` on every core (compiled), or numpy's."""
+    gj, f16 = _jit()
+    if gj is None:
+        def numpy_decode(packed, out):
+            def run():
+                out[...] = gguf_blocks.dequantize(packed, qtype)
+            return run
+
+        return numpy_decode
+    kind, bs, ts, sl, nsub, has_c = layout(qtype, k)
+
+    def compiled_decode(packed, out):
+        return jit.by_rows(gj.dequant_any, [packed, out], kind, bs, ts, sl, nsub, has_c, f16)
+
+    return compiled_decode
+
+
+def _qtype(ctx: KernelContext) -> str:
+    qtype = ctx.node.attr("qtype")
+    if qtype not in gguf_blocks.QTYPES:
+        ctx.fail(f"unknown GGUF quantization type {qtype!r}")
+    return qtype
+
+
+def prepare_dequant(ctx: KernelContext) -> Bind:
+    qtype = _qtype(ctx)
+    in_shape = ctx.inputs[0].view.shape
+    rb, k = in_shape[-1], ctx.shape[-1]
+    if gguf_blocks.row_bytes(qtype, k) != rb or ctx.shape[:-1] != in_shape[:-1]:
+        ctx.fail(f"packed {in_shape} does not decode to {ctx.shape} as {qtype}")
+    rows = math.prod(in_shape[:-1])
+    p_op = operand(ctx, 0, shape=(rows, rb))
+    acc = None if ctx.dtype == F32 else ctx.scratch.add((rows, k), F32)
+    decode = _decoder(qtype, k)
+
+    def bind(out, flats, scratch):
+        (packed,) = bind_all([p_op], flats, scratch)
+        target = out.reshape(rows, k) if acc is None else scratch[acc]
+        run = decode(packed, target)
+        if acc is None:
+            return with_refresh([p_op], run)
+
+        def body():
+            run()
+            np.copyto(out.reshape(rows, k), target, casting="unsafe")
+
+        return with_refresh([p_op], body)
+
+    return bind
+
+
+def prepare_gather_dequant(ctx: KernelContext) -> Bind:
+    qtype = _qtype(ctx)
+    t_shape, i_shape = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
+    k = ctx.shape[-1]
+    if len(t_shape) != 2 or gguf_blocks.row_bytes(qtype, k) != t_shape[1] or ctx.shape != i_shape + (k,):
+        ctx.fail(f"table {t_shape} and indices {i_shape} do not give {ctx.shape} as {qtype}")
+    vocab, rb = t_shape
+    n = math.prod(i_shape)
+    t_op, i_op = operand(ctx, 0), operand(ctx, 1, shape=(n,))
+    pos = ctx.scratch.add((n,), np.intp)
+    picked = ctx.scratch.add((n, rb), np.uint8)  # the picked rows' packed bytes (a row is a few hundred bytes)
+    acc = None if ctx.dtype == F32 else ctx.scratch.add((n, k), F32)
+    decode = _decoder(qtype, k)
+    node_id = ctx.node.id
+
+    def bind(out, flats, scratch):
+        table, idx = bind_all([t_op, i_op], flats, scratch)
+        target = out.reshape(n, k) if acc is None else scratch[acc]
+        rows = scratch[picked]
+        run = decode(rows, target)
+        where = scratch[pos]
+
+        def body():
+            if n == 0:
+                return
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < 0 or hi >= vocab:
+                raise InputError(f"GatherDequant #{node_id}: index out of range [0, {vocab}) in {lo}..{hi}; check "
+                                 f"token ids against the vocabulary size")
+            np.copyto(where, idx, casting="unsafe")
+            np.take(table, where, axis=0, out=rows, mode="clip")
+            run()
+            if acc is not None:
+                np.copyto(out.reshape(n, k), target, casting="unsafe")
+
+        return with_refresh([t_op, i_op], body)
+
+    return bind
+
+
+def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
+    qtype = _qtype(ctx)
+    n_out, k_in = int(ctx.node.attr("out_features")), int(ctx.node.attr("in_features"))
+    x_shape, w_shape = ctx.inputs[0].view.shape, ctx.inputs[1].view.shape
+    rb = gguf_blocks.row_bytes(qtype, k_in)
+    if x_shape[-1] != k_in or ctx.shape != x_shape[:-1] + (n_out,) or math.prod(w_shape) != n_out * rb:
+        ctx.fail(f"x {x_shape}, packed weight {w_shape} and out {ctx.shape} do not match {qtype} with "
+                 f"in_features={k_in}, out_features={n_out}")
+    rows = math.prod(x_shape[:-1])
+    x_op = operand(ctx, 0, dtype=F32, shape=(rows, k_in), blas=True)
+    w_op = operand(ctx, 1, shape=(n_out, rb))
+    acc = None if ctx.dtype == F32 else ctx.scratch.add((rows, n_out), F32)
+    gj, f16 = _jit()
+    fused = gj is not None and rows <= FUSED_ROWS
+    if fused:
+        kind, bs, ts, sl, nsub, has_c = layout(qtype, k_in)
+        sums = ctx.scratch.add((rows, k_in // sl), F32)
+        x_c = ctx.scratch.add((rows, k_in), F32)  # x as one contiguous block (BLAS-readable views may be strided)
+    else:
+        band = max(1, min(n_out, BAND // max(k_in, 1)))
+        dense = ctx.scratch.add((band, k_in), F32)
+        decode = _decoder(qtype, k_in)
+
+    def bind(out, flats, scratch):
+        x, w = bind_all([x_op, w_op], flats, scratch)
+        target = out.reshape(rows, n_out) if acc is None else scratch[acc]
+        if fused:
+            xc, xs = scratch[x_c], scratch[sums]
+            special = gj.SPECIALISED.get(kind)
+            if special is not None:  # the type's own loops (vectorised), else the generic block decoder's
+                parts = [lambda n0=p.start, n1=p.stop: special(w, xc, xs, target, n0, n1, kind, f16)
+                         for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
+            else:
+                parts = [lambda n0=p.start, n1=p.stop: gj.matmul_rows(w, xc, xs, target, n0, n1, kind, bs, ts, sl,
+                                                                      nsub, has_c, f16)
+                         for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
+            products = cpu_threads.parallel(parts)
+
+            def compute():
+                np.copyto(xc, x)
+                gj._sums(xc, xs, sl)
+                products()
+        else:
+            steps = []
+            for n0 in range(0, n_out, band):
+                n1 = min(n0 + band, n_out)
+                wd = scratch[dense][: n1 - n0]
+                steps.append((decode(w[n0:n1], wd), wd.T, target[:, n0:n1]))
+
+            def compute():
+                for dec, wt, dst in steps:
+                    dec()
+                    np.matmul(x, wt, out=dst)
+
+        def body():
+            compute()
+            if acc is not None:
+                np.copyto(out.reshape(rows, n_out), target, casting="unsafe")
+
+        return with_refresh([x_op, w_op], body)
+
+    return bind
+
+
+PREPARE = {
+    "Dequant": prepare_dequant,
+    "GatherDequant": prepare_gather_dequant,
+    "DequantMatMulGGUF": prepare_dequant_matmul_gguf,
+}
