@@ -37,7 +37,7 @@ import numpy as np
 
 from luminal_recipes import tempfiles
 from luminal_recipes.graph.core import Graph
-from luminal_recipes.graph.serialize import structural_hash
+from luminal_recipes.graph.serialize import format_graph, structural_hash
 from luminal_recipes.runtimes.program import KERNELS, Program
 
 from .plan_check import check_program
@@ -113,10 +113,19 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+def wiring_hash(graph: Graph) -> str:
+    """The graph as the plan will read it: every node in order with its inputs BY NODE (so one weight used twice
+    and two equal weights differ), its named inputs, weights and outputs in place (so f(a, b) and f(b, a)
+    differ). The structural hash ignores both on purpose (it finds repeated blocks); a cached program is checked
+    against its graph's kinds, shapes and dtypes only, so the key must tell such graphs apart."""
+    return hashlib.sha256(format_graph(graph).encode()).hexdigest()
+
+
 def plan_key(graph: Graph, runtime_name: str, device: str, dims: dict, extra: dict) -> str:
     names = [f"{n.attr('kind')}:{n.name}" for n in graph.inputs()]
     parts = {
         "graph": structural_hash(graph),
+        "wiring": wiring_hash(graph),
         "names": hashlib.sha256("\n".join(names + sorted(graph.outputs)).encode()).hexdigest(),
         "runtime": runtime_name,
         "device": device,

@@ -73,6 +73,34 @@ def test_key_separates_graphs_names_dims_runtimes_and_budgets(runtime):
     assert cache.plan_key(small_graph(), "numpy", "cpu", {}, {}) in keys  # and it is stable
 
 
+def two_weights(swap: bool = False, shared: bool = False) -> Graph:
+    """y = softmax(x a^T) - x b^T: the same names, kinds and shapes whether a and b are swapped or one weight is
+    read twice, so only the wiring tells the graphs apart."""
+    g = Graph()
+    x = g.input("x", (4, 8))
+    a, b = g.weight("a", (6, 8)), g.weight("b", (6, 8))
+    if swap:
+        a, b = b, a
+    if shared:
+        b = a
+    g.mark_output("y", ops.softmax(ops.linear(x, a), -1) - ops.linear(x, b))
+    return g
+
+
+def test_key_separates_graphs_that_differ_only_in_wiring(runtime):
+    keys = {cache.plan_key(two_weights(**kw), "numpy", "cpu", {}, {})
+            for kw in ({}, {"swap": True}, {"shared": True})}
+    assert len(keys) == 3
+
+
+def test_a_plan_is_never_reused_for_a_graph_wired_otherwise(runtime, assert_close, private_cache):
+    first = compile_graph(two_weights(), runtime, options=OPTS)
+    assert first.report["cache"] == "miss"
+    swapped = compile_graph(two_weights(swap=True), runtime, options=OPTS)
+    assert swapped.report["cache"] == "miss"  # not the first graph's plan, which reads a and b the other way
+    check_program(two_weights(swap=True), swapped.program, runtime, assert_close)
+
+
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("LUMINAL_RECIPES_CACHE", str(tmp_path / "explicit"))
     assert cache.cache_dir() == tmp_path / "explicit"
