@@ -58,6 +58,14 @@ class _Support(OperatorSupport):
         return node.target in OPS
 
 
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A new GraphModule over a copy of ``gm``'s graph (the partitioner rewrites the module it is given)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
+
+
 class _Eager(torch.nn.Module):
     def __init__(self, compiled: CompiledGraph):
         super().__init__()
@@ -65,7 +73,7 @@ class _Eager(torch.nn.Module):
 
     def forward(self, *args):
         out = self.compiled(*args)
-        return tuple(out) if len(out) != 1 else out[0]
+        return out[0] if self.compiled.translation.single else tuple(out)
 
 
 def compile_fx(gm: torch.fx.GraphModule, static: set[int], options: Options):
@@ -98,7 +106,7 @@ def _compile_fx(gm: torch.fx.GraphModule, static: set[int], options: Options):
         if node is None or node in refused:
             break  # nothing left to split on: the whole graph runs in eager PyTorch
         refused.add(node)
-        parted = CapabilityBasedPartitioner(gm, _Support(refused), allows_single_node_partition=True)
+        parted = CapabilityBasedPartitioner(_copy(gm), _Support(refused), allows_single_node_partition=True)
         split = parted.fuse_partitions(parted.propose_partitions())
         try:
             for sub in list(split.graph.nodes):

@@ -616,12 +616,27 @@ def index(cx, x, indices):
     return index_select(cx, x, given[0], indices[given[0]])
 
 
+def _same_length(x: Tensor, t) -> Tensor:
+    """``x`` with its key axis named ``t``: Dynamo gives a KV cache's k and v lengths separate symbols, which
+    eager SDPA requires to be equal at run time (the executable binds both from their own inputs)."""
+    if dims_equal(x.shape[2], t) or isinstance(x.shape[2], int) and isinstance(t, int):
+        return x
+    from ..graph import View
+
+    view = x.view
+    if view.mask is not None:
+        raise Unsupported("attention", f"k/v lengths {x.shape[2]} and {t} of a padded view")
+    shape = view.shape[:2] + (t,) + view.shape[3:]
+    return x._with_view(View(shape, view.strides, view.offset, view.mask))
+
+
 def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if dropout_p:
         raise Unsupported(str(cx.node.target), "dropout")
     if q.ndim != 4:
         raise Unsupported(str(cx.node.target), f"rank {q.ndim} (4-D q, k, v are translated)")
     s, t = q.shape[2], k.shape[2]
+    k, v = _same_length(k, t), _same_length(v, t)
     mask = attn_mask
     if is_causal:  # torch's causal mask is top-left aligned (query i sees keys 0..i), whatever S and T
         qpos = cx.g.iota(s).expand(1, t)

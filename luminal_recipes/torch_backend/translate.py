@@ -78,9 +78,17 @@ def sym_to_dim(expr) -> object:
     raise Unsupported("symbolic size", f"expression {expr} has no HLIR form")
 
 
+def _expr(x: torch.SymInt):
+    """The SymInt's expression after the shape environment's replacements (a guard ``s94 == s87`` made while
+    tracing turns every ``s94`` into ``s87``)."""
+    node = x.node
+    env = getattr(node, "shape_env", None)
+    return env.replace(node.expr) if env is not None else node.expr
+
+
 def as_dim(x) -> object:
     if isinstance(x, torch.SymInt):
-        return sym_to_dim(x.node.expr)
+        return sym_to_dim(_expr(x))
     if isinstance(x, bool) or not isinstance(x, (int, Expr)):
         raise Unsupported("size", f"{x!r} is not an integer size")
     return to_dim(x)
@@ -111,6 +119,7 @@ class Translation:
                           # ("dim", Dim) | ("none",)
     inputs: dict[str, Tensor] = field(default_factory=dict)
     ops: dict[str, int] = field(default_factory=dict)  # ATen op name -> count
+    single: bool = False  # the graph returns one value, not a tuple (a partition's submodule)
 
 
 class Context:
@@ -160,7 +169,7 @@ def translate(gm: torch.fx.GraphModule, static: set[int], compute: DType | None 
             if not hasattr(exc, "node"):
                 exc.node = node.name if node.op == "call_function" else None
             raise
-    return Translation(graph, placeholders, outputs, inputs, counts)
+    return Translation(graph, placeholders, outputs, inputs, counts, getattr(cx, "single", False))
 
 
 def _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compute, position) -> int:
@@ -227,7 +236,9 @@ def _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compu
             raise Unsupported(name, str(exc)) from exc
     elif node.op == "output":
         placeholder_nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        for i, out in enumerate(node.args[0]):
+        result = node.args[0]
+        cx.single = not isinstance(result, (list, tuple))
+        for i, out in enumerate([result] if cx.single else result):
             if out is None:
                 outputs.append(("none",))
             elif isinstance(out, torch.fx.Node) and out.op == "placeholder":
