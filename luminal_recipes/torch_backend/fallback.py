@@ -5,7 +5,8 @@ entry does not handle), that node is marked unsupported and the graph is split w
 ``CapabilityBasedPartitioner``: every maximal part of supported nodes becomes one luminal-compiled submodule, the
 refused nodes stay ATen calls run by PyTorch between them. A part whose translation refuses another node is split
 again, until every part translates. Each refused op is named once in a ``LuminalFallbackWarning``; with
-``LUMINAL_TORCH_STRICT=1`` the first one raises ``UnsupportedTorchOp`` instead. Never a wrong result: what is not
+``LUMINAL_TORCH_STRICT=1`` calling the compiled model raises
+``UnsupportedTorchOp`` (a ``LuminalError``) naming the first one instead. Never a wrong result: what is not
 translated is computed by PyTorch itself.
 """
 
@@ -81,7 +82,15 @@ def compile_fx(gm: torch.fx.GraphModule, static: set[int], options: Options):
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # constants (get_attr) are read as the real tensors they are
-        return _compile_fx(gm, static, options)
+        try:
+            return _compile_fx(gm, static, options)
+        except UnsupportedTorchOp as refused:
+            error = refused
+            # raised when the compiled function is called, so it reaches the caller as itself (Dynamo wraps an
+            # error raised while compiling into a BackendCompilerFailed)
+            def refuse(*args):
+                raise error
+            return refuse
 
 
 def _compile_fx(gm: torch.fx.GraphModule, static: set[int], options: Options):
