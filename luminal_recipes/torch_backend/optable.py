@@ -607,13 +607,37 @@ def index_select(cx, x, dim, index):
 
 @op(aten.index.Tensor)
 def index(cx, x, indices):
-    """``x[idx]`` with one index tensor on one axis (others ``None``): a Gather of that axis."""
+    """``x[i0, i1, ...]`` with integer index tensors (``None`` for an axis taken whole): the indexed axes are
+    flattened into one and read by one Gather at the broadcast indices (negative ones wrapped), as numpy's
+    advanced indexing places them (where the indexed axes were when they are adjacent, else first)."""
     given = [i for i, t in enumerate(indices) if t is not None]
-    if len(given) != 1 or indices[given[0]].ndim != 1:
-        raise Unsupported("aten.index.Tensor", "more than one index tensor or a multi-axis index")
-    if indices[given[0]].dtype == DType.BOOL:
-        raise Unsupported("aten.index.Tensor", "boolean mask (data-dependent shape)")
-    return index_select(cx, x, given[0], indices[given[0]])
+    if any(indices[i].dtype == DType.BOOL for i in given):
+        raise Unsupported("aten.index.Tensor", "a boolean mask (its result's shape depends on the values)")
+    sizes = [x.shape[i] for i in given]
+    if not all(isinstance(n, int) for n in sizes):
+        raise Unsupported("aten.index.Tensor", "indexing a symbolic axis")
+    out_shape = cx.out_shape()
+    adjacent = given == list(range(given[0], given[-1] + 1))
+    rest = [i for i in range(x.ndim) if i not in given]
+    nb = len(out_shape) - len(rest)  # the broadcast index shape's rank
+    bshape = out_shape[given[0]:given[0] + nb] if adjacent else out_shape[:nb]
+    flat = None
+    for axis, n in zip(given, sizes):
+        idx = _to(indices[axis], DType.I32)
+        idx = idx + _to(idx < 0, DType.I32) * n  # negative indices count from the end
+        idx = idx.broadcast_to(bshape)
+        flat = idx if flat is None else flat * n + idx
+    table = x.permute(given + rest)
+    total = 1
+    for n in sizes:
+        total *= n
+    table = table.reshape((total,) + tuple(table.shape[len(given):]))
+    rows = gather(table, flat)  # [*bshape, *rest axes]
+    if adjacent and given[0] > 0:  # the indexed block goes back where its axes were
+        k = given[0]
+        perm = list(range(nb, nb + k)) + list(range(nb)) + list(range(nb + k, rows.ndim))
+        rows = rows.permute(perm)
+    return rows
 
 
 def _same_length(x: Tensor, t) -> Tensor:
@@ -680,4 +704,4 @@ def sdpa_math(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropo
 # ops the decompositions must leave whole, so the table above translates them with the op library's compositions
 KEEP = (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
         aten._scaled_dot_product_attention_math.default, aten.rms_norm.default, aten._fused_rms_norm.default,
-        aten.silu.default, aten.gelu.default)
+        aten.silu.default, aten.gelu.default, aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec)

@@ -125,3 +125,18 @@ def test_a_new_length_rebinds_within_its_bucket(assert_close):
         after = instrument.snapshot()
     assert after[instrument.SEARCH] == before[instrument.SEARCH]
     assert after[instrument.LOAD] == before[instrument.LOAD]
+
+
+class Indexing(torch.nn.Module):
+    def forward(self, x, i, j):
+        return x[:, i[:, None], j], x[i, :, j], x[..., j], x[i], x.index_select(1, j.abs())
+
+
+def test_advanced_indexing_selects_the_same_values(assert_close):
+    x = torch.randn(4, 5, 6)
+    i, j = torch.tensor([0, -1, 2]), torch.tensor([1, 3, -2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LuminalFallbackWarning)
+        got = torch.compile(Indexing(), backend="luminal")(x, i, j)
+    for g, w in zip(got, Indexing()(x, i, j)):
+        assert_close("index", g, w)
