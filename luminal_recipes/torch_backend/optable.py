@@ -550,13 +550,10 @@ def max_pool2d(cx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False)
     if ceil_mode or any(d != 1 for d in dilation):
         raise Unsupported("aten.max_pool2d_with_indices.default", "ceil_mode or dilation")
     n, c, h, w = cx.out_shape(0)
-    if ph or pw:  # pad with the lowest value: a max never picks it
-        low = cx.g.constant(-math.inf if x.dtype.is_float else -(2**31), x.dtype).broadcast_to(x.shape)
-        inside = cx.g.constant(1.0 if x.dtype.is_float else 1, x.dtype).broadcast_to(x.shape)
-        pad = lambda t: t.pad(2, ph, ph).pad(3, pw, pw)  # noqa: E731
-        mask = _to(pad(inside), DType.BOOL)
-        x = ops.where(mask, pad(x), pad(low).contiguous() * 0 + cx.g.constant(
-            -1e30 if x.dtype.is_float else -(2**30), x.dtype).broadcast_to(mask.shape))
+    if ph or pw:  # padded positions read -inf (the lowest integer), which a max never picks
+        low = -math.inf if x.dtype.is_float else -(2**31)
+        inside = _to(cx.g.constant(1, DType.I32).broadcast_to(x.shape).pad(2, ph, ph).pad(3, pw, pw), DType.BOOL)
+        x = ops.where(inside, x.pad(2, ph, ph).pad(3, pw, pw), low)
     out = None
     for i in range(kh):
         for j in range(kw):
