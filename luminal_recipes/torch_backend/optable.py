@@ -254,6 +254,11 @@ def to_copy(cx, x, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     return _to(x, cx.out_dtype())
 
 
+@op(torch.ops.prims.convert_element_type.default)
+def convert_element_type(cx, x, dtype):
+    return _to(x, cx.out_dtype())
+
+
 @op(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
 def identity(cx, x, **kw):
     return x

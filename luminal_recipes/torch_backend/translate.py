@@ -190,7 +190,14 @@ def _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compu
         if val.device.type != "cpu" and val.device.type != "meta":
             raise Unsupported("input", f"{node.name} lives on {val.device}; the backend takes CPU tensors")
         shape = tuple(as_dim(d) for d in val.shape)
-        dtype = to_dtype(val.dtype, compute)
+        if val.dtype == torch.float64 and val.dim() == 0:
+            # a Python float Dynamo passes as a 0-dim float64 tensor (dynamic=True): torch computes with it in the
+            # other operand's dtype (a 0-dim tensor does not promote), so it is an f32 input here
+            dtype = compute or DType.F32
+        elif val.dtype not in _DTYPES:
+            raise Unsupported(f"input of dtype {val.dtype}", f"placeholder {node.name}")
+        else:
+            dtype = to_dtype(val.dtype, compute)
         name = f"p{index}_{node.name}"
         kind = "weight" if index in static else "input"
         t = graph.weight(name, shape, dtype) if kind == "weight" else graph.input(name, shape, dtype)
@@ -230,7 +237,9 @@ def _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compu
         counts[name] = counts.get(name, 0) + 1
         try:
             env[node] = fn(cx, *args, **kwargs)
-        except Unsupported:
+        except Unsupported as exc:
+            if exc.op.startswith(("dtype", "size", "symbolic")):  # name the op that met it
+                raise Unsupported(name, f"{exc.op}: {exc.why}") from exc
             raise
         except LuminalError as exc:
             raise Unsupported(name, str(exc)) from exc

@@ -10,14 +10,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_twins import float64_twin  # noqa: E402  (tests/torch_backend/torch_twins.py)
+
 import luminal_recipes  # noqa: E402
 import luminal_recipes.torch_backend as luminal_torch  # noqa: E402
 from luminal_recipes import instrument  # noqa: E402
 from luminal_recipes.errors import InputError, LuminalError  # noqa: E402
 from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
 from luminal_recipes.torch_backend.translate import UnsupportedTorchOp  # noqa: E402
-
-from torch_twins import float64_twin  # noqa: E402  (tests/torch_backend/torch_twins.py)
 
 
 class Block(torch.nn.Module):

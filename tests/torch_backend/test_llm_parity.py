@@ -12,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
 from torch_twins import float64_twin  # noqa: E402  (tests/torch_backend/torch_twins.py)
+
+from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
 
 SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1)
@@ -28,25 +29,19 @@ def tiny(name: str):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])
-def test_logits_match_the_float64_model(name, assert_close):
+def test_logits_and_generate_match_eager(name, assert_close):
+    """One compiled forward serves a batch of 2 x 7 tokens, then generate's prefill and every decode step (Dynamo
+    retraces once with the lengths symbolic; later lengths re-bind)."""
     model = tiny(name)
+    twin = float64_twin(model)
     ids = torch.randint(0, SIZES["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(1))
-    compiled = torch.compile(model, backend="luminal")
+    prompt = ids[:1, :5]
+    kwargs = dict(attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=8)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", LuminalFallbackWarning)  # the whole forward is translated
-        got = compiled(ids).logits
-        want = float64_twin(model)(ids).logits
-    assert got.dtype == torch.float32
-    assert_close("model", got, want)
-
-
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
-def test_generate_with_the_compiled_forward_gives_eager_ids(name):
-    model = tiny(name)
-    prompt = torch.randint(0, SIZES["vocab_size"], (1, 5), generator=torch.Generator().manual_seed(2))
-    kwargs = dict(attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=10)
-    with torch.no_grad():
-        want = model.generate(prompt, **kwargs)
+        want_ids = model.generate(prompt, **kwargs)
         model.forward = torch.compile(model.forward, backend="luminal")
-        got = model.generate(prompt, **kwargs)
-    assert got.tolist() == want.tolist()
+        got = model(ids).logits
+        assert got.dtype == torch.float32
+        assert_close("model", got, twin(ids).logits)
+        assert model.generate(prompt, **kwargs).tolist() == want_ids.tolist()

@@ -13,8 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
 from torch_twins import float64_twin  # noqa: E402  (tests/torch_backend/torch_twins.py)
+
+from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
 
 
 def _float64(value):
