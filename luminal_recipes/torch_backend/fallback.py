@@ -23,7 +23,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 
 from .compiled import CompiledGraph, Options
 from .optable import OPS
-from .translate import Unsupported, UnsupportedTorchOp, translate
+from .translate import _DTYPES, Unsupported, UnsupportedTorchOp, translate
 
 
 class LuminalFallbackWarning(UserWarning):
@@ -43,6 +43,11 @@ def _refuse(exc: Unsupported) -> None:
     warnings.warn(f"{message}; that part of the graph runs in eager PyTorch", LuminalFallbackWarning, stacklevel=2)
 
 
+def _foreign(value) -> bool:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(v, torch.Tensor) and v.dtype not in _DTYPES for v in values)
+
+
 class _Support(OperatorSupport):
     def __init__(self, refused: set[str]):
         super().__init__()
@@ -56,6 +61,10 @@ class _Support(OperatorSupport):
         val = node.meta.get("val")
         if isinstance(val, torch.SymInt):
             return True
+        # a value of a dtype the graph has no form for (float64) is neither made nor read by a luminal part
+        values = [val] + [a.meta.get("val") for a in node.all_input_nodes]
+        if any(_foreign(v) for v in values):
+            return False
         return node.target in OPS
 
 

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from torch_twins import float64_twin  # noqa: E402  (tests/torch_backend/torch_twins.py)
 
+from luminal_recipes import instrument  # noqa: E402
 from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
 
 
@@ -35,15 +36,18 @@ def test_flux2_transformer(assert_close):
     txt_ids[..., 3] = torch.arange(6.0)
     args = (torch.randn(1, 16, 16), torch.randn(1, 6, 24), torch.tensor([0.5]), img_ids, txt_ids,
             torch.tensor([4.0]))
+    before = instrument.snapshot()[instrument.LOAD]
     with torch.no_grad(), warnings.catch_warnings(record=True) as notices:
         warnings.simplefilter("always", LuminalFallbackWarning)
         got = torch.compile(model, backend="luminal")(*args, return_dict=False)[0]
+    assert instrument.snapshot()[instrument.LOAD] > before  # luminal programs ran, not only eager PyTorch
+    with torch.no_grad():
         want = float64_twin(model)(*map(_float64, args), return_dict=False)[0]
     assert_close("model", got, want)
     # diffusers computes the RoPE tables in float64, which the graph has no dtype for: that part runs in eager
     # PyTorch, and says so; everything else is translated
     texts = {str(n.message) for n in notices if issubclass(n.category, LuminalFallbackWarning)}
-    assert all("dtype torch.float64" in t for t in texts), texts
+    assert texts and all("is not translated (dtype torch.float64" in t for t in texts), texts
 
 
 def test_flux2_vae_decoder(assert_close):
