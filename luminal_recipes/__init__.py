@@ -31,3 +31,13 @@ def load_recipe(recipe, weights=None, **options):
             raise InputError(f"load_recipe(..., {name}=...): unknown option{did_you_mean(name, known)}; the options "
                              f"are {', '.join(known)}.")
     return LanguageModel(recipe, weights=weights, **options)
+
+
+def __getattr__(name):
+    """``luminal_recipes.torch_backend(runtime=..., ...)``: the torch.compile backend package, imported (with torch)
+    only when used; calling it returns a backend with options (docs/torch.md)."""
+    if name == "torch_backend":
+        import importlib
+
+        return importlib.import_module(".torch_backend", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
