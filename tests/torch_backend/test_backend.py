@@ -82,6 +82,17 @@ def test_bf16_compute_dtype_stays_within_bf16_tolerance(assert_close):
     assert_close("model", got, want, dtype="bf16")
 
 
+def test_a_bfloat16_model_binds_its_weights_and_returns_bfloat16(assert_close):
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8)).eval()
+    x = torch.randn(4, 16)
+    want = float64_twin(model)(x.double())
+    with torch.no_grad():
+        got = torch.compile(model.to(torch.bfloat16), backend="luminal")(x.to(torch.bfloat16))
+    assert got.dtype == torch.bfloat16
+    assert_close("model", got, want, dtype="bf16")
+
+
 class WithCumsum(torch.nn.Module):
     def __init__(self):
         super().__init__()
