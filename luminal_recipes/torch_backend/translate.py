@@ -161,15 +161,32 @@ def translate(gm: torch.fx.GraphModule, static: set[int], compute: DType | None 
     counts: dict[str, int] = {}
     outputs: list[tuple] = []
     position = 0
+    block, start = None, 0
     for node in gm.graph.nodes:
         cx.node = node
+        key = _block_of(node) if node.op == "call_function" else block
+        if key != block:  # a repeated layer (``layers.3``) is one block: the compiler searches equal ones once
+            if block is not None:
+                graph.blocks[block] = range(start, len(graph.nodes))
+            block, start = (key if key not in graph.blocks else None), len(graph.nodes)
         try:
             position = _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compute, position)
         except Unsupported as exc:
             if not hasattr(exc, "node"):
                 exc.node = node.name if node.op == "call_function" else None
             raise
+    if block is not None:
+        graph.blocks[block] = range(start, len(graph.nodes))
     return Translation(graph, placeholders, outputs, inputs, counts, getattr(cx, "single", False))
+
+
+def _block_of(node: torch.fx.Node) -> str | None:
+    """The outermost module of ``node``'s module stack that is an element of a ModuleList (its path ends in an
+    index: ``model.layers.3``), or None."""
+    for path, _ in (node.meta.get("nn_module_stack") or {}).values():
+        if path.rsplit(".", 1)[-1].isdigit():
+            return path
+    return None
 
 
 def _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compute, position) -> int:
