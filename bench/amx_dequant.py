@@ -1,4 +1,4 @@
-"""``DequantMatMul`` (FP8, NVFP4) on AMX tiles (``runtimes/amx_dequant.py``) against numpy's dense f32 product and
+"""``DequantMatMul`` (FP8, NVFP4) on AMX tiles (``runtimes/cpu/amx/dequant.py``) against numpy's dense f32 product and
 against the band path (decode into f32 bands, BLAS per band): GFLOP/s on 1 and 2 threads, and the accuracy
 against float64.
 
@@ -33,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import matmul as bm  # noqa: E402
 
 from luminal_recipes.graph.dtypes import E2M1_VALUES  # noqa: E402
-from luminal_recipes.runtimes import amx, amx_dequant, cpu_threads  # noqa: E402
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime  # noqa: E402
+from luminal_recipes.runtimes.cpu import amx  # noqa: E402
+from luminal_recipes.runtimes.cpu import threads as cpu_threads  # noqa: E402
+from luminal_recipes.runtimes.cpu.amx import dequant as amx_dequant  # noqa: E402
+from luminal_recipes.runtimes.cpu.backend import NumpyRuntime  # noqa: E402
 
 SHAPES = ((512, 6144, 6144), (1024, 2048, 2048), (768, 256, 2304), (1, 6144, 6144))
 FORMATS = ("fp8", "nvfp4/modelopt", "nvfp4/comfy")

@@ -1,4 +1,4 @@
-"""The AMX f32 product (``runtimes/amx_gemm.py``, bf16x3) against numpy's BLAS and PyTorch's ``mm`` on the
+"""The AMX f32 product (``runtimes/cpu/amx/gemm.py``, bf16x3) against numpy's BLAS and PyTorch's ``mm`` on the
 medium FLUX.2 step's MatMul shapes: GFLOP/s on 1 and 2 threads, and the accuracy against float64.
 
 Ours on 2 threads is two parts on ``cpu_threads``' workers (each part single-threaded, as the runtime runs it);
@@ -32,7 +32,7 @@ limit_openblas_spin()
 import numpy as np  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-from luminal_recipes.runtimes import amx  # noqa: E402
+from luminal_recipes.runtimes.cpu import amx  # noqa: E402
 
 STEP_SHAPES = ((768, 256, 2304), (768, 256, 256), (768, 768, 256), (512, 256, 1536), (512, 256, 256), (256, 256, 1536),
                (512, 768, 256), (256, 256, 256), (256, 768, 256))
@@ -53,7 +53,7 @@ def turns(calls, repeats: int, block: int = 3) -> list[list[float]]:
 def numpy_in_parts(a, b, out, p):
     """``out = a @ b`` cut as our product is (``p.parts``), each part an ``np.matmul`` on one BLAS thread, the
     parts on our thread pool: how the runtime's attention runs BLAS."""
-    from luminal_recipes.runtimes import cpu_threads
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
     parts = [functools.partial(np.matmul, a[r0:r1], b[:, c0:c1], out=out[r0:r1, c0:c1]) for r0, r1, c0, c1 in p.parts]
 
@@ -86,7 +86,7 @@ def step_ab(args) -> None:
     import flux2_transformer_cpu as ft
 
     from luminal_recipes.recipe.builder import build
-    from luminal_recipes.runtimes import numpy_kernels
+    from luminal_recipes.runtimes.cpu.kernels import matmul as matmul_kernels
     from luminal_recipes.runtimes.profile import profiling
 
     threads = ft.blas_threads(None)
@@ -104,11 +104,11 @@ def step_ab(args) -> None:
         exes["ours, MatMul on BLAS"] = runtime.load(program, model.load_weight, dims)
         amx.worth_it = worth_it
         if args.before:  # the kernels are chosen when a program is loaded: main's choices of 2026-12-01 14:50
-            saved = amx.B_WHOLE_BYTES, amx.MIN_SIDE, numpy_kernels._blas_product
+            saved = amx.B_WHOLE_BYTES, amx.MIN_SIDE, matmul_kernels._blas_product
             amx.B_WHOLE_BYTES, amx.MIN_SIDE = 0, 16
-            numpy_kernels._blas_product = lambda a, b, out: functools.partial(np.matmul, a, b, out=out)
+            matmul_kernels._blas_product = lambda a, b, out: functools.partial(np.matmul, a, b, out=out)
             exes["ours, before (14:50)"] = runtime.load(program, model.load_weight, dims)
-            amx.B_WHOLE_BYTES, amx.MIN_SIDE, numpy_kernels._blas_product = saved
+            amx.B_WHOLE_BYTES, amx.MIN_SIDE, matmul_kernels._blas_product = saved
         theirs = ft.torch_step(reference, cfg, inputs)
         want = theirs()
         errs = [float(np.abs(exe.run(inputs)["velocity"] - want).max() / np.abs(want).max()) for exe in exes.values()]

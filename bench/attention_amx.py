@@ -1,4 +1,4 @@
-"""The numpy runtime's Attention kernel with both products on AMX (``runtimes/amx_attention.py``) against the same
+"""The numpy runtime's Attention kernel with both products on AMX (``runtimes/cpu/amx/attention.py``) against the same
 kernel on its BLAS path (q k^T on AMX, p v on BLAS: what runs where ``amx_attention`` does not) and PyTorch's
 SDPA, in one process, timed in turns; and the accuracy of each against float64.
 
@@ -7,8 +7,8 @@ SDPA, in one process, timed in turns; and the accuracy of each against float64.
     python bench/attention_amx.py --baseline /tmp/main_amx_attention.py   # and the fused kernel of another file
 
 ``--baseline FILE``: one more side, the fused kernel compiled from FILE (another version of
-``runtimes/amx_attention.py``, e.g. ``git show main:runtimes/amx_attention.py > FILE``), in the same turns, with
-its per-turn ratio to this tree's kernel.
+``runtimes/cpu/amx/attention.py``, e.g. ``git show main:runtimes/cpu/amx/attention.py > FILE``), in the same
+turns, with its per-turn ratio to this tree's kernel.
 
 Kernel rows: ``heads x tokens x head_dim`` self-attention (q, k, v bound in place, as in ``bench/matmul.py``),
 the sides taking turns as ``matmul.interleaved_seconds`` does (each turn settles for 40 ms first); medians,
@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from matmul import blas_report, case_attention, interleaved_seconds, torch_sdpa  # noqa: E402
 
-from luminal_recipes.runtimes import amx  # noqa: E402
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime  # noqa: E402
+from luminal_recipes.runtimes.cpu import amx  # noqa: E402
+from luminal_recipes.runtimes.cpu.backend import NumpyRuntime  # noqa: E402
 
 
 def _fused_off():
     """A context in which ``Attention`` kernels are prepared on their BLAS path."""
-    from luminal_recipes.runtimes import amx_attention
+    from luminal_recipes.runtimes.cpu.amx import attention as amx_attention
 
     class Off:
         def __enter__(self):
@@ -52,14 +52,15 @@ def _fused_off():
 
 class _Baseline:
     """A context in which ``Attention`` kernels are prepared with the fused kernel of another
-    ``amx_attention.py`` (loaded as a module of the runtimes package, so that its relative imports resolve)."""
+    ``runtimes/cpu/amx/attention.py`` (loaded as a module of the AMX package, so that its relative imports
+    resolve)."""
 
     def __init__(self, path: str):
         import importlib.util
 
-        import luminal_recipes.runtimes as package
+        import luminal_recipes.runtimes.cpu.amx as package
 
-        name = f"{package.__name__}._baseline_amx_attention"
+        name = f"{package.__name__}._baseline_attention"
         spec = importlib.util.spec_from_file_location(name, path)
         self.module = importlib.util.module_from_spec(spec)
         sys.modules[name] = self.module
@@ -67,13 +68,13 @@ class _Baseline:
         self.package = package
 
     def __enter__(self):
-        self.kept = sys.modules[f"{self.package.__name__}.amx_attention"]
+        self.kept = sys.modules[f"{self.package.__name__}.attention"]
         sys.modules[self.kept.__name__] = self.module
-        self.package.amx_attention = self.module
+        self.package.attention = self.module
 
     def __exit__(self, *exc):
         sys.modules[self.kept.__name__] = self.kept
-        self.package.amx_attention = self.kept
+        self.package.attention = self.kept
 
 
 def _error(ours: np.ndarray, want: np.ndarray) -> float:
@@ -83,7 +84,7 @@ def _error(ours: np.ndarray, want: np.ndarray) -> float:
 def kernel_rows(sizes, repeats: int, baseline: str | None) -> None:
     import torch
 
-    from luminal_recipes.runtimes import amx_attention  # noqa: F401 - loaded before a baseline replaces it
+    from luminal_recipes.runtimes.cpu.amx import attention as amx_attention  # noqa: F401 - loaded before a baseline
 
     base = _Baseline(baseline) if baseline else None
 
@@ -142,7 +143,7 @@ def step_rows(repeats: int, baseline: str | None) -> None:
         fused = runtime.load(program, model.load_weight, dims)
         other = "baseline" if baseline else "BLAS path"
         if baseline:  # the second side: the baseline's fused kernel instead of the BLAS path
-            from luminal_recipes.runtimes import amx_attention  # noqa: F401 - loaded before the baseline
+            from luminal_recipes.runtimes.cpu.amx import attention as amx_attention  # noqa: F401 - loaded before the baseline
 
             with _Baseline(baseline):
                 blas = runtime.load(program, model.load_weight, dims)

@@ -171,7 +171,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from luminal_recipes.compiler import SearchOptions, compile_graph
-    from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+    from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
 
     cfg = SMALL if args.small else Flux2Config()
     os.environ.setdefault("LUMINAL_RECIPES_CACHE", tempfile.mkdtemp(prefix="luminal-bench-cache-"))

@@ -40,7 +40,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     from luminal_recipes.graph import Graph, Node, View, to_dtype
-    from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+    from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
     from luminal_recipes.runtimes.program import Program
 
     if args.threads:

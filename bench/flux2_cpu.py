@@ -24,6 +24,13 @@ for reference. The budgeted run's per-step slowdown is printed too.
     python bench/flux2_cpu.py                      # both configurations (a few minutes on 2 cores)
     python bench/flux2_cpu.py --configs tiny       # one of them
     python bench/flux2_cpu.py --workdir /tmp/f2    # keep (and reuse) the medium checkpoint and plan cache
+    python bench/flux2_cpu.py --isa avx2           # both sides on an AVX2 path (an AVX2-only server, simulated)
+
+``--isa amx|avx512|avx2`` sets the instruction-set path of both sides in the environment before numpy, OpenBLAS,
+numba and PyTorch load (each reads it once): ours through ``LUMINAL_RECIPES_ISA`` (``runtimes/cpu/isa.py``; for
+avx2 numba compiles for Haswell), numpy's OpenBLAS through ``OPENBLAS_CORETYPE``, PyTorch through ATen's
+dispatch level (``ATEN_CPU_CAPABILITY``) and MKL's and oneDNN's instruction caps (``MKL_ENABLE_INSTRUCTIONS``,
+``ONEDNN_MAX_CPU_ISA``; AMX off for avx512). The paths each side took are printed first.
 """
 
 from __future__ import annotations
@@ -43,7 +50,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from luminal_recipes.openblas_spin import limit_openblas_spin
+# --isa: the environment each setting gives both sides (read by the libraries when they load, so set first)
+ISA_ENV: dict[str, dict[str, str]] = {
+    "amx": {"LUMINAL_RECIPES_ISA": "amx"},
+    "avx512": {"LUMINAL_RECIPES_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+    "avx2": {"LUMINAL_RECIPES_ISA": "avx2", "NUMBA_CPU_NAME": "haswell", "OPENBLAS_CORETYPE": "Haswell",
+             "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+}
+
+
+def _isa_from_argv(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--isa" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--isa="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+os.environ.update(ISA_ENV.get(_isa_from_argv(sys.argv[1:]) or "", {}))  # argparse checks the value later
+
+from luminal_recipes.openblas_spin import limit_openblas_spin  # noqa: E402
 
 limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS
 
@@ -418,6 +446,23 @@ def bench_config(cfg: BenchConfig, workdir: Path, repeats: int, threads: int, me
         print(f"  streaming (budgeted run): {bounded['stream']}")
 
 
+def isa_report(asked: str | None) -> str:
+    """The paths both sides take, as the libraries report them (not as we asked)."""
+    import torch
+
+    from luminal_recipes.runtimes.cpu import isa, jit
+
+    ours = isa.check()  # refuses a path this CPU cannot run, with the ones it can
+    numba = "no numba kernels"
+    if jit.AVAILABLE:
+        jit.kernels()
+        name, features = isa.numba_codegen_target()
+        numba = f"numba target {name}{' with AVX-512' if '+avx512f' in features.split(',') else ''}"
+    env = ", ".join(f"{k}={v}" for k, v in ISA_ENV.get(asked or "", {}).items()) or "none"
+    return (f"isa: --isa {asked or '(not set)'}; the CPU reports '{isa.detected()}'; ours '{ours}' ({numba}); "
+            f"torch {torch.backends.cpu.get_cpu_capability()}; environment set: {env}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="tiny,medium", help="comma-separated: tiny, medium")
@@ -427,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="where the medium checkpoint and plan caches go (default: a temporary folder)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory processes")
+    parser.add_argument("--isa", choices=tuple(ISA_ENV),
+                        help="the instruction-set path of both sides (default: each library's own choice)")
     parser.add_argument("--child", choices=("ours", "diffusers"), help=argparse.SUPPRESS)
     parser.add_argument("--child-config", help=argparse.SUPPRESS)
     parser.add_argument("--child-folder", help=argparse.SUPPRESS)
@@ -443,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in blas_report():
         print(line)
     print(f"threads: numpy BLAS {threads}, torch {torch.get_num_threads()}")
+    print(isa_report(args.isa))
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:

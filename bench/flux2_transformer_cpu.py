@@ -90,7 +90,7 @@ def blas_threads(wanted: int | None = None) -> int:
             raise SystemExit("--threads: cannot set the BLAS thread count of this numpy build; set "
                              "OPENBLAS_NUM_THREADS / OMP_NUM_THREADS instead")
         setter(int(wanted))
-        from luminal_recipes.runtimes import cpu_threads
+        from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
         os.environ["LUMINAL_RECIPES_THREADS"] = str(int(wanted))  # child processes too
         cpu_threads.THREADS = int(wanted)
@@ -172,7 +172,7 @@ def compile_ours(model, inputs: dict[str, np.ndarray], cache: Path):
     """Compile the built graph with an empty plan cache, then again (warm, a cache hit)."""
     from luminal_recipes.compiler.search import compile_graph
     from luminal_recipes.pipeline.engine import infer_dims
-    from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+    from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
 
     os.environ["LUMINAL_RECIPES_CACHE"] = str(cache)
     dims = infer_dims(model, inputs)

@@ -38,7 +38,7 @@ import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
 from luminal_recipes.graph import Graph, Node, View, to_dtype  # noqa: E402
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime  # noqa: E402
+from luminal_recipes.runtimes.cpu.backend import NumpyRuntime  # noqa: E402
 from luminal_recipes.runtimes.program import Program  # noqa: E402
 
 ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "OPENBLAS_THREAD_TIMEOUT",

@@ -37,7 +37,7 @@ def _ms(values: list[float], scale: float = 1e3) -> str:
 
 def measure(cfg: bench.BenchConfig, workdir: Path, runs: int) -> None:
     from luminal_recipes.pipeline.engine import ModelEngine
-    from luminal_recipes.runtimes import cpu_threads
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
     from luminal_recipes.runtimes.executable import Executable
 
     os.environ["LUMINAL_RECIPES_CACHE"] = str(workdir / f"plan-cache-{cfg.name}")

@@ -2,7 +2,7 @@
 latents and threads (ours, theirs, ours, ...), so that both see the same load on a shared machine: medians and
 minima, their ratios, the largest difference of the images. ``--no-winograd`` adds a third side, ours with the
 Winograd ``Conv2d`` path off (the direct / im2col paths that ran before it), ``--python-bands`` one with its bands
-run from Python (as before ``numpy_jit.winograd_bands``), in the same turns.
+run from Python (as before ``numba_kernels.winograd_bands``), in the same turns.
 
     python bench/flux2_cpu.py --configs medium --workdir /tmp/f2   # makes the medium checkpoint once
     python bench/vae_decode.py --workdir /tmp/f2 [--repeats 7] [--no-winograd] [--python-bands] [--threads 1]
@@ -60,7 +60,7 @@ def main() -> None:
 
     from luminal_recipes.pipeline.driver import Pipeline
     from luminal_recipes.pipeline.engine import ModelEngine
-    from luminal_recipes.runtimes import numpy_kernels
+    from luminal_recipes.runtimes.cpu.kernels import conv as conv_kernels
 
     if tiny:  # 80x48: latents [1, 32 * 4, 48 / 16, 80 / 16]
         pipe = Pipeline(root / "recipes" / "flux2-tiny.yaml", weights=folder)
@@ -72,21 +72,21 @@ def main() -> None:
     sides = {"ours": ModelEngine(pipe.model("vae"))}
     if args.no_winograd:
         bounds = ("WINOGRAD_MIN_CHANNELS", "WINOGRAD_MIN_CHANNELS_COMPILED")
-        saved = {name: getattr(numpy_kernels, name) for name in bounds}
+        saved = {name: getattr(conv_kernels, name) for name in bounds}
         for name in bounds:  # read when the kernels are bound (the engine's first run)
-            setattr(numpy_kernels, name, 1 << 30)
+            setattr(conv_kernels, name, 1 << 30)
         sides["ours, no Winograd"] = ModelEngine(pipe.model("vae"))
         sides["ours, no Winograd"]({"latents": latents})
         for name, value in saved.items():
-            setattr(numpy_kernels, name, value)
+            setattr(conv_kernels, name, value)
 
     if args.python_bands:  # no cblas_sgemm for the compiled band loop: the per-band Python loop, no plane gap
-        saved_blas, saved_gap = numpy_kernels.cblas, numpy_kernels.WINOGRAD_PLANE_GAP
-        numpy_kernels.cblas = SimpleNamespace(sgemm=lambda: None)
-        numpy_kernels.WINOGRAD_PLANE_GAP = 0
+        saved_blas, saved_gap = conv_kernels.cblas, conv_kernels.WINOGRAD_PLANE_GAP
+        conv_kernels.cblas = SimpleNamespace(sgemm=lambda: None)
+        conv_kernels.WINOGRAD_PLANE_GAP = 0
         sides["ours, Python bands"] = ModelEngine(pipe.model("vae"))
         sides["ours, Python bands"]({"latents": latents})
-        numpy_kernels.cblas, numpy_kernels.WINOGRAD_PLANE_GAP = saved_blas, saved_gap
+        conv_kernels.cblas, conv_kernels.WINOGRAD_PLANE_GAP = saved_blas, saved_gap
 
     vae = AutoencoderKLFlux2.from_pretrained(folder / "vae").eval()
     lat = torch.from_numpy(latents)

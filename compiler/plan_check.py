@@ -135,7 +135,7 @@ def _check_expression(text, operands: int, where: str) -> None:
         _fail(f"{where}: the expression's parentheses do not balance")
     if depth > MAX_EXPR_DEPTH:
         _fail(f"{where}: an expression nested {depth} deep (at most {MAX_EXPR_DEPTH})")
-    from luminal_recipes.runtimes.expr import parse
+    from luminal_recipes.runtimes.kernels.expression import parse
 
     try:
         parse(text)

@@ -8,6 +8,19 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
 
+def __getattr__(name: str):
+    """``Pipeline`` (the Python API, ``luminal_recipes/api.py``), imported on first use so that ``import
+    luminal_recipes`` stays light."""
+    if name in ("Pipeline", "PipelineOutput", "LanguageModelPipeline"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'luminal_recipes' has no attribute {name!r}")
+
+
+__all__ = ["LanguageModelPipeline", "Pipeline", "PipelineOutput", "__version__", "load_recipe"]
+
+
 def load_recipe(recipe, weights=None, **options):
     """A language-model recipe with its checkpoint, ready to ``.generate(prompt, ...)`` replies and score
     ``.logits(prompt)`` (``luminal_recipes.tasks.generation.LanguageModel``; ``options``: ``sets``, ``runtime``,

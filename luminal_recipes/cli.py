@@ -9,8 +9,12 @@ import time
 
 
 def _process_started() -> float:
-    """The ``perf_counter`` value when this process started (Linux: its start time in /proc, so the interpreter's
-    own start-up counts too), else now."""
+    """The ``perf_counter`` value when this command's program started: now less the CPU time the process has used
+    so far (the interpreter's start-up and imports, which are CPU-bound), never before the process's start in
+    /proc (Linux). The process's start alone would count what it did before it ``exec``ed this program: `bash -c
+    'sleep 6 && exec luminal-recipe run ...'` has the shell's pid, and its start, but the sleep used no CPU time."""
+    now = time.perf_counter()
+    cpu = time.process_time()
     try:
         with open("/proc/self/stat") as f:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
@@ -18,9 +22,9 @@ def _process_started() -> float:
             uptime = float(f.read().split()[0])
         age = uptime - start_ticks / __import__("os").sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return time.perf_counter()
+        age = cpu
     # imported long after the start: a process that runs commands later (counted from the command's start then)
-    return time.perf_counter() - age if 0.0 <= age < 30.0 else time.perf_counter()
+    return now - min(cpu, max(age, 0.0)) if cpu < 30.0 else now
 
 
 _IMPORTED_AT = _process_started()  # before typer and the rest load: `run` reports the whole command's time
@@ -41,6 +45,8 @@ import typer  # noqa: E402
 
 from . import __version__, memory_limits  # noqa: E402  (memory_limits: the out-of-memory message)
 from .errors import LuminalError  # noqa: E402
+from .tasks.generation.chat_command import THREADS_HELP  # noqa: E402
+from .tasks.generation.chat_command import chat as chat_command  # noqa: E402
 
 _started_at: float | None = None  # set by `entry` (the console script): the process started this command
 
@@ -147,11 +153,16 @@ LORA_HELP = ("a LoRA .safetensors to apply, PATH or PATH:SCALE (repeatable); dif
 @app.command()
 @user_errors
 def run(
-    recipe: Path = typer.Argument(..., help="a pipeline recipe (recipes/flux2.yaml) or a language model "
-                                  "(recipes/llama.yaml)"),
+    recipe: Path | None = typer.Argument(None, help="a pipeline recipe (recipes/flux2.yaml) or a language model "
+                                         "(recipes/llama.yaml); omitted: the shipped recipe that accepts --weights "
+                                         "(model_index.json, config.json or a GGUF file's architecture)"),
     prompt: list[str] = typer.Option([], "--prompt", "-p", help="text prompt (repeatable: one output each)"),
     prompts_file: Path | None = typer.Option(None, help="a file with one prompt per line"),
-    seed: int | None = typer.Option(None, help="seed of the initial noise (language models: of the sampling)"),
+    seed: str | None = typer.Option(None, help="seed of the initial noise (language models: of the sampling), a "
+                                    "whole number or `random`; default: drawn at random (printed and stored in "
+                                    "the output), or $LUMINAL_RECIPES_SEED when set (0: the old default)"),
+    num_images: int = typer.Option(1, "--num-images", "-n", min=1, help="images per prompt, with the seeds seed, "
+                                   "seed+1, ... (as a ComfyUI batch)"),
     steps: int | None = typer.Option(None, help="denoising steps"),
     guidance: float | None = typer.Option(None, help="guidance scale"),
     width: int | None = typer.Option(None, help="image width (multiple of 16)"),
@@ -207,11 +218,28 @@ def run(
                                        "+ reply; default: what the prompts need)"),
     stdio: bool = typer.Option(False, "--stdio", help="language models: serve the benchmark protocol on stdin/"
                                "stdout (READY, then TOK lines and EOQ per prompt line)"),
+    threads: int | None = typer.Option(None, "--threads", help=THREADS_HELP),
 ) -> None:
     """Run a recipe: a pipeline writes its outputs (images as PNG, arrays as .npy, text as .txt) for each prompt;
     a language model (a model recipe with `generation:`) streams its reply to each prompt."""
     started = _started_at if _started_at is not None else time.perf_counter()
+    given = dict(locals())  # the arguments as parsed (the outputs record the command)
+    if threads is not None:  # before the runtimes load: every pool starts at this size
+        from .threads import set_threads
+
+        set_threads(threads)
     from .errors import PipelineError
+    from .pipeline.seeds import parse_seed
+
+    if recipe is None:
+        if weights is None:
+            raise PipelineError("no recipe: name one (luminal-recipe run RECIPE ...) or pass --weights DIR|hf://"
+                                "org/repo|FILE.gguf to run the shipped recipe that accepts that checkpoint")
+        from .recipe.choose import choose_recipe
+
+        recipe = choose_recipe(weights)
+        if not quiet and not as_json and not stdio:
+            typer.echo(f"recipe: {recipe} (chosen for --weights {weights})", err=True)
     from .files import read_regular_text
     from .pipeline.generate import GenerateRequest, generate, parse_size
     from .pipeline.progress import progress_printer
@@ -229,8 +257,9 @@ def run(
     if _is_language_model(recipe):
         from .tasks.generation.cli import TextRequest, parse_chat_vars, refuse, run_command
 
-        refuse({"--steps": steps, "--guidance": guidance, "--width": width, "--height": height,
-                "--init-latents": init_latents, "--image": image, "--lora": lora, "--output": output,
+        refuse({"--num-images": num_images if num_images != 1 else None, "--steps": steps, "--guidance": guidance,
+                "--width": width, "--height": height, "--init-latents": init_latents, "--image": image, "--lora": lora,
+                "--output": output,
                 "--overwrite": overwrite, "--compute-dtype": compute_dtype, "--max-host-memory": max_host_memory},
                "a language model (they belong to pipelines)")  # given and ignored, they would change nothing
         from contextlib import nullcontext
@@ -242,8 +271,8 @@ def run(
                 recipe, prompts, weights, list(set_), parse_size(max_memory), runtime, not no_compile,
                 max_new_tokens, 0.0 if temperature is None else temperature, top_k or 0,
                 1.0 if top_p is None else top_p, 1.0 if repetition_penalty is None else repetition_penalty,
-                0 if seed is None else seed, list(stop), chat, system, parse_chat_vars(chat_var), context, started,
-                allow_nonfinite),
+                _text_seed(seed, temperature, quiet or as_json or stdio), list(stop), chat, system,
+                parse_chat_vars(chat_var), context, started, allow_nonfinite),
                 stdio, as_json, quiet)
         if kernel_times is not None:  # stdout carries the reply (and the --stdio protocol): the table goes to stderr
             typer.echo("kernel time per model and kernel class (--profile):\n" + kernel_times.table(), err=True)
@@ -255,7 +284,11 @@ def run(
     req = GenerateRequest(
         recipe,
         prompts,
-        params={"steps": steps, "guidance": guidance, "width": width, "height": height, "seed": seed},
+        params={"steps": steps, "guidance": guidance, "width": width, "height": height,
+                "seed": None if seed is None else parse_seed(seed)},
+        num_images=num_images,
+        random_default_seed=True,
+        command=_command(run, given),
         files={"init_latents": init_latents, "images": list(image) or None},
         loras=list(lora),
         output=output,
@@ -282,7 +315,8 @@ def run(
                 typer.echo(out["text"])
         if not quiet:
             paths = ", ".join(out["path"] for out in item["outputs"].values())
-            typer.echo(f"wrote {paths} ({item['seconds']:.1f} s)")
+            seed_note = f"seed {item['seed']}, " if item.get("seed") is not None else ""
+            typer.echo(f"wrote {paths} ({seed_note}{item['seconds']:.1f} s)")
     if not quiet:
         timing = summary["timing"]
         typer.echo(f"done in {timing['total_seconds']:.1f} s, of which compiling and planning "
@@ -293,6 +327,45 @@ def run(
 
         typer.echo("kernel time per model and kernel class (--profile):\n"
                    + KernelProfile.from_json(summary["profile"], summary.get("profile_instances")).table())
+
+
+def _command(fn: Callable, given: dict) -> str:
+    """The command (for the outputs' provenance) as parsed: ``luminal-recipe <command>``, its arguments and every
+    option given a value other than its default, each under its first name (``given``: the command function's
+    arguments)."""
+    import inspect
+    import shlex
+
+    from typer.models import ArgumentInfo, OptionInfo
+
+    words = ["luminal-recipe", fn.__name__]
+    for name, param in inspect.signature(fn).parameters.items():
+        info, value = param.default, given.get(name)
+        if isinstance(info, ArgumentInfo):
+            words += [str(value)] if value is not None else []
+            continue
+        if not isinstance(info, OptionInfo) or value is None or value == info.default or value in ([], ()):
+            continue
+        decls = [d for d in (info.param_decls or ()) if d.startswith("--")]
+        flag_name = decls[0].split("/")[0] if decls else "--" + name.rstrip("_").replace("_", "-")
+        if isinstance(value, bool):
+            negative = decls[0].split("/")[1] if decls and "/" in decls[0] else None
+            words.append(flag_name if value else negative or flag_name)
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            words += [flag_name, str(item)]
+    return shlex.join(words)
+
+
+def _text_seed(seed: str | None, temperature: float | None, quiet: bool) -> int:
+    """The sampling seed of a language model: as for images (``pipeline/seeds.py``); a drawn one is printed (on
+    stderr) when it matters, i.e. when sampling (--temperature above 0)."""
+    from .pipeline.seeds import parse_seed
+
+    value = parse_seed(seed)
+    if seed is None and temperature and not quiet:
+        typer.echo(f"sampling seed {value} (pass --seed {value} to repeat this reply)", err=True)
+    return value
 
 
 def _is_language_model(recipe: Path) -> bool:
@@ -309,6 +382,9 @@ def _is_language_model(recipe: Path) -> bool:
     return False
 
 
+app.command("chat")(user_errors(chat_command))
+
+
 @app.command()
 @user_errors
 def validate(
@@ -318,6 +394,9 @@ def validate(
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="also list config.json fields: required values met, and unknown fields"
     ),
+    draft_config: str | None = typer.Option(
+        None, "--draft-config", help="print a `config:` section for this model recipe drafted from a transformers "
+        "config class (Phi3Config, or a model_type such as phi3) instead of validating"),
 ) -> None:
     """Check a recipe (schema, expressions, forwards) and its checkpoint: the recipe's own when it is a local
     folder, or --weights (a Hub checkpoint is only downloaded and checked when passed as --weights)."""
@@ -326,6 +405,16 @@ def validate(
     from .recipe.commands import ALL_KINDS
     from .recipe.loader import load_recipe
 
+    if draft_config is not None:
+        from .errors import InputError
+        from .recipe.draft_config import draft_config as draft
+
+        loaded = load_recipe(recipe, allowed=ALL_KINDS)
+        if loaded.kind != "model":
+            raise InputError(f"--draft-config drafts a model recipe's `config:` section; {recipe} is a "
+                             f"{loaded.kind} recipe")
+        typer.echo(draft(loaded, draft_config), nl=False)
+        return
     loaded = load_recipe(recipe, allowed=ALL_KINDS)
     if loaded.kind == "pipeline":
         check_steps_known(loaded)  # every `run:` names a step of a task plug-in (the recipe layer knows none)
@@ -352,7 +441,7 @@ def inspect(
 ) -> None:
     """Resolved parameters, modules, weight bytes by dtype, graph sizes (and memory plans for pipelines)."""
     from .pipeline.generate import derived_sets, parse_size
-    from .pipeline.plan import inspect_memory
+    from .pipeline.memory_report import inspect_memory
     from .recipe import inspect as inspect_recipe
 
     sets = derived_sets(recipe, weights, list(set_), {"images": list(image)}) if image else list(set_)
@@ -394,6 +483,11 @@ GOLDEN_MANIFEST = Path("tests/golden/goldens.yaml")
 TEXT_MANIFEST = Path("tests/golden/texts.yaml")
 MANIFEST_HELP = ("a golden manifest: images (goldens.yaml) or replies of language models (texts.yaml); default: "
                  f"{GOLDEN_MANIFEST} and {TEXT_MANIFEST}")
+
+
+from .serving.command import serve as _serve  # noqa: E402  (the command's code: luminal_recipes/serving/)
+
+app.command(name="serve")(user_errors(_serve))
 
 
 def _manifests(manifest: Path | None) -> list[Path]:

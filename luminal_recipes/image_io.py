@@ -44,14 +44,19 @@ def load_image(path: str | PathLike, flag: str = "--image") -> np.ndarray:
         raise PipelineError(f"{flag} {path}: file not found.") from None
     except OSError as exc:
         raise PipelineError(f"{flag} {path}: cannot read it ({exc.strerror or exc}).") from None
+    return decode_image_bytes(data, f"{flag} {path}")
+
+
+def decode_image_bytes(data: bytes, where: str) -> np.ndarray:
+    """``load_image`` of an image file's bytes (an upload); ``where`` names it in the PipelineError."""
     try:
         with Image.open(io.BytesIO(data)) as opened:
             image = ImageOps.exif_transpose(opened).convert("RGB")
     except Image.UnidentifiedImageError:
-        raise PipelineError(f"{flag} {path}: not an image Pillow can read; give a PNG, JPEG, WebP or another "
+        raise PipelineError(f"{where}: not an image Pillow can read; give a PNG, JPEG, WebP or another "
                             f"format Pillow reads.") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise PipelineError(f"{flag} {path}: cannot read it as an image ({exc}).") from None
+        raise PipelineError(f"{where}: cannot read it as an image ({exc}).") from None
     return np.asarray(image)
 
 
@@ -135,14 +140,15 @@ def write_png(
     pixels = np.asarray(pixels)
     if pixels.dtype != np.uint8 or pixels.ndim != 3 or pixels.shape[2] != 3:
         raise ValueError(f"write_png: expected (H, W, 3) uint8 pixels, got {pixels.shape} {pixels.dtype}")
+    return atomic_write(path, lambda handle: encode_png(handle, pixels, text), overwrite=overwrite, what="image")
+
+
+def encode_png(handle, pixels: np.ndarray, text: Mapping[str, str] | None = None) -> None:
+    """``pixels`` ((H, W, 3) uint8) as PNG bytes with ``text`` chunks, written to the binary ``handle``."""
     info = PngImagePlugin.PngInfo()
     for key, value in (text or {}).items():
         info.add_text(key, png_text(value))  # Pillow switches to an iTXt (UTF-8) chunk for text outside Latin-1
-
-    def write(handle) -> None:
-        Image.fromarray(pixels, mode="RGB").save(handle, format="PNG", pnginfo=info)
-
-    return atomic_write(path, write, overwrite=overwrite, what="image")
+    Image.fromarray(pixels, mode="RGB").save(handle, format="PNG", pnginfo=info)
 
 
 def save_image(

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from luminal_recipes.errors import LuminalError
 
 BUILTIN: dict[str, str] = {
-    "numpy": "luminal_recipes.runtimes.numpy_runtime:NumpyRuntime",
+    "numpy": "luminal_recipes.runtimes.cpu.backend:NumpyRuntime",
     "cuda": "luminal_recipes.runtimes.cuda.backend:cuda_runtime",
     "cuda-emu": "luminal_recipes.runtimes.cuda.backend:cuda_emu_runtime",
 }

@@ -1,12 +1,8 @@
-"""Reading a ``BoundView`` out of a flat numpy buffer without allocating: a strided alias when the view allows
-it, otherwise a copy into a preallocated scratch array.
-
-A kernel states how it wants each operand (``Operand``): any layout, a compute dtype, a BLAS-compatible last
-two axes, or a reshape (e.g. to ``(rows, N)``). When the view satisfies that, the kernel reads the producer's
-memory directly (zero-copy); otherwise the operand gets a scratch array, registered with ``Scratch`` so the
-memory planner accounts for it, and is refreshed at the start of every step.
+"""View arithmetic on ``BoundView``s and reading one out of a flat host buffer without allocating: a strided
+alias when the view allows it, otherwise a gather into a preallocated array. Backend-neutral: the executable
+reads outputs with it, the memory planner tests identity views, the CUDA backend reshapes views; the CPU kernels'
+operands (``cpu/kernels/operands.py``) are built on it.
 """
-
 from __future__ import annotations
 
 import math
@@ -15,8 +11,6 @@ from collections.abc import Callable
 import numpy as np
 
 from luminal_recipes.graph.view import BoundView, View
-
-from .kernels.context import KernelContext, Scratch
 
 
 def in_bounds(bv: BoundView, size: int) -> bool:
@@ -136,61 +130,3 @@ def blas_compatible(bv: BoundView) -> bool:
     r, c = bv.shape[-2:]
     sr, sc = normalize_unit_axes(bv).strides[-2:]
     return (sc == 1 and sr >= max(c, 1)) or (sr == 1 and sc >= max(r, 1))
-
-
-class Operand:
-    """How a kernel reads one input edge.
-
-    ``dtype``: the dtype the kernel computes in (``None`` = the buffer's own); ``shape``: read at another
-    shape (a reshape strides must express, else the operand is copied); ``blas``: the last two axes must be
-    BLAS-compatible. After ``bind``, ``array`` is what the kernel reads and ``refresh`` (or ``None``) fills a
-    scratch copy.
-    """
-
-    def __init__(self, bv: BoundView, buffer_dtype: np.dtype, buffer_size: int, scratch: Scratch, *,
-                 dtype=None, shape=None, blas: bool = False):
-        self.source = bv
-        self.buffer_dtype = np.dtype(buffer_dtype)
-        self.dtype = self.buffer_dtype if dtype is None else np.dtype(dtype)
-        self.shape = tuple(bv.shape) if shape is None else tuple(int(d) for d in shape)
-        view = reshape_view(bv, self.shape)
-        if view is not None:
-            view = normalize_unit_axes(view)
-        self.view = view
-        self.direct = (
-            view is not None
-            and is_unmasked(view)
-            and in_bounds(view, buffer_size)
-            and self.dtype == self.buffer_dtype
-            and (not blas or blas_compatible(view))
-        )
-        self.slot = None if self.direct else scratch.add(self.shape, self.dtype)
-        self.array: np.ndarray | None = None
-        self.refresh: Callable[[], None] | None = None
-
-    def bind(self, flat: np.ndarray, scratch: list[np.ndarray]) -> np.ndarray:
-        if self.direct:
-            self.array = strided(flat, self.view)
-            return self.array
-        dst = scratch[self.slot]
-        src = strided(flat, self.source)
-        if src is not None:
-            shaped = dst.reshape(self.source.shape)
-            self.refresh = lambda: np.copyto(shaped, src, casting="unsafe")
-        else:
-            shaped = dst.reshape(self.source.shape)
-            self.refresh = gatherer(shaped, flat, self.source)
-        self.array = dst
-        return dst
-
-
-def row_tiles(rows: int, row_elems: int, budget: int) -> list[slice]:
-    """Split ``rows`` rows of ``row_elems`` elements into slices of at most ``budget`` elements (>= 1 row)."""
-    step = max(1, budget // max(row_elems, 1))
-    return [slice(r, min(r + step, rows)) for r in range(0, rows, step)] or [slice(0, 0)]
-
-
-def operand(ctx: KernelContext, i: int, **kw) -> Operand:
-    """How a numpy kernel reads input ``i`` of its node (``Operand``'s keywords: dtype, shape, blas)."""
-    k = ctx.inputs[i]
-    return Operand(k.view, k.dtype, k.size, ctx.scratch, **kw)

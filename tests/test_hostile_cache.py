@@ -29,7 +29,7 @@ import pytest
 from luminal_recipes import ops, tempfiles
 from luminal_recipes.compiler import SearchOptions, cache, compile_graph
 from luminal_recipes.graph import Graph, run_reference
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
 
 ROOT = Path(__file__).resolve().parents[1]
 OPTS = SearchOptions(time_top=0)
@@ -212,7 +212,7 @@ def test_an_oversized_entry_is_not_read(runtime, folder):
         sys.path.insert(0, {tests!r})
         from test_hostile_cache import graph, DIMS, OPTS
         from luminal_recipes.compiler import compile_graph
-        from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+        from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             plan = compile_graph(graph(), NumpyRuntime(), dims=DIMS, options=OPTS)
@@ -262,7 +262,7 @@ def _writer_blocked(kind: str, target: Path, ready: Path) -> subprocess.Popen:
             handle_sigterm()  # as the command line does
             from test_hostile_cache import graph, DIMS, OPTS
             from luminal_recipes.compiler import compile_graph
-            from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+            from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
             try:
                 compile_graph(graph(), NumpyRuntime(), dims=DIMS, options=OPTS)
             except Terminated:

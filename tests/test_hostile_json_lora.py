@@ -152,7 +152,7 @@ def test_every_checkpoint_json_is_bounded_in_run(tmp_path, name):
 
 
 def test_generation_configs_are_bounded(tmp_path):
-    from luminal_recipes.tasks.generation.tokenizer import eos_token_ids
+    from luminal_recipes.text.tokenizer import eos_token_ids
 
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": ' + DEEP + "}")
     with pytest.raises(CheckpointError, match=r"generation_config\.json:1: the JSON nests .*; restore it from the"):

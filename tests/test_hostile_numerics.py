@@ -201,7 +201,7 @@ def test_library_declarations_and_finiteness_hold_for_any_recipe(tmp_path):
 
 
 def test_nan_constants_in_an_elementwise_expression_are_representable():
-    from runtimes.expr import ElementwiseCode
+    from runtimes.kernels.expression import ElementwiseCode
 
     f32 = np.dtype(np.float32)
     code = ElementwiseCode.of("(Mul (Sqrt (Add (Mul in0 in0) (Const nan))) (Const nan))", [f32], f32)
@@ -269,7 +269,7 @@ def test_a_max_memory_beyond_the_limit_is_refused_up_front(tmp_path):
 def test_capacity_honours_rlimit_as():
     code = (
         "import resource; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
-        "from luminal_recipes.runtimes.numpy_runtime import NumpyBackend\n"
+        "from luminal_recipes.runtimes.cpu.backend import NumpyBackend\n"
         "from luminal_recipes import memory_limits as m\n"
         "print(NumpyBackend().capacity(), m.mapped_bytes(), m.address_reserve())\n"
     )

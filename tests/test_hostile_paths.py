@@ -23,7 +23,7 @@ from luminal_recipes import files
 from luminal_recipes.errors import CheckpointError
 from luminal_recipes.recipe.paths import guard_checkpoint
 from luminal_recipes.tasks.flux2.tokenize import Flux2Tokenizer
-from luminal_recipes.tasks.generation.tokenizer import eos_token_ids
+from luminal_recipes.text.tokenizer import eos_token_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"

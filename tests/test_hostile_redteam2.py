@@ -91,7 +91,8 @@ def lm():
 @pytest.mark.parametrize("prompt,kwargs,words", [
     ([1.5], {}, "item 0 is 1.5 (float)"),  # was truncated to token 1
     ([True, 5], {}, "item 0 is True (bool)"),
-    (["a"], {}, "item 0 is 'a'"),
+    (["a"], {}, "the prompt is a list of 1 text: LanguageModel.generate replies to one prompt"),
+    (["a", "b"], {}, "list of 2 texts: LanguageModel.generate replies to one prompt"),  # was a bare ValueError
     (None, {}, "got None"),
     (5, {}, "got 5 (int)"),
     (b"hello", {}, "the prompt is bytes"),  # was read as the token ids 104, 101, ...

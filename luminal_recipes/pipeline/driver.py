@@ -18,6 +18,7 @@ numerical beyond what a recipe names.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -99,6 +100,9 @@ class Pipeline:
         self.plans: list[StagePlan] | None = None
         self._lora_flags = [(Path(path), float(scale)) for path, scale in loras]  # --lora PATH[:SCALE]
         self._loras: dict[str, list[LoraSpec]] | None = None
+        self._run_params: Mapping[str, Any] | None = None  # this run's parameter values (run(..., params=...))
+        # called after each iteration of a loop that carries values: (stage, iteration, total, first carried value)
+        self.on_loop_step: Callable[[str, int, int, Any], None] | None = None
 
     def derive(self, values: Mapping[str, tuple[Any, str]]) -> None:
         """Resolve the parameters again with ``values`` (parameter -> (value, where it came from), a task
@@ -121,6 +125,31 @@ class Pipeline:
         self.resolved = self._resolver.resolve_all()
         self.params = self.resolved.values
         self._models.clear()  # a model's `set:` may read a derived parameter
+
+    def plan_params(self) -> set[str]:
+        """The parameters the models and memory plans depend on (``plan_params``); a run may give the others new
+        values (``run(..., params=...)``: another seed, step count or guidance) with nothing rebuilt, recompiled
+        or reloaded."""
+        return plan_params(self.doc) & set(self.params)
+
+    def run_values(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Every parameter's value with ``params`` (name -> value) set for one run, resolved and checked as
+        ``--set`` values are (types, choices, ranges; derived defaults follow them)."""
+        unknown = [name for name in params if name not in self.recipe.params]
+        if unknown:
+            from ..recipe.suggest import did_you_mean, one_of
+
+            raise PipelineError(f"parameter '{unknown[0]}': pipeline '{self.doc.name}' has no such parameter"
+                                f"{did_you_mean(unknown[0], self.recipe.params)}; its parameters: "
+                                f"{one_of(self.recipe.params)}")
+        if isinstance(self._sets, Mapping):
+            sets: Any = {**self._sets, **params}
+        else:
+            kept = [s for s in self._sets if s.split("=", 1)[0].strip() not in params]
+            sets = [*kept, *(f"{name}={json.dumps(value)}" for name, value in params.items())]
+        sources = {k: v for k, v in self._set_sources.items() if k not in params}
+        sources.update({name: f"{name}={value!r}" for name, value in params.items()})
+        return dict(ParamResolver(self.recipe.params, None, sets, override_origins=sources).resolve_all().values)
 
     def set_strings(self) -> list[str]:
         """The parameters set (by the user, or derived from the inputs) as ``--set name=value`` strings."""
@@ -333,8 +362,9 @@ class Pipeline:
         def resolve(name: str, at: ast.Name) -> Any:
             if name in env:
                 return env[name]
-            if name in self.params:
-                return self.params[name]
+            params = self._run_params if self._run_params is not None else self.params
+            if name in params:
+                return params[name]
             if name == "config":
                 return wrap_config(self.configs, "model configs", "config")
             if name == MODEL_INDEX:
@@ -426,10 +456,26 @@ class Pipeline:
         return self.plans
 
     # ---- running ------------------------------------------------------------------------------------------
-    def run(self, inputs: Mapping[str, Any], keep_loaded: bool = False) -> RunReport:
+    def run(self, inputs: Mapping[str, Any], keep_loaded: bool = False,
+            params: Mapping[str, Any] | None = None) -> RunReport:
         """Run the stages on ``inputs``. ``keep_loaded``: more runs follow, so keep each model loaded after its
         stage when every stage's plan fits the budget at once (else each is released after its stage, as in a
-        single run). ``release()`` drops what is kept."""
+        single run). ``release()`` drops what is kept. ``params``: parameter values for this run only (a seed of a
+        batch...); one the plans depend on (``plan_params``) must keep its value."""
+        if params:
+            values = self.run_values(params)
+            changed = sorted(n for n in self.plan_params() if values.get(n) != self.params.get(n))
+            if changed:
+                raise PipelineError(f"parameter '{changed[0]}' = {values.get(changed[0])!r} for one run: the models "
+                                    f"or memory plans depend on it (now {self.params.get(changed[0])!r}); set it "
+                                    f"when the pipeline is made (--{changed[0].replace('_', '-')} / --set)")
+            self._run_params = values
+        try:
+            return self._run(inputs, keep_loaded)
+        finally:
+            self._run_params = None
+
+    def _run(self, inputs: Mapping[str, Any], keep_loaded: bool) -> RunReport:
         for name, spec in self.doc.inputs.items():
             if name not in inputs and not spec.optional:
                 raise self.recipe.origin("inputs", name).error(
@@ -522,6 +568,8 @@ class Pipeline:
             items = range(int(over)) if isinstance(over, (int, np.integer)) else list(over)
             total = len(items)
             collected: dict[str, list] = {name: [] for name in stage.loop.collect}
+            if self.progress:  # the loop's start: its rate is measured from here
+                self.progress(stage.name, 0, total)
             for k, item in enumerate(items):
                 env[stage.loop.var] = item
                 t0 = time.perf_counter()
@@ -532,6 +580,8 @@ class Pipeline:
                 report.step_seconds.append(time.perf_counter() - t0)
                 if self.progress:
                     self.progress(stage.name, k + 1, total)
+                if self.on_loop_step is not None and stage.loop.carry:
+                    self.on_loop_step(stage.name, k + 1, total, env.get(stage.loop.carry[0]))
             env.update({stage.loop.collect[name]: values for name, values in collected.items()})
             return
         args = {k: self._eval(v, env, f"{where} inputs.{k}") for k, v in stage.inputs.items()}
@@ -566,6 +616,32 @@ class Pipeline:
                 action = f"model {stage.model}" if stage.model else f"step {stage.run}"
                 _check_finite(result[key], f"{where} ({loop}{action}) output '{key}'")
             env[target] = result[key]
+
+
+def plan_params(doc: PipelineRecipe) -> set[str]:
+    """The names a pipeline's models and memory plans depend on: those a model's ``set:``, a model stage's ``dims``
+    or a stage's ``when:`` read (parameters among them, and other names)."""
+    found: set[str] = set()
+
+    def names(text: Any) -> None:
+        if isinstance(text, str):
+            with contextlib.suppress(ExprError):  # reported where it is evaluated
+                found.update(n.id for n in names_in(parse(unwrap(text))))
+
+    for spec in doc.models.values():
+        for text in spec.set.values():
+            if isinstance(text, str) and is_wrapped(text):
+                names(text)
+
+    def walk(stages: Sequence[StageSpec]) -> None:
+        for stage in stages:
+            names(stage.when)
+            for text in stage.dims.values():
+                names(text)
+            walk(stage.steps)
+
+    walk(doc.stages)
+    return found
 
 
 def _made(stages: list[StageSpec]) -> list[str]:

@@ -21,7 +21,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ from .outputs import (
 from .outputs import write as write_output
 from .plan import check_host_budget
 from .plugins import Task, tasks_of
+from .provenance import checkpoint_hash, model_name, provenance, weights_source
+from .seeds import batch_seeds, parse_seed
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -92,7 +94,10 @@ class GenerateRequest:
     max_host_memory: int | None = None  # bytes of pinned host staging for streamed weights (device runtimes)
     compute_dtype: str | None = None  # every model's compute dtype (None: each recipe's weights.dtype.compute)
     profile: bool = False  # time every kernel call; the summary gets "profile" (seconds per model and kernel)
-    loras: list[str] = field(default_factory=list)  # --lora PATH[:SCALE]
+    loras: list = field(default_factory=list)  # --lora PATH[:SCALE] (or (path, scale) pairs)
+    num_images: int = 1  # images per prompt, seeds seed, seed + 1, ... (seeds.py)
+    random_default_seed: bool = False  # an omitted seed is drawn (or $LUMINAL_RECIPES_SEED): the CLI's default
+    command: str | None = None  # the command (or Python call) recorded in the outputs
 
 
 # inputs whose flag is not their name: a repeatable flag in the singular (--image) fills a list input (images)
@@ -157,12 +162,12 @@ def _check_explicit(path: Path, only: Output, overwrite: bool) -> None:
     check_explicit_output(path, next(k for k in kinds if EXTENSIONS[k] == suffix), overwrite)
 
 
-def _flag_sets(req: GenerateRequest) -> tuple[list[str], dict[str, str]]:
+def _flag_sets(req: GenerateRequest, params: Mapping[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
     """The ``--set`` list the parameter flags add to, and how each flag's value was given (for messages);
     malformed or repeated ``--set`` values, and a flag and a ``--set`` for one parameter, are refused."""
     given = parse_sets(req.sets)
     sets, sources = list(req.sets), {}
-    for name, value in req.params.items():
+    for name, value in (req.params if params is None else params).items():
         if value is None:
             continue
         if name in given:
@@ -184,75 +189,206 @@ def _read_input(tasks: list[Task], name: str, value: Any, params: Mapping[str, A
     return value
 
 
+@dataclass
+class RunResult:
+    """One run of a pipeline: its outputs by name (``(type, value)``: an image is still the decoded array), what
+    the output files record (``text``: PNG text chunks), the seed, the parameters and the driver's report."""
+
+    prompt: str | None
+    seed: int | None
+    values: dict[str, tuple[str, Any]]
+    text: dict[str, str]
+    params: dict[str, Any]
+    report: Any
+    seconds: float
+
+
+class PipelineSession:
+    """A pipeline recipe made ready to run, the one path `luminal-recipe run` and the Python API
+    (``luminal_recipes.Pipeline``) share: every flag checked, the pipeline built with its parameters, LoRAs and
+    file inputs (the parameters derived from them), the prompts read and checked by the plug-ins before any work,
+    every stage planned (``prepare``), then any number of runs (``run``: one prompt and seed each; the models stay
+    loaded between them when they fit the budget together); ``release`` drops what is kept."""
+
+    def __init__(self, req: GenerateRequest, progress: Callable[[str, int, int], None] | None = None):
+        self.req = req
+        self.runtime = get_runtime(req.runtime)
+        self.budget = memory_limits.budget(self.runtime, req.max_memory)  # --max-memory, or what is free
+        check_host_budget(self.runtime, req.max_host_memory)
+        doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
+        params = dict(req.params)
+        if isinstance(doc, PipelineRecipe):
+            for name, value in params.items():
+                if value is not None and name not in doc.params:
+                    raise PipelineError(f"{flag(name)}: pipeline '{doc.name}' ({req.recipe}) has no parameter "
+                                        f"'{name}'{did_you_mean(name, doc.params)}; its parameters: "
+                                        f"{one_of(doc.params)}")
+            if req.num_images != 1 and "seed" not in doc.params:
+                raise PipelineError(f"--num-images {req.num_images}: pipeline '{doc.name}' ({req.recipe}) has no "
+                                    f"seed parameter, so its runs would all be the same; run it once")
+        # the seeds of the batch: --seed (or `random`), else --set seed=..., else the default (drawn when the
+        # request says so, else the recipe's); the first is the pipeline's own value, the others given per run
+        self.seeds: list[int | None] | None = None
+        if isinstance(doc, PipelineRecipe) and "seed" in doc.params:
+            given = params.get("seed")
+            if given is None and req.random_default_seed and "seed" not in parse_sets(req.sets):
+                given = parse_seed(None)
+            if given is not None:
+                self.seeds = list(batch_seeds(given, req.num_images))
+                params["seed"] = self.seeds[0]
+        sets, sources = _flag_sets(req, params)
+        loras = [parse_lora_flag(text) if isinstance(text, str) else text for text in req.loras]
+        self.pipe = pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=self.budget,
+                                    compile=req.compile, progress=progress, set_sources=sources,
+                                    allow_nonfinite=req.allow_nonfinite, runtime=self.runtime,
+                                    host_budget_bytes=req.max_host_memory, compute_dtype=req.compute_dtype,
+                                    loras=loras)
+        self.tasks = tasks_of(pipe.doc)
+        self.declared = _declared_outputs(pipe)
+        _check_inputs(pipe, req)
+        check_params(pipe, self.tasks)
+        if self.seeds is None:  # the recipe's seed (or --set seed=...): the batch counts from it
+            value = pipe.params.get("seed")
+            self.seeds = list(batch_seeds(value, req.num_images)) \
+                if isinstance(value, int) and not isinstance(value, bool) else [None]
+        self.given = {name: value for name, value in req.files.items() if value is not None}
+        self.file_inputs = read_file_inputs(pipe, self.tasks, self.given)
+        self.recipe_hash = _recipe_hash(pipe.recipe.files)
+        self.compile_seconds = 0.0
+        self._provenance: dict[str, str] | None = None
+
+    def read_prompts(self, prompts: list[str]) -> list[str | None]:
+        """The prompts as the plug-ins read them (checked), ``[None]`` for a pipeline without a prompt input;
+        every prompt as its steps will take it (tokenized...) is checked before any work."""
+        pipe = self.pipe
+        _check_inputs(pipe, replace(self.req, prompts=list(prompts)))
+        read: list[str | None] = list(prompts) if "prompt" in pipe.doc.inputs and prompts else [None]
+        for index, prompt in enumerate(read):
+            if prompt is None:
+                continue
+            try:
+                read[index] = _read_input(self.tasks, "prompt", prompt, pipe.params)
+            except PipelineError as exc:
+                where = f"prompt {index + 1} of {len(read)}" if len(read) > 1 else "the prompt"
+                raise PipelineError(f"{where}: {exc}") from None
+        pipe.check_runs([self.inputs(prompt) for prompt in read],
+                        [f"prompt {k + 1} of {len(read)}" if len(read) > 1 else "the prompt"
+                         if prompt is not None else "" for k, prompt in enumerate(read)])
+        return read
+
+    def inputs(self, prompt: str | None) -> dict:
+        return _run_inputs(self.pipe, self.req, self.file_inputs, prompt)
+
+    def prepare(self) -> None:
+        """LoRAs mapped, every stage compiled and planned under the budget, before any weight is read."""
+        if self.pipe.plans is None:
+            self.pipe.check_loras()  # a LoRA that does not fit its model is refused before any planning
+            t0 = time.perf_counter()
+            self.pipe.prepare()
+            self.compile_seconds = time.perf_counter() - t0  # the compile share of the summary (cache loads too)
+
+    @property
+    def applied_loras(self) -> list[str]:
+        return [f"{spec.path}:{spec.scale:g} ({model})" for model, specs in self.pipe.loras.items() for spec in specs]
+
+    def provenance(self) -> dict[str, str]:
+        """What every output of this session records besides its prompt and settings (``provenance.py``)."""
+        if self._provenance is None:
+            pipe, req = self.pipe, self.req
+            folder = pipe.checkpoint
+            source = weights_source(req.weights if req.weights is not None else pipe.doc.weights, folder)
+            images = self.given.get("images") or []
+            self._provenance = {"weights": source, "weights_hash": checkpoint_hash(folder), "runtime":
+                                self.runtime.name, "device": self.runtime.device,
+                                "compute_dtype": req.compute_dtype, "loras": self.applied_loras, "images":
+                                list(images), "command": req.command,
+                                # A1111's Model: the recipe for its own checkpoint, else the folder or repository
+                                "model": pipe.doc.name if req.weights is None else model_name(source)}
+        return self._provenance
+
+    def run(self, prompt: str | None, seed: int | None = None, keep_loaded: bool = False,
+            profile: KernelProfile | None = None, params: Mapping[str, Any] | None = None) -> RunResult:
+        """One run: ``prompt`` (read by ``read_prompts``) with ``seed`` (None: the pipeline's own) and ``params``
+        for this run only (parameters the plans do not depend on: steps, guidance...)."""
+        self.prepare()
+        pipe = self.pipe
+        t0 = time.perf_counter()
+        params = {k: v for k, v in (params or {}).items() if v is not None and v != pipe.params.get(k)}
+        if seed is not None and seed != pipe.params.get("seed"):
+            params["seed"] = seed
+        run_params = pipe.run_values(params) if params else dict(pipe.params)
+        for name in params:  # checked as the plug-ins check the flags
+            for task in self.tasks:
+                if name in task.param_checks:
+                    task.param_checks[name](run_params[name], f"{flag(name)} {run_params[name]}")
+        params = params or None
+        if profile is not None:
+            with profiling(profile):
+                report = pipe.run(self.inputs(prompt), keep_loaded=keep_loaded, params=params)
+        else:
+            report = pipe.run(self.inputs(prompt), keep_loaded=keep_loaded, params=params)
+        values = {name: convert(out, pipe.output_value(name, report.values)) for name, out in self.declared.items()}
+        settings: dict[str, str] = {}
+        for task in self.tasks:
+            if task.describe is not None:
+                settings.update(task.describe(run_params, dict(self.given, prompt=prompt)))
+        known = self.provenance()
+        text = run_text(prompt, pipe.doc.name, self.recipe_hash, settings)
+        text.update(provenance(prompt=prompt, settings=settings, **known))
+        seed_used = int(run_params["seed"]) if "seed" in run_params else None
+        return RunResult(prompt, seed_used, values, text, run_params, report, time.perf_counter() - t0)
+
+    def release(self) -> None:
+        self.pipe.release()  # what was kept loaded between runs
+
+    def memory(self) -> dict:
+        req, runtime = self.req, self.runtime
+        return {"budget_bytes": self.budget, "budget_from": "--max-memory" if req.max_memory is not None else
+                "machine memory", "runtime": runtime.name, "device": runtime.device,
+                "host_staging_budget_bytes": req.max_host_memory, "compute_dtype": req.compute_dtype,
+                "plans": {plan.model: plan.summary() for plan in self.pipe.prepare()}}
+
+
 def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """`luminal-recipe run` for a pipeline: every prompt times every seed of the batch, each output written to
+    ``--output`` or a new numbered file in outputs/; returns the summary ``--json`` prints."""
     started = req.started if req.started is not None else time.perf_counter()
-    sets, sources = _flag_sets(req)
-    runtime = get_runtime(req.runtime)
-    budget = memory_limits.budget(runtime, req.max_memory)  # --max-memory, or what the process may still use
-    check_host_budget(runtime, req.max_host_memory)
-    doc = load_recipe(req.recipe).doc  # the flags must name declared parameters before they are resolved
-    if isinstance(doc, PipelineRecipe):
-        for name, value in req.params.items():
-            if value is not None and name not in doc.params:
-                raise PipelineError(f"{flag(name)}: pipeline '{doc.name}' ({req.recipe}) has no parameter '{name}'"
-                                    f"{did_you_mean(name, doc.params)}; its parameters: {one_of(doc.params)}")
-    loras = [parse_lora_flag(text) for text in req.loras]
-    pipe = Pipeline(req.recipe, weights=req.weights, sets=sets, budget_bytes=budget, compile=req.compile,
-                    progress=progress, set_sources=sources, allow_nonfinite=req.allow_nonfinite, runtime=runtime,
-                    host_budget_bytes=req.max_host_memory, compute_dtype=req.compute_dtype, loras=loras)
-    p = pipe.params
-    tasks = tasks_of(pipe.doc)
-    declared = _declared_outputs(pipe)
-    _check_inputs(pipe, req)
-    prompts: list[str | None] = list(req.prompts) if "prompt" in pipe.doc.inputs and req.prompts else [None]
-    if req.output is not None and len(prompts) > 1:
-        raise PipelineError("--output names one file, but several prompts were given; omit --output to get one "
-                            "file per prompt in outputs/")
-    if req.output is not None and len(declared) > 1:
-        raise PipelineError(f"--output names one file, but pipeline '{pipe.doc.name}' writes {len(declared)} "
-                            f"outputs ({', '.join(declared)}); omit --output to get them in outputs/")
-    check_params(pipe, tasks)
-    for index, prompt in enumerate(prompts):
-        if prompt is None:
-            continue
-        try:
-            prompts[index] = _read_input(tasks, "prompt", prompt, p)
-        except PipelineError as exc:
-            where = f"prompt {index + 1} of {len(prompts)}" if len(prompts) > 1 else "the prompt"
-            raise PipelineError(f"{where}: {exc}") from None
-    given = {name: path for name, path in req.files.items() if path is not None}
-    file_inputs = read_file_inputs(pipe, tasks, given)
-    p = pipe.params
+    session = PipelineSession(req, progress)
+    pipe = session.pipe
+    prompts = session.read_prompts(list(req.prompts))
+    runs_wanted = len(prompts) * len(session.seeds)
+    if req.output is not None and runs_wanted > 1:
+        several = "several prompts were given" if len(prompts) > 1 else f"--num-images {len(session.seeds)} was given"
+        raise PipelineError(f"--output names one file, but {several}; omit --output to get one file per image "
+                            f"in outputs/")
+    if req.output is not None and len(session.declared) > 1:
+        raise PipelineError(f"--output names one file, but pipeline '{pipe.doc.name}' writes "
+                            f"{len(session.declared)} outputs ({', '.join(session.declared)}); omit --output to get "
+                            f"them in outputs/")
     if req.output is not None:
-        _check_explicit(req.output, next(iter(declared.values())), req.overwrite)
+        _check_explicit(req.output, next(iter(session.declared.values())), req.overwrite)
     else:
         check_output_folder()
-    recipe_hash = _recipe_hash(pipe.recipe.files)
-    seed = int(p["seed"]) if "seed" in p else None
-    # every prompt as its steps will take it (tokenized...), before any work: not the second after the first's file
-    pipe.check_runs([_run_inputs(pipe, req, file_inputs, prompt) for prompt in prompts],
-                    [f"prompt {k + 1} of {len(prompts)}" if len(prompts) > 1 else "the prompt"
-                     if prompt is not None else "" for k, prompt in enumerate(prompts)])
-    pipe.check_loras()  # a LoRA that does not fit its model is refused before any planning
-    t_prepare = time.perf_counter()
-    pipe.prepare()  # every stage compiled and planned under the budget before any weight is read
-    compile_seconds = time.perf_counter() - t_prepare  # the compile share of the summary (plan-cache loads too)
+    session.prepare()  # every stage compiled and planned under the budget before any weight is read
     profile = KernelProfile() if req.profile else None
+    runs = []
     try:
-        runs = _run_prompts(pipe, req, prompts, file_inputs, given, declared, tasks, recipe_hash, seed, profile)
+        done = 0
+        for prompt in prompts:
+            for seed in session.seeds:
+                done += 1
+                result = session.run(prompt, seed, keep_loaded=done < runs_wanted, profile=profile)
+                runs.append(_write_run(session, result))
     finally:
-        pipe.release()  # what was kept loaded between prompts
-    memory = {"budget_bytes": budget, "budget_from": "--max-memory" if req.max_memory is not None else
-              "machine memory", "runtime": runtime.name, "device": runtime.device,
-              "host_staging_budget_bytes": req.max_host_memory, "compute_dtype": req.compute_dtype,
-              "plans": {plan.model: plan.summary() for plan in pipe.prepare()}}
+        session.release()  # what was kept loaded between prompts
     total = time.perf_counter() - started
     load_seconds = sum(sum(item["compile_seconds"].values()) for item in runs)
+    compile_seconds = session.compile_seconds
     timing = {"total_seconds": round(total, 3), "compile_seconds": round(compile_seconds, 3),
               "compile_share": round(compile_seconds / total, 4) if total > 0 else 0.0,
               "load_seconds": round(load_seconds, 3)}
-    summary = {"recipe": pipe.doc.name, "recipe_hash": recipe_hash, "params": dict(pipe.params), "memory": memory,
-               "timing": timing, "runs": runs}
+    summary = {"recipe": pipe.doc.name, "recipe_hash": session.recipe_hash, "params": dict(pipe.params),
+               "memory": session.memory(), "timing": timing, "runs": runs}
     if profile is not None:
         summary["profile"] = profile.to_json()
         if profile.top:  # LUMINAL_RECIPES_PROFILE_TOP: the costliest kernel instances too
@@ -260,58 +396,37 @@ def generate(req: GenerateRequest, progress: Callable[[str, int, int], None] | N
     return summary
 
 
-def _run_prompts(pipe: Pipeline, req: GenerateRequest, prompts: list[str | None], file_inputs: dict, given: dict,
-                 declared: dict[str, Output], tasks: list[Task], recipe_hash: str, seed: int | None,
-                 profile: KernelProfile | None) -> list[dict]:
-    """Run the pipeline once per prompt and write its outputs; models stay loaded from one prompt to the next
-    (when they fit the budget together), so only the first prompt loads them. ``profile`` times every kernel."""
-    p = pipe.params
-    runs = []
-    for index, prompt in enumerate(prompts):
-        t0 = time.perf_counter()
-        inputs = _run_inputs(pipe, req, file_inputs, prompt)
-        keep = index + 1 < len(prompts)  # more prompts follow: models stay loaded (when they fit together)
-        if profile is not None:
-            with profiling(profile):
-                report = pipe.run(inputs, keep_loaded=keep)
-        else:
-            report = pipe.run(inputs, keep_loaded=keep)
-        values = {name: convert(out, pipe.output_value(name, report.values)) for name, out in declared.items()}
-        settings = {}
-        for task in tasks:
-            if task.describe is not None:
-                settings.update(task.describe(p, dict(given, prompt=prompt)))
-        applied = [f"{spec.path}:{spec.scale:g} ({model})" for model, specs in pipe.loras.items() for spec in specs]
-        if applied:
-            settings["loras"] = ", ".join(applied)
-        text = run_text(prompt, pipe.doc.name, recipe_hash, settings)
-        if req.output is not None:
-            ((name, (kind, value)),) = values.items()
-            if EXTENSIONS[kind] != req.output.suffix.lower():  # an undeclared type, known from the value
-                raise PipelineError(f"--output {req.output}: output '{name}' is {kind}, written as "
-                                    f"{EXTENSIONS[kind]}; use that extension (or declare its `type:`)")
-            paths = {name: write_output(req.output, kind, value, text, overwrite=req.overwrite)}
-        else:
-            several = len(declared) > 1
-            stems = {name: output_stem(req.recipe.stem, seed, prompt, name if several else None)
-                     for name in declared}
-            paths = write_numbered(DEFAULT_OUTPUT_DIR, stems, values, text)
-        outputs = {name: {"type": kind, "path": str(paths[name])} | _inline(kind, value)
-                   for name, (kind, value) in values.items()}
-        runs.append({
-            "prompt": prompt,
-            "path": str(next(iter(paths.values()))),
-            "outputs": outputs,
-            "seconds": round(time.perf_counter() - t0, 3),
-            "stage_seconds": {k: round(v, 3) for k, v in report.stage_seconds.items()},
-            "step_seconds": [round(s, 4) for s in report.step_seconds],
-            "compile_seconds": {k: round(v, 3) for k, v in report.compile_seconds.items()},
-            "planned_peak_bytes": report.planned_peak,
-            "weight_bytes": report.weight_bytes,
-            "memory": report.memory,
-            "rss": report.rss,
-        })
-    return runs
+def _write_run(session: PipelineSession, result: RunResult) -> dict:
+    """Write one run's outputs (``--output``, or new numbered files in outputs/); its summary entry."""
+    req = session.req
+    values, report = result.values, result.report
+    if req.output is not None:
+        ((name, (kind, value)),) = values.items()
+        if EXTENSIONS[kind] != req.output.suffix.lower():  # an undeclared type, known from the value
+            raise PipelineError(f"--output {req.output}: output '{name}' is {kind}, written as "
+                                f"{EXTENSIONS[kind]}; use that extension (or declare its `type:`)")
+        paths = {name: write_output(req.output, kind, value, result.text, overwrite=req.overwrite)}
+    else:
+        several = len(session.declared) > 1
+        stems = {name: output_stem(req.recipe.stem, result.seed, result.prompt, name if several else None)
+                 for name in session.declared}
+        paths = write_numbered(DEFAULT_OUTPUT_DIR, stems, values, result.text)
+    outputs = {name: {"type": kind, "path": str(paths[name])} | _inline(kind, value)
+               for name, (kind, value) in values.items()}
+    return {
+        "prompt": result.prompt,
+        "seed": result.seed,
+        "path": str(next(iter(paths.values()))),
+        "outputs": outputs,
+        "seconds": round(result.seconds, 3),
+        "stage_seconds": {k: round(v, 3) for k, v in report.stage_seconds.items()},
+        "step_seconds": [round(s, 4) for s in report.step_seconds],
+        "compile_seconds": {k: round(v, 3) for k, v in report.compile_seconds.items()},
+        "planned_peak_bytes": report.planned_peak,
+        "weight_bytes": report.weight_bytes,
+        "memory": report.memory,
+        "rss": report.rss,
+    }
 
 
 def _run_inputs(pipe: Pipeline, req: GenerateRequest, file_inputs: Mapping[str, Any], prompt: str | None) -> dict:

@@ -126,7 +126,7 @@ def render(recipe: Path, case: GoldenCase, weights: str | None = None) -> np.nda
 
 def compare(case: GoldenCase, pixels: np.ndarray, min_psnr: float = MIN_PSNR_DB) -> GoldenResult:
     """Compare regenerated ``pixels`` with the case's golden PNG by PSNR, never byte for byte: two programs the
-    search may pick for one graph can round an 8-bit pixel differently (see README, determinism)."""
+    search may pick for one graph can round an 8-bit pixel differently (see docs/determinism.md)."""
     diff_path = case.file.with_suffix(".diff.png")
     if is_near_constant(pixels):
         return GoldenResult(case, None, False, "the regenerated image is (nearly) constant")

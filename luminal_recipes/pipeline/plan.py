@@ -35,7 +35,7 @@ from ..recipe.safe_eval import names_in, parse, unwrap
 from ..recipe.schema import PipelineRecipe, StageSpec
 from ..runtimes.memory import format_bytes, plan_memory
 from ..runtimes.program import Program
-from ..runtimes.registry import get_planner, get_runtime
+from ..runtimes.registry import get_runtime
 from ..runtimes.streaming import STAGING_BUFFERS, stream_layout
 
 
@@ -84,7 +84,7 @@ class StagePlan:
 
 def machine_memory() -> int:
     """The numpy runtime's default budget: what the process may use (``luminal_recipes.memory_limits``)."""
-    from ..runtimes.numpy_runtime import host_memory
+    from ..runtimes.cpu.backend import host_memory
 
     return host_memory()
 
@@ -271,6 +271,8 @@ def plan_stages(pipeline, budget: int | None = None, runtime=None, compile: bool
             models[stage.model] = pipeline.model(stage.model) if from_checkpoint else \
                 _shape_model(pipeline, stage.model)
         check_io_fits(models[stage.model], dims, budget, stage.name, _sized_by(stage, pipeline))
+    if progress:
+        progress("memory plan", 0, len(stages))
     for k, (stage, dims) in enumerate(stages):
         key = (stage.model, tuple(sorted(dims.items())))
         if key not in done:
@@ -358,34 +360,3 @@ def _gib(n: int | None) -> str:
 
 def _dims(dims: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in dims.items())
-
-
-def inspect_memory(recipe, weights, sets, max_memory: int | None, runtime=None, device: str | None = None,
-                   max_host_memory: int | None = None, compute_dtype: str | None = None) -> list[str]:
-    """What `inspect` prints for a pipeline's memory: the per-stage plans on ``runtime`` (default numpy), from
-    the checkpoint's headers when it is local (or given), else from the pipeline's `configs:` folder (shapes
-    only: nothing is downloaded). ``recipe`` is the loaded pipeline recipe (``recipe.loader.LoadedRecipe``).
-    A runtime whose device is not here (cuda) plans for a described one (``device``; ``registry.get_planner``)."""
-    from .driver import Pipeline
-
-    doc = recipe.doc
-    source = str(weights) if weights is not None else doc.weights
-    local = source is not None and not source.startswith("hf://")
-    if not local and doc.configs is None:
-        return ["memory plan: the checkpoint is remote and the pipeline has no `configs:` folder; pass "
-                "--weights FOLDER to plan memory"]
-    runtime = get_planner(runtime, device)
-    check_host_budget(runtime, max_host_memory)
-    pipeline = Pipeline(recipe.path, weights=weights, sets=sets, budget_bytes=max_memory, runtime=runtime,
-                        compute_dtype=compute_dtype)
-    plans = plan_stages(pipeline, max_memory, from_checkpoint=local, host_budget=max_host_memory)
-    origin = f"checkpoint {pipeline.checkpoint}" if local else \
-        f"sizes from {doc.configs}/ (config.json files; no weights read)"
-    lines = [f"memory plan per model stage ({origin}):", format_plans(plans, max_memory)]
-    if getattr(runtime, "assumed", None):
-        lines.append(f"the {runtime.name} runtime {runtime.assumed}")
-    if max_memory is None:
-        lines.append(f"`run` plans under the {runtime.device} memory of the {runtime.name} runtime by default "
-                     f"({format_bytes(runtime.capacity())}); pass --max-memory SIZE to see the plan under a "
-                     f"budget")
-    return lines

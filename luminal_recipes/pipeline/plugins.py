@@ -35,6 +35,7 @@ any work. Step names are one namespace: two plug-ins defining the same step is a
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -149,14 +150,31 @@ def run_steps(stages: list[StageSpec], at: tuple = ("stages",)) -> Iterator[tupl
 
 
 def check_steps_known(recipe) -> None:
-    """Every ``run:`` stage of a loaded pipeline recipe names a step some plug-in defines; a located error
-    otherwise."""
+    """Every ``run:`` stage of a loaded pipeline recipe names a step some plug-in defines, and gives it only
+    inputs the step takes (a step's ``renamed_inputs`` says how to write an input it no longer takes); a located
+    error otherwise."""
     known = registry()
     for at, stage in run_steps(recipe.doc.stages):
         if stage.run not in known:
             raise recipe.origin(*at, "run").error(
                 f"stage '{stage.name}' runs unknown step '{stage.run}'{did_you_mean(stage.run, known)}; the "
                 f"steps of the task plug-ins are {', '.join(sorted(known))}")
+        fn = known[stage.run].steps[stage.run]
+        try:
+            params = list(inspect.signature(fn).parameters.values())[1:]  # after the StepContext
+        except (TypeError, ValueError):  # a builtin or C function: nothing to check against
+            continue
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            continue
+        names = [p.name for p in params]
+        for key in stage.inputs:
+            if key in names:
+                continue
+            renamed = getattr(fn, "renamed_inputs", {}).get(key)
+            raise recipe.origin(*at, "inputs", key).error(
+                f"stage '{stage.name}': step '{stage.run}' takes no input '{key}'"
+                + (f"; {renamed}" if renamed else f"{did_you_mean(key, names)}; its inputs are {', '.join(names)}"),
+                key=True)
 
 
 def tasks_of(doc: PipelineRecipe) -> list[Task]:

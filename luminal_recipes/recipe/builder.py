@@ -108,13 +108,25 @@ def build(
         raise recipe.origin("weights").error(
             "no checkpoint: pass --weights FOLDER|hf://org/repo, or set weights.source in the recipe."
         )
-    from ..weights.safetensors_io import Checkpoint
-
     roots = guard_checkpoint(recipe.origin("weights", "source") if weights is None else None, folder,
                              weights is not None, recipe.tree, recipe.doc.weights.source)
-    checkpoint = Checkpoint.open(folder)
-    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets, ops=ops,
-                       compute_dtype=compute_dtype)
+    checkpoint, config, config_file = open_checkpoint(recipe, folder, roots)
+    return build_model(recipe, checkpoint=checkpoint, config=config, sets=sets, ops=ops,
+                       compute_dtype=compute_dtype, config_file=config_file)
+
+
+def open_checkpoint(recipe: LoadedRecipe, folder: Path, roots: list[Path] | None = None) -> tuple[Any, dict | None,
+                                                                                                 str | None]:
+    """``(checkpoint, config, config_file)`` of a resolved checkpoint: a safetensors folder or file with its
+    config.json (``config_file`` None: the default name), or a GGUF file, whose metadata is its config
+    (``weights/gguf_io.py``)."""
+    from ..weights.gguf_io import GgufCheckpoint, is_gguf
+    from ..weights.safetensors_io import Checkpoint
+
+    if is_gguf(folder):
+        checkpoint = GgufCheckpoint.open(folder)
+        return checkpoint, checkpoint.config, f"{folder} (GGUF metadata)"
+    return Checkpoint.open(folder), read_config(recipe, folder, roots), None
 
 
 def checkpoint_folder(recipe: LoadedRecipe, weights: str | Path | None,
@@ -138,6 +150,8 @@ def config_display(recipe: LoadedRecipe, folder: str | Path | None) -> str:
     """How errors name the recipe's config file: its path in the checkpoint folder when there is one."""
     assert isinstance(recipe.doc, ModelRecipe)
     name = recipe.doc.weights.config or "config.json"
+    if folder is not None and str(folder).lower().endswith(".gguf"):
+        return f"{folder} (GGUF metadata)"
     return str(Path(folder) / name) if folder is not None else name
 
 
@@ -145,6 +159,10 @@ def read_config(recipe: LoadedRecipe, folder: Path, roots: list[Path] | None = N
     """The checkpoint's config file (``weights.config``), or None without one. ``roots``: where links may lead
     (``paths.checkpoint_roots``; None for a folder the user named)."""
     assert isinstance(recipe.doc, ModelRecipe)
+    from ..weights.gguf_io import GgufCheckpoint, is_gguf
+
+    if is_gguf(folder):  # a GGUF file's metadata is its config
+        return GgufCheckpoint.open(folder).config
     name = recipe.doc.weights.config
     if name is None:
         return None

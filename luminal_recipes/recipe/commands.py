@@ -19,7 +19,15 @@ from typing import Any
 
 from ..errors import CheckpointError
 from ..files import MAX_JSON_BYTES, read_json
-from .builder import BuiltModel, build_model, checkpoint_folder, config_display, read_config, with_quantization
+from .builder import (
+    BuiltModel,
+    build_model,
+    checkpoint_folder,
+    config_display,
+    open_checkpoint,
+    read_config,
+    with_quantization,
+)
 from .check import check_library, check_recipe
 from .config_fields import config_report
 from .loader import LoadedRecipe, inside_tree, load_recipe
@@ -202,16 +210,14 @@ def _local_pipeline_checkpoint(recipe: LoadedRecipe) -> Path:
 def _build_with_weights(recipe: LoadedRecipe, weights: str | Path | None, sets: Any,
                         user_weights: bool | None = None, source: str | None = None) -> BuiltModel:
     """``source``: where the checkpoint came from when not the recipe's own weights.source (a pipeline's)."""
-    from ..weights.safetensors_io import Checkpoint
-
     folder = checkpoint_folder(recipe, weights)
     if folder is None:
         raise recipe.origin("weights").error("no checkpoint: pass --weights or set weights.source.")
     user_given = weights is not None if user_weights is None else user_weights
     roots = guard_checkpoint(recipe.origin("weights", "source") if weights is None else None, folder, user_given,
                              recipe.tree, source if source is not None else recipe.doc.weights.source)
-    checkpoint = Checkpoint.open(folder)
-    return build_model(recipe, checkpoint=checkpoint, config=read_config(recipe, folder, roots), sets=sets)
+    checkpoint, config, config_file = open_checkpoint(recipe, folder, roots)
+    return build_model(recipe, checkpoint=checkpoint, config=config, sets=sets, config_file=config_file)
 
 
 def inspect(
@@ -227,7 +233,7 @@ def inspect(
     Without ``weights``, a ``config`` (config.json path or mapping) gives the sizes; the graph is built from
     shapes alone; with neither, only what the recipe says without sizes is shown. For a pipeline, also the
     memory plan of every model stage under ``max_memory`` bytes (None: unbounded), as the ``memory_plan``
-    callable prints it (``pipeline.plan.inspect_memory``: planning needs the compiler and a runtime, which a
+    callable prints it (``pipeline.memory_report.inspect_memory``: planning needs the compiler and a runtime, which a
     recipe does not know).
     """
     recipe = load_recipe(path, allowed=ALL_KINDS)

@@ -116,7 +116,8 @@ def _extended(source: YamlSource, root: Path, chain: list[Path]) -> tuple[YamlSo
         raise origin.error(f"'{relative}' is {f'a `kind: {kind}` recipe' if kind else 'not a recipe'}; `extends` "
                            f"takes a pipeline recipe (kind: pipeline).")
     base, further = _extended(base, root, chain + [target])
-    return merge_sources(base, source), [target, *further]
+    # `accepts:` (the checkpoints `run --weights` without a recipe picks it for) is each file's own
+    return merge_sources(base, source, not_inherited=("accepts",)), [target, *further]
 
 
 def inside_tree(origin: Origin, folder: Path, relative: str, root: Path) -> Path:
@@ -277,6 +278,11 @@ def _merge(loaded: LoadedRecipe, doc: ModelRecipe | ModuleLibrary, source: YamlS
     for name, spec in doc.params.items():
         origin = Origin(source, ("params", name))
         if isinstance(doc, ModuleLibrary) and "default" not in spec.model_fields_set:
+            loaded.param_checks.setdefault(name, []).append(Located(spec, origin))
+            continue
+        if isinstance(doc, ModuleLibrary) and name in loaded.params and \
+                loaded.params[name].origin.source is loaded.source:
+            # a library's default, which the including recipe overrides: its type and ranges still hold
             loaded.param_checks.setdefault(name, []).append(Located(spec, origin))
             continue
         if name in loaded.params:

@@ -462,6 +462,21 @@ class GenerationSpec(Strict):
     )
 
 
+class AcceptsSpec(Strict):
+    """The checkpoints a recipe is chosen for when `luminal-recipe run --weights W` (or
+    ``Pipeline.from_pretrained(W)``) is given no recipe: what the checkpoint's own files say it is. Read from this
+    recipe file only (a recipe that `extends:` another states its own, or is never chosen this way)."""
+
+    model_index: list[str] = Field(
+        default_factory=list, description="diffusers pipeline classes: model_index.json `_class_name`")
+    architectures: list[str] = Field(
+        default_factory=list, description="transformers model classes: config.json `architectures`")
+    model_types: list[str] = Field(
+        default_factory=list, description="config.json `model_type` values (used when no architecture matches)")
+    gguf: list[str] = Field(
+        default_factory=list, description="GGUF `general.architecture` values (a single .gguf file)")
+
+
 class ModelRecipe(Strict):
     kind: Literal["model"]
     name: str
@@ -482,6 +497,10 @@ class ModelRecipe(Strict):
     )
     generation: GenerationSpec | None = Field(
         None, description="present on a language model: `run` generates text with it"
+    )
+    accepts: AcceptsSpec | None = Field(
+        None, description="the checkpoints this recipe is chosen for when `run`/`from_pretrained` get weights and "
+        "no recipe (model_index.json class, config.json architectures/model_type, GGUF architecture)"
     )
     lora_names: dict[str, str] | None = Field(
         None,
@@ -713,9 +732,9 @@ class PipelineRecipe(Strict):
     doc: str | None = None
     extends: str | None = Field(
         None,
-        description="another pipeline recipe in this folder that this one builds on: its keys apply unless this "
-        "file gives them (mappings merge key by key; a list, such as `stages`, or any other value is replaced "
-        "whole)",
+        description="another pipeline recipe in this folder that this one builds on: its keys (but `accepts`) "
+        "apply unless this file gives them (mappings merge key by key; a list, such as `stages`, or any other value "
+        "is replaced whole)",
     )
     params: dict[str, ParamSpec] = Field(default_factory=dict)
     weights: str | None = Field(
@@ -734,6 +753,10 @@ class PipelineRecipe(Strict):
     outputs: dict[str, PipelineOutput] = Field(
         default_factory=dict,
         description="what `run` writes: name -> {value, type} (or name -> value, see PipelineOutput)",
+    )
+    accepts: AcceptsSpec | None = Field(
+        None, description="the checkpoints this recipe is chosen for when `run`/`from_pretrained` get weights and "
+        "no recipe (model_index.json class, config.json architectures/model_type, GGUF architecture)"
     )
 
     @field_validator("params", mode="before")

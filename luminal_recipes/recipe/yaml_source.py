@@ -147,10 +147,11 @@ class YamlSource:
         return RecipeError(f"{self.loc(path, key=key)}: {message}")
 
 
-def merge_sources(base: YamlSource, child: YamlSource) -> YamlSource:
+def merge_sources(base: YamlSource, child: YamlSource, not_inherited: tuple[str, ...] = ()) -> YamlSource:
     """``child`` laid over ``base`` (``extends:``): mappings merge key by key (the base's keys in its order, then
     the child's new ones); any other value the child gives (a list, a scalar, null) replaces the base's whole.
-    Every node keeps the position of the file that wrote it, so errors point into that file."""
+    Top-level keys in ``not_inherited`` are the child's own only. Every node keeps the position of the file that
+    wrote it, so errors point into that file."""
     merged = YamlSource(file=child.file, display=child.display, data=None, lines=child.lines)
 
     def take(source: YamlSource, path: Path_) -> None:
@@ -169,6 +170,8 @@ def merge_sources(base: YamlSource, child: YamlSource) -> YamlSource:
             merged.keys[path] = _own(child.keys[path], child)
         out = {}
         for key, value in old.items():
+            if not path and key in not_inherited and key not in new:
+                continue
             if key in new:
                 out[key] = merge(value, new[key], path + (key,))
             else:

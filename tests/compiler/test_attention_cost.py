@@ -15,7 +15,7 @@ import pytest
 
 from luminal_recipes.compiler.cost import program_cost
 from luminal_recipes.graph import Graph, Node, View, to_dtype
-from luminal_recipes.runtimes.numpy_runtime import CPU
+from luminal_recipes.runtimes.cpu.backend import CPU
 from luminal_recipes.runtimes.program import Program
 
 F32 = to_dtype("f32")

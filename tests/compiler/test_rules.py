@@ -173,7 +173,7 @@ def test_all_constant_computations_of_different_shapes_stay_apart(runtime, asser
 
 
 def test_exp2_of_a_scaled_input_becomes_exp(runtime, assert_close):
-    from luminal_recipes.runtimes.expr import ElementwisePlan
+    from luminal_recipes.runtimes.kernels.expression import ElementwisePlan
 
     g = Graph()
     x = g.input("x", (4, 8))

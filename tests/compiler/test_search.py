@@ -18,7 +18,7 @@ from luminal_recipes.compiler.search import search_segment
 from luminal_recipes.compiler.segments import split
 from luminal_recipes.errors import BudgetError
 from luminal_recipes.graph import PRIMITIVE_OPS, Graph
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
 
 
 def attention_block() -> Graph:
@@ -61,7 +61,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 from test_search import attention_block
 from luminal_recipes.compiler import SearchOptions, compile_graph
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
+from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
 opts = SearchOptions(seed=3, use_cache=False, time_top=0)
 plan = compile_graph(attention_block(), NumpyRuntime(), options=opts)
 print(json.dumps([[n.op, [[s, str(v)] for s, v in n.inputs], repr(n.attrs)] for n in plan.program.nodes]))

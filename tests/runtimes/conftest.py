@@ -15,8 +15,8 @@ import pytest
 from luminal_recipes.errors import LuminalError
 from luminal_recipes.graph import Graph, run_reference
 from luminal_recipes.runtimes.copy_stream import HostCopyStream
+from luminal_recipes.runtimes.cpu.backend import NumpyBackend, NumpyRuntime
 from luminal_recipes.runtimes.executable import BackendRuntime
-from luminal_recipes.runtimes.numpy_runtime import NumpyBackend, NumpyRuntime
 from luminal_recipes.runtimes.program import Program
 from luminal_recipes.runtimes.registry import get_runtime, register_runtime, runtime_names
 

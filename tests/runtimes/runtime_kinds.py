@@ -1,7 +1,7 @@
 """Which kernels a runtime under test runs (a plain module, not conftest: a `from conftest import` clashes
 with the other test folders' conftest modules when several folders run in one pytest call)."""
 
-from luminal_recipes.runtimes.numpy_runtime import NumpyBackend
+from luminal_recipes.runtimes.cpu.backend import NumpyBackend
 
 
 def runs_numpy_kernels(runtime) -> bool:

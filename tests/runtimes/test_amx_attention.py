@@ -1,4 +1,4 @@
-"""The Attention kernel with both products on AMX tiles (``runtimes/amx_attention.py``: p's bf16x3 parts written
+"""The Attention kernel with both products on AMX tiles (``runtimes/cpu/amx/attention.py``: p's bf16x3 parts written
 by the softmax pass, k and v packed once per head, keys in blocks with an online softmax): as accurate as f32
 attention against float64 (tests/TOLERANCES.md, f32: rtol 1e-5, atol 1e-5) on odd shapes and the fused [q|k|v]
 projection's strided layout, in one key block and in several; and the numpy runtime's kernel falling back to its
@@ -13,7 +13,8 @@ from fused_programs import Fused
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, View, run_reference
-from luminal_recipes.runtimes import amx, cpu_threads
+from luminal_recipes.runtimes.cpu import amx
+from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: {amx.reason_unavailable()}")
 
@@ -33,7 +34,7 @@ def test_fused_attention_is_as_accurate_as_f32(s, t, d, dv, rows, key_block, mon
     blocks and key counts that are not multiples of 32, head dims 16-128; keys in one block, or (``key_block``)
     in blocks of 64 with the online softmax: within the f32 tolerance of float64, and within a few times the
     error of numpy's f32 attention."""
-    from luminal_recipes.runtimes import amx_attention
+    from luminal_recipes.runtimes.cpu.amx import attention as amx_attention
 
     monkeypatch.setattr(amx_attention, "KEY_BLOCK", key_block or 1024)
     rng = np.random.default_rng(s + t)
@@ -56,7 +57,7 @@ def test_fused_attention_leaves_nonfinite_operands_to_blas(bad, numpy_runtime, m
     """An inf in one head's q, k or v: the fused task reports it (in bf16 parts inf times a zero part would be
     NaN) and that head's tasks run on the BLAS path, with its values (NaN and inf where it has them, the rest
     within the tolerance); the other heads stay fused and match the reference."""
-    from luminal_recipes.runtimes import amx_attention
+    from luminal_recipes.runtimes.cpu.amx import attention as amx_attention
 
     h, s, d = 3, 64, 32
     g = Graph()
@@ -91,7 +92,8 @@ def test_fused_attention_in_key_blocks_through_the_runtime(op, attrs, numpy_runt
     fused path with keys in several blocks and query blocks taken in turn by 1, 2 and 3 parts, each part packing
     k and v of the heads it meets: the reference's values, the same bits on every part count (a task's result
     does not depend on the part that runs it)."""
-    from luminal_recipes.runtimes import amx_attention, numpy_attention
+    from luminal_recipes.runtimes.cpu.amx import attention as amx_attention
+    from luminal_recipes.runtimes.cpu.kernels import attention as numpy_attention
 
     b, h, s, t, d = 1, 3, 90, 150, 32
     g = Graph()

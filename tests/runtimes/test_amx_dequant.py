@@ -1,4 +1,4 @@
-"""``DequantMatMul`` on AMX tiles (``runtimes/amx_dequant.py``: the weight decoded exactly into bf16, x in three
+"""``DequantMatMul`` on AMX tiles (``runtimes/cpu/amx/dequant.py``: the weight decoded exactly into bf16, x in three
 bf16 parts, three tile products): against the float64 product of the decoded weight (ml_dtypes' values), as
 accurate as numpy's f32 product of the decoded weight (tests/TOLERANCES.md, matmul f32: rtol 1e-5, atol 1e-5, and
 within a few times numpy's own error), through the numpy runtime's kernel: FP8 (e4m3 and e5m2, per-tensor and
@@ -15,7 +15,9 @@ import pytest
 from fused_programs import Fused
 
 from luminal_recipes.graph import Graph
-from luminal_recipes.runtimes import amx, amx_dequant, cpu_threads, jit
+from luminal_recipes.runtimes.cpu import amx, jit
+from luminal_recipes.runtimes.cpu import threads as cpu_threads
+from luminal_recipes.runtimes.cpu.amx import dequant as amx_dequant
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: {amx.reason_unavailable()}")
 
@@ -216,7 +218,7 @@ def test_dequant_matmul_without_amx_keeps_the_band_path(off, numpy_runtime, monk
 def test_e4m3_decoded_in_registers_is_the_table_decoding():
     """fp8 e4m3fn decoded arithmetically (16 columns x 16 k pairs in registers: normals, subnormals, zeros of
     both signs, NaN) gives the words of the table decoding (ml_dtypes' values as bf16), every byte value."""
-    from luminal_recipes.runtimes.amx_dequant_gemm import decode_block
+    from luminal_recipes.runtimes.cpu.amx.dequant_gemm import decode_block
 
     n, k = 40, 72  # a group of 16 columns and of 16 pairs, and the scalar path around it
     codes = (np.arange(n * k) * 7 % 256).astype(np.uint8).reshape(n, k)

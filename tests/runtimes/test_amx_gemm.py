@@ -1,4 +1,4 @@
-"""The f32 product on AMX tiles (``runtimes/amx_gemm.py``, bf16x3): as accurate as an f32 GEMM against float64
+"""The f32 product on AMX tiles (``runtimes/cpu/amx/gemm.py``, bf16x3): as accurate as an f32 GEMM against float64
 (tests/TOLERANCES.md, matmul f32: rtol 1e-5, atol 1e-5) on odd shapes and every operand layout, and the numpy
 runtime's MatMul kernel choosing it with the BLAS path's semantics. Skipped, with the reason, where the CPU (or
 the process) cannot run AMX."""
@@ -11,7 +11,8 @@ from fused_programs import Fused
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, View, run_reference
-from luminal_recipes.runtimes import amx, cpu_threads
+from luminal_recipes.runtimes.cpu import amx
+from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
 needs_amx = pytest.mark.skipif(not amx.available(), reason=f"no AMX here: {amx.reason_unavailable()}")
 
@@ -73,7 +74,7 @@ def test_packed_operands_hold_the_exact_bf16_parts(k, n, layout):
     """``pack_b`` (k-contiguous weights transposed in registers, n-contiguous rows interleaved in registers,
     strided element by element) writes each panel's VNNI words, and ``pack_a_tiles`` A's 32 x 32 tiles, with the
     three truncated bf16 parts of every element and zeros past the edges: against a numpy construction."""
-    from luminal_recipes.runtimes import amx_gemm
+    from luminal_recipes.runtimes.cpu.amx import gemm as amx_gemm
 
     rng = np.random.default_rng(k * n)
     b = _operand(rng, (k, n), layout) * np.float32(1e3)
@@ -253,7 +254,7 @@ def test_attention_products_run_on_amx(with_bias, numpy_runtime, monkeypatch):
     calls, fused = [], []
     multiply = amx.multiply
     monkeypatch.setattr(amx, "multiply", lambda *args: calls.append(1) or multiply(*args))
-    from luminal_recipes.runtimes import amx_attention  # numba: only where AMX runs
+    from luminal_recipes.runtimes.cpu.amx import attention as amx_attention  # numba: only where AMX runs
 
     task = amx_attention.task
     monkeypatch.setattr(amx_attention, "task", lambda *args: fused.append(1) or task(*args))

@@ -311,9 +311,9 @@ COMPILED = ("Elementwise", "Softmax", "LayerNorm", "RMSNorm", "GroupNorm", "RMSN
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("kernel", COMPILED)
 def test_numpy_passes_without_numba_match_the_reference(kernel, seed, numpy_runtime, assert_close, monkeypatch):
-    """The kernels numba compiles when installed (runtimes/numpy_jit.py) keep numpy passes without it (or with
-    LUMINAL_RECIPES_JIT=0): those too give the reference's values."""
-    from luminal_recipes.runtimes import jit
+    """The kernels numba compiles when installed (runtimes/cpu/jit/numba_kernels.py) keep numpy passes without it
+    (or with LUMINAL_RECIPES_JIT=0): those too give the reference's values."""
+    from luminal_recipes.runtimes.cpu import jit
 
     monkeypatch.setattr(jit, "AVAILABLE", False)
     test_kernel_matches_the_reference(kernel, seed, numpy_runtime, assert_close)
@@ -372,7 +372,7 @@ def test_elementwise_reads_reversed_views(dtype, runtime, assert_close):
 
 
 def test_elementwise_reads_reversed_views_without_numba(numpy_runtime, assert_close, monkeypatch):
-    from luminal_recipes.runtimes import jit
+    from luminal_recipes.runtimes.cpu import jit
 
     monkeypatch.setattr(jit, "AVAILABLE", False)
     test_elementwise_reads_reversed_views("f32", numpy_runtime, assert_close)

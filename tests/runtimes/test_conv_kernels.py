@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from fused_programs import Fused
 
 from luminal_recipes.graph import Graph
-from luminal_recipes.runtimes import cblas, jit, numpy_kernels
+from luminal_recipes.runtimes.cpu import cblas, jit
+from luminal_recipes.runtimes.cpu.kernels import conv as conv_kernels
 from luminal_recipes.runtimes.kernels.fused import conv_windows
 
 # (batch, in channels, out channels, height, width, stride, padding (top/left, bottom/right), bias, crop)
@@ -45,12 +46,12 @@ COMPILED_PATH = {name: name.split(",")[0] for name in CASES}  # the path numba t
 @pytest.mark.parametrize("case", list(CASES))
 def test_conv2d_kernel_matches_torch(case, mode, numpy_runtime, monkeypatch, rng, assert_close):
     """``numba, Python band loop``: Winograd's bands run from Python (``cpu_threads.claimed``), as where numpy's
-    BLAS is not OpenBLAS; ``numba``: one compiled call per core (``numpy_jit.winograd_bands``) where it is."""
+    BLAS is not OpenBLAS; ``numba``: one compiled call per core (``numba_kernels.winograd_bands``) where it is."""
     compiled = mode != "numpy"
     if compiled and not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     if mode == "numba, Python band loop":
-        if COMPILED_PATH[case] != "winograd" or min(CASES[case][1:3]) < numpy_kernels.WINOGRAD_MIN_CHANNELS:
+        if COMPILED_PATH[case] != "winograd" or min(CASES[case][1:3]) < conv_kernels.WINOGRAD_MIN_CHANNELS:
             pytest.skip("only the Winograd path has a band loop (from Python: with >= 4 channels)")
         monkeypatch.setattr(cblas, "sgemm", lambda: None)
     monkeypatch.setattr(jit, "AVAILABLE", compiled)
@@ -79,8 +80,8 @@ def record_paths(monkeypatch) -> list[str]:
     """The numpy Conv2d paths prepared from now on, in order ("direct", "winograd" or "im2col")."""
     paths = []
     for name in ("direct", "winograd", "im2col"):
-        prepare = getattr(numpy_kernels, f"_prepare_{name}_conv")
-        monkeypatch.setattr(numpy_kernels, f"_prepare_{name}_conv",
+        prepare = getattr(conv_kernels, f"_prepare_{name}_conv")
+        monkeypatch.setattr(conv_kernels, f"_prepare_{name}_conv",
                             lambda ctx, name=name, prepare=prepare: paths.append(name) or prepare(ctx))
     return paths
 
@@ -171,12 +172,12 @@ def test_winograd_bands_are_taken_in_turn(band_loop, numpy_runtime, monkeypatch,
     """The Winograd convolution's bands of tile rows go to whichever core is free: with two parts and the worker
     held up (a core the OS gives to another job), the calling thread takes the bands the worker has not reached
     (fixed halves made it wait for the worker's whole half), and the result is the same. Both band loops: one
-    compiled call per core claiming bands through an atomic counter (``numpy_jit.winograd_bands``, where numpy's
+    compiled call per core claiming bands through an atomic counter (``numba_kernels.winograd_bands``, where numpy's
     BLAS is OpenBLAS), and the Python loop over ``cpu_threads.claimed`` (any other BLAS)."""
     import threading
     import time
 
-    from luminal_recipes.runtimes import cpu_threads
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
@@ -185,7 +186,7 @@ def test_winograd_bands_are_taken_in_turn(band_loop, numpy_runtime, monkeypatch,
     if band_loop == "python":
         monkeypatch.setattr(cblas, "sgemm", lambda: None)
     monkeypatch.setattr(cpu_threads, "THREADS", 2)
-    monkeypatch.setattr(numpy_kernels, "WINOGRAD_BAND", 16 * 16 * 32)  # one row of tiles per band: 24 bands
+    monkeypatch.setattr(conv_kernels, "WINOGRAD_BAND", 16 * 16 * 32)  # one row of tiles per band: 24 bands
     real = jit.kernels()
     caller, workers, callers = threading.get_ident(), [], []
 
@@ -231,10 +232,10 @@ def test_winograd_bands_are_taken_in_turn(band_loop, numpy_runtime, monkeypatch,
 
 
 def test_winograd_band_loop_never_waits_for_a_weight_chunk(rng, assert_close):
-    """``numpy_jit.winograd_bands`` with every weight-transform chunk taken by another core that never finishes
+    """``numba_kernels.winograd_bands`` with every weight-transform chunk taken by another core that never finishes
     (its counter past the chunks, no chunk marked done): the call transforms the chunks itself before its first
     products, instead of spinning on a core the OS may have descheduled, and the result is the convolution."""
-    from luminal_recipes.runtimes import cblas
+    from luminal_recipes.runtimes.cpu import cblas
 
     if not jit.AVAILABLE or cblas.sgemm() is None:
         pytest.skip("needs numba and numpy's BLAS being OpenBLAS")

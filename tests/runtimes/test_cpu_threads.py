@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from luminal_recipes.runtimes import cpu_threads
+from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
 
 @pytest.mark.parametrize(("count", "slots"), [(0, 2), (1, 1), (5, 1), (7, 2), (20, 3)])

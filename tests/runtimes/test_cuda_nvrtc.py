@@ -22,10 +22,10 @@ from fused_programs import Fused
 from luminal_recipes.compiler.search import SearchOptions, compile_graph
 from luminal_recipes.graph import DType, Graph
 from luminal_recipes.recipe.builder import build
+from luminal_recipes.runtimes.cpu.backend import NumpyRuntime
 from luminal_recipes.runtimes.cuda.backend import prepare_program
 from luminal_recipes.runtimes.cuda.module import module_source
 from luminal_recipes.runtimes.cuda.nodes import CudaOptions
-from luminal_recipes.runtimes.numpy_runtime import NumpyRuntime
 from luminal_recipes.runtimes.program import Program
 
 nvrtc = pytest.importorskip("luminal_recipes.runtimes.cuda.nvrtc")

@@ -7,7 +7,7 @@ import pytest
 from fused_programs import Fused
 
 from luminal_recipes.graph import Graph, cast, run_reference
-from luminal_recipes.runtimes.expr import ElementwisePlan, parse
+from luminal_recipes.runtimes.kernels.expression import ElementwisePlan, parse
 
 
 def test_casts_inside_an_expression_round_like_the_cast_primitive(runtime, rng):
@@ -81,8 +81,9 @@ def test_logistic_instruction_gives_the_bits_of_its_four_operations(text, monkey
     """The compiled Elementwise kernel evaluates Recip(Add(Exp(Mul(x, b)), c)) (the sigmoid of SiLU, SwiGLU and the
     VAE's GroupNorm + SiLU) as one instruction, one pass over a tile instead of four: the same operations in the
     same order, so the same bits as the four instructions."""
-    from luminal_recipes.runtimes import expr, jit
-    from luminal_recipes.runtimes.numpy_kernels import JIT_TILE, _compiled_boxes
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu.kernels.elementwise import JIT_TILE, _compiled_boxes
+    from luminal_recipes.runtimes.kernels import expression as expr
 
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")

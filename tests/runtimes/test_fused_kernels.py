@@ -16,9 +16,12 @@ from fused_programs import Fused
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, View, cast, run_reference
-from luminal_recipes.runtimes import expr as expr_module
-from luminal_recipes.runtimes import numpy_attention, numpy_dequant, numpy_kernels
-from luminal_recipes.runtimes.numpy_runtime import NumpyBackend
+from luminal_recipes.runtimes.cpu.backend import NumpyBackend
+from luminal_recipes.runtimes.cpu.kernels import attention as numpy_attention
+from luminal_recipes.runtimes.cpu.kernels import conv as conv_kernels
+from luminal_recipes.runtimes.cpu.kernels import dequant as numpy_dequant
+from luminal_recipes.runtimes.cpu.kernels import norms as norms_kernels
+from luminal_recipes.runtimes.kernels import expression as expr_module
 
 
 def randn(rng, *shape, dtype=np.float32):
@@ -160,7 +163,7 @@ def test_elementwise_rejects_a_malformed_expression(runtime):
 @pytest.mark.parametrize("view", ["contiguous", "transposed"])
 @pytest.mark.parametrize("kernel", ["Softmax", "LayerNorm", "RMSNorm"])
 def test_row_kernels(kernel, view, compare, rng, monkeypatch):
-    monkeypatch.setattr(numpy_kernels, "ROW_TILE", 100)  # several row tiles
+    monkeypatch.setattr(norms_kernels, "ROW_TILE", 100)  # several row tiles
     g = Graph()
     x0 = g.input("x", (2, 33, 9) if view == "transposed" else (2, 9, 33))
     x = x0.transpose(1, 2) if view == "transposed" else x0  # [2, 9, 33]
@@ -259,7 +262,7 @@ def test_attention_decoding_one_query_row(with_bias, compare, runtime, monkeypat
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_attention_split_over_cores(with_bias, compare, runtime, monkeypatch):
     """Query blocks shared out over several threads, BLAS single-threaded inside: the reference's values."""
-    from luminal_recipes.runtimes import cpu_threads
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
     monkeypatch.setattr(cpu_threads, "THREADS", 3)
     monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
@@ -283,7 +286,7 @@ def test_attention_query_blocks_give_the_same_bits_on_any_thread_count(op, numpy
     """Heads cut into query blocks (``MIN_TASKS`` tasks at least) that the cores take in turn
     (``cpu_threads.claimed``): the reference's values, and the same bits on 1-3 threads (the blocks, whose
     row counts BLAS's bits depend on, do not depend on the thread count)."""
-    from luminal_recipes.runtimes import cpu_threads
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
     monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
     monkeypatch.setattr(numpy_attention, "MIN_ROWS", 1)
@@ -333,7 +336,7 @@ def test_attention_blocked_with_a_fully_masked_key_block(compare):
 @pytest.mark.parametrize(("kernel", "stride", "padding", "bias"),
                          [(3, 1, 1, False), (3, 2, 1, True), (1, 1, 0, True), (2, 2, 0, False)])
 def test_conv2d(kernel, stride, padding, bias, compare, rng, monkeypatch):
-    monkeypatch.setattr(numpy_kernels, "CONV_TILE", 60)  # a few output rows per im2col tile
+    monkeypatch.setattr(conv_kernels, "CONV_TILE", 60)  # a few output rows per im2col tile
     n, c, h, w, o = 2, 3, 9, 8, 4
     g = Graph()
     x = g.input("x", (n, c, h, w))

@@ -141,7 +141,7 @@ def test_activation_buffers_are_sized_exactly(runtime):
 def test_kernel_scratch_is_planned(runtime, monkeypatch):
     if not runs_numpy_kernels(runtime):
         pytest.skip("numpy's Softmax reads this view through scratch; a CUDA row kernel reads it in place")
-    from luminal_recipes.runtimes import jit
+    from luminal_recipes.runtimes.cpu import jit
 
     monkeypatch.setattr(jit, "AVAILABLE", False)  # numpy's passes (the compiled row kernel reads it in place too)
     g = Graph()

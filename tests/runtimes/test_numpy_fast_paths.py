@@ -13,7 +13,10 @@ from runtime_kinds import runs_numpy_kernels
 
 from luminal_recipes import ops
 from luminal_recipes.graph import Graph, run_reference
-from luminal_recipes.runtimes import numpy_kernels
+from luminal_recipes.runtimes.cpu.kernels import elementwise as elementwise_kernels
+from luminal_recipes.runtimes.cpu.kernels import layout as layout_kernels
+from luminal_recipes.runtimes.cpu.kernels import matmul as matmul_kernels
+from luminal_recipes.runtimes.cpu.kernels import norms as norms_kernels
 from luminal_recipes.runtimes.program import Program
 
 
@@ -37,8 +40,8 @@ def test_padded_adds_match_the_reference_bit_for_bit(runtime, monkeypatch):
     from luminal_recipes.compiler import SearchOptions, compile_graph
 
     used = []
-    fast = numpy_kernels.prepare_padded_add
-    monkeypatch.setattr(numpy_kernels, "prepare_padded_add", lambda ctx: used.append(fast(ctx)) or used[-1])
+    fast = layout_kernels.prepare_padded_add
+    monkeypatch.setattr(layout_kernels, "prepare_padded_add", lambda ctx: used.append(fast(ctx)) or used[-1])
     g, inputs = _padded_graph()
     want = run_reference(g, inputs)
     program = compile_graph(g, runtime, options=SearchOptions(use_cache=False, time_top=0)).program
@@ -61,8 +64,8 @@ def test_concat_and_copy_kernels_take_the_box_wise_paths(runtime, monkeypatch):
     y = f.add("Concat", [b.pad(1, 4, 0), a.pad(1, 0, 6)], (3, 10))
     z = f.add("Copy", [a.pad(1, 2, 1)], (3, 7))
     used = []
-    fast = numpy_kernels.prepare_padded_add
-    monkeypatch.setattr(numpy_kernels, "prepare_padded_add", lambda ctx: used.append(fast(ctx)) or used[-1])
+    fast = layout_kernels.prepare_padded_add
+    monkeypatch.setattr(layout_kernels, "prepare_padded_add", lambda ctx: used.append(fast(ctx)) or used[-1])
     inputs = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": -np.ones((3, 6), np.float32)}
     got = runtime.run(f.program(y=y, z=z), inputs)
     want = run_reference(g, inputs)
@@ -76,8 +79,9 @@ def test_concat_and_copy_kernels_take_the_box_wise_paths(runtime, monkeypatch):
 def test_copy_of_repeated_values_fills_the_repeats_from_the_output(threads, compiled, runtime, monkeypatch):
     """A ``Copy`` of a view that repeats values along its innermost axes (a 2x nearest upsampling, and a repeat
     with a padded axis around it): the copies repeated within the output give the reference's bits. With numba
-    the upsampling is one compiled pass (``numpy_jit.upsample2_rows``), without it first entries then repeats."""
-    from luminal_recipes.runtimes import cpu_threads, jit
+    the upsampling is one compiled pass (``numba_kernels.upsample2_rows``), without it first entries then repeats."""
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
     if compiled and not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
@@ -93,9 +97,9 @@ def test_copy_of_repeated_values_fills_the_repeats_from_the_output(threads, comp
     y = f.add("Copy", [up], (2, 3, 4, 2, 5, 2))
     z = f.add("Copy", [a.pad(1, 1, 0).expand(4, 3)], (2, 4, 4, 5, 3))
     calls, upsampled = [], []
-    steps, rows = numpy_kernels._repeat_steps, numpy_kernels._upsampled_rows
-    monkeypatch.setattr(numpy_kernels, "_repeat_steps", lambda d, s: calls.append(steps(d, s)) or calls[-1])
-    monkeypatch.setattr(numpy_kernels, "_upsampled_rows", lambda d, s: upsampled.append(rows(d, s)) or upsampled[-1])
+    steps, rows = layout_kernels._repeat_steps, layout_kernels._upsampled_rows
+    monkeypatch.setattr(layout_kernels, "_repeat_steps", lambda d, s: calls.append(steps(d, s)) or calls[-1])
+    monkeypatch.setattr(layout_kernels, "_upsampled_rows", lambda d, s: upsampled.append(rows(d, s)) or upsampled[-1])
     inputs = {"a": np.random.default_rng(2).standard_normal((2, 3, 4, 5)).astype(np.float32)}
     got = runtime.run(f.program(y=y, z=z), inputs)
     want = run_reference(g, inputs)
@@ -129,7 +133,9 @@ def test_kernels_split_over_threads_give_the_same_bits_as_one_thread(compiled, n
     numpy's passes) cut into parts run on worker threads: the same bits as one thread, whatever the part count,
     and the reference's values."""
     from luminal_recipes.compiler import SearchOptions, compile_graph
-    from luminal_recipes.runtimes import cpu_threads, expr, jit
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+    from luminal_recipes.runtimes.kernels import expression as expr
 
     if compiled and not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
@@ -154,7 +160,7 @@ def test_kernels_split_over_threads_give_the_same_bits_as_one_thread(compiled, n
     for threads in (1, 2, 3):
         monkeypatch.setattr(cpu_threads, "THREADS", threads)
         monkeypatch.setattr(cpu_threads, "MIN_PART", 1)  # split even these small kernels
-        monkeypatch.setattr(numpy_kernels, "JIT_PART_ELEMS", 1)
+        monkeypatch.setattr(elementwise_kernels, "JIT_PART_ELEMS", 1)
         monkeypatch.setattr(expr, "TILE_ELEMS", 16)  # many tiles per Elementwise
         results.append(runtime.run(program, inputs))
     for name in want:
@@ -174,12 +180,14 @@ ELEMENTWISE_EXPRESSIONS = [
 
 @pytest.mark.parametrize("text", ELEMENTWISE_EXPRESSIONS)
 def test_compiled_elementwise_gives_numpys_values_on_every_layout(text, numpy_runtime, monkeypatch):
-    """The f32 Elementwise kernel compiled by numba (register code over tiles, ``numpy_jit.elementwise_tiles``)
+    """The f32 Elementwise kernel compiled by numba (register code over tiles, ``numba_kernels.elementwise_tiles``)
     against numpy's passes on the same Program: operands row-strided, transposed, broadcast, padded, a 5-axis
     output (boxes per leading index), unit axes; split over 1-3 parts with tiles cut inside rows. Bits equal
     except where exp, sin or log2 round differently (numba's and numpy's libraries), and ``inf`` and ``nan`` as
     numpy gives them."""
-    from luminal_recipes.runtimes import cpu_threads, jit, numpy_kernels
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+    from luminal_recipes.runtimes.cpu.kernels import elementwise as elementwise_kernels
 
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
@@ -198,11 +206,11 @@ def test_compiled_elementwise_gives_numpys_values_on_every_layout(text, numpy_ru
               for n in g.nodes if n.op == "Input"}
     inputs["wide"][0, 0, 0, 0, 10:13] = [np.inf, -np.inf, np.nan]
     program = f.program(y=y)
-    monkeypatch.setattr(numpy_kernels, "JIT_TILE", 16)  # tiles of rows, and pieces of one row
-    monkeypatch.setattr(numpy_kernels, "JIT_PART_ELEMS", 1)
+    monkeypatch.setattr(elementwise_kernels, "JIT_TILE", 16)  # tiles of rows, and pieces of one row
+    monkeypatch.setattr(elementwise_kernels, "JIT_PART_ELEMS", 1)
     used = []
-    real = numpy_kernels._prepare_compiled_expression
-    monkeypatch.setattr(numpy_kernels, "_prepare_compiled_expression", lambda *a: used.append(1) or real(*a))
+    real = elementwise_kernels._prepare_compiled_expression
+    monkeypatch.setattr(elementwise_kernels, "_prepare_compiled_expression", lambda *a: used.append(1) or real(*a))
     results = {}
     for compiled, threads in ((False, 1), (True, 1), (True, 2), (True, 3)):
         monkeypatch.setattr(jit, "AVAILABLE", compiled)
@@ -228,7 +236,9 @@ def test_compiled_elementwise_in_place_and_on_reversed_pairs(text, numpy_runtime
     into the output: also right when the memory planner makes it write over its own input (in place), and with
     operands that only the register copies can read (RoPE's pairs read reversed, rows of two). Compiled and numpy
     passes agree, on 1-3 parts."""
-    from luminal_recipes.runtimes import cpu_threads, jit, numpy_kernels
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+    from luminal_recipes.runtimes.cpu.kernels import elementwise as elementwise_kernels
 
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
@@ -245,8 +255,8 @@ def test_compiled_elementwise_in_place_and_on_reversed_pairs(text, numpy_runtime
     program = f.program(y=y)
     rng = np.random.default_rng(5)
     inputs = {name: (rng.standard_normal(shape) * 3).astype(np.float32) for name in ("x", "r")}
-    monkeypatch.setattr(numpy_kernels, "JIT_TILE", 16)
-    monkeypatch.setattr(numpy_kernels, "JIT_PART_ELEMS", 1)
+    monkeypatch.setattr(elementwise_kernels, "JIT_TILE", 16)
+    monkeypatch.setattr(elementwise_kernels, "JIT_PART_ELEMS", 1)
     results = {}
     for compiled, threads in ((False, 1), (True, 1), (True, 2), (True, 3)):
         monkeypatch.setattr(jit, "AVAILABLE", compiled)
@@ -269,7 +279,9 @@ def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, m
     apart: no single row stride) reads them in place, one [S, D] block per head, rows dealt out over the cores,
     with a norm's scale and shift vectors (FLUX.2's q/k RMSNorm weight) applied in the same pass: numpy's passes
     (which gather the view into scratch first) and the reference agree."""
-    from luminal_recipes.runtimes import cpu_threads, jit, numpy_kernels
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+    from luminal_recipes.runtimes.cpu.kernels import norms as norms_kernels
 
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
@@ -292,8 +304,8 @@ def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, m
     inputs = {"qkv": rng.standard_normal((1, 37, 96)).astype(np.float32) * 3,
               "w": rng.standard_normal(8).astype(np.float32), "b": rng.standard_normal(8).astype(np.float32)}
     used = []
-    real = numpy_kernels._prepare_compiled_blocks
-    monkeypatch.setattr(numpy_kernels, "_prepare_compiled_blocks", lambda *a: used.append(1) or real(*a))
+    real = norms_kernels._prepare_compiled_blocks
+    monkeypatch.setattr(norms_kernels, "_prepare_compiled_blocks", lambda *a: used.append(1) or real(*a))
     monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
     results = []
     for compiled, threads in ((True, 1), (True, 2), (True, 3), (False, 1)):
@@ -311,7 +323,8 @@ def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, m
 def test_dequant_matmul_compiled_decoding_gives_the_numpy_bits(fmt, layout, numpy_runtime, monkeypatch):
     """``DequantMatMul`` decoded by numba's row passes (f8e4m3 scales read as bytes through their 256 values)
     gives the bits of numpy's passes (ml_dtypes' casts and table lookups), over several bands."""
-    from luminal_recipes.runtimes import jit, numpy_dequant
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu.kernels import dequant as numpy_dequant
 
     if not jit.AVAILABLE:
         pytest.skip("numba is not installed (luminal-recipes[jit])")
@@ -352,7 +365,8 @@ def test_group_norm_kernel_matches_torch(layout, act, numpy_runtime, monkeypatch
     cores and numpy's passes agree with torch's group_norm (+ silu) in float64; a scale that varies per sample
     (not one value per channel, bf16) takes numpy's passes, which read it in place."""
     torch = pytest.importorskip("torch")
-    from luminal_recipes.runtimes import cpu_threads, jit
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
     g = Graph()
     x = g.input("x", (2, 12, 5, 7) if layout != "gathered" else (2, 105, 4))
@@ -404,7 +418,8 @@ def test_blas_matmul_chunks_match_the_reference(m, k, n, numpy_runtime, monkeypa
     """A MatMul on BLAS (AMX refused) cut into chunks of columns (few rows: a VAE's 1x1 convolution) or of
     rows, taken in turn by the cores, each a single-threaded BLAS call: the reference's values, and the same
     values on one and two threads; a small product is one call."""
-    from luminal_recipes.runtimes import amx, cpu_threads
+    from luminal_recipes.runtimes.cpu import amx
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
     rng = np.random.default_rng(m + n)
     g = Graph()
@@ -415,7 +430,7 @@ def test_blas_matmul_chunks_match_the_reference(m, k, n, numpy_runtime, monkeypa
     inputs, weights = {"x": rng.standard_normal((k, n)).astype(np.float32)}, {
         "w": rng.standard_normal((m, k)).astype(np.float32)}
     monkeypatch.setattr(amx, "worth_it", lambda *args, **kwargs: False)
-    monkeypatch.setattr(numpy_kernels, "BLAS_PART_MACS", 1 if m * n > 100 else 1 << 30)
+    monkeypatch.setattr(matmul_kernels, "BLAS_PART_MACS", 1 if m * n > 100 else 1 << 30)
     claimed = []
     real = cpu_threads.claimed
     monkeypatch.setattr(cpu_threads, "claimed", lambda count, *a: claimed.append(count) or real(count, *a))
@@ -437,7 +452,8 @@ def test_rms_norm_rope_kernel_matches_torch_and_diffusers(layout, numpy_runtime,
     passes (numba missing, or x transposed: its rows not contiguous)."""
     torch = pytest.importorskip("torch")
     embeddings = pytest.importorskip("diffusers.models.embeddings")
-    from luminal_recipes.runtimes import cpu_threads, jit
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
     g = Graph()
     if layout == "fused projection":
@@ -464,8 +480,8 @@ def test_rms_norm_rope_kernel_matches_torch_and_diffusers(layout, numpy_runtime,
     want = embeddings.apply_rotary_emb(normed, (t["cos"], t["sin"]), use_real=True, use_real_unbind_dim=-1)
     want = want.numpy().reshape(pairs)
     used = []
-    real = numpy_kernels._prepare_compiled_rope
-    monkeypatch.setattr(numpy_kernels, "_prepare_compiled_rope", lambda *a: used.append(1) or real(*a))
+    real = norms_kernels._prepare_compiled_rope
+    monkeypatch.setattr(norms_kernels, "_prepare_compiled_rope", lambda *a: used.append(1) or real(*a))
     monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
     results, numba = [], jit.AVAILABLE
     for compiled, threads in ((True, 1), (True, 2), (True, 3), (False, 1)):

@@ -10,7 +10,8 @@ from fused_programs import Fused
 
 from luminal_recipes.errors import InputError
 from luminal_recipes.graph import Graph
-from luminal_recipes.runtimes import cpu_threads, jit
+from luminal_recipes.runtimes.cpu import jit
+from luminal_recipes.runtimes.cpu import threads as cpu_threads
 from luminal_recipes.runtimes.program import Program
 
 

@@ -48,17 +48,24 @@ def classifier_free_guidance(ctx: StepContext, cond: np.ndarray, scale: float, u
     return {"value": uncond + np.float32(scale) * (cond - uncond)}
 
 
-def narrow(ctx: StepContext, value: np.ndarray, axis: int, start: int, length: int) -> dict:
-    """``length`` entries of ``value`` along ``axis`` from ``start`` (``torch.narrow``), as a contiguous copy: e.g.
-    the velocity of the noisy tokens only, as ``noise_pred[:, :latents.size(1)]``."""
+def narrow(ctx: StepContext, value: np.ndarray, axis: int, start: int, stop: int) -> dict:
+    """Entries ``start`` to ``stop`` (exclusive) of ``value`` along ``axis``, as a contiguous copy: e.g. the velocity
+    of the noisy tokens only, as ``noise_pred[:, :latents.size(1)]``. The same arguments as ``narrow(x, axis,
+    start, stop)`` in a forward (one meaning of ``narrow`` in the whole language; not ``torch.narrow``'s length)."""
     array = np.asarray(value)
-    axis, start, length = int(axis) % array.ndim, int(start), int(length)
-    if start < 0 or length < 0 or start + length > array.shape[axis]:
-        raise PipelineError(f"narrow: entries {start}..{start + length} of axis {axis} do not lie in an array of "
+    axis, start, stop = int(axis) % array.ndim, int(start), int(stop)
+    if not 0 <= start <= stop <= array.shape[axis]:
+        raise PipelineError(f"narrow: entries {start}..{stop} of axis {axis} do not lie in an array of "
                             f"shape {array.shape}")
     index = [slice(None)] * array.ndim
-    index[axis] = slice(start, start + length)
+    index[axis] = slice(start, stop)
     return {"value": np.ascontiguousarray(array[tuple(index)])}
+
+
+# inputs a step once took, and how to write them now (check_steps_known reports them at their recipe line)
+narrow.renamed_inputs = {
+    "length": "the step `narrow` takes `stop` (exclusive), as narrow(x, axis, start, stop) does in a forward; it "
+              "took `length` (torch.narrow's) before: write `stop: <start> + <length>` (e.g. `start: 0, stop: h * w`)"}
 
 
 def fit_images(ctx: StepContext, images: Sequence[np.ndarray] | None, max_area: int, multiple: int) -> dict:

@@ -16,7 +16,7 @@ from ...pipeline.plugins import StepContext
 def encode_text(ctx: StepContext, text: str, max_length: int) -> dict:
     """``input_ids`` and ``attention_mask`` ``[1, max_length]`` (i32), and ``num_tokens`` (the real ones). The
     tokenizer is the checkpoint's (in the pipeline's ``tokenizer.path`` folder when it names one)."""
-    from ..generation.tokenizer import TextTokenizer
+    from ...text.tokenizer import TextTokenizer
 
     max_length = int(max_length)
     if max_length < 2:

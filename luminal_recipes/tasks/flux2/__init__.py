@@ -41,13 +41,15 @@ def read_init_latents(path: Path, params: Mapping[str, Any]):
 
 def describe(params: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, str]:
     """The settings an image records (PNG text chunks): the seed ("none" when it started from given latents),
-    steps, guidance, size, and the latents file."""
+    steps, sampler, guidance, size, the latents file and the reference images (a path each, or "pixels" for
+    an image given as an array in Python)."""
     text = {}
     init = given.get("init_latents")
     if "seed" in params:
         text["seed"] = "none" if init is not None else str(params["seed"])
     if "steps" in params:
         text["steps"] = str(params["steps"])
+        text["sampler"] = "Euler"  # the flow-matching Euler scheduler (A1111's name for the method)
     if "guidance" in params:
         text["guidance"] = repr(float(params["guidance"]))
     if "width" in params and "height" in params:
@@ -55,7 +57,8 @@ def describe(params: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, s
     if init is not None:
         text["init_latents"] = str(init)
     if given.get("images"):
-        text["images"] = ", ".join(str(path) for path in given["images"])
+        text["images"] = ", ".join("pixels" if not isinstance(image, str | Path) else str(image)
+                                   for image in given["images"])
     return text
 
 

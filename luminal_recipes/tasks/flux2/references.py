@@ -46,7 +46,7 @@ def check_reference(pixels: np.ndarray, where: str) -> None:
                             f"Flux2ImageProcessor.check_image_input); crop it")
 
 
-def read_references(paths: Sequence[Path], params: Mapping[str, Any]) -> list[np.ndarray]:
+def read_references(paths: Sequence[Path | np.ndarray], params: Mapping[str, Any]) -> list[np.ndarray]:
     """``--image PATH`` (repeatable): each file read as ``diffusers.utils.load_image`` reads it, ``(H, W, 3)``
     uint8 RGB, and checked; at most ``max_images`` of them when the pipeline declares that parameter."""
     paths = list(paths)
@@ -56,9 +56,15 @@ def read_references(paths: Sequence[Path], params: Mapping[str, Any]) -> list[np
                             f"reference images (its max_images parameter, the maximum Black Forest Labs documents "
                             f"for the model); pass fewer, or raise it with --set max_images={len(paths)}")
     images = []
-    for path in paths:
-        pixels = load_image(path, "--image")
-        check_reference(pixels, f"--image {path}")
+    for index, path in enumerate(paths):
+        if isinstance(path, np.ndarray):  # pixels given in Python (the API reads a PIL image as load_image does)
+            if path.dtype != np.uint8 or path.ndim != 3 or path.shape[2] != 3:
+                raise PipelineError(f"image {index + 1}: expected (H, W, 3) uint8 RGB pixels, got "
+                                    f"{path.shape} {path.dtype}")
+            pixels, where = path, f"image {index + 1}"
+        else:
+            pixels, where = load_image(path, "--image"), f"--image {path}"
+        check_reference(pixels, where)
         images.append(pixels)
     return images
 

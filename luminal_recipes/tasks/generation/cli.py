@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import IO, Any
 
 from ...errors import InputError, LuminalError, NonFiniteError
 from ...text.check import check_text
+from .length import ContextLengthWarning, beyond_context
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -123,6 +125,12 @@ def check_request(model, req: TextRequest) -> list[list[int]]:
             shown = prompt if len(prompt) <= 60 else prompt[:57] + "..."
             raise InputError(f"prompt {shown!r} is {len(ids)} tokens long; {model.name} takes at most {limit} "
                              f"tokens of prompt and reply together, which leaves no room for a reply. Shorten it.")
+    if encoded:  # said once, before any work, for the shortest prompt (the one with the most room)
+        message = beyond_context(model.name, req.options()["max_new_tokens"], min(map(len, encoded)), limit,
+                                 "--context" if model.context else "its generation.context")
+        if message is not None:
+            print(f"warning: {message.replace('max_new_tokens=', '--max-new-tokens ', 1)}", file=sys.stderr,
+                  flush=True)
     return encoded
 
 
@@ -147,12 +155,14 @@ def run_text(req: TextRequest, out: IO[str] | None = None, err: IO[str] | None =
     results = []
     for prompt, ids in zip(req.prompts, encoded):
         stream = None if as_json else (lambda text: (out.write(text), out.flush()))
-        result = model.generate(ids, **{k: v for k, v in options.items() if k not in ("chat", "system", "chat_vars")},
-                                on_text=stream)
+        with warnings.catch_warnings():  # said once, by check_request
+            warnings.simplefilter("ignore", ContextLengthWarning)
+            result = model.generate(ids, **{k: v for k, v in options.items()
+                                            if k not in ("chat", "system", "chat_vars")}, on_text=stream)
         if not as_json:
             out.write("\n")
             out.flush()
-        row = {"prompt": prompt, **result.summary(), "load_s": round(load_s, 3),
+        row = {"prompt": prompt, **result.summary(), "seed": req.seed, "load_s": round(load_s, 3),
                "compile_s": round(model.stats.compile_s, 3), "memory_plan": model.stats.plans}
         results.append(row)
         if as_json:

@@ -1,9 +1,9 @@
 """Golden-text checks: regenerate the replies a manifest lists and compare them with what was recorded.
 
 A text manifest (``tests/golden/texts.yaml``) lists ``texts:``, each with a ``name``, the ``recipe`` and
-``weights`` (relative to the manifest, or ``hf://...``), the ``prompt`` and the generation settings (``chat``,
-``system``, ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``,
-``stop``). A case is checked in one or both ways:
+``weights`` (relative to the manifest, ``hf://...`` or ``python://...``; a folder or a GGUF file), the ``prompt``
+and the generation settings (``chat``, ``system``, ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
+``repetition_penalty``, ``seed``, ``stop``). A case is checked in one or both ways:
 
 - **token ids** (``ids: true``; the tiny checkpoints): the reply's ids must equal those recorded in
   ``<manifest folder>/texts/<name>.json`` exactly (greedy decoding on one machine and program is exact);
@@ -12,7 +12,8 @@ A text manifest (``tests/golden/texts.yaml``) lists ``texts:``, each with a ``na
   of its terms in the normalised reply (ANSI escapes stripped, whitespace collapsed, case-folded); a failure lists
   the groups expected and the ones missing.
 
-A case whose weights cannot be had here (a Hub checkpoint offline) is reported as skipped, not passed.
+A case whose weights cannot be had here (a Hub checkpoint offline, a package not installed) is reported as skipped,
+not passed.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def load_manifest(path: Path) -> list[TextCase]:
             if unknown:
                 raise ValueError(f"entry '{item.get('name')}' has unknown keys {sorted(unknown)}")
             weights = str(item["weights"])
-            if not weights.startswith("hf://"):
+            if not weights.startswith(("hf://", "python://")):
                 weights = str((path.parent / weights).resolve())
             concepts = [[str(t) for t in (g if isinstance(g, list) else [g])] for g in item.get("concepts", [])]
             record = golden_file(source, ("texts", index, "name"), f"texts/{item['name']}.json")
@@ -122,7 +123,7 @@ def generate(case: TextCase, models: dict) -> tuple[list[int], str]:
 
 
 def _unavailable(case: TextCase, exc: LuminalError) -> bool:
-    return case.weights.startswith("hf://") and isinstance(exc, CheckpointError)
+    return case.weights.startswith(("hf://", "python://")) and isinstance(exc, CheckpointError)
 
 
 def check(manifest: Path) -> list[TextResult]:

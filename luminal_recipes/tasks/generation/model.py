@@ -37,10 +37,11 @@ from ...runtimes.memory import format_bytes
 from ...runtimes.program import Program
 from ...runtimes.registry import get_runtime
 from ...text.check import check_text
+from ...text.tokenizer import TextTokenizer, eos_token_ids
 from . import contract
 from .detokenize import IncrementalDetokenizer, StopStrings
+from .length import warn_beyond_context
 from .sampling import Sampler, SamplingSettings
-from .tokenizer import TextTokenizer, eos_token_ids
 
 HUB_PATTERNS = ("*.json", "*.safetensors", "*.jinja")  # weights, configs, tokenizer.json and chat templates
 MIN_BUCKET = 64  # the smallest prompt-length, cache and attended-prefix bucket
@@ -65,6 +66,7 @@ class Generation:
     first_token_s: float  # prompt in -> first token chosen (prefill + sampling)
     decode_s: float  # the decode steps (after the first token)
     peak_memory_bytes: int | None = None
+    seed: int | None = None  # the sampling seed (set by the Python API, which may draw it)
 
     @property
     def decode_steps(self) -> int:
@@ -388,6 +390,7 @@ class LanguageModel:
             raise InputError(f"the prompt is {n} tokens long; {self.name} takes at most {limit} tokens of prompt and "
                              f"reply together ({'--context' if self.context else 'its generation.context'}), which "
                              f"leaves no room for a reply. Shorten the prompt.")
+        warn_beyond_context(self.name, max_new_tokens, n, limit, "--context" if self.context else "generation.context")
         budget_tokens = min(max_new_tokens, limit - n)
         session = self._ensure(n + budget_tokens, n)
         self._reset(session)
@@ -542,6 +545,11 @@ def _token_ids(prompt: Any) -> list[int]:
     if not isinstance(prompt, (list, tuple)):
         raise InputError(f"the prompt must be text (str) or token ids (a list of ints), got {_shown(prompt)} "
                          f"({type(prompt).__name__})")
+    if prompt and all(isinstance(item, str) for item in prompt):
+        texts = f"{len(prompt)} text{'s' * (len(prompt) > 1)}"
+        raise InputError(f"the prompt is a list of {texts}: LanguageModel.generate replies to one "
+                         f"prompt (text, or a list of token ids); for one reply each, use luminal_recipes.Pipeline."
+                         f"from_recipe(recipe, weights=...).generate([...]), or call generate once per prompt")
     for position, item in enumerate(prompt):
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
             raise InputError(f"the prompt's token ids: item {position} is {_shown(item)} "

@@ -1,0 +1,148 @@
+"""The numpy backend's compiled kernels (``numba_kernels``, numba), loaded lazily and warmed up in the background.
+
+Importing numba and loading its first function from the disk cache costs about a second (LLVM's start-up);
+``warm_up()`` (called when a numpy backend is made) does it on a daemon thread while the pipeline builds and
+compiles its graphs, and ``kernels()`` waits for it when a kernel is bound. numba is optional (``pip install
+luminal-recipes[jit]``): ``AVAILABLE`` is False where it is not installed, or with ``LUMINAL_RECIPES_JIT=0`` or
+``LUMINAL_RECIPES_ISA=numpy``, and
+the kernels keep their numpy passes (the same values; the tests compare both).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import ModuleType
+
+import numpy as np
+
+from .. import isa
+from ..threads import parallel, split
+
+# LUMINAL_RECIPES_JIT=0 (or LUMINAL_RECIPES_ISA=numpy: ``..isa``) keeps the numpy passes: numba and LLVM add ~1 s
+# of start-up and ~120 MiB of resident memory to a process, for kernels a few times faster than numpy's passes
+AVAILABLE = isa.selected() != "numpy"
+_LOCK = threading.Lock()
+_MODULE: ModuleType | None = None
+_WARMING: threading.Thread | None = None
+
+
+def kernels() -> ModuleType:
+    """``numba_kernels``, imported and with every kernel's machine code loaded (compiled on the first run ever)."""
+    global _MODULE
+    with _LOCK:
+        if _MODULE is None:
+            from . import numba_kernels as numpy_jit
+
+            _touch(numpy_jit)
+            _MODULE = numpy_jit
+    return _MODULE
+
+
+def _touch(module: ModuleType) -> None:
+    """Call every kernel once on tiny arrays of the layouts the kernels bind (contiguous rows, or row-strided
+    2-D blocks), so that their code is loaded (or compiled and cached) now."""
+    rows = np.zeros((2, 16), np.float32)
+    out = np.zeros((2, 16), np.float32)
+    vec = np.zeros(2, np.float32)
+    one = np.float32(1)
+    fixed = _read_only(vec)  # the norms' scale and shift vectors are passed read-only
+    for scores in (rows, rows[:, :8]):
+        module.exp_rows(scores, vec)
+        module.exp_rows_sum(scores, vec)
+        module.exp_rows_online(scores, vec, vec, vec, True)
+    # rows read in place (read-only views of the producer, contiguous or strided) or copied into scratch: numba
+    # compiles one version per type, read-only included, and one compiled in the middle of a run costs seconds
+    for x in (_read_only(rows), _read_only(rows[:, ::2]), rows):
+        dst = out[:, : x.shape[1]].copy()
+        module.softmax_rows(x, dst)
+        module.rms_norm_rows(x, dst, fixed, fixed, 0, one, one)
+        module.layer_norm_rows(x, dst, fixed, fixed, 0, one, one)
+    block = np.zeros((2, 8), np.float32)  # rows read out of a flat buffer
+    for silu in (False, True):  # GroupNorm: rows of a read-only flat buffer, per-channel read-only vectors
+        module.group_norm_rows(_read_only(rows.reshape(-1)), 0, 16, out, 0, 2, fixed, fixed, 1, 8, one, one, silu)
+    module.rms_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
+    module.layer_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
+    flat = _read_only(rows.reshape(-1))  # RMSNorm + RoPE: x and the tables read in place, read-only
+    module.rms_norm_rope_rows(flat, 0, 16, block, _read_only(np.zeros(8, np.float32)), flat, 0, 16, flat, 0, 16, one,
+                              one, np.zeros(16, np.float32))
+    code = np.array([[0, 0, 0, 0, 0], [1, 1, 1, 0, 0], [8, 1, 1, 0, 0], [3, 1, 1, 0, 0], [2, 0, 1, 0, 0]], np.int32)
+    table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
+                     np.int64)
+    module.elementwise_tiles(code, np.ones(1, np.float32), table, np.array([1, 2, 16], np.int64),
+                             np.zeros((2, 8), np.float32))
+    codes = np.zeros((2, 16), np.uint8)
+    table = np.zeros(256, np.float32)
+    module.decode_fp8_rows(codes, vec[:, None], out, table)  # per-channel or per-tensor (broadcast) scales
+    module.decode_fp8_rows(codes, np.broadcast_to(vec[:1, None], (2, 1)), out, table)
+    for packed in (codes[:, :8], codes[:, :8].copy()):  # padded (comfy) or exact rows of bytes
+        module.decode_nvfp4_rows(packed, codes.copy(), out, np.zeros((256, 2), np.float32), table, out[:1, :1])
+    image = np.zeros((2, 4, 6), np.float32)
+    # a padded image in scratch, or read in place (read-only: another kernel's output or the caller's input)
+    for x in (image, image[:, :, :5], _read_only(image), _read_only(image[:, :, :5])):
+        module.conv_kw3_rows(x, np.zeros((2, 3, 3, 4), np.float32), vec[:1].repeat(4), np.zeros((3, 2, 3), np.float32),
+                             0, 2)
+        module.winograd_input(x, np.zeros((16, 2, 2), np.float32), 0, 1, 2, 1, 1)
+    u, m = np.zeros((16, 2, 2), np.float32), np.zeros((16, 2, 2), np.float32)
+    for w in (np.zeros((2, 2, 3, 3), np.float32), np.zeros((2, 2, 3, 3, 2), np.float32)[..., 0]):  # own or a view
+        module.winograd_weights(w, u)
+        module.winograd_weights(_read_only(w), u)  # a checkpoint weight, read in place
+    module.winograd_output(m, vec, np.zeros((2, 2, 4), np.float32), 0, 1, 2)
+    source = np.zeros((2, 4), np.float32)  # Copy's upsampling: rows of a read-only view, one run or strided
+    for src in (_read_only(source), _read_only(source[:, :3])):
+        module.upsample2_rows(src, np.zeros((4, 2 * src.shape[1]), np.float32), 0, 2)
+    from .. import cblas
+
+    blas = cblas.sgemm()
+    if blas is not None:  # the band loop, on the same input layouts (no band to run: nothing is multiplied)
+        images = np.zeros((1, 2, 4, 6), np.float32)
+        no_bands = np.zeros((0, 3), np.int64)
+        for x in (images, images[..., :5], _read_only(images), _read_only(images[..., :5])):
+            module.winograd_bands(x, u.ctypes.data, np.ones(4, np.int64), u, vec, np.zeros((1, 2, 2, 4), np.float32), u,
+                                  m, no_bands, np.zeros(2, np.int64), 2, 1, 1, *blas)
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
+def warm_up() -> None:
+    """Start loading the kernels on a daemon thread (once per process)."""
+    global _WARMING
+    if not AVAILABLE or _WARMING is not None:
+        return
+    _WARMING = threading.Thread(target=_warm, name="luminal-jit-warm-up", daemon=True)
+    _WARMING.start()
+
+
+def wait_for_warm_up() -> None:
+    """Start the warm-up if it has not started, and wait until every kernel is loaded (or compiled)."""
+    warm_up()
+    if _WARMING is not None:
+        _WARMING.join()
+
+
+def _warm() -> None:
+    kernels()
+    from .. import amx
+    from ..amx import dequant as amx_dequant
+
+    if amx.ready():  # the AMX product's kernels too, on a CPU with AMX (else a no-op)
+        from ..amx import attention as amx_attention
+
+        amx_attention.ready()
+    amx_dequant.ready()  # and the quantized weights' product on AMX
+
+
+def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[], None]:
+    """A step calling ``kernel(*row_parts, *scalars)`` on one part of the rows (axis 0 of every array) per
+    core."""
+    n = arrays[0].shape[0]
+    width = arrays[0].size // max(n, 1)
+    bound = []  # the row slices are made once, here
+    for sl in split(n, width):
+        views = tuple(a[sl] for a in arrays)
+        bound.append(lambda views=views: kernel(*views, *scalars))
+    return parallel(bound)

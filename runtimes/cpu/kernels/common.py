@@ -1,0 +1,45 @@
+"""What every CPU kernel module shares: the f32 dtype, binding operands, running their scratch copies."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from luminal_recipes.graph.dtypes import DType
+
+from ...kernels.context import Step
+from .operands import Operand
+
+F32 = np.dtype(np.float32)
+FLOAT_STORAGE = {d.np for d in DType if d.is_float}  # ml_dtypes' floats have numpy kind "V"
+F32_MIN = np.float32(np.finfo(np.float32).min)
+
+
+def is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype in FLOAT_STORAGE
+
+
+def with_refresh(operands: list[Operand], body: Step) -> Step:
+    """Run the operands' scratch copies (if any) before the body."""
+    refreshes = [op.refresh for op in operands if op is not None and op.refresh is not None]
+    if not refreshes:
+        return body
+
+    def step() -> None:
+        for r in refreshes:
+            r()
+        body()
+
+    return step
+
+
+def view_reshape(arr: np.ndarray, shape: tuple[int, ...]) -> np.ndarray | None:
+    """``arr`` at ``shape`` as a view, or ``None`` where numpy would have to copy (a copy made at bind time
+    would go stale: the hot loop must read the live buffer)."""
+    try:
+        return np.reshape(arr, shape, copy=False)
+    except ValueError:
+        return None
+
+
+def bind_all(operands: list[Operand | None], flats: list, scratch: list) -> list:
+    return [None if op is None else op.bind(flats[i], scratch) for i, op in enumerate(operands)]

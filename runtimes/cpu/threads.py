@@ -1,0 +1,228 @@
+"""Running a kernel's independent parts on every core: numpy's ufuncs and the compiled row kernels
+(``numba_kernels``) release the GIL, so parts given to worker threads run in parallel with the caller's.
+
+One pool per process of daemon workers, one fewer than the most parts asked for (the caller runs the first part
+itself; kernels cut their work into at most ``THREADS`` parts), started on first use. Plain threads rather than
+numba's threading layers: GNU OpenMP's workers spin after each parallel region and starve OpenBLAS' threads on a
+machine with as many cores as threads (a 10x slowdown of every BLAS call measured here), and numba's workqueue
+layer aborts the process on concurrent launches. A part not yet started by its worker when the caller has
+finished its own is run by the caller (on a loaded machine a worker may wait milliseconds for a core). A part's
+work is fixed (rows or tiles assigned at bind time), or, with ``claimed``, the parts take independent tasks in
+turn, each task computed the same way whoever runs it: results never depend on the schedule. Parts that call BLAS
+themselves run under ``blas_single_threaded`` (threadpoolctl): BLAS's own threads, shared by concurrent callers,
+would serialise them (measured 2x slower than one single-threaded call per core). Calls from several threads
+at once are serialised.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+Part = Callable[[], None]
+
+
+def _cpu_count() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+# LUMINAL_RECIPES_THREADS=N caps the parts (1: every kernel on the calling thread, BLAS keeps its own threads)
+THREADS = max(1, int(os.environ.get("LUMINAL_RECIPES_THREADS", "0") or 0)) if os.environ.get(
+    "LUMINAL_RECIPES_THREADS") else _cpu_count()
+MIN_PART = 1 << 16  # elements per part at least: smaller parts are not worth a thread hand-off (20-50 us)
+
+
+class _Task:
+    """One part handed to a worker: whoever claims it first runs it (the worker, or the caller once its own part
+    is done), so a worker the OS has not scheduled yet never holds the caller up."""
+
+    __slots__ = ("part", "claim", "finished", "error")
+
+    def __init__(self, part: Part):
+        self.part = part
+        self.claim = threading.Lock()
+        self.finished = threading.Lock()
+        self.finished.acquire()  # released when the part has run
+        self.error: BaseException | None = None
+
+    def try_run(self) -> None:
+        if not self.claim.acquire(blocking=False):
+            return  # claimed by another thread
+        try:
+            self.part()
+        except BaseException as exc:  # handed to the caller, which raises it
+            self.error = exc
+        finally:
+            self.finished.release()
+
+    def wait(self) -> None:
+        self.finished.acquire()
+        self.finished.release()
+
+
+class _Pool:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.inboxes: list[queue.SimpleQueue] = []
+
+    def _grow(self, workers: int) -> None:
+        while len(self.inboxes) < workers:
+            inbox: queue.SimpleQueue = queue.SimpleQueue()
+            name = f"luminal-cpu-{len(self.inboxes) + 1}"
+            threading.Thread(target=self._work, args=(inbox,), name=name, daemon=True).start()
+            self.inboxes.append(inbox)
+
+    @staticmethod
+    def _work(inbox: queue.SimpleQueue) -> None:
+        while True:
+            inbox.get().try_run()
+
+    def run(self, parts: Sequence[Part]) -> None:
+        with self.lock:
+            self._grow(len(parts) - 1)
+            tasks = [_Task(part) for part in parts[1:]]
+            for inbox, task in zip(self.inboxes, tasks):
+                inbox.put(task)
+            error = None
+            try:
+                parts[0]()
+            except BaseException as exc:
+                error = exc
+            for task in reversed(tasks):  # the parts no worker has started yet, run here
+                task.try_run()
+            for task in tasks:
+                task.wait()
+                error = error or task.error
+            if error is not None:
+                raise error
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _forget_pool() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()  # a forked child has none of the parent's worker threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def run_parts(parts: Sequence[Part]) -> None:
+    """Run independent parts, the first on this thread, the others on workers, and wait for all."""
+    global _POOL
+    if len(parts) <= 1:
+        for part in parts:
+            part()
+        return
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = _Pool()
+    _POOL.run(parts)
+
+
+def part_count(items: int, elements: int) -> int:
+    """How many parts ``items`` independent pieces of work, ``elements`` elements in all, are worth: at most
+    ``THREADS`` and ``items``, at least ``MIN_PART`` elements each (so 1 for a whole below ``2 * MIN_PART``)."""
+    return max(1, min(THREADS, items, elements // MIN_PART))
+
+
+def split(n: int, elements_per_item: int = 1) -> list[slice]:
+    """``range(n)`` cut into at most ``THREADS`` contiguous, near-equal parts (one part when the whole is
+    smaller than ``MIN_PART`` elements per extra thread)."""
+    parts = part_count(n, n * elements_per_item)
+    bounds = [n * i // parts for i in range(parts + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def parallel(parts: Sequence[Part]) -> Part:
+    """One step that runs ``parts`` (at most ``THREADS``) in parallel."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0]
+    return lambda: run_parts(parts)
+
+
+def claimed(count: int, slots: int, task: Callable[[int, int], None]) -> Part:
+    """One step that runs ``task(slot, j)`` once for every ``j`` in ``range(count)``, on ``slots`` parts (at most
+    ``THREADS``; ``slot`` names the part, e.g. its scratch) that each take the next task no part has taken yet,
+    until none is left. Unlike fixed shares, a core that the OS gives less time (on a shared machine one core
+    often runs at half speed) simply runs fewer tasks. For tasks whose result does not depend on the part that
+    runs them (each writes its own output, the scratch only holds intermediates), so results still never depend
+    on the schedule."""
+    if slots <= 1:
+        def serial():
+            for j in range(count):
+                task(0, j)
+
+        return serial
+
+    def part(taken: Iterator[int], slot: int) -> None:
+        for j in taken:
+            if j >= count:
+                return
+            task(slot, j)
+
+    def step():
+        taken = itertools.count()  # next() is atomic under the GIL: each task goes to exactly one part
+        run_parts([functools.partial(part, taken, slot) for slot in range(slots)])
+
+    return step
+
+
+_BLAS: list | None = None  # per loaded BLAS library: (get, set) of its thread count, found on first use (a scan)
+
+
+def _blas_controls() -> list[tuple[Callable[[], int], Callable[[int], object]]]:
+    """(get threads, set threads) of each BLAS library loaded in the process (threadpoolctl finds them). For
+    OpenBLAS on its own threads, its C functions themselves: threadpoolctl's methods cost ~1 us a call in Python
+    (symbol look-up, a check of which Python thread controls the library), and kernels switch per call."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        controls = []
+        for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+            get = put = None
+            if lib.internal_api == "openblas" and getattr(lib, "threading_layer", None) == "pthreads":
+                try:  # threadpoolctl's own symbol look-up (prefixed, suffixed names of numpy's OpenBLAS)
+                    get = lib._get_symbol("openblas_get_num_threads")
+                    put = lib._get_symbol("openblas_set_num_threads")
+                except AttributeError:
+                    get = put = None
+            if get is None or put is None:
+                get, put = lib.get_num_threads, lib.set_num_threads
+            controls.append((get, put))
+        _BLAS = controls
+    return _BLAS
+
+
+class blas_single_threaded:  # noqa: N801 - used as a function: ``with blas_single_threaded():``
+    """BLAS on one thread per call while inside, restored on leaving. For kernels that call BLAS from their parts,
+    one per core, and for small BLAS calls: on a shared machine a multi-threaded call waits for its descheduled
+    helper thread (a 768 x 64 x 768 product measured 24x slower with two OpenBLAS threads than with one under
+    load). Process-wide: kernels run one at a time. A library already on one thread is left alone."""
+
+    __slots__ = ("before",)
+
+    def __enter__(self) -> None:
+        controls = _blas_controls()
+        self.before = before = [get() for get, _ in controls]
+        for (_, put), n in zip(controls, before):
+            if n != 1:
+                put(1)
+
+    def __exit__(self, *exc) -> None:
+        for (_, put), n in zip(_BLAS, self.before):
+            if n != 1:
+                put(n)
