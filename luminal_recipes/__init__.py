@@ -9,12 +9,17 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 
 def __getattr__(name: str):
-    """``Pipeline`` (the Python API, ``luminal_recipes/api.py``), imported on first use so that ``import
-    luminal_recipes`` stays light."""
+    """``Pipeline`` (the Python API, ``luminal_recipes/api.py``) and ``torch_backend`` (the torch.compile backend
+    package, callable with options: docs/torch.md), imported on first use so that ``import luminal_recipes``
+    stays light (no torch)."""
     if name in ("Pipeline", "PipelineOutput", "LanguageModelPipeline"):
         from . import api
 
         return getattr(api, name)
+    if name == "torch_backend":
+        import importlib
+
+        return importlib.import_module(".torch_backend", __name__)
     raise AttributeError(f"module 'luminal_recipes' has no attribute {name!r}")
 
 
@@ -45,12 +50,3 @@ def load_recipe(recipe, weights=None, **options):
                              f"are {', '.join(known)}.")
     return LanguageModel(recipe, weights=weights, **options)
 
-
-def __getattr__(name):
-    """``luminal_recipes.torch_backend(runtime=..., ...)``: the torch.compile backend package, imported (with torch)
-    only when used; calling it returns a backend with options (docs/torch.md)."""
-    if name == "torch_backend":
-        import importlib
-
-        return importlib.import_module(".torch_backend", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
