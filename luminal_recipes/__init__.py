@@ -9,12 +9,17 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 
 def __getattr__(name: str):
-    """``Pipeline`` (the Python API, ``luminal_recipes/api.py``), imported on first use so that ``import
-    luminal_recipes`` stays light."""
+    """``Pipeline`` (the Python API, ``luminal_recipes/api.py``) and ``torch_backend`` (the torch.compile backend
+    package, callable with options: docs/torch.md), imported on first use so that ``import luminal_recipes``
+    stays light (no torch)."""
     if name in ("Pipeline", "PipelineOutput", "LanguageModelPipeline"):
         from . import api
 
         return getattr(api, name)
+    if name == "torch_backend":
+        import importlib
+
+        return importlib.import_module(".torch_backend", __name__)
     raise AttributeError(f"module 'luminal_recipes' has no attribute {name!r}")
 
 
@@ -44,3 +49,4 @@ def load_recipe(recipe, weights=None, **options):
             raise InputError(f"load_recipe(..., {name}=...): unknown option{did_you_mean(name, known)}; the options "
                              f"are {', '.join(known)}.")
     return LanguageModel(recipe, weights=weights, **options)
+

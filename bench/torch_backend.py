@@ -1,0 +1,184 @@
+"""torch.compile(backend="luminal") vs eager PyTorch vs torch.compile's default backend (inductor), on CPU.
+
+Workloads (random weights, float32):
+
+- ``flux2``: the tiny FLUX.2 transformer of recipes/flux2-tiny (diffusers' ``Flux2Transformer2DModel``, 1 double
+  + 2 single blocks, 4 heads x 16, 128 latent channels) on a 32x32 latent grid (1024 image tokens) and 64 text
+  tokens: one denoising forward;
+- ``qwen3-prefill``: a ~100M-parameter Qwen3-shaped decoder (transformers' ``Qwen3ForCausalLM``: hidden 768, 12
+  layers, 12 heads x 64, 4 kv heads, MLP 2048, vocabulary 32000, tied embeddings) forward at 512 tokens;
+- ``qwen3-decode``: the same model's decode step: one token over transformers' KV cache of 512 (the cache is
+  copied before each timed step, outside the timing, so every step sees the same 512 entries).
+
+Each side is compiled by its first call (the compile time printed: Dynamo + AOTAutograd + our search and load,
+with a cold plan cache, then once more with the plan cache warm; inductor's on its own cold cache), then the
+sides run in turns (ours, eager, inductor; ``--repeats`` rounds) on the same threads (torch.set_num_threads =
+our kernels' and numpy BLAS's threads), so a slow phase of a shared machine falls on all of them alike. The
+median per side and the ratios ours/eager and ours/inductor are printed, with each round's ratio range. Outputs
+are compared (max abs difference to eager) to show all sides computed the same thing.
+
+    python bench/torch_backend.py                             # all workloads, 3 rounds
+    python bench/torch_backend.py --workloads flux2 --repeats 5 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from luminal_recipes.openblas_spin import limit_openblas_spin
+
+limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS
+
+BENCH = Path(__file__).resolve().parent
+
+
+def flux2_workload(torch):
+    import diffusers
+
+    torch.manual_seed(0)
+    model = diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=128, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=4, joint_attention_dim=48, timestep_guidance_channels=256, mlp_ratio=3.0,
+        axes_dims_rope=(4, 4, 4, 4), rope_theta=2000, eps=1e-6, guidance_embeds=True).eval()
+    side, txt = 32, 64
+    grid = torch.meshgrid(torch.zeros(1), torch.arange(float(side)), torch.arange(float(side)), torch.zeros(1),
+                          indexing="ij")
+    img_ids = torch.stack(grid, -1).reshape(1, -1, 4)
+    txt_ids = torch.zeros(1, txt, 4)
+    txt_ids[..., 3] = torch.arange(float(txt))
+    args = (torch.randn(1, side * side, 128), torch.randn(1, txt, 48), torch.tensor([0.5]), img_ids, txt_ids,
+            torch.tensor([4.0]))
+
+    def call(fn):
+        return lambda: fn(*args, return_dict=False)[0]
+
+    return model, call, None
+
+
+def qwen3_model(torch):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(vocab_size=32000, hidden_size=768, intermediate_size=2048,
+                                      num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                                      head_dim=64, max_position_embeddings=2048, tie_word_embeddings=True)
+    return transformers.Qwen3ForCausalLM(config).eval()
+
+
+def qwen3_prefill_workload(torch):
+    model = qwen3_model(torch)
+    ids = torch.randint(0, 32000, (1, 512), generator=torch.Generator().manual_seed(1))
+
+    def call(fn):
+        return lambda: fn(input_ids=ids).logits
+
+    return model, call, None
+
+
+def qwen3_decode_workload(torch):
+    import transformers
+
+    model = qwen3_model(torch)
+    ids = torch.randint(0, 32000, (1, 512), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        cache = transformers.DynamicCache(config=model.config)
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+    token = torch.tensor([[7]])
+    position = torch.tensor([[512]])
+    state = {}
+
+    def prepare():  # outside the timing: every step sees the same 512 cached entries
+        state["cache"] = copy.deepcopy(cache)
+
+    def call(fn):
+        return lambda: fn(input_ids=token, position_ids=position, past_key_values=state["cache"],
+                          use_cache=True).logits
+
+    return model, call, prepare
+
+
+WORKLOADS = {"flux2": flux2_workload, "qwen3-prefill": qwen3_prefill_workload, "qwen3-decode": qwen3_decode_workload}
+
+
+def timed(fn, prepare):
+    if prepare is not None:
+        prepare()
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def bench(name: str, repeats: int) -> None:
+    import torch
+
+    model, call, prepare = WORKLOADS[name](torch)
+    sides = {"eager": model.forward}
+    compile_s = {}
+    outputs = {}
+    with torch.no_grad():
+        for side, backend in (("ours", "luminal"), ("inductor", "inductor")):
+            fn = torch.compile(model.forward, backend=backend)
+            seconds, out = timed(call(fn), prepare)
+            compile_s[side] = seconds
+            sides[side] = fn
+            outputs[side] = out
+        # ours once more on a fresh Dynamo state: the plan cache is warm now
+        torch._dynamo.reset()
+        warm = torch.compile(model.forward, backend="luminal")
+        compile_s["ours (warm plan cache)"], _ = timed(call(warm), prepare)
+        torch._dynamo.reset()
+        sides["ours"] = torch.compile(model.forward, backend="luminal")
+        sides["inductor"] = torch.compile(model.forward, backend="inductor")
+        for side in ("ours", "inductor"):  # recompiles from the caches, outside the timing
+            timed(call(sides[side]), prepare)
+        _, outputs["eager"] = timed(call(sides["eager"]), prepare)
+        times = {side: [] for side in ("ours", "eager", "inductor")}
+        for _ in range(repeats):
+            for side in times:
+                seconds, _ = timed(call(sides[side]), prepare)
+                times[side].append(seconds)
+    med = {side: statistics.median(v) for side, v in times.items()}
+    print(f"\n{name}  (torch {torch.__version__}, {torch.get_num_threads()} threads, {repeats} rounds)")
+    for side, seconds in compile_s.items():
+        print(f"  compile+first call  {side:<24} {seconds:8.2f} s")
+    for side in ("ours", "eager", "inductor"):
+        print(f"  run (median)        {side:<24} {med[side] * 1e3:8.1f} ms")
+    for ref in ("eager", "inductor"):
+        rounds = [a / b for a, b in zip(times["ours"], times[ref])]
+        print(f"  ours / {ref:<9} {med['ours'] / med[ref]:6.2f}x   (rounds {min(rounds):.2f}x .. {max(rounds):.2f}x)")
+    for side in ("ours", "inductor"):
+        diff = (outputs[side].double() - outputs["eager"].double()).abs().max().item()
+        print(f"  max |{side} - eager| = {diff:.3g}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds (each side once per round)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for every side (default: numpy's BLAS threads, normally the CPU count)")
+    parser.add_argument("--plan-cache", type=Path, default=None,
+                        help="plan cache folder (default: a fresh temporary one, so the compile time is cold)")
+    args = parser.parse_args(argv)
+    os.environ["LUMINAL_RECIPES_CACHE"] = str(args.plan_cache or tempfile.mkdtemp(prefix="luminal-torch-bench-"))
+    sys.path.insert(0, str(BENCH))
+    from flux2_transformer_cpu import blas_threads
+
+    threads = blas_threads(args.threads)
+    import torch
+
+    torch.set_num_threads(threads)
+    for name in args.workloads.split(","):
+        bench(name.strip(), args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,709 @@
+"""The ATen op table: each entry translates one ATen overload into HLIR ops, reusing ``luminal_recipes.ops`` (so a
+matmul, a norm, a softmax or an attention is the same composition of primitives a recipe builds, and the same
+egglog rules find its fused kernels).
+
+An entry is ``fn(cx, *args, **kwargs)``: ``cx`` is the ``translate.Context`` (graph, the node's output shape and
+dtype from its ``meta["val"]``), ``args`` are the node's arguments with FX nodes replaced by their translations
+(``Tensor``s, dims, Python scalars). It returns a ``Tensor`` (or a tuple for multi-output ops; ``None`` for an
+output it does not compute) or raises ``Unsupported`` for arguments it does not handle: that part of the model
+then runs in eager PyTorch. ``docs/torch.md`` lists the table; adding an op is one function here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import ops
+from ..graph import DType, Tensor, cast, gather
+from ..graph import symbolic as sym
+from ..graph.symbolic import dims_equal
+from .translate import Unsupported, as_dim
+
+aten = torch.ops.aten
+OPS: dict = {}
+
+
+def op(*overloads):
+    def register(fn):
+        for o in overloads:
+            OPS[o] = fn
+        return fn
+    return register
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+def _to(x: Tensor, dtype: DType) -> Tensor:
+    return x if x.dtype == dtype else cast(x, dtype)
+
+
+def _lift(cx, x, dtype: DType, shape) -> Tensor:
+    """A tensor or Python scalar in ``dtype``, broadcast to ``shape``."""
+    if isinstance(x, Tensor):
+        return _to(x, dtype).broadcast_to(shape)
+    if isinstance(x, bool):
+        x = int(x)
+    if not isinstance(x, (int, float)):
+        raise Unsupported(str(cx.node.target), f"operand {x!r} is not a tensor or a number")
+    if not dtype.is_float and isinstance(x, float) and not float(x).is_integer():
+        raise Unsupported(str(cx.node.target), f"float {x} with an integer tensor")
+    return cx.g.constant(x, dtype).broadcast_to(shape)
+
+
+_KIND = {DType.BOOL: 0, DType.I32: 1, DType.U8: 1}
+
+
+def _kind(dtype: DType) -> int:
+    return _KIND.get(dtype, 2)
+
+
+def _category(dt: torch.dtype) -> int:
+    return 0 if dt == torch.bool else 2 if dt.is_floating_point else 1
+
+
+def _promoted(cx, a, b) -> DType:
+    """torch's type promotion for two operands (tensors, scalars), in HLIR dtypes."""
+    va = cx.node.args[0].meta.get("val") if hasattr(cx.node.args[0], "meta") else None
+    vb = cx.node.args[1].meta.get("val") if len(cx.node.args) > 1 and hasattr(cx.node.args[1], "meta") else None
+    if isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor):
+        if (va.dim() == 0) == (vb.dim() == 0):
+            return cx.dtype(torch.promote_types(va.dtype, vb.dtype))
+        shaped, zero = (va, vb) if vb.dim() == 0 else (vb, va)  # a 0-dim tensor counts only by its category
+        return cx.dtype(zero.dtype if _category(zero.dtype) > _category(shaped.dtype) else shaped.dtype)
+    t, s = (a, b) if isinstance(a, Tensor) else (b, a)
+    if isinstance(s, float) and not t.dtype.is_float:
+        return cx.compute or DType.F32
+    return t.dtype
+
+
+def _binary(fn, promote: bool = False):
+    def entry(cx, a, b, **kw):
+        shape = cx.out_shape()
+        dtype = _promoted(cx, a, b) if promote else cx.out_dtype()
+        return fn(_lift(cx, a, dtype, shape), _lift(cx, b, dtype, shape))
+    return entry
+
+
+def _unary(fn, needs_float: bool = True):
+    def entry(cx, x, *rest):
+        if rest:
+            raise Unsupported(str(cx.node.target), "extra arguments")
+        dtype = cx.out_dtype()
+        return fn(_to(x, dtype))
+    return entry
+
+
+def _axes(x: Tensor, dims) -> list[int]:
+    if dims is None or dims == []:
+        return list(range(x.ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return sorted({d % max(x.ndim, 1) for d in dims})
+
+
+# ---- elementwise -----------------------------------------------------------------------------------------------
+@op(aten.add.Tensor, aten.add.Scalar)
+def add(cx, a, b, alpha=1):
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    b = _lift(cx, b, dtype, shape)
+    if alpha != 1:
+        b = b * alpha
+    return _lift(cx, a, dtype, shape) + b
+
+
+@op(aten.sub.Tensor, aten.sub.Scalar)
+def sub(cx, a, b, alpha=1):
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    b = _lift(cx, b, dtype, shape)
+    if alpha != 1:
+        b = b * alpha
+    return _lift(cx, a, dtype, shape) - b
+
+
+@op(aten.rsub.Scalar, aten.rsub.Tensor)
+def rsub(cx, a, b, alpha=1):
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    a = _lift(cx, a, dtype, shape)
+    if alpha != 1:
+        a = a * alpha
+    return _lift(cx, b, dtype, shape) - a
+
+
+OPS[aten.mul.Tensor] = OPS[aten.mul.Scalar] = _binary(lambda a, b: a * b)
+
+
+@op(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div(cx, a, b, rounding_mode=None):
+    if rounding_mode is not None:
+        raise Unsupported(str(cx.node.target), f"rounding_mode={rounding_mode!r}")
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    if not dtype.is_float:
+        raise Unsupported(str(cx.node.target), "integer division")
+    if not isinstance(b, Tensor):
+        return _lift(cx, a, dtype, shape) * (1.0 / float(b))
+    return _lift(cx, a, dtype, shape) / _lift(cx, b, dtype, shape)
+
+
+for _o, _f in [(aten.neg.default, lambda x: -x), (aten.reciprocal.default, ops.recip), (aten.sqrt.default, ops.sqrt),
+               (aten.rsqrt.default, ops.rsqrt), (aten.exp.default, ops.exp), (aten.exp2.default, ops.exp2),
+               (aten.log.default, ops.log), (aten.log2.default, ops.log2), (aten.sin.default, ops.sin),
+               (aten.cos.default, ops.cos), (aten.tanh.default, ops.tanh), (aten.sigmoid.default, ops.sigmoid),
+               (aten.silu.default, ops.silu), (aten.relu.default, ops.relu), (aten.erf.default, ops.erf),
+               (aten.abs.default, ops.abs), (aten.sign.default, ops.sign)]:
+    OPS[_o] = _unary(_f)
+
+
+@op(aten.gelu.default)
+def gelu(cx, x, approximate="none"):
+    return ops.gelu(_to(x, cx.out_dtype()), approximate)
+
+
+@op(aten.pow.Tensor_Scalar)
+def pow_(cx, x, p):
+    x = _to(x, cx.out_dtype())
+    if isinstance(p, (int, float)) and float(p) == 0.5:
+        return ops.sqrt(x)
+    if isinstance(p, (int, float)) and float(p) == -0.5:
+        return ops.rsqrt(x)
+    if isinstance(p, (int, float)) and float(p).is_integer() and 0 <= p <= 8:
+        return ops.pow(x, float(p))
+    if isinstance(p, (int, float)) and float(p).is_integer() and -8 <= p < 0:
+        return ops.recip(ops.pow(x, float(-p)))
+    raise Unsupported("aten.pow.Tensor_Scalar", f"exponent {p!r} (small integers and +-0.5 are translated)")
+
+
+@op(aten.pow.Scalar)
+def pow_scalar(cx, base, x):
+    if not isinstance(base, (int, float)) or base <= 0:
+        raise Unsupported("aten.pow.Scalar", f"base {base!r}")
+    return ops.exp2(_to(x, cx.out_dtype()) * math.log2(base))
+
+
+@op(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
+def clamp(cx, x, lo=None, hi=None):
+    name = str(cx.node.target)
+    if name.startswith("aten.clamp_max"):
+        lo, hi = None, lo
+    for v in (lo, hi):
+        if v is not None and not isinstance(v, (int, float)):
+            raise Unsupported(name, "tensor bounds")
+    return ops.clamp(_to(x, cx.out_dtype()), lo, hi)
+
+
+@op(aten.maximum.default)
+def maximum(cx, a, b):
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    return ops.maximum(_lift(cx, a, dtype, shape), _lift(cx, b, dtype, shape))
+
+
+@op(aten.minimum.default)
+def minimum(cx, a, b):
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    return ops.minimum(_lift(cx, a, dtype, shape), _lift(cx, b, dtype, shape))
+
+
+@op(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(cx, cond, a, b):
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    return ops.where(_to(cond, DType.BOOL).broadcast_to(shape), _lift(cx, a, dtype, shape),
+                     _lift(cx, b, dtype, shape))
+
+
+@op(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(cx, x, mask, value):
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    return ops.where(_to(mask, DType.BOOL).broadcast_to(shape), _lift(cx, value, dtype, shape), _to(x, dtype))
+
+
+def _compare(fn):
+    def entry(cx, a, b):
+        shape = cx.out_shape()
+        dtype = _promoted(cx, a, b)
+        if dtype == DType.BOOL:
+            dtype = DType.I32
+        return fn(_lift(cx, a, dtype, shape), _lift(cx, b, dtype, shape))
+    return entry
+
+
+for _name, _f in [("lt", ops.less), ("le", ops.less_equal), ("gt", ops.greater), ("ge", ops.greater_equal),
+                  ("eq", ops.equal), ("ne", ops.not_equal)]:
+    OPS[getattr(aten, _name).Tensor] = OPS[getattr(aten, _name).Scalar] = _compare(_f)
+
+
+@op(aten.logical_not.default, aten.bitwise_not.default)
+def logical_not(cx, x):
+    if str(cx.node.target).startswith("aten.bitwise") and x.dtype != DType.BOOL:
+        raise Unsupported("aten.bitwise_not.default", "integer operand")
+    return ops.logical_not(_to(x, DType.BOOL))
+
+
+@op(aten.logical_and.default, aten.bitwise_and.Tensor, aten.logical_or.default, aten.bitwise_or.Tensor)
+def logical_binary(cx, a, b):
+    name = str(cx.node.target)
+    if name.startswith("aten.bitwise") and (a.dtype != DType.BOOL or b.dtype != DType.BOOL):
+        raise Unsupported(name, "integer operands")
+    shape = cx.out_shape()
+    a, b = _to(a, DType.BOOL).broadcast_to(shape), _to(b, DType.BOOL).broadcast_to(shape)
+    return ops.logical_and(a, b) if "and" in name else ops.logical_or(a, b)
+
+
+@op(aten._to_copy.default)
+def to_copy(cx, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    if device is not None and torch.device(device).type != "cpu":
+        raise Unsupported("aten._to_copy.default", f"device {device}")
+    return _to(x, cx.out_dtype())
+
+
+@op(torch.ops.prims.convert_element_type.default)
+def convert_element_type(cx, x, dtype):
+    return _to(x, cx.out_dtype())
+
+
+@op(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
+def identity(cx, x, **kw):
+    return x
+
+
+# ---- creation --------------------------------------------------------------------------------------------------
+def _check_device(cx, device):
+    if device is not None and torch.device(device).type != "cpu":
+        raise Unsupported(str(cx.node.target), f"device {device}")
+
+
+@op(aten.full.default)
+def full(cx, size, value, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(cx, device)
+    return cx.g.constant(value, cx.out_dtype()).broadcast_to(cx.out_shape())
+
+
+@op(aten.full_like.default)
+def full_like(cx, x, value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return cx.g.constant(value, cx.out_dtype()).broadcast_to(cx.out_shape())
+
+
+@op(aten.scalar_tensor.default)
+def scalar_tensor(cx, value, dtype=None, layout=None, device=None, pin_memory=None):
+    return cx.g.constant(value, cx.out_dtype())
+
+
+@op(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def arange(cx, *args, dtype=None, layout=None, device=None, pin_memory=None):
+    _check_device(cx, device)
+    start, step = (0, 1) if len(args) == 1 else (args[0], args[2] if len(args) > 2 else 1)
+    for v in (start, step):
+        if not isinstance(v, (int, float)):
+            raise Unsupported(str(cx.node.target), "symbolic start or step")
+    (n,) = cx.out_shape()
+    out_dtype = cx.out_dtype()
+    idx = cx.g.iota(n)
+    if out_dtype.is_float:
+        idx = cast(idx, out_dtype)
+    elif out_dtype != DType.I32:
+        raise Unsupported(str(cx.node.target), f"dtype {out_dtype}")
+    if step != 1:
+        idx = idx * step
+    if start != 0:
+        idx = idx + start
+    return idx
+
+
+# ---- movement --------------------------------------------------------------------------------------------------
+@op(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(cx, x, size):
+    return x.reshape(cx.out_shape())
+
+
+@op(aten.permute.default)
+def permute(cx, x, dims):
+    return x.permute([d % x.ndim for d in dims])
+
+
+@op(aten.transpose.int)
+def transpose(cx, x, a, b):
+    return x.transpose(a, b)
+
+
+@op(aten.t.default)
+def t(cx, x):
+    return x if x.ndim < 2 else x.transpose(0, 1)
+
+
+@op(aten.unsqueeze.default)
+def unsqueeze(cx, x, dim):
+    return x.unsqueeze(dim % (x.ndim + 1))
+
+
+@op(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def squeeze(cx, x, dims=None):
+    return x.reshape(cx.out_shape())
+
+
+@op(aten.expand.default)
+def expand(cx, x, size, implicit=False):
+    return x.broadcast_to(cx.out_shape())
+
+
+@op(aten.slice.Tensor)
+def slice_(cx, x, dim=0, start=None, end=None, step=1):
+    """The output's own length (from its meta) fixes the stop: torch clamps ``end`` to the axis."""
+    dim = dim % x.ndim
+    size = x.shape[dim]
+    start = 0 if start is None else as_dim(start)
+    if isinstance(start, int) and start < 0:
+        if not isinstance(size, int):
+            start = sym.add(size, start)
+        else:
+            start = max(start + size, 0)
+    n = cx.out_shape()[dim]
+    if dims_equal(n, 0):
+        raise Unsupported("aten.slice.Tensor", "an empty slice")
+    stop = sym.add(sym.add(start, sym.mul(sym.add(n, -1), step)), 1)
+    return x.slice(dim, start, stop, step)
+
+
+@op(aten.select.int)
+def select(cx, x, dim, index):
+    dim = dim % x.ndim
+    if isinstance(index, int) and index < 0:
+        index = sym.add(x.shape[dim], index)
+    return x.slice(dim, index, sym.add(index, 1)).reshape(cx.out_shape())
+
+
+@op(aten.cat.default)
+def cat(cx, tensors, dim=0):
+    dtype = cx.out_dtype()
+    shape = cx.out_shape()
+    dim = dim % len(shape)
+    parts = [_to(t, dtype) for t in tensors if not (t.ndim == 1 and dims_equal(t.shape[0], 0) and len(shape) > 1)]
+    parts = [t for t in parts if not dims_equal(t.shape[dim], 0)]
+    return ops.concat(parts, dim)
+
+
+@op(aten.split.Tensor, aten.split_with_sizes.default)
+def split(cx, x, sizes, dim=0):
+    dim = dim % x.ndim
+    return tuple(ops.split(x, [as_dim(v.shape[dim]) for v in cx.val()], dim))
+
+
+@op(aten.unbind.int)
+def unbind(cx, x, dim=0):
+    dim = dim % x.ndim
+    return tuple(x.slice(dim, i, i + 1).squeeze(dim) for i in range(int(x.shape[dim])))
+
+
+@op(aten.constant_pad_nd.default)
+def constant_pad_nd(cx, x, pad, value=0):
+    if value != 0:
+        raise Unsupported("aten.constant_pad_nd.default", f"fill value {value} (zero padding is translated)")
+    for i in range(len(pad) // 2):
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if (isinstance(before, int) and before < 0) or (isinstance(after, int) and after < 0):
+            raise Unsupported("aten.constant_pad_nd.default", "negative padding")
+        x = x.pad(x.ndim - 1 - i, before, after)
+    return x
+
+
+@op(aten.repeat.default)
+def repeat(cx, x, reps):
+    lead = len(reps) - x.ndim
+    for _ in range(lead):
+        x = x.unsqueeze(0)
+    for axis in range(len(reps) - 1, -1, -1):
+        r = reps[axis]
+        if r != 1:
+            x = x.expand(axis, r).merge_dims(axis, axis + 1)
+    return x.reshape(cx.out_shape())
+
+
+@op(aten.flip.default)
+def flip(cx, x, dims):
+    for d in dims:
+        x = x.flip(d % x.ndim)
+    return x
+
+
+# ---- reductions ------------------------------------------------------------------------------------------------
+@op(aten.sum.dim_IntList, aten.sum.default)
+def sum_(cx, x, dims=None, keepdim=False, dtype=None):
+    out = cx.out_dtype()
+    return ops.sum(_to(x, out), _axes(x, dims), keepdim)
+
+
+@op(aten.mean.dim, aten.mean.default)
+def mean(cx, x, dims=None, keepdim=False, dtype=None):
+    return ops.mean(_to(x, cx.out_dtype()), _axes(x, dims), keepdim)
+
+
+@op(aten.amax.default)
+def amax(cx, x, dims=(), keepdim=False):
+    return ops.max(x, _axes(x, dims), keepdim)
+
+
+@op(aten.amin.default)
+def amin(cx, x, dims=(), keepdim=False):
+    return ops.min(x, _axes(x, dims), keepdim)
+
+
+@op(aten.var.correction)
+def var(cx, x, dims=None, correction=None, keepdim=False):
+    c = 1 if correction is None else correction
+    return ops.var(_to(x, cx.out_dtype()), _axes(x, dims), keepdim, int(c))
+
+
+@op(aten.any.dim, aten.any.dims, aten.any.default)
+def any_(cx, x, dims=None, keepdim=False):
+    out = ops.max(_to(x, DType.I32), _axes(x, dims), keepdim)
+    return _to(out, DType.BOOL).reshape(cx.out_shape())
+
+
+@op(aten.all.dim, aten.all.dims, aten.all.default)
+def all_(cx, x, dims=None, keepdim=False):
+    out = ops.min(_to(x, DType.I32), _axes(x, dims), keepdim)
+    return _to(out, DType.BOOL).reshape(cx.out_shape())
+
+
+@op(aten.argmax.default)
+def argmax(cx, x, dim=None, keepdim=False):
+    if dim is None:
+        x, dim = x.reshape(-1) if all(isinstance(d, int) for d in x.shape) else None, 0
+        if x is None:
+            raise Unsupported("aten.argmax.default", "flattened argmax of a symbolic shape")
+    out = ops.argmax(x, dim)
+    return out.reshape(cx.out_shape())
+
+
+# ---- linear algebra --------------------------------------------------------------------------------------------
+@op(aten.mm.default, aten.bmm.default)
+def mm(cx, a, b):
+    return ops.matmul(a, b)
+
+
+@op(aten.addmm.default)
+def addmm(cx, bias, a, b, beta=1, alpha=1):
+    out = ops.matmul(a, b)
+    if alpha != 1:
+        out = out * alpha
+    bias = _to(bias, out.dtype).broadcast_to(out.shape)
+    return out + (bias if beta == 1 else bias * beta)
+
+
+@op(aten.baddbmm.default)
+def baddbmm(cx, bias, a, b, beta=1, alpha=1):
+    return addmm(cx, bias, a, b, beta, alpha)
+
+
+# ---- neural-network layers -------------------------------------------------------------------------------------
+@op(aten._softmax.default, aten.softmax.int)
+def softmax(cx, x, dim, half_to_float=False, dtype=None):
+    return ops.softmax(_to(x, cx.out_dtype()), dim)
+
+
+@op(aten._log_softmax.default, aten.log_softmax.int)
+def log_softmax(cx, x, dim, half_to_float=False, dtype=None):
+    return ops.log_softmax(_to(x, cx.out_dtype()), dim)
+
+
+@op(aten.native_layer_norm.default)
+def native_layer_norm(cx, x, normalized_shape, weight, bias, eps):
+    return ops.layer_norm(x, weight, bias, eps, axes=len(normalized_shape)), None, None
+
+
+@op(aten.rms_norm.default, aten._fused_rms_norm.default)
+def rms_norm(cx, x, normalized_shape, weight=None, eps=None):
+    if len(normalized_shape) != 1:
+        raise Unsupported(str(cx.node.target), "normalisation over several axes")
+    if eps is None:
+        eps = float(torch.finfo(cx.val()[0].dtype if isinstance(cx.val(), tuple) else cx.val().dtype).eps)
+    out = ops.rms_norm(x, weight, eps)
+    return (out, None) if str(cx.node.target).startswith("aten._fused") else out
+
+
+@op(aten.native_group_norm.default)
+def native_group_norm(cx, x, weight, bias, n, c, hw, groups, eps):
+    return ops.group_norm(x, groups, weight, bias, eps), None, None
+
+
+@op(aten._native_batch_norm_legit_no_training.default)
+def batch_norm(cx, x, weight, bias, running_mean, running_var, momentum, eps):
+    c = x.shape[1]
+    per_channel = (1, c) + (1,) * (x.ndim - 2)
+    inv = ops.rsqrt(_to(running_var, x.dtype) + eps)
+    scale = inv if weight is None else inv * _to(weight, x.dtype)
+    y = (x - _to(running_mean, x.dtype).reshape(per_channel).broadcast_to(x.shape)) \
+        * scale.reshape(per_channel).broadcast_to(x.shape)
+    if bias is not None:
+        y = y + _to(bias, x.dtype).reshape(per_channel).broadcast_to(x.shape)
+    return y, None, None
+
+
+@op(aten.convolution.default)
+def convolution(cx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed or groups != 1 or any(d != 1 for d in dilation) or x.ndim != 4:
+        raise Unsupported("aten.convolution.default", f"{'transposed ' if transposed else ''}groups={groups} "
+                          f"dilation={list(dilation)} rank {x.ndim} (2-D, groups 1, dilation 1 are translated)")
+    return ops.conv2d(x, weight, bias, tuple(stride), tuple(padding))
+
+
+@op(aten.max_pool2d_with_indices.default)
+def max_pool2d(cx, x, kernel, stride=(), padding=0, dilation=1, ceil_mode=False):
+    kh, kw = (kernel * 2)[:2] if len(kernel) == 1 else kernel
+    stride = stride or (kh, kw)
+    sh, sw = (stride * 2)[:2] if len(stride) == 1 else stride
+    padding = padding if isinstance(padding, (list, tuple)) else [padding]
+    ph, pw = (padding * 2)[:2] if len(padding) == 1 else padding
+    dilation = dilation if isinstance(dilation, (list, tuple)) else [dilation]
+    if ceil_mode or any(d != 1 for d in dilation):
+        raise Unsupported("aten.max_pool2d_with_indices.default", "ceil_mode or dilation")
+    n, c, h, w = cx.out_shape(0)
+    if ph or pw:  # padded positions read -inf (the lowest integer), which a max never picks
+        low = -math.inf if x.dtype.is_float else -(2**31)
+        inside = _to(cx.g.constant(1, DType.I32).broadcast_to(x.shape).pad(2, ph, ph).pad(3, pw, pw), DType.BOOL)
+        x = ops.where(inside, x.pad(2, ph, ph).pad(3, pw, pw), low)
+    out = None
+    for i in range(kh):
+        for j in range(kw):
+            win = x.slice(2, i, i + (h - 1) * sh + 1, sh).slice(3, j, j + (w - 1) * sw + 1, sw)
+            out = win if out is None else ops.maximum(out, win)
+    return out, None
+
+
+@op(aten.avg_pool2d.default)
+def avg_pool2d(cx, x, kernel, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor=None):
+    kh, kw = (kernel * 2)[:2] if len(kernel) == 1 else kernel
+    stride = stride or (kh, kw)
+    sh, sw = (stride * 2)[:2] if len(stride) == 1 else stride
+    if padding not in (0, [0], [0, 0], (0, 0)) or ceil_mode or divisor is not None:
+        raise Unsupported("aten.avg_pool2d.default", "padding, ceil_mode or divisor_override")
+    n, c, h, w = cx.out_shape()
+    out = None
+    for i in range(kh):
+        for j in range(kw):
+            win = x.slice(2, i, i + (h - 1) * sh + 1, sh).slice(3, j, j + (w - 1) * sw + 1, sw)
+            out = win if out is None else out + win
+    return out * (1.0 / (kh * kw))
+
+
+@op(aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec)
+def upsample_nearest2d(cx, x, *args, **kw):
+    n, c, h, w = x.shape
+    oh, ow = cx.out_shape()[2:]
+    if not (isinstance(h, int) and isinstance(oh, int) and oh % h == 0 and ow % w == 0):
+        raise Unsupported(str(cx.node.target), "non-integer or symbolic scale")
+    fh, fw = oh // h, ow // w
+    return x.expand(3, fh).expand(5, fw).reshape(n, c, oh, ow)
+
+
+@op(aten.embedding.default)
+def embedding(cx, table, ids, padding_idx=-1, scale_grad=False, sparse=False):
+    return ops.embedding(ids, table)
+
+
+@op(aten.index_select.default)
+def index_select(cx, x, dim, index):
+    dim = dim % x.ndim
+    perm = [dim] + [i for i in range(x.ndim) if i != dim]
+    rows = gather(x.permute(perm), _to(index, DType.I32))
+    back = list(range(1, dim + 1)) + [0] + list(range(dim + 1, x.ndim))
+    return rows.permute(back)
+
+
+@op(aten.index.Tensor)
+def index(cx, x, indices):
+    """``x[i0, i1, ...]`` with integer index tensors (``None`` for an axis taken whole): the indexed axes are
+    flattened into one and read by one Gather at the broadcast indices (negative ones wrapped), as numpy's
+    advanced indexing places them (where the indexed axes were when they are adjacent, else first)."""
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if any(indices[i].dtype == DType.BOOL for i in given):
+        raise Unsupported("aten.index.Tensor", "a boolean mask (its result's shape depends on the values)")
+    sizes = [x.shape[i] for i in given]
+    if not all(isinstance(n, int) for n in sizes):
+        raise Unsupported("aten.index.Tensor", "indexing a symbolic axis")
+    out_shape = cx.out_shape()
+    adjacent = given == list(range(given[0], given[-1] + 1))
+    rest = [i for i in range(x.ndim) if i not in given]
+    nb = len(out_shape) - len(rest)  # the broadcast index shape's rank
+    bshape = out_shape[given[0]:given[0] + nb] if adjacent else out_shape[:nb]
+    flat = None
+    for axis, n in zip(given, sizes):
+        idx = _to(indices[axis], DType.I32)
+        idx = idx + _to(idx < 0, DType.I32) * n  # negative indices count from the end
+        idx = idx.broadcast_to(bshape)
+        flat = idx if flat is None else flat * n + idx
+    table = x.permute(given + rest)
+    total = 1
+    for n in sizes:
+        total *= n
+    table = table.reshape((total,) + tuple(table.shape[len(given):]))
+    rows = gather(table, flat)  # [*bshape, *rest axes]
+    if adjacent and given[0] > 0:  # the indexed block goes back where its axes were
+        k = given[0]
+        perm = list(range(nb, nb + k)) + list(range(nb)) + list(range(nb + k, rows.ndim))
+        rows = rows.permute(perm)
+    return rows
+
+
+def _same_length(x: Tensor, t) -> Tensor:
+    """``x`` with its key axis named ``t``: Dynamo gives a KV cache's k and v lengths separate symbols, which
+    eager SDPA requires to be equal at run time (the executable binds both from their own inputs)."""
+    if dims_equal(x.shape[2], t) or isinstance(x.shape[2], int) and isinstance(t, int):
+        return x
+    from ..graph import View
+
+    view = x.view
+    if view.mask is not None:
+        raise Unsupported("attention", f"k/v lengths {x.shape[2]} and {t} of a padded view")
+    shape = view.shape[:2] + (t,) + view.shape[3:]
+    return x._with_view(View(shape, view.strides, view.offset, view.mask))
+
+
+def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if dropout_p:
+        raise Unsupported(str(cx.node.target), "dropout")
+    if q.ndim != 4:
+        raise Unsupported(str(cx.node.target), f"rank {q.ndim} (4-D q, k, v are translated)")
+    s, t = q.shape[2], k.shape[2]
+    k, v = _same_length(k, t), _same_length(v, t)
+    mask = attn_mask
+    if is_causal:  # torch's causal mask is top-left aligned (query i sees keys 0..i), whatever S and T
+        qpos = cx.g.iota(s).expand(1, t)
+        kpos = cx.g.iota(t).expand(0, s)
+        allowed = ops.logical_not(qpos < kpos).unsqueeze(0).unsqueeze(0)
+        if mask is None:
+            mask = allowed
+        elif mask.dtype == DType.BOOL:
+            shape = tuple(mask.shape[:2]) + (s, t)
+            mask = ops.logical_and(mask.broadcast_to(shape), allowed.broadcast_to(shape))
+        else:
+            mask = ops.where(allowed.broadcast_to(mask.shape[:2] + (s, t)), _to(mask, q.dtype).broadcast_to(
+                mask.shape[:2] + (s, t)), -math.inf)
+    if mask is not None:
+        while mask.ndim < 4:
+            mask = mask.unsqueeze(0)
+        if mask.dtype != DType.BOOL:
+            mask = _to(mask, q.dtype)
+    out = ops.scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+    return _to(out, cx.out_dtype(0) if isinstance(cx.val(), (tuple, list)) else cx.out_dtype())
+
+
+@op(aten.scaled_dot_product_attention.default)
+def sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    return _sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+@op(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def sdpa_flash_cpu(cx, q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=None):
+    return _sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale), None
+
+
+@op(aten._scaled_dot_product_attention_math.default)
+def sdpa_math(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropout_mask=None, scale=None,
+              enable_gqa=False):
+    if dropout_mask is not None:
+        raise Unsupported("aten._scaled_dot_product_attention_math.default", "dropout mask")
+    return _sdpa(cx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa), None
+
+
+# ops the decompositions must leave whole, so the table above translates them with the op library's compositions
+KEEP = (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_attention_math.default, aten.rms_norm.default, aten._fused_rms_norm.default,
+        aten.silu.default, aten.gelu.default, aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec)

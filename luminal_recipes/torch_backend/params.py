@@ -1,0 +1,61 @@
+"""Tensors across the boundary: torch -> numpy for inputs and weights (no copy where the layout and dtype allow),
+numpy -> torch for outputs. Weights are the module's own parameters and buffers, bound once per executable;
+``WeightBinding.stale`` notices a parameter replaced by another tensor (``load_state_dict`` with ``assign``), so
+the next call re-binds instead of computing with the old values."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..graph import DType
+
+_INT32 = np.iinfo(np.int32)
+
+
+def to_numpy(t: torch.Tensor, dtype: DType, what: str) -> np.ndarray:
+    """``t`` as an array of ``dtype``: a view of the tensor's memory when it is contiguous and already of that
+    dtype (f32, i32, u8, bool; bf16 by reinterpreting its bits), else one converted copy."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        raise InputError(f"{what} is on {t.device}; the luminal torch backend takes CPU tensors (its runtimes "
+                         f"upload them): move the model and inputs to the CPU")
+    if t.dtype == torch.int64:
+        if t.numel() and (int(t.max()) > _INT32.max or int(t.min()) < _INT32.min):
+            raise InputError(f"{what} holds int64 values beyond the int32 range the graph computes in")
+        return t.contiguous().numpy().astype(np.int32)
+    if t.dtype == torch.bfloat16:
+        array = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        array = t.contiguous().numpy()
+    return array if array.dtype == dtype.np else array.astype(dtype.np)
+
+
+def to_torch(array: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
+    array = np.asarray(array)
+    if array.dtype == ml_dtypes.bfloat16:
+        array = array.astype(np.float32)
+    out = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+    return out.reshape(tuple(int(d) for d in shape)) if tuple(out.shape) != tuple(int(d) for d in shape) else out
+
+
+class WeightBinding:
+    """The weight placeholders' tensors of the call that loaded the executable, by graph name."""
+
+    def __init__(self, names: dict[int, str], dtypes: dict[str, DType]):
+        self.names = names  # placeholder position -> weight name
+        self.dtypes = dtypes
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._ptrs: tuple = ()
+
+    def stale(self, args) -> bool:
+        return tuple(args[i].data_ptr() for i in self.names) != self._ptrs
+
+    def bind(self, args) -> None:
+        self.tensors = {name: args[i] for i, name in self.names.items()}
+        self._ptrs = tuple(args[i].data_ptr() for i in self.names)
+
+    def load(self, name: str) -> np.ndarray:
+        return to_numpy(self.tensors[name], self.dtypes[name], f"parameter {name}")

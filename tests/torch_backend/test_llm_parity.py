@@ -1,0 +1,47 @@
+"""transformers' LlamaForCausalLM and Qwen3ForCausalLM (tiny random configs) through torch.compile(backend=
+"luminal"): the logits of a forward against the float64 model (tests/TOLERANCES.md), and greedy ``generate`` with
+the compiled forward (prefill, then decode steps over transformers' own KV cache, each new cache length a
+symbolic dim re-bound within its bucket) giving eager generate's ids."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from torch_twins import float64_twin  # noqa: E402  (tests/torch_backend/torch_twins.py)
+
+from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
+
+SIZES = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1)
+
+
+def tiny(name: str):
+    torch.manual_seed(len(name))
+    if name == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES, rope_theta=500000.0)).eval()
+    return transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SIZES, head_dim=16, tie_word_embeddings=True)
+                                         ).eval()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_logits_and_generate_match_eager(name, assert_close):
+    """One compiled forward serves a batch of 2 x 7 tokens, then generate's prefill and every decode step (Dynamo
+    retraces once with the lengths symbolic; later lengths re-bind)."""
+    model = tiny(name)
+    twin = float64_twin(model)
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(1))
+    prompt = ids[:1, :5]
+    kwargs = dict(attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=8)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", LuminalFallbackWarning)  # the whole forward is translated
+        want_ids = model.generate(prompt, **kwargs)
+        model.forward = torch.compile(model.forward, backend="luminal")
+        got = model(ids).logits
+        assert got.dtype == torch.float32
+        assert_close("model", got, twin(ids).logits)
+        assert model.generate(prompt, **kwargs).tolist() == want_ids.tolist()
