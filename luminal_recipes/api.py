@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -391,9 +392,11 @@ class LanguageModelPipeline:
         requests = []
         for k, prompt in enumerate(prompts):
             try:
-                requests.append(self.model.request(prompt, max_new_tokens, seed=seed, **options))
+                requests.append(self.model.request(prompt, max_new_tokens, seed=seed, frames=2, **options))
             except LuminalError as exc:
                 raise type(exc)(f"prompt {k + 1} of {len(prompts)}: {exc}") from None
+        from .tasks.generation.length import ContextLengthWarning
+
         slots = self._slots()
         out: list = [None] * len(prompts)
         # In turn: a prompt and reply longer than a slot (slot_len tokens), and every prompt of a recipe or runtime
@@ -406,7 +409,9 @@ class LanguageModelPipeline:
         for k, prompt in enumerate(prompts):
             if out[k] is None:
                 try:
-                    out[k] = self.model.generate(prompt, max_new_tokens, seed=seed, **options)
+                    with warnings.catch_warnings():  # its context warning was given by request() above
+                        warnings.simplefilter("ignore", ContextLengthWarning)
+                        out[k] = self.model.generate(prompt, max_new_tokens, seed=seed, **options)
                 except LuminalError as exc:
                     raise type(exc)(f"prompt {k + 1} of {len(prompts)}: {exc}") from None
             out[k].seed = seed

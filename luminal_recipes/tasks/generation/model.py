@@ -375,10 +375,11 @@ class LanguageModel:
                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
                 stop: Sequence[str] = (), chat: bool | None = None, system: str | None = None,
                 chat_vars: Mapping[str, Any] | None = None, on_text: Callable[[str], None] | None = None,
-                on_token: Callable[[int, str], None] | None = None) -> Request:
+                on_token: Callable[[int, str], None] | None = None, frames: int = 0) -> Request:
         """``generate``'s arguments checked (and refused, located) and its prompt encoded, before anything runs:
         the prompt ids, the sampling settings and the tokens the reply may take (``max_new_tokens`` within the
-        context). ``generate`` and the batched replies of the Python API (``api.py``) both start here."""
+        context). ``generate`` and the batched replies of the Python API (``api.py``) both start here; ``frames``:
+        the calls between the user's line and this one's caller (a context warning points at the user's line)."""
         # numpy scalars become Python numbers; anything else reaches SamplingSettings as given, which refuses it
         settings = SamplingSettings(_real(temperature), _whole(top_k), _real(top_p), _real(repetition_penalty),
                                     _whole(seed))
@@ -402,7 +403,8 @@ class LanguageModel:
             raise InputError(f"the prompt is {n} tokens long; {self.name} takes at most {limit} tokens of prompt and "
                              f"reply together ({'--context' if self.context else 'its generation.context'}), which "
                              f"leaves no room for a reply. Shorten the prompt.")
-        warn_beyond_context(self.name, max_new_tokens, n, limit, "--context" if self.context else "generation.context")
+        warn_beyond_context(self.name, max_new_tokens, n, limit, "--context" if self.context else "generation.context",
+                            stacklevel=3 + frames)
         return Request(ids, settings, min(max_new_tokens, limit - n), stop)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
@@ -416,7 +418,7 @@ class LanguageModel:
         token with the text it released."""
         request = self.request(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                repetition_penalty=repetition_penalty, seed=seed, stop=stop, chat=chat, system=system,
-                               chat_vars=chat_vars, on_text=on_text, on_token=on_token)
+                               chat_vars=chat_vars, on_text=on_text, on_token=on_token, frames=1)
         ids, settings, budget_tokens = request.ids, request.settings, request.max_tokens
         n = len(ids)
         session = self._ensure(n + budget_tokens, n)

@@ -15,6 +15,7 @@ import pytest
 from luminal_recipes import Pipeline, instrument
 from luminal_recipes.errors import InputError, NonFiniteError
 from luminal_recipes.tasks.generation import batched
+from luminal_recipes.tasks.generation.length import ContextLengthWarning
 
 ROOT = Path(__file__).resolve().parents[3]
 CHECKPOINTS = ROOT / "tests" / "golden" / "checkpoints"
@@ -68,7 +69,9 @@ def spy(pipe, monkeypatch):
 
 def test_greedy_list_is_decoded_together_and_equals_in_turn(pipe, monkeypatch):
     steps = spy(pipe, monkeypatch)
-    got = pipe.generate(PROMPTS, max_new_tokens=24, seed=0)
+    with pytest.warns(ContextLengthWarning, match="so the reply stops at 14 tokens at most") as record:
+        got = pipe.generate(PROMPTS, max_new_tokens=24, seed=0)
+    assert record[0].filename == __file__  # pointed at the caller's line
     want = alone(pipe, PROMPTS, 24)
     assert len({len(w.prompt_ids) for w in want}) > 5 and len({len(w.ids) for w in want}) > 1
     same(got, want, seed=0)
