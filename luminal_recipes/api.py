@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -352,6 +353,8 @@ class LanguageModelPipeline:
     def __init__(self, model) -> None:
         self.model = model
         self.recipe = model.model.recipe.path if hasattr(model.model, "recipe") else None
+        self._batch = None  # the batched decoder's Slots, made by the first list of prompts (_slots)
+        self.batch_refused: str | None = None  # why lists of prompts run in turn, once found
 
     def generate(self, prompt: str | Sequence[int] | Sequence[str] | Sequence[Sequence[int]],
                  max_new_tokens: int = 256, *, stream: bool = False, seed: int | str | None = None,
@@ -383,19 +386,103 @@ class LanguageModelPipeline:
         return self._generate_batch(batch, max_new_tokens, value, options)
 
     def _generate_batch(self, prompts: list, max_new_tokens: int, seed: int, options: dict) -> list:
-        """One reply per prompt, in turn, every prompt encoded (and refused, located) before the first is run.
-        The seam for a batched decode program: replace this loop by one call that decodes all rows at once."""
+        """One reply per prompt, every prompt checked (and refused, located) before the first is run; decoded
+        together through the pipeline's batched decoder (``_slots``), else in turn. Either way each reply is the
+        one ``generate`` gives that prompt alone (ids, text, finish reason, the same seed)."""
+        requests = []
         for k, prompt in enumerate(prompts):
             try:
-                self.model.encode(prompt, options.get("chat"), options.get("system"), options.get("chat_vars"))
+                requests.append(self.model.request(prompt, max_new_tokens, seed=seed, frames=2, **options))
             except LuminalError as exc:
                 raise type(exc)(f"prompt {k + 1} of {len(prompts)}: {exc}") from None
-        out = []
-        for prompt in prompts:
-            result = self.model.generate(prompt, max_new_tokens, seed=seed, **options)
-            result.seed = seed
-            out.append(result)
+        from .tasks.generation.length import ContextLengthWarning
+
+        slots = self._slots()
+        out: list = [None] * len(prompts)
+        # In turn: a prompt and reply longer than a slot (slot_len tokens), and every prompt of a recipe or runtime
+        # the batched program cannot serve (see _slots: no update_cache/positional causal attention, or its
+        # weights and every slot's KV cache over the memory budget) - LanguageModel.generate plans each alone.
+        together = [k for k, r in enumerate(requests)
+                    if slots is not None and len(r.ids) + r.max_tokens <= slots.decoder.slot_len]
+        if together:
+            self._decode_together(slots, requests, together, out)
+        for k, prompt in enumerate(prompts):
+            if out[k] is None:
+                try:
+                    with warnings.catch_warnings():  # its context warning was given by request() above
+                        warnings.simplefilter("ignore", ContextLengthWarning)
+                        out[k] = self.model.generate(prompt, max_new_tokens, seed=seed, **options)
+                except LuminalError as exc:
+                    raise type(exc)(f"prompt {k + 1} of {len(prompts)}: {exc}") from None
+            out[k].seed = seed
         return out
+
+    def _slots(self):
+        """The slot/step loop over this pipeline's ``BatchedDecoder`` (``DEFAULT_SLOTS`` sequences of
+        ``--context`` or up to ``DEFAULT_SLOT_TOKENS`` tokens), built, compiled and loaded on the first list of
+        prompts and kept for the next; None (remembered, with why in ``batch_refused``) where it cannot be made."""
+        if self._batch is None and self.batch_refused is None:
+            from .errors import BudgetError, GraphError
+            from .tasks.generation.batched import DEFAULT_SLOT_TOKENS, DEFAULT_SLOTS, BatchedDecoder, Slots
+
+            lm = self.model
+            recipe, weights, sets = lm.source
+            decoder = None
+            try:
+                decoder = BatchedDecoder(lm, recipe, weights, sets, slots=DEFAULT_SLOTS,
+                                         slot_len=lm.context or min(lm.max_context, DEFAULT_SLOT_TOKENS))
+                decoder.prepare(longest_prompt=64)
+            except (InputError, GraphError, BudgetError) as exc:
+                if decoder is not None:
+                    decoder.close()
+                self.batch_refused = str(exc)
+                return None
+            self._batch = Slots(decoder)
+        return self._batch
+
+    def _decode_together(self, slots, requests: list, keys: list[int], out: list) -> None:
+        """The replies of ``requests[k]`` for ``k`` in ``keys``, into ``out[k]``: prompts admitted into free slots
+        between decode steps, every running reply decoded in one step; errors name the prompt."""
+        from .pipeline import peak_rss
+        from .tasks.generation.batched import Reply
+        from .tasks.generation.model import Generation
+
+        lm, total = self.model, len(requests)
+        replies = {k: Reply(requests[k].ids, requests[k].max_tokens, requests[k].settings, requests[k].stop,
+                            set(lm.eos_ids), lm.tokenizer.decode, lambda piece: None) for k in keys}
+        slot_of: dict[int, int] = {}
+        ended: list = []
+        waiting = list(keys)
+        try:
+            while waiting or slots.active:
+                while waiting and slots.free:
+                    k = waiting.pop(0)
+                    try:
+                        if slots.admit(replies[k]):
+                            ended.append(replies[k])
+                        else:
+                            slot_of[replies[k].slot] = k
+                    except LuminalError as exc:
+                        raise type(exc)(f"prompt {k + 1} of {total}: {exc}") from None
+                if slots.active:
+                    running = {slot_of[s] for s in slots.active}
+                    try:
+                        ended.extend(slots.decode())
+                    except LuminalError as exc:
+                        if slots.failed is not None:  # its logits were refused
+                            where = f"prompt {next(k for k in running if replies[k] is slots.failed) + 1} of {total}"
+                        else:  # the step itself failed
+                            where = f"prompts {', '.join(str(k + 1) for k in sorted(running))} of {total}"
+                        raise type(exc)(f"{where}: {exc}") from None
+        finally:
+            for s in list(slots.active):  # an error or an interrupt: free every slot for the next call
+                slots.drop(s)
+        peak = peak_rss.peak()
+        for k in keys:
+            r = replies[k]
+            first = r.first_token_at - r.started_at
+            out[k] = Generation(r.ids, list(r.out), r.text, r.finish, r.prefill_s, first,
+                                r.ended_at - r.first_token_at, peak)
 
     def _stream(self, prompt, max_new_tokens: int, seed: int, options: dict) -> Iterator[str]:
         """The text pieces of one reply, as ``generate(on_text=...)`` gives them, from a worker thread; closing
@@ -446,6 +533,9 @@ class LanguageModelPipeline:
         return self.generate(prompt, *args, **kwargs)
 
     def release(self) -> None:
+        if self._batch is not None:
+            self._batch.decoder.close()
+            self._batch = None
         self.model.release()
 
     close = release

@@ -24,8 +24,6 @@ import numpy as np
 
 from ..errors import InputError, PipelineError
 
-DEFAULT_SLOT_TOKENS = 2048  # continuous batching: tokens (prompt + reply) per sequence without --context
-
 
 @dataclass
 class ModelOptions:
@@ -112,7 +110,7 @@ class TextBackend:
         """Compile, plan and load once: for ``max_batch`` > 1 the batched program (``max_batch`` sequences of the
         whole context each, decoded together), else the single-sequence programs for the longest reply."""
         if max_batch > 1:
-            from ..tasks.generation.batched import BatchedDecoder
+            from ..tasks.generation.batched import DEFAULT_SLOT_TOKENS, BatchedDecoder
 
             # each slot holds a whole sequence: --context, else the model's context up to DEFAULT_SLOT_TOKENS
             slot_len = self.model.context or min(self.model.max_context, DEFAULT_SLOT_TOKENS)

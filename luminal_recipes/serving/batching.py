@@ -1,6 +1,6 @@
 """The work queue between the HTTP handlers (asyncio) and the model (one worker thread).
 
-Interface (what a caller - a route, or later ``generate(list)`` - uses)::
+Interface (what a caller - a route - uses)::
 
     scheduler = Scheduler(max_queue=64, metrics=...)
     scheduler.start()
@@ -231,33 +231,37 @@ class TextBatcher(Scheduler):
         return self.submit(job)
 
     def _work(self) -> None:
-        from ..tasks.generation.batched import Reply
+        from ..tasks.generation.batched import Reply, Slots
         from .backends import TextResult
 
-        active: dict[int, tuple[Handle, Reply]] = {}
-        free = list(range(self.slots))
+        slots: Slots | None = None  # the slot/step loop, once the engine is loaded
+        owners: dict[int, Handle] = {}  # slot -> the request of its reply
         while True:
-            admitted: list[tuple[Handle, int]] = []
+            admitted: list[Handle] = []
             with self._cond:
-                while not self._waiting and not active and not self._closing:
+                while not self._waiting and not owners and not self._closing:
                     self._cond.wait()
-                if self._closing and not self._waiting and not active:
+                if self._closing and not self._waiting and not owners:
                     return
-                while self._waiting and (free or self._waiting[0]._loop is None):
+                room = len(slots.free) if slots is not None else 0
+                while self._waiting and (room or self._waiting[0]._loop is None):
                     handle = self._waiting.popleft()
-                    admitted.append((handle, free.pop(0) if handle._loop is not None else -1))
+                    room -= handle._loop is not None
+                    admitted.append(handle)
                 self._report()
-            for handle, slot in admitted:
+            for handle in admitted:
                 if handle._loop is None:  # a call(): loading, on this thread
                     handle.job(handle)
+                    if slots is None and self.engine is not None:
+                        slots = Slots(self.engine)
                     continue
-                self._admit(handle, slot, active, free, Reply, TextResult)
+                self._admit(handle, slots, owners, Reply, TextResult)
                 self._deliver()
-            if active:
-                self._decode(active, free, TextResult)
+            if owners:
+                self._decode(slots, owners, TextResult)
                 self._deliver()
             if self.metrics is not None:
-                self.metrics.running.set(len(active))
+                self.metrics.running.set(len(owners))
 
     def _deliver(self) -> None:
         """The text pieces of a step, handed to their requests with one wake-up of each event loop (a wake-up
@@ -274,57 +278,47 @@ class TextBatcher(Scheduler):
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits
                 loop.call_soon_threadsafe(_put_all, items)
 
-    def _admit(self, handle: Handle, slot: int, active: dict, free: list, reply_cls, result_cls) -> None:
+    def _admit(self, handle: Handle, slots, owners: dict, reply_cls, result_cls) -> None:
         job = handle.job
         if handle.cancelled():
             handle._finish(error=Cancelled())
-            free.append(slot)
             return
         lm = self.lm
         reply = reply_cls(job.ids, job.max_tokens, job.settings, job.stop, set(lm.eos_ids), lm.tokenizer.decode,
-                          lambda piece: self._pending.append((handle, piece)), slot)
+                          lambda piece: self._pending.append((handle, piece)))
         try:
             handle.started = time.perf_counter()
-            n = len(job.ids)
-            logits = self.engine.step(job.ids, list(range(n)), [slot] * n, 1)[-1]
-            lm._check_logits(logits, f"the prefill of the {n}-token prompt")
-            done = reply.take(logits)
+            done = slots.admit(reply)
         except BaseException as exc:  # noqa: BLE001 - answered to its request
             handle._finish(error=exc)
-            free.append(slot)
             return
         self._count(handle, reply)
         if done:
-            self._done(handle, reply, free, result_cls)
+            self._done(handle, reply, result_cls)
         else:
-            active[slot] = (handle, reply)
+            owners[reply.slot] = handle
 
-    def _decode(self, active: dict, free: list, result_cls) -> None:
-        for slot, (handle, _) in list(active.items()):
+    def _decode(self, slots, owners: dict, result_cls) -> None:
+        for slot, handle in list(owners.items()):
             if handle.cancelled():
-                del active[slot]
-                free.append(slot)
+                slots.drop(slot)
+                del owners[slot]
                 handle._finish(error=Cancelled())
-        if not active:
+        if not owners:
             return
-        slots = list(active)
-        replies = [active[s][1] for s in slots]
         try:
-            rows = self.engine.step([r.out[-1] for r in replies], [r.position for r in replies], slots, len(slots))
-            for row, r in zip(rows, replies):
-                self.lm._check_logits(row, f"decode step {len(r.out)} (position {r.position})")
+            ended = {reply.slot: reply for reply in slots.decode()}
         except BaseException as exc:  # noqa: BLE001 - every reply of the step gets the error
-            for s in slots:
-                active.pop(s)[0]._finish(error=exc)
-                free.append(s)
+            for handle in owners.values():
+                handle._finish(error=exc)
+            owners.clear()
             return
-        for s, row in zip(slots, rows):
-            handle, reply = active[s]
-            done = reply.take(row)
+        for slot, handle in list(owners.items()):
+            reply = ended.get(slot) or slots.active[slot]
             self._count(handle, reply)
-            if done:
-                del active[s]
-                self._done(handle, reply, free, result_cls)
+            if slot in ended:
+                del owners[slot]
+                self._done(handle, reply, result_cls)
 
     def _count(self, handle: Handle, reply) -> None:
         if len(reply.out) == 1:
@@ -332,8 +326,7 @@ class TextBatcher(Scheduler):
         if self.metrics is not None:
             self.metrics.tokens(1)
 
-    def _done(self, handle: Handle, reply, free: list, result_cls) -> None:
+    def _done(self, handle: Handle, reply, result_cls) -> None:
         self._deliver()  # its last pieces before its end
-        free.append(reply.slot)
         handle._finish(result_cls(len(reply.ids), list(reply.out), reply.text,
                                   "length" if reply.finish == "length" else "stop"))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ... import instrument
 from ...errors import BudgetError, InputError
 from ...graph import DType, Tensor, cast
 from ...graph.symbolic import evaluate
@@ -40,6 +41,8 @@ from .detokenize import IncrementalDetokenizer, StopStrings
 from .sampling import Sampler, SamplingSettings
 
 MIN_STEP_BUCKET = 8
+DEFAULT_SLOTS = 8  # sequences decoded together (serve --max-batch, and generate([...]) of the Python API)
+DEFAULT_SLOT_TOKENS = 2048  # tokens (prompt + reply) per sequence without --context
 
 
 def _slot_input(graph, name: str, size):
@@ -158,6 +161,7 @@ class BatchedDecoder:
             if plan.peak + held > self.lm.budget:
                 raise BudgetError(f"a step of {bucket} tokens needs {format_bytes(plan.peak)} more than the memory "
                                   f"budget of {format_bytes(self.lm.budget)} leaves; lower --max-batch or --context")
+            instrument.count(instrument.LOAD)
             if self._owner is None:
                 exe = self.runtime.load(self._program, self.model.load_weight, dims)
                 self._owner = exe
@@ -205,6 +209,9 @@ class Reply:
     pieces: list[str] = field(default_factory=list)
     finish: str | None = None
     first_token_at: float | None = None
+    started_at: float | None = None  # its prefill began (Slots.admit)
+    prefill_s: float = 0.0
+    ended_at: float | None = None
 
     def __post_init__(self) -> None:
         self.sampler = Sampler(self.settings)
@@ -250,3 +257,67 @@ class Reply:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+
+class Slots:
+    """The slot/step loop of continuous batching over a ``BatchedDecoder`` - the one both the server
+    (``serving.batching.TextBatcher``) and the Python API (``LanguageModelPipeline.generate([...])``) run:
+    ``admit`` runs a reply's prompt (its prefill, one step) into a free slot and chooses its first token;
+    ``decode`` runs one step for every running reply and chooses their next tokens; a reply that ends frees its
+    slot at once. The caller decides who waits and when to step."""
+
+    def __init__(self, decoder: BatchedDecoder):
+        self.decoder = decoder
+        self.lm = decoder.lm
+        self.free = list(range(decoder.slots))
+        self.active: dict[int, Reply] = {}  # slot -> its running reply
+
+    def admit(self, reply: Reply) -> bool:
+        """Prefill ``reply`` into a free slot and take its first token; True when it is already over (its slot
+        freed). An error frees the slot and is raised."""
+        slot = reply.slot = self.free.pop(0)
+        n = len(reply.ids)
+        try:
+            t0 = reply.started_at = time.perf_counter()
+            logits = self.decoder.step(reply.ids, list(range(n)), [slot] * n, 1)[-1]
+            self.lm._check_logits(logits, f"the prefill of the {n}-token prompt")
+            reply.prefill_s = time.perf_counter() - t0
+            done = reply.take(logits)
+        except BaseException:
+            self.free.append(slot)
+            raise
+        if done:
+            reply.ended_at = time.perf_counter()
+            self.free.append(slot)
+        else:
+            self.active[slot] = reply
+        return done
+
+    def drop(self, slot: int) -> Reply:
+        """End the reply in ``slot`` where it is (its request was cancelled) and free the slot."""
+        self.free.append(slot)
+        return self.active.pop(slot)
+
+    def decode(self) -> list[Reply]:
+        """One step of every running reply: each takes its next token; the replies that ended (slots freed). An
+        error ends every running reply (their slots freed) and is raised, with ``failed`` the reply whose logits
+        were refused (None when the step itself failed)."""
+        self.failed: Reply | None = None
+        slots = list(self.active)
+        replies = [self.active[s] for s in slots]
+        try:
+            rows = self.decoder.step([r.out[-1] for r in replies], [r.position for r in replies], slots, len(slots))
+            for row, r in zip(rows, replies):
+                self.failed = r
+                self.lm._check_logits(row, f"decode step {len(r.out)} (position {r.position})")
+            self.failed = None
+        except BaseException:
+            for s in slots:
+                self.drop(s)
+            raise
+        ended = []
+        for s, row in zip(slots, rows):
+            if self.active[s].take(row):
+                self.active[s].ended_at = time.perf_counter()
+                ended.append(self.drop(s))
+        return ended

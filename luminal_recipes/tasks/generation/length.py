@@ -21,7 +21,8 @@ def beyond_context(name: str, max_new_tokens: int, prompt_tokens: int, limit: in
             f"max_new_tokens <= {room} (--max-new-tokens) to plan for what will run")
 
 
-def warn_beyond_context(name: str, max_new_tokens: int, prompt_tokens: int, limit: int, limited_by: str) -> None:
+def warn_beyond_context(name: str, max_new_tokens: int, prompt_tokens: int, limit: int, limited_by: str,
+                        stacklevel: int = 3) -> None:
     message = beyond_context(name, max_new_tokens, prompt_tokens, limit, limited_by)
     if message is not None:
-        warnings.warn(ContextLengthWarning(message), stacklevel=3)
+        warnings.warn(ContextLengthWarning(message), stacklevel=stacklevel)

@@ -110,6 +110,16 @@ class _Session:
         self.cache, self.decode, self.prefill, self.prefill_len = cache, decode, prefill, prefill_len
 
 
+@dataclass
+class Request:
+    """A reply's checked request (``LanguageModel.request``): prompt ids, sampling, the reply's token budget."""
+
+    ids: list[int]
+    settings: SamplingSettings
+    max_tokens: int
+    stop: Sequence[str]
+
+
 class LanguageModel:
     """A language-model recipe with its checkpoint: ``generate`` replies, ``logits`` scores a sequence.
 
@@ -148,7 +158,9 @@ class LanguageModel:
         contract.check_static(loaded)
         # a hub checkpoint is fetched with the tokenizer and its template too; the recipe's own stays the recipe's
         # (its files fenced inside the repository's cache folder), --weights the user's
+        sets = sets if isinstance(sets, Mapping) else list(sets)
         self.model: BuiltModel = build(recipe, weights=weights, sets=sets, patterns=HUB_PATTERNS)
+        self.source = (recipe, weights, sets)  # what it was built from (a BatchedDecoder builds the same again)
         contract.check_built(self.model)
         self.name = self.model.name
         spec = loaded.doc.generation
@@ -359,15 +371,15 @@ class LanguageModel:
         self.stats.rebinds += exe.stats.rebinds - before
         return out[0, -1]
 
-    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
-                 stop: Sequence[str] = (), chat: bool | None = None, system: str | None = None,
-                 chat_vars: Mapping[str, Any] | None = None, on_text: Callable[[str], None] | None = None,
-                 on_token: Callable[[int, str], None] | None = None) -> Generation:
-        """Reply to ``prompt`` (text, or token ids). Greedy by default (``temperature=0``); stops at an EOS id
-        of the checkpoint, a ``stop`` string, ``max_new_tokens`` or the context. ``on_text(piece)`` receives the
-        text as it is decoded (never half a character, never part of a stop string); ``on_token(id, piece)`` each
-        token with the text it released."""
+    def request(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
+                top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
+                stop: Sequence[str] = (), chat: bool | None = None, system: str | None = None,
+                chat_vars: Mapping[str, Any] | None = None, on_text: Callable[[str], None] | None = None,
+                on_token: Callable[[int, str], None] | None = None, frames: int = 0) -> Request:
+        """``generate``'s arguments checked (and refused, located) and its prompt encoded, before anything runs:
+        the prompt ids, the sampling settings and the tokens the reply may take (``max_new_tokens`` within the
+        context). ``generate`` and the batched replies of the Python API (``api.py``) both start here; ``frames``:
+        the calls between the user's line and this one's caller (a context warning points at the user's line)."""
         # numpy scalars become Python numbers; anything else reaches SamplingSettings as given, which refuses it
         settings = SamplingSettings(_real(temperature), _whole(top_k), _real(top_p), _real(repetition_penalty),
                                     _whole(seed))
@@ -383,6 +395,7 @@ class LanguageModel:
                                  f"{_shown(value)} ({type(value).__name__})")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise InputError(f"--max-new-tokens {max_new_tokens}: must be a whole number >= 1")
+        StopStrings(stop)  # a bad `stop` is refused here, before anything runs
         ids = self.encode(prompt, chat, system, chat_vars)
         n = len(ids)
         limit = self.context or self.max_context
@@ -390,8 +403,24 @@ class LanguageModel:
             raise InputError(f"the prompt is {n} tokens long; {self.name} takes at most {limit} tokens of prompt and "
                              f"reply together ({'--context' if self.context else 'its generation.context'}), which "
                              f"leaves no room for a reply. Shorten the prompt.")
-        warn_beyond_context(self.name, max_new_tokens, n, limit, "--context" if self.context else "generation.context")
-        budget_tokens = min(max_new_tokens, limit - n)
+        warn_beyond_context(self.name, max_new_tokens, n, limit, "--context" if self.context else "generation.context",
+                            stacklevel=3 + frames)
+        return Request(ids, settings, min(max_new_tokens, limit - n), stop)
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, repetition_penalty: float = 1.0, seed: int = 0,
+                 stop: Sequence[str] = (), chat: bool | None = None, system: str | None = None,
+                 chat_vars: Mapping[str, Any] | None = None, on_text: Callable[[str], None] | None = None,
+                 on_token: Callable[[int, str], None] | None = None) -> Generation:
+        """Reply to ``prompt`` (text, or token ids). Greedy by default (``temperature=0``); stops at an EOS id
+        of the checkpoint, a ``stop`` string, ``max_new_tokens`` or the context. ``on_text(piece)`` receives the
+        text as it is decoded (never half a character, never part of a stop string); ``on_token(id, piece)`` each
+        token with the text it released."""
+        request = self.request(prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                               repetition_penalty=repetition_penalty, seed=seed, stop=stop, chat=chat, system=system,
+                               chat_vars=chat_vars, on_text=on_text, on_token=on_token, frames=1)
+        ids, settings, budget_tokens = request.ids, request.settings, request.max_tokens
+        n = len(ids)
         session = self._ensure(n + budget_tokens, n)
         self._reset(session)
         sampler = Sampler(settings)

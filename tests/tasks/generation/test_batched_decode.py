@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from luminal_recipes.tasks.generation.batched import BatchedDecoder, Reply
+from luminal_recipes.tasks.generation.batched import BatchedDecoder, Reply, Slots
 from luminal_recipes.tasks.generation.model import LanguageModel
 from luminal_recipes.tasks.generation.sampling import SamplingSettings
 
@@ -20,32 +20,23 @@ PROMPTS = ["The capital of France is", "def main():", "Ça marche très bien! �
 
 def batched_replies(lm, decoder, prompts, max_tokens, settings):
     """Admit prompts into free slots between decode steps (each prompt's prefill is one step), decode every
-    running reply in one step, free a slot when its reply ends."""
+    running reply in one step, a slot freed when its reply ends: ``Slots``, the loop the server and
+    ``generate([...])`` run."""
+    slots = Slots(decoder)
     pending = list(enumerate(prompts))
-    free = list(range(decoder.slots))
-    active, done, steps = {}, {}, []
-    while pending or active:
-        while pending and free:
+    index, done, steps = {}, {}, []
+    while pending or slots.active:
+        while pending and slots.free:
             k, prompt = pending.pop(0)
-            slot = free.pop(0)
-            ids = lm.encode(prompt)
-            reply = Reply(ids, max_tokens, settings[k], (), set(lm.eos_ids), lm.tokenizer.decode, lambda t: None,
-                          slot)
-            logits = decoder.step(ids, list(range(len(ids))), [slot] * len(ids), 1)
-            if reply.take(logits[-1]):
+            reply = Reply(lm.encode(prompt), max_tokens, settings[k], (), set(lm.eos_ids), lm.tokenizer.decode,
+                          lambda t: None)
+            index[id(reply)] = k
+            if slots.admit(reply):
                 done[k] = reply
-                free.append(slot)
-            else:
-                active[k] = reply
-        if active:
-            keys = list(active)
-            steps.append(len(keys))
-            rows = decoder.step([active[k].out[-1] for k in keys], [active[k].position for k in keys],
-                                [active[k].slot for k in keys], len(keys))
-            for row, k in zip(rows, keys):
-                if active[k].take(row):
-                    free.append(active[k].slot)
-                    done[k] = active.pop(k)
+        if slots.active:
+            steps.append(len(slots.active))
+            for reply in slots.decode():
+                done[index[id(reply)]] = reply
     return done, steps
 
 

@@ -11,7 +11,7 @@ import torch
 import transformers
 from generation_checkpoints import RECIPES
 
-from luminal_recipes import LanguageModelPipeline, Pipeline
+from luminal_recipes import LanguageModelPipeline, Pipeline, instrument
 from luminal_recipes.errors import InputError
 
 PROMPTS = ["The capital of France is", "Ça marche très bien! 🦊"]
@@ -47,6 +47,13 @@ def test_a_list_of_prompts_gives_one_greedy_reply_each(llama, lm):
     for prompt, reply in zip(PROMPTS, replies):
         assert reply.ids == greedy(reference, tokenizer, prompt, 12), prompt
         assert reply.text == tokenizer.decode(reply.ids, skip_special_tokens=True)
+    before = instrument.snapshot()  # decoded together by the batched program, compiled once for the pipeline
+    again = lm.generate(PROMPTS, max_new_tokens=12)
+    counted = instrument.snapshot()
+    counted.subtract(before)
+    for event in (instrument.GRAPH_BUILD, instrument.SEARCH, instrument.PLAN_CACHE_HIT, instrument.LOAD):
+        assert counted[event] == 0, (event, dict(counted))
+    assert [r.ids for r in again] == [r.ids for r in replies] and lm.batch_refused is None
     single = lm.generate(PROMPTS[1], max_new_tokens=12)
     assert single.ids == replies[1].ids
 
