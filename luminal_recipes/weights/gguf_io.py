@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -33,7 +32,7 @@ import numpy as np
 
 from ..errors import CheckpointError
 from ..files import open_regular
-from .safetensors_io import TensorInfo
+from .safetensors_io import TensorInfo, TensorMapping
 
 SUFFIX = ".gguf"
 ARCHITECTURES_FILE = Path(__file__).with_name("gguf_architectures.yaml")
@@ -101,10 +100,11 @@ class GgufTensor:
 
 
 @dataclass
-class GgufCheckpoint:
+class GgufCheckpoint(TensorMapping):
     """A GGUF file seen as a checkpoint of transformers-named tensors (the :class:`Checkpoint` interface the
     recipe builder uses: ``root``, ``tensors``, ``load``, ``quantization_metadata``) plus its ``config``."""
 
+    _what = "GGUF file"
     root: Path  # the .gguf file itself
     architecture: str
     config: dict[str, Any]
@@ -177,29 +177,7 @@ class GgufCheckpoint:
             infos[name] = TensorInfo(name, record.shape, dtype, path, start, end, tensor.name)
         return cls(path, architecture, config, infos, records, reader)
 
-    # mapping interface (as Checkpoint) ---------------------------------------------------------------------
-    @property
-    def names(self) -> list[str]:
-        return sorted(self.tensors)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.tensors
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def __getitem__(self, name: str) -> TensorInfo:
-        return self.info(name)
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise CheckpointError(f"tensor '{name}' is not in GGUF file {self.root}") from None
-
+    # the mapping interface is TensorMapping's
     @property
     def files(self) -> list[Path]:
         return [self.root]

@@ -225,8 +225,37 @@ def _library_check(path: Path) -> dict[str, str]:
 
 
 # --- checkpoints: one or many files -----------------------------------------------------------------------
+class TensorMapping:
+    """The mapping every checkpoint format gives the builder: name -> ``TensorInfo`` (its ``tensors``), sorted
+    names; ``_what`` names the container in errors."""
+
+    _what = "checkpoint"
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.tensors)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __getitem__(self, name: str) -> TensorInfo:
+        return self.info(name)
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise CheckpointError(f"tensor '{name}' is not in {self._what} {self.root}") from None
+
+
 @dataclass
-class Checkpoint:
+class Checkpoint(TensorMapping):
     """Safetensors files seen as one name -> tensor mapping. Tensors are mapped, never read, until loaded."""
 
     root: Path
@@ -292,29 +321,6 @@ class Checkpoint:
         if marker:
             tensors = _apply_renames(tensors, renames, marker)
         return cls(root=root, tensors=tensors, file_metadata=metadata, index=index, legacy_fp8_marker=marker)
-
-    # mapping interface -------------------------------------------------------------------------------------
-    @property
-    def names(self) -> list[str]:
-        return sorted(self.tensors)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.tensors
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def __getitem__(self, name: str) -> TensorInfo:
-        return self.info(name)
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise CheckpointError(f"tensor '{name}' is not in checkpoint {self.root}") from None
 
     @property
     def files(self) -> list[Path]:
