@@ -72,6 +72,66 @@ class LuminalRecipeServer:
         return self._asgi
 
 
+class ProxyErrors:
+    """ASGI middleware in Ray Serve's HTTP proxy (``proxy_middlewares``): the proxy's own failures - a replica that
+    died with the request (the proxy answers nothing, and uvicorn a plain-text 500) - become OpenAI-style JSON
+    errors, 503 with Retry-After: the request can be sent again, another replica or the replacement answers it.
+    Replies the replicas made (JSON errors included) pass unchanged; a stream already started is only cut."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = swallowing = False
+
+        async def checked_send(message):
+            nonlocal started, swallowing
+            if message["type"] == "http.response.start":
+                started = True
+                headers = dict(message.get("headers") or ())
+                if message["status"] >= 500 and not headers.get(b"content-type", b"").startswith(b"application/json"):
+                    swallowing = True
+                    return await _unavailable(send)
+            elif swallowing:
+                return None
+            await send(message)
+
+        try:
+            await self.app(scope, receive, checked_send)
+        except Exception:  # noqa: BLE001 - the proxy failed before answering: the client still gets an error object
+            if started:
+                raise
+        if not started:  # the proxy gave up without answering (uvicorn would send a plain-text 500)
+            await _unavailable(send)
+
+
+async def _unavailable(send) -> None:
+    import json
+
+    from .errors import error_body
+
+    body = json.dumps(error_body(503, "the replica serving this request stopped before answering (Ray Serve is "
+                                      "replacing it); send the request again", code="replica_unavailable")).encode()
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"retry-after", b"1")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def proxy_middlewares() -> list:
+    """Ray Serve's proxy callback: RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=PROXY_CALLBACK in the environment of
+    the processes that start Ray (``ray start``, or the driver's ``ray.init`` for a local cluster)."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(ProxyErrors)]
+
+
+PROXY_CALLBACK = "luminal_recipes.serving.ray_serve:proxy_middlewares"
+PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+
+
 def app(recipe: str | Path, *, weights: str | None = None, replicas: int = 1, num_cpus: float = 1.0,
         num_gpus: float | None = None, runtime: str = "numpy", sets: tuple[str, ...] = (), compile: bool = True,
         context: int | None = None, compute_dtype: str | None = None, loras: tuple[str, ...] = (),
@@ -138,6 +198,8 @@ def run_cli(options: ModelOptions, limits: Limits, api_key: str | None, model_na
 
     recipe_kind(options.recipe)  # a bad recipe fails here, located, before any replica starts
     port = port or _free_port(host)
+    # a local Ray started here passes its environment on to Serve's proxy (a `ray start` cluster: docs/serving.md)
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
     ray.init(address=ray_address, logging_level=getattr(logging, log_level.upper(), logging.INFO),
              log_to_driver=log_level == "debug")
     stop = threading.Event()

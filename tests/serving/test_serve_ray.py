@@ -12,9 +12,8 @@ import threading
 import time
 
 import pytest
-from typer.testing import CliRunner
-
 from serve_helpers import LLAMA_TINY, RECIPES, TEXTS
+from typer.testing import CliRunner
 
 TIMEOUT = 60.0  # every request's bound: a request that hangs fails the test
 
@@ -44,12 +43,15 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
+    import os
+
     ray = pytest.importorskip("ray")
     serve = pytest.importorskip("ray.serve")
     from luminal_recipes.serving.limits import Limits
-    from luminal_recipes.serving.ray_serve import app
+    from luminal_recipes.serving.ray_serve import PROXY_CALLBACK, PROXY_CALLBACK_ENV, app
 
     port = _free_port()
+    os.environ[PROXY_CALLBACK_ENV] = PROXY_CALLBACK  # the proxy's errors as JSON error objects (docs/serving.md)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -61,6 +63,7 @@ def cluster():
             serve.shutdown()
         finally:
             ray.shutdown()
+            os.environ.pop(PROXY_CALLBACK_ENV, None)
 
 
 def _chat(url: str, prompt: str, max_tokens: int = 32) -> tuple[int, str | None, dict | None]:
@@ -111,37 +114,62 @@ def test_requests_spread_over_both_replicas(cluster):
     assert models["data"][0]["kind"] == "text"
 
 
+def _replica_actor(ray, replica: str):
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
+              if a["name"].startswith("SERVE_REPLICA::") and a["name"].endswith(replica)]
+    assert len(actors) == 1, actors
+    return ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"])
+
+
 def test_a_killed_replica_fails_cleanly_and_is_replaced(cluster):
     ray, serve, url = cluster
     want = json.loads((TEXTS / "llama-tiny-chat.json").read_text())
     _, victim, _ = _chat(url, want["prompt"], max_tokens=1)
-    actors = [a for a in ray.util.list_named_actors(all_namespaces=True)
-              if a["name"].startswith("SERVE_REPLICA::") and a["name"].endswith(victim)]
-    assert len(actors) == 1, actors
-    handle = ray.get_actor(actors[0]["name"], namespace=actors[0]["namespace"])
+    handle = _replica_actor(ray, victim)
 
-    load: list = []
-    loader = threading.Thread(target=lambda: load.extend(_concurrently(lambda: _chat(url, want["prompt"], 64), 8)))
-    loader.start()
-    time.sleep(1.5)  # the requests are being decoded on both replicas
+    # a steady load: 6 clients, each sending one request after another until told to stop
+    stop, log, lock = threading.Event(), [], threading.Lock()
+
+    def client():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            try:
+                outcome = _chat(url, want["prompt"], 64)
+            except Exception as exc:  # noqa: BLE001 - a timeout or a broken connection: fails the test below
+                outcome = exc
+            with lock:
+                log.append((t0, time.monotonic(), outcome))
+
+    clients = [threading.Thread(target=client) for _ in range(6)]
+    for t in clients:
+        t.start()
+    time.sleep(2.0)
+    killed = time.monotonic()
     ray.kill(handle, no_restart=True)
-    loader.join(TIMEOUT + 60)
-    assert not loader.is_alive(), "the load hung after the replica was killed"
-    assert len(load) == 8 and all(not isinstance(r, Exception) for r in load), load
-    for status, _, body in load:  # a whole reply, or an error status with a body: never a half answer
+    time.sleep(4.0)
+    stop.set()
+    for t in clients:
+        t.join(TIMEOUT + 30)
+    assert not any(t.is_alive() for t in clients), "a request hung after the replica was killed"
+    assert all(not isinstance(o, Exception) for *_, o in log), [o for *_, o in log if isinstance(o, Exception)]
+    in_flight = [o for t0, t1, o in log if t0 < killed < t1]
+    assert in_flight, "no request was in flight when the replica was killed"
+    for _, _, (status, _, body) in log:  # a whole reply, or an error status with a body: never a half answer
         if status == 200:
             assert body["usage"]["completion_tokens"] == 64
-        else:
-            assert status >= 500 and body, (status, body)
+        else:  # the proxy's error for a request its replica died with: an error object, retry later
+            assert status == 503 and body["error"]["code"] == "replica_unavailable", (status, body)
+    after = [o for t0, _, o in log if t0 > killed + 1.0]
+    assert after and all(o[0] == 200 for o in after), after  # the survivor serves while the replica is replaced
+    print(f"\nkill: {len(log)} requests, {len(in_flight)} in flight at the kill: "
+          f"{sorted(o[0] for o in in_flight)}; errors: {[(o[0], o[2]) for *_, o in log if o[0] != 200][:3]}")
 
     # the service recovers: Serve replaces the replica, and both answer again
     deadline = time.monotonic() + 90
     seen: set = set()
-    while time.monotonic() < deadline and not (len(seen) == 2 and victim not in seen):
-        results = _concurrently(lambda: _chat(url, want["prompt"], 8), 4)
-        seen |= {r[1] for r in results if not isinstance(r, Exception) and r[0] == 200}
-        seen.discard(victim)
-        time.sleep(0.5)
-    assert len(seen) == 2 and victim not in seen, seen
-    status = serve.status().applications["luminal-recipe"]
-    assert str(status.status).endswith("RUNNING"), status
+    while time.monotonic() < deadline and len(seen) < 2:
+        results = _concurrently(lambda: _chat(url, want["prompt"], 16), 4)
+        seen |= {r[1] for r in results if not isinstance(r, Exception) and r[0] == 200} - {victim}
+    assert len(seen) == 2, seen
+    print(f"recovered: replicas {sorted(seen)} {time.monotonic() - killed:.1f} s after the kill")
+    assert str(serve.status().applications["luminal-recipe"].status).endswith("RUNNING")
