@@ -54,6 +54,15 @@ def serve(
     max_inputs: int = typer.Option(256, "--max-inputs", min=1, help="embeddings: most texts per request"),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level: critical, error, warning, "
                                   "info, debug"),
+    ray: bool = typer.Option(False, "--ray", help="scale out on Ray Serve: --replicas copies of the compiled model "
+                             "behind Ray's HTTP proxy, same API (needs luminal-recipes[ray]; docs/serving.md)"),
+    replicas: int = typer.Option(1, "--replicas", min=1, help="with --ray: replicas, each holding the model (one "
+                                 "GPU each with --runtime cuda)"),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="with --ray: the cluster to join, e.g. "
+                                           "auto or HEAD:6379 (default: $RAY_ADDRESS, else a local Ray started "
+                                           "here)"),
+    ray_num_cpus: float = typer.Option(1.0, "--ray-num-cpus", min=0.0, help="with --ray: CPUs Ray reserves per "
+                                       "replica"),
 ) -> None:
     """Serve a recipe over HTTP with OpenAI's API: /v1/chat/completions and /v1/completions (language models),
     /v1/embeddings (encoders), /v1/images/generations and /v1/images/edits (FLUX.2); /v1/models, /health and
@@ -65,10 +74,17 @@ def serve(
     except ImportError as exc:
         raise InputError(f"`serve` needs FastAPI and uvicorn ({exc.name} is not installed): pip install "
                          f"'luminal-recipes[serve]'") from None
+    if ray:
+        try:
+            import ray.serve  # noqa: F401
+        except ImportError as exc:
+            raise InputError(f"serve --ray needs Ray Serve ({exc.name} is not installed): pip install "
+                             f"'luminal-recipes[ray]'") from None
+    elif replicas != 1 or ray_address is not None:
+        raise InputError(f"{'--replicas' if replicas != 1 else '--ray-address'} deploys on Ray Serve: add --ray "
+                         f"(and pip install 'luminal-recipes[ray]')")
     from ..pipeline.generate import parse_size
-    from .app import create_app
-    from .backends import ModelOptions, load_backend, recipe_kind
-    from .batching import Scheduler, TextBatcher
+    from .backends import ModelOptions
     from .limits import Limits
 
     if not 0 <= port <= 65535:
@@ -82,12 +98,37 @@ def serve(
     limits = Limits(max_body_bytes=max_body_bytes, max_tokens=max_tokens, max_n=max_n, max_queue=max_queue,
                     max_image_pixels=max_image_pixels, max_images=max_images,
                     max_inputs=max_inputs)
+    if ray:
+        from .ray_serve import run_cli
+
+        return run_cli(options, limits, key, model_name, max_batch, max_tokens, host, port, replicas, ray_address,
+                       ray_num_cpus, log_level)
     sock = _bind(host, port)  # before the slow load: a port in use fails at once
     print(f"luminal-recipe serve: loading and compiling {recipe}...", file=sys.stderr, flush=True)
+    asgi, backend = build_server(options, limits, key, model_name, max_batch, max_tokens)
+    bound = sock.getsockname()
+    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    print(f"luminal-recipe serve: {backend.kind} model {model_name or backend.name!r} on http://{shown}:{bound[1]}"
+          + (" (API key required)" if key else ""), file=sys.stderr, flush=True)
+    config = uvicorn.Config(asgi, log_level=log_level, timeout_graceful_shutdown=None, lifespan="on",
+                            access_log=log_level == "debug")
+    server = uvicorn.Server(config)
+    # SIGTERM/SIGINT: uvicorn stops accepting, finishes the requests in flight, then re-raises the signal
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
+    print("luminal-recipe serve: stopped", file=sys.stderr, flush=True)
 
-    kind = recipe_kind(recipe)
+
+def build_server(options, limits, key: str | None, model_name: str | None, max_batch: int, max_tokens: int):
+    """Load and compile the model of ``options`` once, on the scheduler's worker thread, and return the ASGI app
+    serving it with its backend: what `serve` runs under uvicorn and each Ray Serve replica (ray_serve.py) holds."""
+    from .app import create_app
+    from .backends import load_backend, recipe_kind
+    from .batching import Scheduler, TextBatcher
+
+    kind = recipe_kind(options.recipe)
     batching = kind == "text" and max_batch > 1
-    scheduler = TextBatcher(max_queue, max_batch) if batching else Scheduler(max_queue, name=kind)
+    scheduler = TextBatcher(limits.max_queue, max_batch) if batching else Scheduler(limits.max_queue, name=kind)
 
     def load():
         backend = load_backend(options)
@@ -106,17 +147,7 @@ def serve(
         scheduler.stop()
         raise
     asgi, _ = create_app(backend, limits, key, model_name, scheduler)
-    bound = sock.getsockname()
-    shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-    print(f"luminal-recipe serve: {backend.kind} model {model_name or backend.name!r} on http://{shown}:{bound[1]}"
-          + (" (API key required)" if key else ""), file=sys.stderr, flush=True)
-    config = uvicorn.Config(asgi, log_level=log_level, timeout_graceful_shutdown=None, lifespan="on",
-                            access_log=log_level == "debug")
-    server = uvicorn.Server(config)
-    # SIGTERM/SIGINT: uvicorn stops accepting, finishes the requests in flight, then re-raises the signal
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run(sockets=[sock])
-    print("luminal-recipe serve: stopped", file=sys.stderr, flush=True)
+    return asgi, backend
 
 
 def _bind(host: str, port: int) -> socket.socket:
