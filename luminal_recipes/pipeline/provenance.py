@@ -9,7 +9,8 @@ the checkpoint folder) and header (its 8-byte length and the JSON tensor index: 
 files in sorted order. It is read in microseconds whatever the checkpoint's size, and tells checkpoints of other
 layouts or precisions apart; two fine-tunes of one architecture written the same way share it (it hashes the
 index, not the values). A reference image's hash is the first 10 hex digits of the SHA-256 of its file (or, given
-as pixels in Python, of its ``(H, W, 3)`` uint8 bytes)."""
+as pixels in Python, of its ``(H, W, 3)`` uint8 bytes; uploaded to `serve`, of the uploaded file's bytes, so the
+same file gives the same hash)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def image_hash(image: Any) -> str:
     """A reference image's short hash: of its file, or of its pixels when given as an array."""
     if isinstance(image, np.ndarray):
         return hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()[:HASH_DIGITS]
+    if isinstance(image, bytes):  # a file's bytes (an upload to `serve`): the hash of that file
+        return hashlib.sha256(image).hexdigest()[:HASH_DIGITS]
     return file_hash(image)
 
 

@@ -1,12 +1,12 @@
 """The one adapter between the server and the product's model APIs: what `serve` loads for a recipe and how a
-request becomes a run. Every other serving module talks to these classes only, so a later Python API
-(``Pipeline.from_recipe``) replaces this file alone.
+request becomes a run. Every other serving module talks to these classes only.
 
 - ``TextBackend``: a language-model recipe (``LanguageModel``: prefill + decode programs sharing a KV cache, the
   checkpoint's tokenizer and chat template, host sampling, incremental detokenization).
 - ``EmbeddingBackend``: an encoder pipeline with a text ``prompt`` input and an array output (recipes/minilm.yaml).
-- ``ImageBackend``: a FLUX.2 pipeline (an image output; reference images through its ``images`` input), run as
-  ``luminal-recipe run`` runs it: the same parameters, the same PNG (pixels and text chunks), bytes in memory.
+- ``ImageBackend``: a FLUX.2 pipeline (an image output; reference images through its ``images`` input), run by
+  ``pipeline.generate.PipelineSession`` as ``luminal-recipe run`` and the Python API run it: the same parameters,
+  the same PNG (pixels and text chunks, ``command`` naming the server and the request), bytes in memory.
 
 Each is loaded and compiled once, at start-up; each ``run`` is called from one worker thread at a time.
 """
@@ -241,130 +241,129 @@ class ImageRequest:
     images: Sequence[bytes] = ()  # reference images (edits), as uploaded
 
 
-def decode_image(data: bytes, where: str) -> np.ndarray:
-    """``(H, W, 3)`` uint8 RGB pixels of uploaded bytes, as ``image_io.load_image`` reads a file."""
-    from ..image_io import decode_image_bytes
-
-    return decode_image_bytes(data, where)
-
-
-class ImageBackend(_PipelineBackend):
-    """A FLUX.2 pipeline. The parameters of a request (size, steps, guidance, seed, reference images) are the
-    pipeline's; a Pipeline is kept loaded for the last parameters served (the plan cache serves the compiled
-    programs of every other), so repeated requests of one shape reload nothing."""
+class ImageBackend:
+    """A FLUX.2 pipeline, run through ``pipeline.generate.PipelineSession``: the one path `luminal-recipe run` and
+    the Python API (``api.Pipeline``) take, so a request gives run's pixels and run's PNG text chunks (the
+    plug-ins' settings and ``provenance.py``'s), except ``command``, which records the request served (``served``).
+    The session is kept between requests and rebuilt only when what its plans depend on changes (``width``,
+    ``height``: ``driver.plan_params``) or the reference images do, as ``api.Pipeline`` does; seed, steps and
+    guidance are given per run (``PipelineSession.run(params=...)``), so they build, compile and load nothing."""
 
     kind = "images"
 
     def __init__(self, options: ModelOptions):
-        from ..pipeline.generate import _declared_outputs
-        from ..pipeline.plugins import tasks_of
+        from ..pipeline.driver import plan_params
+        from ..recipe.loader import load_recipe
 
         if options.context is not None:
             raise InputError("--context applies to language models; an image pipeline takes none")
         self.options = options
-        base = self._pipeline(options)
-        self.name = base.doc.name
-        self.doc = base.doc
-        self.params = dict(base.params)
-        self.tasks = tasks_of(base.doc)
-        self.declared = _declared_outputs(base)
-        self.takes_images = "images" in base.doc.inputs
-        self._kept: tuple[tuple, Any] | None = (self._key({}), base)
+        self.doc = load_recipe(options.recipe).doc
+        self.name = self.doc.name
+        self.takes_images = "images" in self.doc.inputs
+        self._plan_names = plan_params(self.doc) & set(self.doc.params)
+        self._serve = serve_command(options)
+        self._session = None
+        self._key: tuple | None = None
         self._lock = threading.Lock()
+        self._session_for({}, [], "")  # every flag checked at start-up, before any request
+        self.params = dict(self._session.pipe.params)
 
-    @staticmethod
-    def _key(sets: Mapping[str, Any]) -> tuple:
-        return tuple(sorted(sets.items()))
+    def _session_for(self, plan_values: Mapping[str, Any], images: Sequence[bytes], prompt: str):
+        """The kept session when its plans hold for ``plan_values`` and ``images``, else a new one (the kept one
+        released first). Uploaded images are given as their bytes: read as `run --image` reads a file, hashed as
+        its file is (``provenance.image_hash``), recorded as ``image[k]``."""
+        import hashlib
+
+        from ..pipeline.generate import GenerateRequest, PipelineSession
+        from ..recipe.lora import parse_lora_flag
+
+        key = (tuple(sorted(plan_values.items())), tuple(hashlib.sha256(data).hexdigest() for data in images))
+        if self._session is not None and self._key == key:
+            return self._session
+        if self._session is not None:
+            self._session.release()
+        self._session = self._key = None
+        o = self.options
+        # the prompt only tells the session's input checks that one is given; each request's is read and checked
+        # by ``read_prompts``
+        req = GenerateRequest(o.recipe, [prompt], params=dict(plan_values), files={"images": list(images) or None},
+                              weights=o.weights, sets=list(o.sets), max_memory=o.max_memory, compile=o.compile,
+                              allow_nonfinite=o.allow_nonfinite, runtime=o.runtime,
+                              max_host_memory=o.max_host_memory, compute_dtype=o.compute_dtype,
+                              loras=[parse_lora_flag(text) for text in o.loras], command=self._serve)
+        session = PipelineSession(req)
+        session.prepare()
+        self._session, self._key = session, key
+        return session
 
     def prepare(self) -> None:
-        from ..pipeline.generate import check_params
-
-        base = self._kept[1]
-        check_params(base, self.tasks)
-        base.check_loras()
-        base.prepare()
+        self._session.prepare()
 
     def run(self, req: ImageRequest) -> bytes:
         """The PNG `luminal-recipe run --prompt ... [--width/--height/--steps/--guidance/--seed]` writes for the
-        same settings, as bytes."""
-        from ..pipeline.generate import _read_input, _recipe_hash, check_params, convert
-        from ..pipeline.outputs import run_text
-
-        params = {"width": req.width, "height": req.height, "steps": req.steps, "guidance": req.guidance,
-                  "seed": req.seed}
-        sets = {name: value for name, value in params.items() if value is not None}
-        for name in sets:
-            if name not in self.params:
+        same settings, as bytes; its ``command`` chunk names the server and the request."""
+        given = {"width": req.width, "height": req.height, "steps": req.steps, "guidance": req.guidance}
+        given = {name: value for name, value in given.items() if value is not None}
+        for name in [*given, *(["seed"] if req.seed is not None else [])]:
+            if name not in self.doc.params:
                 raise InputError(f"pipeline '{self.name}' has no parameter '{name}'")
-        images = [decode_image(data, f"`image[{k}]`") for k, data in enumerate(req.images)]
-        if images and not self.takes_images:
+        if req.images and not self.takes_images:
             raise InputError(f"pipeline '{self.name}' takes no reference images; use /v1/images/generations")
-        key = self._key({**sets, "__images__": tuple(px.shape for px in images)})
+        plan_values = {k: v for k, v in given.items() if k in self._plan_names}
+        run_values = {k: v for k, v in given.items() if k not in self._plan_names}
         with self._lock:
-            pipe = self._kept[1] if self._kept is not None and self._kept[0] == key else None
-            if pipe is None:
-                if self._kept is not None:
-                    self._kept[1].release()
-                    self._kept = None
-                flags = {"width": "size", "height": "size", "steps": "num_inference_steps",
-                         "guidance": "guidance_scale", "seed": "seed"}
-                pipe = self._pipeline(self.options, [f"{n}={v}" for n, v in sets.items()],
-                                      {n: f"`{flags[n]}` {v}" for n, v in sets.items()})
-                check_params(pipe, self.tasks)
-                if images:
-                    self._derive(pipe, images)
-                pipe.check_loras()
-                pipe.prepare()
-                self._kept = (key, pipe)
-            prompt = _read_input(self.tasks, "prompt", req.prompt, pipe.params)
-            inputs = {"prompt": prompt}
-            if self.takes_images:
-                inputs["images"] = images or None
-            pipe.check_runs([inputs], ["the request"])
-            report = pipe.run(inputs, keep_loaded=True)
-            values = {name: convert(out, pipe.output_value(name, report.values))
-                      for name, out in self.declared.items()}
-            settings: dict[str, str] = {}
-            given = {"images": [f"image[{k}]" for k in range(len(images))]} if images else {}
-            for task in self.tasks:
-                if task.describe is not None:
-                    settings.update(task.describe(pipe.params, dict(given, prompt=prompt)))
-            applied = [f"{spec.path}:{spec.scale:g} ({model})" for model, specs in pipe.loras.items()
-                       for spec in specs]
-            if applied:
-                settings["loras"] = ", ".join(applied)
-            text = run_text(prompt, pipe.doc.name, _recipe_hash(pipe.recipe.files), settings)
-        kind, value = next(iter(values.values()))
+            session = self._session_for(plan_values, list(req.images), req.prompt)
+            (prompt,) = session.read_prompts([req.prompt])
+            result = session.run(prompt, req.seed, keep_loaded=True, params=run_values)
+        kind, value = next(iter(result.values.values()))
         if kind != "image":
             raise PipelineError(f"pipeline '{self.name}': its output is {kind}, not an image")
+        text = dict(result.text)
+        text["command"] = f"{self._serve} | {request_text(req, result)}"
         return png_bytes(value, text)
-
-    def _derive(self, pipe, images: list[np.ndarray]) -> None:
-        """The parameters the plug-ins derive from the reference images (their size), as `run --image` does."""
-        from ..pipeline.generate import check_params
-        from ..tasks.flux2.references import check_reference
-
-        limit = pipe.params.get("max_images")
-        if limit is not None and len(images) > int(limit):
-            raise InputError(f"`image[]` was given {len(images)} times; pipeline '{self.name}' takes at most "
-                             f"{limit} reference images")
-        for k, pixels in enumerate(images):
-            try:
-                check_reference(pixels, f"`image[{k}]`")
-            except PipelineError as exc:
-                raise InputError(str(exc)) from None
-        derived: dict[str, tuple[Any, str]] = {}
-        for task in self.tasks:
-            if "images" in task.derive:
-                derived.update(task.derive["images"](images, pipe.params, dict(pipe.resolved.set_by)))
-        if derived:
-            pipe.derive(derived)
-            check_params(pipe, self.tasks)
 
     def close(self) -> None:
         with self._lock:
-            if self._kept is not None:
-                self._kept[1].release()
+            if self._session is not None:
+                self._session.release()
+
+
+def serve_command(options: ModelOptions) -> str:
+    """`luminal-recipe serve` as started, with the options that shape the model (those it shares with `run`)."""
+    import shlex
+
+    words = ["luminal-recipe", "serve", str(options.recipe)]
+    for flag, value in (("--weights", options.weights), ("--runtime", None if options.runtime == "numpy"
+                                                          else options.runtime),
+                        ("--compute-dtype", options.compute_dtype)):
+        if value is not None:
+            words += [flag, str(value)]
+    for flag, values in (("--set", options.sets), ("--lora", options.loras)):
+        for value in values:
+            words += [flag, str(value)]
+    if not options.compile:
+        words.append("--no-compile")
+    return shlex.join(words)
+
+
+def request_text(req: ImageRequest, result) -> str:
+    """The request an image answered, as its fields (the route's names, the values this image was made with)."""
+    import json
+
+    fields = {"prompt": req.prompt}
+    if req.width is not None:
+        fields["size"] = f"{req.width}x{req.height}"
+    if result.seed is not None:
+        fields["seed"] = result.seed
+    if req.steps is not None:
+        fields["num_inference_steps"] = req.steps
+    if req.guidance is not None:
+        fields["guidance_scale"] = req.guidance
+    if req.images:
+        fields["image[]"] = len(req.images)
+    route = "/v1/images/edits" if req.images else "/v1/images/generations"
+    return f"POST {route} {json.dumps(fields, ensure_ascii=False)}"
 
 
 def png_bytes(image: np.ndarray, text: Mapping[str, str]) -> bytes:

@@ -2,8 +2,9 @@
 repeated ``image[]`` reference images), as OpenAI's API and the extensions sglang / vllm-omni accept (``seed``,
 ``num_inference_steps``, ``guidance_scale``). Only ``response_format: b64_json``: the server writes no file, and
 no request field names one. Image ``k`` of ``n`` uses ``seed + k``; each is the PNG ``luminal-recipe run --prompt
-... --seed S --steps N --guidance G --width W --height H`` writes, byte for byte. Runs are queued (FIFO) and made
-one at a time."""
+... --seed S --steps N --guidance G --width W --height H`` writes: its pixels and text chunks, but for ``command``,
+which names the server and the request (``backends.ImageBackend``). Runs are queued (FIFO) and made one at a
+time."""
 
 from __future__ import annotations
 

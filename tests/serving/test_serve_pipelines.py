@@ -27,6 +27,20 @@ def run_png(tmp_path, recipe: str, *args: str) -> bytes:
     return out.read_bytes()
 
 
+def png_text(png: bytes) -> dict[str, str]:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        return dict(image.text)
+
+
+def png_pixels(png: bytes) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        return np.asarray(image.convert("RGB"))
+
+
 def reference_png(seed: int) -> bytes:
     from PIL import Image
 
@@ -45,10 +59,16 @@ def test_image_generations_are_the_png_run_writes(tmp_path, monkeypatch):
                                        response_format="b64_json",
                                        extra_body={"seed": 7, "num_inference_steps": 2, "guidance_scale": 3.5})
         pngs = [base64.b64decode(d.b64_json) for d in reply.data]
-        assert pngs[0] == run_png(tmp_path, "flux2-tiny.yaml", "--prompt", "a red fox in the snow", "--seed", "7",
-                                  "--steps", "2", "--guidance", "3.5", "--width", "64", "--height", "48")
-        assert pngs[1] == run_png(tmp_path, "flux2-tiny.yaml", "--prompt", "a red fox in the snow", "--seed", "8",
-                                  "--steps", "2", "--guidance", "3.5", "--width", "64", "--height", "48")
+        for png, seed in zip(pngs, ("7", "8")):
+            want = run_png(tmp_path, "flux2-tiny.yaml", "--prompt", "a red fox in the snow", "--seed", seed,
+                           "--steps", "2", "--guidance", "3.5", "--width", "64", "--height", "48")
+            served, ran = png_text(png), png_text(want)
+            assert np.array_equal(png_pixels(png), png_pixels(want))  # run's pixels
+            assert served.pop("command").startswith(f"luminal-recipe serve {RECIPES / 'flux2-tiny.yaml'} | "
+                                                    f"POST /v1/images/generations")
+            assert ran.pop("command").startswith("luminal-recipe run ")
+            assert served == ran  # every other chunk: settings, weights, hashes, runtime, version, parameters
+            assert served["seed"] == seed and "Seed: " + seed in served["parameters"]
         with pytest.raises(openai.BadRequestError, match="16,384 pixels"):
             client.images.generate(prompt="x", size="256x256")
         with pytest.raises(openai.BadRequestError, match="WIDTHxHEIGHT"):
@@ -78,6 +98,8 @@ def test_image_edits_take_reference_images_as_uploads(tmp_path, monkeypatch):
         with Image.open(io.BytesIO(got)) as a, Image.open(io.BytesIO(want)) as b:
             assert np.array_equal(np.asarray(a), np.asarray(b))  # the same pixels as `run --image`
             assert a.text["images"] == "image[0]" and b.text["images"] == str(tmp_path / "ref.png")
+            assert a.text["image_hashes"] == b.text["image_hashes"]  # the uploaded file's hash, as run's
+            assert a.text["command"].startswith("luminal-recipe serve ")
         with pytest.raises(openai.BadRequestError, match="at most 2"):
             client.images.edit(image=[("a.png", reference_png(1), "image/png")] * 3, prompt="x")
         with pytest.raises(openai.BadRequestError, match="not an image Pillow can read"):

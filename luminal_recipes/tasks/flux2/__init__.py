@@ -41,8 +41,8 @@ def read_init_latents(path: Path, params: Mapping[str, Any]):
 
 def describe(params: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, str]:
     """The settings an image records (PNG text chunks): the seed ("none" when it started from given latents),
-    steps, sampler, guidance, size, the latents file and the reference images (a path each, or "pixels" for
-    an image given as an array in Python)."""
+    steps, sampler, guidance, size, the latents file and the reference images (a path each, "pixels" for an
+    image given as an array in Python, ``image[k]`` for the k-th image uploaded to `serve`)."""
     text = {}
     init = given.get("init_latents")
     if "seed" in params:
@@ -57,8 +57,9 @@ def describe(params: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, s
     if init is not None:
         text["init_latents"] = str(init)
     if given.get("images"):
-        text["images"] = ", ".join("pixels" if not isinstance(image, str | Path) else str(image)
-                                   for image in given["images"])
+        text["images"] = ", ".join(str(image) if isinstance(image, str | Path) else f"image[{k}]"
+                                   if isinstance(image, bytes) else "pixels"
+                                   for k, image in enumerate(given["images"]))
     return text
 
 

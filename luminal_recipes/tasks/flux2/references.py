@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from luminal_recipes.errors import PipelineError
-from luminal_recipes.image_io import fitted_size, load_image
+from luminal_recipes.image_io import decode_image_bytes, fitted_size, load_image
 
 from .latents import PIXELS_PER_TOKEN
 
@@ -46,7 +46,7 @@ def check_reference(pixels: np.ndarray, where: str) -> None:
                             f"Flux2ImageProcessor.check_image_input); crop it")
 
 
-def read_references(paths: Sequence[Path | np.ndarray], params: Mapping[str, Any]) -> list[np.ndarray]:
+def read_references(paths: Sequence[Path | np.ndarray | bytes], params: Mapping[str, Any]) -> list[np.ndarray]:
     """``--image PATH`` (repeatable): each file read as ``diffusers.utils.load_image`` reads it, ``(H, W, 3)``
     uint8 RGB, and checked; at most ``max_images`` of them when the pipeline declares that parameter."""
     paths = list(paths)
@@ -62,6 +62,8 @@ def read_references(paths: Sequence[Path | np.ndarray], params: Mapping[str, Any
                 raise PipelineError(f"image {index + 1}: expected (H, W, 3) uint8 RGB pixels, got "
                                     f"{path.shape} {path.dtype}")
             pixels, where = path, f"image {index + 1}"
+        elif isinstance(path, bytes):  # an image file's bytes (`serve`'s uploads: the `image[]` fields)
+            pixels, where = decode_image_bytes(path, f"`image[{index}]`"), f"`image[{index}]`"
         else:
             pixels, where = load_image(path, "--image"), f"--image {path}"
         check_reference(pixels, where)
