@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 
 from . import errors, routes_common
-from .batching import Scheduler
+from .batching import Closed, QueueFull, Scheduler
+from .errors import APIError
 from .limits import Limits
 from .metrics import Metrics
 from .security import Guard
@@ -27,6 +28,18 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     fingerprint: str = "luminal-recipes"
     closing: bool = False
+
+    @contextlib.contextmanager
+    def admitting(self):
+        """Handing work to the scheduler, its refusals as the API's: a full queue is 429 (with Retry-After), a
+        server that is shutting down 503 (every route submits inside this)."""
+        try:
+            yield
+        except QueueFull:
+            raise self.limits.queue_full() from None
+        except Closed:
+            raise APIError(503, "the server is shutting down; retry on another instance",
+                           code="shutting_down") from None
 
 
 def create_app(backend, limits: Limits | None = None, api_key: str | None = None, model_id: str | None = None,

@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import LuminalError
-from .batching import Closed, QueueFull
 from .errors import APIError, from_luminal
 
 
@@ -51,12 +50,8 @@ def router(state) -> APIRouter:
                 out.append(backend.run(text))
             return out
 
-        try:
+        with state.admitting():
             handle = state.scheduler.submit(job)
-        except QueueFull:
-            raise state.limits.queue_full() from None
-        except Closed:
-            raise APIError(503, "the server is shutting down", code="shutting_down") from None
         try:
             results = await handle.wait()
         except LuminalError as exc:

@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import LuminalError
 from .backends import Cancelled, ImageRequest
-from .batching import Closed, QueueFull
 from .errors import APIError, from_luminal
 
 
@@ -78,12 +77,8 @@ def router(state) -> APIRouter:
                                                     body.guidance_scale, images)))
             return out
 
-        try:
+        with state.admitting():
             handle = state.scheduler.submit(job)
-        except QueueFull:
-            raise state.limits.queue_full() from None
-        except Closed:
-            raise APIError(503, "the server is shutting down", code="shutting_down") from None
         import asyncio
 
         async def watch():

@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import LuminalError
 from .backends import Cancelled, TextBackend, TextJob, TextResult
-from .batching import Closed, QueueFull
 from .errors import APIError, from_luminal
 
 
@@ -148,20 +147,16 @@ def router(state) -> APIRouter:
                 metrics.running.dec()
 
         try:
-            if hasattr(state.scheduler, "submit_text"):  # continuous batching (serve --max-batch > 1)
-                from ..tasks.generation.sampling import SamplingSettings
+            with state.admitting():
+                if hasattr(state.scheduler, "submit_text"):  # continuous batching (serve --max-batch > 1)
+                    from ..tasks.generation.sampling import SamplingSettings
 
-                settings = SamplingSettings(body.temperature, body.top_k, body.top_p, body.repetition_penalty,
-                                            body.seed + k)
-                return state.scheduler.submit_text(TextJob(ids, max_tokens, settings, stops))
-            return state.scheduler.submit(job)
+                    settings = SamplingSettings(body.temperature, body.top_k, body.top_p, body.repetition_penalty,
+                                                body.seed + k)
+                    return state.scheduler.submit_text(TextJob(ids, max_tokens, settings, stops))
+                return state.scheduler.submit(job)
         except LuminalError as exc:
             raise from_luminal(exc) from None
-        except QueueFull:
-            raise state.limits.queue_full() from None
-        except Closed:
-            raise APIError(503, "the server is shutting down; retry on another instance",
-                           code="shutting_down") from None
 
     def submit_all(prompts: list[list[int]], max_tokens: list[int], body: _Sampling, stops: list[str]):
         handles = []
