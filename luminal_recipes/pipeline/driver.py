@@ -274,19 +274,37 @@ class Pipeline:
     def model(self, name: str) -> BuiltModel:
         """Build (once) the graph of model ``name`` against its checkpoint subfolder."""
         if name not in self._models:
-            from ..weights.safetensors_io import Checkpoint
-
             spec = self.doc.models[name]
             recipe = self._model_recipe(name)
             folder = self._model_folder(name)
             sets, origins = self.model_sets(name)
             # `quantization:` on the pipeline's model entry replaces the model recipe's own block
-            self._checkpoints[name] = checkpoint = Checkpoint.open(folder)
+            self._checkpoints[name] = checkpoint = self._open_model_checkpoint(name, folder)
             self._models[name] = build_model(recipe, checkpoint=checkpoint,
                                              config=read_config(recipe, folder, self._checkpoint_roots), sets=sets,
                                              quantization=spec.quantization, set_origins=origins,
                                              compute_dtype=self.compute_dtype, loras=self.loras.get(name, []))
         return self._models[name]
+
+    def _open_model_checkpoint(self, name: str, folder: Path) -> Any:
+        """The checkpoint of model ``name``'s folder: its safetensors, or the one GGUF file of a folder holding no
+        safetensors (a FLUX.2 transformer in city96's ComfyUI-GGUF layout, with the config.json beside it)."""
+        from ..weights.gguf_io import GgufCheckpoint, is_gguf
+        from ..weights.safetensors_io import Checkpoint
+        from ..weights.sources import local_gguf
+
+        found = local_gguf(folder)
+        spec = self.doc.models[name]
+        if is_gguf(found):
+            checkpoint = GgufCheckpoint.open(found)
+        else:
+            checkpoint = Checkpoint.open(folder)
+        if spec.quantization is not None and spec.quantization.format == "gguf":
+            from ..recipe.gguf_packed import check_gguf_source
+
+            where = f"{self.recipe.origin('models', name, 'quantization').loc()}: models.{name}.quantization"
+            check_gguf_source(spec.quantization, checkpoint, where)
+        return checkpoint
 
     def check_loras(self) -> None:
         """Read every LoRA file and map it onto its model's weights (no graph built, no weight read): a file that

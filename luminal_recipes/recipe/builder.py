@@ -245,7 +245,11 @@ def _build(recipe: LoadedRecipe, checkpoint: Any, params: ResolvedParams, ops: M
     root = Instantiator(recipe, params.values, {d: Expr.symbol(d) for d in doc.dims}).root()
     decls = [w for inst in root.walk() for w in inst.weights.values()]
     quant = doc.weights.quantization
-    quantized = {d.name for d in decls if _is_quantized(d, quant)} if quant else set()
+    if quant is not None and quant.format == "gguf" and checkpoint is not None:
+        from .gguf_packed import check_gguf_source
+
+        check_gguf_source(quant, checkpoint, recipe.origin("weights", "quantization").loc())
+    quantized = _quantized_names(decls, quant, checkpoint is not None)
     mapped: dict[str, MappedTensor] | None = None
     if checkpoint is not None:
         mapped = _map(recipe, checkpoint, params)
@@ -316,8 +320,7 @@ def map_model_loras(recipe: LoadedRecipe, loras: Sequence[LoraSpec], *, config: 
     params = resolve_params(recipe, config, sets)
     root = Instantiator(recipe, params.values, {d: Expr.symbol(d) for d in doc.dims}).root()
     decls = [w for inst in root.walk() for w in inst.weights.values()]
-    quant = doc.weights.quantization
-    quantized = {d.name for d in decls if _is_quantized(d, quant)} if quant else set()
+    quantized = _quantized_names(decls, doc.weights.quantization, True)
     return _map_loras(recipe, decls, quantized, params, loras)
 
 
@@ -386,6 +389,21 @@ def _mark_outputs(recipe: LoadedRecipe, graph: Graph, result: Any) -> list[str]:
 # ---- weights -----------------------------------------------------------------------------------------------
 def _owner(name: str) -> str:
     return name[: -len(".weight")] if name.endswith(".weight") else name
+
+
+def _quantized_names(decls: list[WeightDecl], quant: QuantizationSpec | None, with_checkpoint: bool) -> set[str]:
+    """The weights the quantization block covers. GGUF: none when the file is read (each tensor is kept in the type
+    it is stored in, ``gguf_packed.py``); from shapes only, those ``type`` blocks fit (as ComfyUI-GGUF's quantizer
+    keeps a matrix whose rows are no whole number of blocks in F16)."""
+    if quant is None:
+        return set()
+    if quant.format == "gguf":
+        if with_checkpoint:
+            return set()
+        from ..graph.gguf_blocks import block_size
+
+        return {d.name for d in decls if _is_quantized(d, quant) and d.shape[1] % block_size(quant.type) == 0}
+    return {d.name for d in decls if _is_quantized(d, quant)}
 
 
 def _is_quantized(decl: WeightDecl, quant: QuantizationSpec) -> bool:
@@ -518,6 +536,11 @@ class _WeightFactory:
         owner = _owner(decl.name)
         n, k = decl.shape
         compute = self.policy.compute
+        if self.quant.format == "gguf":  # planned from shapes only: `type` blocks decoded in the graph
+            from ..graph import dequant, gguf_blocks
+
+            packed = self._source(decl.name, (n, gguf_blocks.row_bytes(self.quant.type, k)), DType.U8)
+            return dequant(packed, self.quant.type, to_dtype(compute))
         if self.quant.format == "fp8":
             weight = self._source(decl.name, (n, k), DType.F8E4M3)
             scale_shape = () if self.quant.scale == "per_tensor" else (n,)
@@ -621,7 +644,7 @@ def _check_against_checkpoint(
     lines = [f"{loc}: {text.format(names=_names(names))}" for (loc, text), names in grouped.items()]
     quant = doc.weights.quantization
     expected = {}
-    if quant is not None:
+    if quant is not None and quant.format != "gguf":  # a GGUF file's tensors are checked as stored, by shape
         spec = QuantSpec(quant.format, quant.layout if quant.format == "nvfp4" else quant.scale)
         expected = {d.name: ExpectedTensor(d.shape, None, spec) for d in decls if d.name in quantized}
         for name in expected:

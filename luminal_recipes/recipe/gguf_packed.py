@@ -3,8 +3,10 @@ becomes a ``u8`` graph weight holding the file's bytes (memory-mapped) and a ``D
 (``graph.gguf_blocks``); the compiler's rules (``compiler/rules/gguf.egg``) then fuse it into the products that
 read it (``DequantMatMulGGUF``) and the embedding lookups (``GatherDequant``), so the dense weight never exists.
 
-Weights the reader must transform (GPT-2's transposed matrices, Gemma's norm offsets), parts of a split tensor
-and weights with LoRA updates merged into them are decoded at load as before (``GgufCheckpoint.load``); so is
+A part of a tensor split by rows (FLUX.2's packed QKV, ``weights.split`` along axis 0) is kept packed too: its rows
+of blocks are a slice of the stored bytes. Weights the reader must transform (GPT-2's transposed matrices, Gemma's
+norm offsets), parts split along another axis and weights with LoRA updates merged into them are decoded at load
+as before (``GgufCheckpoint.load``); so is
 every weight with ``LUMINAL_RECIPES_GGUF=dense`` in the environment (the dequantize-at-load path, for
 comparisons).
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CheckpointError
 from ..graph import DType, Graph, Tensor, dequant, gguf_blocks, to_dtype
 
 PACKED_PLAIN = ("F16", "BF16")  # plain types also read through Dequant (no f32 copy of the weight)
@@ -40,14 +43,17 @@ def packed_weight(graph: Graph, checkpoint: Any, stored: Any, name: str, compute
         return None
     if not (record.quantized or record.type_name in PACKED_PLAIN):
         return None
-    if len(record.shape) != 2 or tuple(stored.shape) != tuple(record.shape) or \
-            tuple(record.stored_shape) != tuple(record.shape) or record.ops not in ((), ("unpermute",)):
+    rows = getattr(stored, "rows", None)
+    start, stop = rows if rows is not None else (0, record.shape[0])
+    if len(record.shape) != 2 or tuple(stored.shape) != (stop - start, record.shape[1]) or \
+            tuple(record.stored_shape) != tuple(record.shape) or record.ops not in ((), ("unpermute",)) or \
+            (rows is not None and record.ops):
         return None
     raw = np.asarray(record.raw)
     rb = gguf_blocks.row_bytes(record.type_name, record.shape[1])
     if raw.dtype != np.uint8:
         raw = raw.view(np.uint8)
-    raw = raw.reshape(record.shape[0], rb)
+    raw = raw.reshape(record.shape[0], rb)[start:stop]  # a split part: its rows of blocks, still a view of the map
     order = record.row_order if "unpermute" in record.ops else None
 
     def load() -> np.ndarray:
@@ -70,3 +76,19 @@ def per_use(t: Tensor) -> Tensor:
     if src.op != "Input":
         return t
     return dequant(t.graph.tensor(src.name), node.attr("qtype"), node.dtype)
+
+
+def check_gguf_source(quant: Any, checkpoint: Any, where: str) -> None:
+    """A model whose quantization block says ``format: gguf`` reads a GGUF file of its ``architecture``: anything
+    else is refused before any weight is read, naming ``where`` (the recipe line of the block) and the file."""
+    found = getattr(checkpoint, "architecture", None)
+    if getattr(checkpoint, "records", None) is None or found is None:
+        raise CheckpointError(
+            f"{where}: quantization format gguf (architecture {quant.architecture}) needs a GGUF file, but the "
+            f"checkpoint is {getattr(checkpoint, 'root', checkpoint)} (not GGUF); put the .gguf file (and its "
+            f"config.json) in the model's folder, or use the recipe for that checkpoint format.")
+    if found != quant.architecture:
+        raise CheckpointError(
+            f"{where}: the GGUF file {checkpoint.root} has general.architecture '{found}', but this model reads "
+            f"'{quant.architecture}' files; give this recipe a {quant.architecture} GGUF file, or run the file with "
+            f"a recipe of its architecture.")

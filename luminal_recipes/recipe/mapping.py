@@ -39,6 +39,7 @@ class MappedTensor:
     dtype: str
     sources: tuple[str, ...]  # checkpoint names it is read from
     load: Callable[[], np.ndarray]
+    rows: tuple[int, int] | None = None  # a split part: rows [start, stop) of its one source (a packed GGUF part)
 
     @property
     def via(self) -> str:
@@ -139,8 +140,9 @@ def _apply_splits(
         start = 0
         for part, size in zip(parts, sizes):
             shape = tensor.shape[:axis] + (size,) + tensor.shape[axis + 1 :]
+            rows = (start, start + size) if axis == 0 and len(tensor.sources) == 1 and tensor.rows is None else None
             out[part] = MappedTensor(
-                part, shape, tensor.dtype, tensor.sources, _slicer(tensor.load, axis, start, start + size)
+                part, shape, tensor.dtype, tensor.sources, _slicer(tensor.load, axis, start, start + size), rows
             )
             start += size
     return out

@@ -401,7 +401,7 @@ class DtypePolicy(Strict):
 
 
 class QuantizationSpec(Strict):
-    format: Literal["fp8", "nvfp4"]
+    format: Literal["fp8", "nvfp4", "gguf"]
     layout: Literal["modelopt", "comfy"] | None = Field(
         None,
         description="nvfp4 only: modelopt (element 0 in the low nibble, row-major scales) or comfy "
@@ -415,9 +415,27 @@ class QuantizationSpec(Strict):
         description="glob patterns over recipe weight owners (e.g. 'layers.*.mlp.*')",
     )
     exclude: list[str] = Field(default_factory=list, description="glob patterns kept in full precision")
+    architecture: str | None = Field(
+        None, description="gguf only: the GGUF file's general.architecture this model reads (another is refused)")
+    type: str | None = Field(
+        None, description="gguf only: the block type (e.g. Q4_K) the matched weights are planned in when the model "
+        "is built from shapes (inspect without the file); with the file, each tensor keeps the type it is stored in")
 
     @model_validator(mode="after")
     def _layout(self) -> QuantizationSpec:
+        if self.format == "gguf":
+            from ..graph.gguf_blocks import QTYPES
+
+            planned = [t for t in QTYPES if t not in ("F32", "F16", "BF16")]
+            if self.architecture is None or self.type not in planned:
+                raise ValueError(
+                    "gguf quantization must state `architecture:` (the file's general.architecture) and `type:`, "
+                    f"the block type planned without the file (one of {', '.join(planned)})")
+            if self.layout is not None:
+                raise ValueError("`layout` applies to nvfp4 only; remove it for gguf")
+            return self
+        if self.architecture is not None or self.type is not None:
+            raise ValueError("`architecture` and `type` apply to format gguf only")
         if self.format == "nvfp4" and self.layout is None:
             raise ValueError(
                 "nvfp4 quantization must state `layout: modelopt` or `layout: comfy` (nibble order "

@@ -133,6 +133,9 @@ class GgufCheckpoint(TensorMapping):
             found = cls._from_reader(path, _read(path))
             _OPENED.clear()  # one file at a time: a map per file opened in a long process would pile up
             _OPENED[key] = found
+        beside = architectures()[found.architecture].get("config_beside")
+        if beside:  # read on every open: the file beside may have changed since the GGUF was parsed
+            found.config = _config_beside(path, beside, found.architecture)
         return found
 
     @classmethod
@@ -155,6 +158,12 @@ class GgufCheckpoint(TensorMapping):
             hit = next((n for n in names if re.fullmatch(pattern, n)), None)
             if hit is not None:
                 raise CheckpointError(f"{path}: tensor '{hit}': {why}.")
+        for pattern, why in (spec.get("requires_tensors") or {}).items():
+            if not any(re.fullmatch(pattern, n) for n in names):
+                raise CheckpointError(
+                    f"{path}: general.architecture is '{architecture}' but the file has no tensor named like "
+                    f"'{pattern}' ({why}); it holds {len(names)} tensors, e.g. "
+                    f"{', '.join(repr(n) for n in names[:3])}.")
         config = _config(path, reader, architecture, spec, names)
         records: dict[str, GgufTensor] = {}
         infos: dict[str, TensorInfo] = {}
@@ -350,6 +359,8 @@ def _config(path: Path, reader: Any, architecture: str, spec: dict, names: list[
             f"{'s' * (len(problems) != 1)}):\n" + "\n".join(f"  - {p}" for p in problems)
             + "\nThe reference would compute something else with these, so the file is refused; use the model's "
               "safetensors checkpoint with its recipe.")
+    if spec.get("config_beside"):  # no sizes in the metadata: GgufCheckpoint.open reads the config file beside
+        return {}
     config["model_type"] = spec["model_type"]
     for key, value in (spec.get("defaults") or {}).items():
         config.setdefault(key, value)
@@ -362,6 +373,27 @@ def _config(path: Path, reader: Any, architecture: str, spec: dict, names: list[
         if found is not None:
             config[target] = _value(found, path, f"tokenizer.ggml.{ggml}")
     return config
+
+
+def _config_beside(path: Path, name: str, architecture: str) -> dict[str, Any]:
+    """The config file ``name`` in the folder of the GGUF file ``path``, for an architecture whose files state no
+    sizes (``config_beside`` in gguf_architectures.yaml)."""
+    from ..files import MAX_JSON_BYTES, present, read_json
+
+    config_path = path.parent / name
+    if not present(config_path):
+        raise CheckpointError(
+            f"{path}: a GGUF file of architecture '{architecture}' states no model sizes in its metadata, and there "
+            f"is no {name} beside it ({config_path}); put the {name} of the model's original checkpoint next to "
+            f"the file (for FLUX.2-dev: the transformer/{name} of black-forest-labs/FLUX.2-dev).")
+    try:
+        data = read_json(config_path, "the model's config", MAX_JSON_BYTES, CheckpointError,
+                         fix="download or write it again")
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {config_path} ({exc.strerror or exc}).") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{config_path} must hold a JSON object (the model's configuration).")
+    return data
 
 
 def _set(config: dict, dotted: str, value: Any) -> None:

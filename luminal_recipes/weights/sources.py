@@ -139,11 +139,11 @@ def resolve_source(
                 f"weights folder {parsed} does not exist; pass --weights with a local folder or "
                 "hf://org/repo[@revision][/subfolder]"
             )
-        return _local_gguf(parsed)
+        return local_gguf(parsed)
     return _resolve_hub(parsed, list(patterns), token)
 
 
-def _local_gguf(folder: Path) -> Path:
+def local_gguf(folder: Path) -> Path:
     """A folder holding no safetensors checkpoint but GGUF files: its one GGUF file; with several, an error that
     lists them. Anything else is returned as it is."""
     if not folder.is_dir() or any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json")):
