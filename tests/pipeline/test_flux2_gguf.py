@@ -145,7 +145,9 @@ def test_velocity_matches_diffusers_gguf(folder, reference):
 
 def test_whole_pipeline_image_matches_diffusers(folder, reference):
     latents = initial_noise(0, 48, 80)
-    image = Pipeline(RECIPE, weights=folder, sets=SETS).run({"prompt": PROMPT, "init_latents": latents})
+    # the naive program (the compiled transformer is checked above): a cold compiler search of every stage would
+    # take minutes here, and what this checks is the weights path end to end
+    image = Pipeline(RECIPE, weights=folder, sets=SETS, compile=False).run({"prompt": PROMPT, "init_latents": latents})
     got = to_uint8(image.values["image"])
     assert got.std() > 5, "the image is (nearly) constant"
     ref = Flux2Pipeline.from_pretrained(TINY, transformer=reference)
@@ -179,18 +181,14 @@ def expected_q4_k_bytes() -> int:
 
 
 def test_inspect_plans_flux2_dev_q4_k_under_24_gib():
-    from luminal_recipes.pipeline.driver import Pipeline as Driver
-    from luminal_recipes.pipeline.plan import _shape_model
-
-    model = _shape_model(Driver(RECIPE, sets=[]), "transformer")
-    planned = sum(b.nbytes for b in model.weights.values())
-    assert planned == expected_q4_k_bytes()
-    assert str(model.weights["transformer_blocks.0.attn.to_q.weight"].dtype) == "u8"
+    """From shapes alone: the transformer's weights are FLUX.2-dev's in Q4_K (17.2 GiB; 60 GiB in BF16), resident
+    under --max-memory 24GiB, and every stage fits."""
     result = cli("inspect", RECIPE, "--max-memory", "24GiB")
     assert result.exit_code == 0, result.output
     row = next(line for line in result.stdout.splitlines() if line.startswith("transformer "))
-    gib = planned / 2**30
-    assert f"{gib:.2f} GiB" in row and "weights resident" in row and "DOES NOT FIT" not in result.stdout, row
+    weights = row.split()[1:3]
+    assert " ".join(weights) == f"{expected_q4_k_bytes() / 2**30:.2f} GiB", row
+    assert "weights resident" in row and "DOES NOT FIT" not in result.stdout, result.stdout
     print(row)
 
 
