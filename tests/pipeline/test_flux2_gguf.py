@@ -271,3 +271,17 @@ def test_no_config_beside_the_file_and_safetensors_transformer(tmp_path):
     for item in TINY.iterdir():
         (plain / item.name).symlink_to(item)
     refused(run(plain), "models.transformer.quantization", "needs a GGUF file")
+
+
+def test_gguf_quantization_block_must_say_what_it_reads():
+    from pydantic import ValidationError
+
+    from luminal_recipes.recipe.schema import QuantizationSpec
+
+    assert QuantizationSpec(format="gguf", architecture="flux", type="Q4_K").type == "Q4_K"
+    for bad in ({"format": "gguf", "type": "Q4_K"}, {"format": "gguf", "architecture": "flux"},
+                {"format": "gguf", "architecture": "flux", "type": "IQ4_XS"},
+                {"format": "gguf", "architecture": "flux", "type": "BF16"},
+                {"format": "fp8", "type": "Q4_K"}):
+        with pytest.raises(ValidationError, match="gguf"):
+            QuantizationSpec(**bad)
