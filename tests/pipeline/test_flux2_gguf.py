@@ -130,7 +130,13 @@ def velocity_inputs(cfg) -> dict[str, np.ndarray]:
 
 def test_velocity_matches_diffusers_gguf(folder, reference):
     x = velocity_inputs(maker.CONFIG)
-    got = ModelEngine(Pipeline(RECIPE, weights=folder, sets=SETS).model("transformer"))(x)["velocity"]
+    model = Pipeline(RECIPE, weights=folder, sets=SETS).model("transformer")
+    engine = ModelEngine(model)
+    got = engine(x)["velocity"]
+    # the compiled program decodes every matrix inside its product (the QKV thirds, Q3_K, Q4_K and BF16 alike)
+    kernels = [node.op for node in engine.stats.plan.program.nodes]
+    matrices = [n for n, b in model.weights.items() if len(b.shape) == 2]
+    assert kernels.count("DequantMatMulGGUF") == len(matrices) == 25 and "Dequant" not in kernels
     h, w, t = 3, 4, 9
     with torch.no_grad():
         want = reference(hidden_states=torch.tensor(x["hidden_states"]),
