@@ -6,9 +6,8 @@ read it (``DequantMatMulGGUF``) and the embedding lookups (``GatherDequant``), s
 A part of a tensor split by rows (FLUX.2's packed QKV, ``weights.split`` along axis 0) is kept packed too: its rows
 of blocks are a slice of the stored bytes. Weights the reader must transform (GPT-2's transposed matrices, Gemma's
 norm offsets), parts split along another axis and weights with LoRA updates merged into them are decoded at load
-as before (``GgufCheckpoint.load``); so is
-every weight with ``LUMINAL_RECIPES_GGUF=dense`` in the environment (the dequantize-at-load path, for
-comparisons).
+as before (``GgufCheckpoint.load``); so is every weight with ``LUMINAL_RECIPES_GGUF=dense`` in the environment
+(the dequantize-at-load path, for comparisons).
 """
 
 from __future__ import annotations
