@@ -15,7 +15,8 @@ with a cold plan cache, then once more with the plan cache warm; inductor's with
 are: warm after a first run), then the sides run in turns (ours, eager, inductor; ``--repeats`` rounds) on
 the same threads (torch.set_num_threads = our kernels' and numpy BLAS's threads), so a slow phase of a shared
 machine falls on all of them alike. The median per side and the ratios ours/eager and ours/inductor are
-printed, with each round's ratio range. Outputs are compared (max abs difference to eager) to show all sides computed the same thing.
+printed, with each round's ratio range. Outputs are compared (max abs difference to eager) to show all
+sides computed the same thing.
 
     python bench/torch_backend.py                             # all workloads, 3 rounds
     python bench/torch_backend.py --workloads flux2 --repeats 5 --threads 2
