@@ -11,11 +11,12 @@ Workloads (random weights, float32):
   copied before each timed step, outside the timing, so every step sees the same 512 entries).
 
 Each side is compiled by its first call (the compile time printed: Dynamo + AOTAutograd + our search and load,
-with a cold plan cache, then once more with the plan cache warm; inductor's on its own cold cache), then the
-sides run in turns (ours, eager, inductor; ``--repeats`` rounds) on the same threads (torch.set_num_threads =
-our kernels' and numpy BLAS's threads), so a slow phase of a shared machine falls on all of them alike. The
-median per side and the ratios ours/eager and ours/inductor are printed, with each round's ratio range. Outputs
-are compared (max abs difference to eager) to show all sides computed the same thing.
+with a cold plan cache, then once more with the plan cache warm; inductor's with its own on-disk caches as they
+are: warm after a first run), then the sides run in turns (ours, eager, inductor; ``--repeats`` rounds) on
+the same threads (torch.set_num_threads = our kernels' and numpy BLAS's threads), so a slow phase of a shared
+machine falls on all of them alike. The median per side and the ratios ours/eager and ours/inductor are
+printed, with each round's ratio range. Outputs are compared (max abs difference to eager) to show all
+sides computed the same thing.
 
     python bench/torch_backend.py                             # all workloads, 3 rounds
     python bench/torch_backend.py --workloads flux2 --repeats 5 --threads 2

@@ -2,6 +2,9 @@
 
 ``f4e2m1`` is a sub-byte type: in memory two codes share one byte, so its byte size is half its element count.
 Checkpoints store packed FP4 as ``u8`` (see ``ops.quant``); the graph decodes the nibbles with primitive ops.
+``f64`` is PyTorch's float64 through the torch backend: element-wise ops compute it in f64 on the numpy runtime
+(the expression language's f64 typing) and the reference interpreter; other kernels compute floats in f32, and
+the CUDA backends have no f64 (docs/torch.md: which ops translate float64).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from ..errors import DTypeError
 
 class DType(enum.Enum):
     F32 = "f32"
+    F64 = "f64"
     F16 = "f16"
     BF16 = "bf16"
     F8E4M3 = "f8e4m3"
@@ -51,6 +55,7 @@ class DType(enum.Enum):
 
 _NUMPY = {
     DType.F32: np.dtype(np.float32),
+    DType.F64: np.dtype(np.float64),
     DType.F16: np.dtype(np.float16),
     DType.BF16: np.dtype(ml_dtypes.bfloat16),
     DType.F8E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
@@ -61,10 +66,10 @@ _NUMPY = {
     DType.BOOL: np.dtype(np.bool_),
 }
 _BITS = {
-    DType.F32: 32, DType.F16: 16, DType.BF16: 16, DType.F8E4M3: 8, DType.F8E5M2: 8, DType.F4E2M1: 4,
+    DType.F32: 32, DType.F64: 64, DType.F16: 16, DType.BF16: 16, DType.F8E4M3: 8, DType.F8E5M2: 8, DType.F4E2M1: 4,
     DType.I32: 32, DType.U8: 8, DType.BOOL: 8,
 }
-_FLOATS = {DType.F32, DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2, DType.F4E2M1}
+_FLOATS = {DType.F32, DType.F64, DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2, DType.F4E2M1}
 
 # The 16 values of the E2M1 (FP4) codes 0..15, as ml_dtypes decodes them: bit 3 = sign, bits 2-1 = exponent
 # (bias 1), bit 0 = mantissa; no inf/nan. The one table every part of the project uses (NVFP4 decoding).
@@ -78,7 +83,8 @@ SAFETENSORS_NAMES = {
 }
 
 _ALIASES = {
-    "float32": DType.F32, "float": DType.F32, "float16": DType.F16, "half": DType.F16, "bfloat16": DType.BF16,
+    "float32": DType.F32, "float": DType.F32, "float64": DType.F64, "double": DType.F64,
+    "float16": DType.F16, "half": DType.F16, "bfloat16": DType.BF16,
     "int32": DType.I32, "int": DType.I32, "uint8": DType.U8, "float8_e4m3fn": DType.F8E4M3,
     "float8_e5m2": DType.F8E5M2, "float4_e2m1fn": DType.F4E2M1,
 }

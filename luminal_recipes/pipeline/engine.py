@@ -201,7 +201,8 @@ class ModelEngine:
         if self._read is None:
             self._read = read_inputs(self.model)
         # an input the graph does not read is no input of its program
-        inputs = {k: np.ascontiguousarray(self._as_declared(k, v)) for k, v in inputs.items()
+        # (np.require, not np.ascontiguousarray: that makes a 0-dim input 1-dim)
+        inputs = {k: np.require(self._as_declared(k, v), requirements="C") for k, v in inputs.items()
                   if k in self._read or k not in self.model.inputs}
         shapes = tuple((k, v.shape) for k, v in inputs.items())
         if shapes != self._shapes:  # the dims follow from the input shapes alone: inferred once per set of shapes

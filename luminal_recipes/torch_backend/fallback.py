@@ -23,7 +23,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 
 from .compiled import CompiledGraph, Options
 from .optable import OPS
-from .translate import _DTYPES, Unsupported, UnsupportedTorchOp, translate
+from .translate import _DTYPES, F64_RUNTIMES, Unsupported, UnsupportedTorchOp, f64_refusal, translate
 
 
 class LuminalFallbackWarning(UserWarning):
@@ -49,9 +49,10 @@ def _foreign(value) -> bool:
 
 
 class _Support(OperatorSupport):
-    def __init__(self, refused: set[str]):
+    def __init__(self, refused: set[str], f64: bool):
         super().__init__()
         self.refused = refused
+        self.f64 = f64
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
         if node.op != "call_function" or node.name in self.refused:
@@ -61,9 +62,10 @@ class _Support(OperatorSupport):
         val = node.meta.get("val")
         if isinstance(val, torch.SymInt):
             return True
-        # a value of a dtype the graph has no form for (float64) is neither made nor read by a luminal part
+        # a value of a dtype the graph has no form for (float64 where the runtime has no f64, or read by an entry
+        # that computes in f32) is neither made nor read by a luminal part
         values = [val] + [a.meta.get("val") for a in node.all_input_nodes]
-        if any(_foreign(v) for v in values):
+        if any(_foreign(v) for v in values) or f64_refusal(node, self.f64):
             return False
         return node.target in OPS
 
@@ -107,8 +109,9 @@ def _compile_fx(gm: torch.fx.GraphModule, static: set[int], options: Options):
 
     compute = to_dtype(torch.bfloat16 if options.compute_dtype == "bf16" else torch.float16) \
         if options.compute_dtype in ("bf16", "f16") else None
+    f64 = options.runtime in F64_RUNTIMES
     try:
-        return CompiledGraph(translate(gm, static, compute), options)
+        return CompiledGraph(translate(gm, static, compute, f64), options)
     except Unsupported as exc:
         first = exc
     refused: set[str] = set()
@@ -124,7 +127,7 @@ def _compile_fx(gm: torch.fx.GraphModule, static: set[int], options: Options):
         if node is None or node in refused:
             break  # nothing left to split on: the whole graph runs in eager PyTorch
         refused.add(node)
-        parted = CapabilityBasedPartitioner(_copy(gm), _Support(refused), allows_single_node_partition=True)
+        parted = CapabilityBasedPartitioner(_copy(gm), _Support(refused, f64), allows_single_node_partition=True)
         split = parted.fuse_partitions(parted.propose_partitions())
         try:
             for sub in list(split.graph.nodes):
@@ -133,7 +136,7 @@ def _compile_fx(gm: torch.fx.GraphModule, static: set[int], options: Options):
                 module = getattr(split, sub.target)
                 sub_static = {i for i, a in enumerate(sub.args)
                               if isinstance(a, torch.fx.Node) and a.name in static_names}
-                compiled = CompiledGraph(translate(module, sub_static, compute), options, name=sub.target)
+                compiled = CompiledGraph(translate(module, sub_static, compute, f64), options, name=sub.target)
                 setattr(split, sub.target, _Eager(compiled))
         except Unsupported as again:
             exc = again

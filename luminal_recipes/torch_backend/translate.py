@@ -34,10 +34,60 @@ class UnsupportedTorchOp(LuminalError):
 
 
 _DTYPES = {
-    torch.float32: DType.F32, torch.float16: DType.F16, torch.bfloat16: DType.BF16,
+    torch.float32: DType.F32, torch.float64: DType.F64, torch.float16: DType.F16, torch.bfloat16: DType.BF16,
     torch.int64: DType.I32, torch.int32: DType.I32, torch.int16: DType.I32, torch.int8: DType.I32,
     torch.uint8: DType.U8, torch.bool: DType.BOOL,
 }
+
+
+# float64 is translated only on the numpy runtime (the HLIR's f64 computes in f64 there; the CUDA kernels have no
+# f64), and only by the entries whose compositions are f64 arithmetic as written: element-wise arithmetic,
+# powers, exp/log, sin/cos, comparisons and selections, casts, constants and ranges, views, concatenation.
+# Everything else that makes or reads a float64 tensor (a matmul, a reduction, a norm: kernels that compute
+# floats in f32) runs in eager PyTorch.
+F64_RUNTIMES = (None, "numpy")
+
+
+def _f64_ops() -> frozenset:
+    a, prims = torch.ops.aten, torch.ops.prims
+    return frozenset([
+        a.add.Tensor, a.add.Scalar, a.sub.Tensor, a.sub.Scalar, a.rsub.Scalar, a.rsub.Tensor, a.mul.Tensor,
+        a.mul.Scalar, a.div.Tensor, a.div.Scalar, a.neg.default, a.reciprocal.default, a.sqrt.default,
+        a.rsqrt.default, a.exp.default, a.exp2.default, a.log.default, a.log2.default, a.sin.default,
+        a.cos.default, a.pow.Tensor_Scalar, a.pow.Scalar, a.where.self, a.where.ScalarSelf, a.where.ScalarOther,
+        a.where.Scalar, a.masked_fill.Scalar, a.masked_fill.Tensor, a.lt.Tensor, a.lt.Scalar, a.le.Tensor,
+        a.le.Scalar, a.gt.Tensor, a.gt.Scalar, a.ge.Tensor, a.ge.Scalar, a.eq.Tensor, a.eq.Scalar, a.ne.Tensor,
+        a.ne.Scalar, a._to_copy.default, prims.convert_element_type.default, a.clone.default, a.alias.default,
+        a.lift_fresh_copy.default, a.detach.default, a.full.default, a.full_like.default, a.scalar_tensor.default,
+        a.arange.start_step, a.arange.start, a.arange.default, a.view.default, a._unsafe_view.default,
+        a.reshape.default, a.permute.default, a.transpose.int, a.t.default, a.unsqueeze.default, a.squeeze.dim,
+        a.squeeze.dims, a.squeeze.default, a.expand.default, a.slice.Tensor, a.select.int, a.cat.default,
+        a.split.Tensor, a.split_with_sizes.default, a.unbind.int, a.repeat.default, a.flip.default,
+    ])
+
+
+F64_OPS = _f64_ops()
+
+
+def _is_f64(value, shaped: bool = False) -> bool:
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return any(isinstance(v, torch.Tensor) and v.dtype == torch.float64 and (not shaped or v.dim() > 0)
+               for v in values)
+
+
+def f64_refusal(node: torch.fx.Node, f64: bool) -> str | None:
+    """Why ``node`` cannot be translated for its float64 values (None: it can). A node makes or reads a float64
+    tensor: translated where ``f64`` (the runtime computes in f64) and its op is in ``F64_OPS``. A 0-dim float64
+    operand (a Python float Dynamo passes as a tensor under ``dynamic=True``) does not count: entries cast their
+    operands to the output's dtype, as torch does with a 0-dim tensor."""
+    if not (_is_f64(node.meta.get("val")) or any(_is_f64(a.meta.get("val"), shaped=True)
+                                                 for a in node.all_input_nodes)):
+        return None
+    if not f64:
+        return "float64: this runtime has no f64 kernels (the numpy runtime computes float64 in f64)"
+    if node.target not in F64_OPS:
+        return "float64 operands: this entry computes floats in f32 (docs/torch.md lists the float64 ops)"
+    return None
 
 
 def op_name(target) -> str:
@@ -125,9 +175,10 @@ class Translation:
 class Context:
     """What an op-table entry is given: the graph, the node being translated, and helpers for its meta."""
 
-    def __init__(self, graph: Graph, compute: DType | None):
+    def __init__(self, graph: Graph, compute: DType | None, f64: bool = True):
         self.g = graph
         self.compute = compute
+        self.f64 = f64  # float64 translates (the runtime computes it in f64)
         self.node: torch.fx.Node | None = None
 
     def val(self, node=None):
@@ -150,11 +201,13 @@ class Context:
         return to_dtype(dt, self.compute)
 
 
-def translate(gm: torch.fx.GraphModule, static: set[int], compute: DType | None = None) -> Translation:
-    """Translate ``gm`` (ATen ops); placeholders whose positions are in ``static`` become weights."""
+def translate(gm: torch.fx.GraphModule, static: set[int], compute: DType | None = None,
+              f64: bool = True) -> Translation:
+    """Translate ``gm`` (ATen ops); placeholders whose positions are in ``static`` become weights; float64 where
+    ``f64`` (the runtime computes in f64), else it is refused."""
 
     graph = Graph()
-    cx = Context(graph, compute)
+    cx = Context(graph, compute, f64)
     env: dict[torch.fx.Node, object] = {}
     placeholders: list[Placeholder] = []
     inputs: dict[str, Tensor] = {}
@@ -207,11 +260,12 @@ def _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compu
         if val.device.type != "cpu" and val.device.type != "meta":
             raise Unsupported("input", f"{node.name} lives on {val.device}; the backend takes CPU tensors")
         shape = tuple(as_dim(d) for d in val.shape)
-        if val.dtype == torch.float64 and val.dim() == 0:
-            # a Python float Dynamo passes as a 0-dim float64 tensor (dynamic=True): torch computes with it in the
-            # other operand's dtype (a 0-dim tensor does not promote), so it is an f32 input here
-            dtype = compute or DType.F32
-        elif val.dtype not in _DTYPES:
+        if val.dtype == torch.float64 and (val.dim() == 0 or cx.f64):
+            # f64 where the runtime computes in f64; else a Python float Dynamo passes as a 0-dim float64 tensor
+            # (dynamic=True) is an f32 input: torch computes with it in the other operand's dtype (a 0-dim tensor
+            # does not promote)
+            dtype = DType.F64 if cx.f64 else compute or DType.F32
+        elif val.dtype not in _DTYPES or val.dtype == torch.float64:
             raise Unsupported(f"input of dtype {val.dtype}", f"placeholder {node.name}")
         else:
             dtype = to_dtype(val.dtype, compute)
@@ -230,7 +284,10 @@ def _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compu
             raise Unsupported("get_attr", f"constant {node.target} has {value.numel()} elements")
         dtype = to_dtype(value.dtype, compute)
         array = value.detach().cpu()
-        array = array.to(torch.float32) if array.dtype.is_floating_point else array.to(torch.int64)
+        if value.dtype == torch.float64 and not cx.f64:
+            raise Unsupported("get_attr", f"constant {node.target} is float64; this runtime has no f64 kernels")
+        array = (array.to(torch.float64) if dtype == DType.F64 else array.to(torch.float32)) \
+            if array.dtype.is_floating_point else array.to(torch.int64)
         env[node] = graph.constant(array.numpy(), dtype) if value.dim() else \
             graph.constant(array.item(), dtype)
     elif node.op == "call_function":
@@ -249,6 +306,9 @@ def _one(gm, node, cx, env, placeholders, inputs, counts, outputs, static, compu
         fn = OPS.get(node.target)
         if fn is None:
             raise Unsupported(name)
+        refused = f64_refusal(node, cx.f64)
+        if refused:
+            raise Unsupported(name, refused)
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
         counts[name] = counts.get(name, 0) + 1

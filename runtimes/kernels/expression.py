@@ -6,7 +6,7 @@ Grammar (s-expressions, as in ``program.KERNELS``)::
 
 ``Unary`` is one of ``Log2 Exp2 Exp Sin Sqrt Recip`` (``Exp`` is e^x), ``Binary`` one of ``Add Mul Mod
 LessThan``. Floats compute
-in f32 (whatever the inputs' storage dtype), integers in their own dtype, ``LessThan`` yields bool; ``Cast``
+in f32 (whatever the inputs' storage dtype; f64 in f64), integers in their own dtype, ``LessThan`` yields bool; ``Cast``
 has the reference interpreter's semantics (to bool: ``x != 0``; float to int: truncation; to a narrower float:
 rounded to it, then held in f32). A constant takes the type of the operand it meets. The result is converted
 to the output dtype.
@@ -34,7 +34,7 @@ from luminal_recipes.graph.dtypes import DType, to_dtype
 
 UNARY = {"Log2": np.log2, "Exp2": np.exp2, "Exp": np.exp, "Sin": np.sin, "Sqrt": np.sqrt, "Recip": None}
 BINARY = {"Add": np.add, "Mul": np.multiply, "Mod": np.fmod, "LessThan": np.less}
-F32, BOOL = np.dtype(np.float32), np.dtype(np.bool_)
+F32, F64, BOOL = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.bool_)
 TILE_ELEMS = 1 << 16  # elements per temporary: 256 KiB in f32, cache-sized
 
 
@@ -114,6 +114,8 @@ _FLOAT_STORAGE = {d.np for d in DType if d.is_float}
 
 
 def _compute_dtype(storage: np.dtype) -> np.dtype:
+    if storage == F64:
+        return F64  # float64 (PyTorch's, through the torch backend) computes in f64
     return F32 if storage in _FLOAT_STORAGE or storage.kind == "f" else storage
 
 
@@ -194,9 +196,9 @@ class ElementwisePlan:
         if e.op == "Cast":
             return self._emit_cast(e.dtype, ops[0], types[0] or F32, final)
         if e.op in UNARY:
-            if known and known[0] != F32:
+            if known and known[0] not in (F32, F64):
                 raise ValueError(f"Elementwise: {e.op} needs a float operand, got {known[0]}")
-            ctype, rtype = F32, F32
+            ctype = rtype = known[0] if known else F32
         else:
             if len(set(known)) > 1:
                 raise ValueError(f"Elementwise: {e.op} mixes operand types {sorted(map(str, set(known)))}; "
@@ -208,12 +210,12 @@ class ElementwisePlan:
             self._release(o)
         dest = ("out",) if final and rtype == self.out_dtype else ("reg", self._reg(rtype))
         if e.op == "Recip":
-            fn, args = np.divide, (("const", np.float32(1)), ops[0])
+            fn, args = np.divide, (("const", ctype.type(1)), ops[0])
         else:
             fn, args = (UNARY[e.op] if e.op in UNARY else BINARY[e.op]), tuple(ops)
         kwargs = {}
-        if ctype == F32:  # compute in f32 whatever the inputs' storage dtype
-            kwargs = {"signature": (F32, F32, BOOL)} if e.op == "LessThan" else {"dtype": F32}
+        if ctype in (F32, F64):  # compute in f32 whatever the inputs' storage dtype (f64 in f64)
+            kwargs = {"signature": (ctype, ctype, BOOL)} if e.op == "LessThan" else {"dtype": ctype}
         self.instrs.append(_Instr(fn, args, dest, kwargs))
         return dest
 
@@ -225,8 +227,8 @@ class ElementwisePlan:
             zero = ("const", _scalar(0, src))
             self.instrs.append(_Instr(np.not_equal, (op, zero), dest, {}))
             return dest
-        target = dtype.np if dtype.is_int else F32
-        if dtype.is_float and dtype.np != F32:
+        target = dtype.np if dtype.is_int or dtype.np == F64 else F32
+        if dtype.is_float and dtype.np not in (F32, F64):
             # round to the narrow float, then hold it in f32 (as the reference interpreter does)
             narrow = self._reg(dtype.np)
             self.instrs.append(_Instr(_copy, (op,), ("reg", narrow), {}))

@@ -70,7 +70,7 @@ CASES = [
     ),
     ("math on integers", lambda g: ops.exp(_x(g, dtype="i32")), DTypeError, ["Exp2", "i32", "cast"]),
     ("reducing booleans", lambda g: ops.sum(_x(g, dtype="bool")), DTypeError, ["SumReduce", "bool", "cast"]),
-    ("unknown dtype", lambda g: to_dtype("f64"), DTypeError, ["f64", "f32, f16, bf16"]),
+    ("unknown dtype", lambda g: to_dtype("f128"), DTypeError, ["f128", "f32, f64, f16, bf16"]),
     (
         "unbroadcast binary op",
         lambda g: _x(g) + _x(g, (4,), name="y"),

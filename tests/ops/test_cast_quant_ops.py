@@ -17,6 +17,7 @@ from luminal_recipes.graph import DType
 ALL = [d.value for d in DType]
 TORCH = {
     "f32": torch.float32,
+    "f64": torch.float64,
     "f16": torch.float16,
     "bf16": torch.bfloat16,
     "f8e4m3": torch.float8_e4m3fn,

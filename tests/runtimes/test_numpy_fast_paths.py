@@ -273,12 +273,14 @@ def test_compiled_elementwise_in_place_and_on_reversed_pairs(text, numpy_runtime
             assert np.array_equal(got, want, equal_nan=True), key
 
 
+@pytest.mark.parametrize("heads_first", [True, False])
 @pytest.mark.parametrize("kind", ["RMSNorm", "LayerNorm", "Softmax", "RMSNorm weighted", "LayerNorm affine"])
-def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, monkeypatch):
+def test_compiled_row_kernels_read_per_head_rows_in_place(kind, heads_first, numpy_runtime, monkeypatch):
     """A row kernel on per-head rows of a fused q/k/v projection ([H, S, D] with heads D apart and tokens 3HD
     apart: no single row stride) reads them in place, one [S, D] block per head, rows dealt out over the cores,
     with a norm's scale and shift vectors (FLUX.2's q/k RMSNorm weight) applied in the same pass: numpy's passes
-    (which gather the view into scratch first) and the reference agree."""
+    (which gather the view into scratch first) and the reference agree. Token-major ([1, S, H, D], diffusers'
+    layout) is read as the same per-head blocks."""
     from luminal_recipes.runtimes.cpu import jit
     from luminal_recipes.runtimes.cpu import threads as cpu_threads
     from luminal_recipes.runtimes.cpu.kernels import norms as norms_kernels
@@ -287,7 +289,9 @@ def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, m
         pytest.skip("numba is not installed (luminal-recipes[jit])")
     g = Graph()
     qkv = g.input("qkv", (1, 37, 3 * 4 * 8))
-    q = qkv.slice(2, 32, 64).reshape((1, 37, 4, 8)).transpose(1, 2)  # k's heads: [1, 4, 37, 8]
+    q = qkv.slice(2, 32, 64).reshape((1, 37, 4, 8))  # k's heads: [1, 37, 4, 8]
+    if heads_first:
+        q = q.transpose(1, 2)  # [1, 4, 37, 8]
     w = g.input("w", (8,))
     b = g.input("b", (8,))
     fn = {"RMSNorm": lambda t: ops.rms_norm(t, None, 1e-6), "LayerNorm": lambda t: ops.layer_norm(t, None, None, 1e-5),
@@ -298,7 +302,7 @@ def test_compiled_row_kernels_read_per_head_rows_in_place(kind, numpy_runtime, m
     op = kind.split()[0]
     attrs = {} if op == "Softmax" else {"eps": 1e-6 if op == "RMSNorm" else 1e-5}
     affine = [w.broadcast_to(q.shape), b.broadcast_to(q.shape)][: {"weighted": 1, "affine": 2}.get(kind.split()[-1], 0)]
-    y = f.add(op, [q, *affine], (1, 4, 37, 8), **attrs)
+    y = f.add(op, [q, *affine], tuple(q.shape), **attrs)
     g.mark_output("y", fn(q))
     rng = np.random.default_rng(4)
     inputs = {"qkv": rng.standard_normal((1, 37, 96)).astype(np.float32) * 3,
