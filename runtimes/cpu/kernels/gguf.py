@@ -8,7 +8,9 @@ With numba (``runtimes/cpu/jit/gguf_kernels.py``):
   the cores, bit for bit ``gguf_blocks.dequantize``;
 - a product with few rows of x (decoding a token, a small batch: ``FUSED_ROWS`` rows at most): one pass over the
   packed weight, its output rows split over the cores; each block is decoded once into registers-sized scratch
-  and used for every row of x (``gguf_jit.matmul_rows``);
+  and used for every row of x (``gguf_jit.matmul_rows``); for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K, x is first rounded to
+  int16 per block of 32 and the blocks' integer codes are dotted with it in integers (``gguf_q8``, llama.cpp's
+  scheme with 16-bit rather than 8-bit x);
 - more rows (a prompt): bands of weight rows decoded into an f32 scratch (``BAND`` elements) on every core, each
   band one BLAS product, so a long prompt runs at the speed of the dense product (compute-bound).
 
@@ -170,8 +172,16 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
     fused = gj is not None and rows <= FUSED_ROWS
     if fused:
         kind, bs, ts, sl, nsub, has_c = layout(qtype, k_in)
-        sums = ctx.scratch.add((rows, k_in // sl), F32)
-        x_c = ctx.scratch.add((rows, k_in), F32)  # x as one contiguous block (BLAS-readable views may be strided)
+        from ..jit import gguf_q8
+
+        integer = kind in gguf_q8.KINDS and k_in % 32 == 0
+        if integer:  # x rounded to int16 blocks of 32 once per product, integer dot products (gguf_q8.py)
+            x_q = ctx.scratch.add((rows, k_in), np.int16)
+            x_d = ctx.scratch.add((rows, k_in // 32), F32)
+            x_s = ctx.scratch.add((rows, k_in // 32), F32)
+        else:
+            sums = ctx.scratch.add((rows, k_in // sl), F32)
+            x_c = ctx.scratch.add((rows, k_in), F32)  # x as one contiguous block (BLAS views may be strided)
     else:
         band = max(1, min(n_out, BAND // max(k_in, 1)))
         dense = ctx.scratch.add((band, k_in), F32)
@@ -180,7 +190,16 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
     def bind(out, flats, scratch):
         x, w = bind_all([x_op, w_op], flats, scratch)
         target = out.reshape(rows, n_out) if acc is None else scratch[acc]
-        if fused:
+        if fused and integer:
+            xq, xd, xsum = scratch[x_q], scratch[x_d], scratch[x_s]
+            parts = [lambda n0=p.start, n1=p.stop: gguf_q8.matmul_q8(w, xq, xd, xsum, target, n0, n1, kind, f16)
+                     for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
+            products = cpu_threads.parallel(parts)
+
+            def compute():
+                gguf_q8.quantize(x, xq, xd, xsum)
+                products()
+        elif fused:
             xc, xs = scratch[x_c], scratch[sums]
             special = gj.SPECIALISED.get(kind)
             if special is not None:  # the type's own loops (vectorised), else the generic block decoder's
