@@ -1,20 +1,29 @@
 """GGUF products with x rounded to 16-bit integers and integer dot products, in the manner of llama.cpp
 (``ggml_vec_dot_q4_1_q8_1`` and kin, which round x to 8 bits): each block of 32 elements of x becomes ``d * q`` with
-``q`` int16 (``d = max|x| / 32767``, ``q = round(x / d)``), and the products of a weight block's integer codes with
-``q`` are summed in int32 (exact), then scaled once per (sub-)block. The integer dot products are written as LLVM
-vector IR (load, widen, multiply, ``vector.reduce.add``), which LLVM lowers to the target's integer instructions
-(``vpmaddwd``/``vpdpwssd`` on x86): 1.5-2.5x the f32 decoding of ``gguf_kernels.matmul_q4`` and kin here. 16 bits
-rather than llama.cpp's 8: nearly the same speed here (x is a few KiB in L1; the weight's bytes dominate), 250x
-smaller error (8 bits flipped greedy ids of a random-weight test model against the dense run).
+``q`` int16 (``d = max|x| / 32767``, ``q = round(x / d)``), rounded ONCE per product (``quantize``) and reused by
+every weight row. A weight block's integer codes are widened to int16 and multiplied with ``q`` in pairs summed to
+int32 (``vpmaddwd``: exact), the 16 int32 lanes converted to f32 and accumulated with one fused multiply-add by the
+block's scale ``d_w * d_x`` into a vector accumulator; the accumulator is summed across its lanes once per output.
+
+The block loops are written as LLVM IR (``_kernel``: an intrinsic per type, rows of W per pass and rows of x per
+pass): ``NR`` = 4 weight rows share each load of x, up to ``MR`` = 4 rows of x share each decoded weight block (16
+accumulators in registers). More rows of x (a small batch: prefill) take the same tile of 4 weight rows (in L1 after
+the first pass) ``MR`` rows at a time, so the weight is read from memory once per product and decoded once per 4
+rows of x: compute-bound. On x86 with AVX-512BW the pair products are ``llvm.x86.avx512.pmaddw.d.512``; elsewhere the
+same sums in generic vector IR (LLVM's pattern for ``pmaddwd`` and its kin).
+
+16 bits rather than llama.cpp's 8: 8 bits flipped greedy ids of a random-weight test model against the dense run;
+the x loads are twice as wide but stay in L1 and the weight's bytes dominate.
 
 Numerics (tests/TOLERANCES.md, family ``xint16``): the result is the product of the exactly dequantized weight with
 x rounded to 16 bits per block of 32 (each element moved by at most ``max|x_block| / 65534``), up to f32 rounding of
-the per-block scales; the offset / minimum terms (Q4_0's ``-8``, the ``m`` of Q4_1 and Q4_K) multiply the sum of the
-rounded x, as llama.cpp's q8_1 blocks do.
+the per-block scales and of the f32 accumulation; the offset / minimum terms (the ``m`` of Q4_1 and Q4_K) multiply
+the sum of the rounded x, as llama.cpp's q8_1 blocks do.
 """
 
 from __future__ import annotations
 
+import llvmlite.binding as llvm_binding
 import numba
 import numpy as np
 from llvmlite import ir
@@ -23,9 +32,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 F = np.float32
-I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+FLT = ir.FloatType()
 QMAX = 32767.0  # x codes are int16
 KINDS = (0, 1, 4, 7, 9)  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K
+NR = int(__import__("os").environ.get("GQ_NR", "1"))  # weight rows per pass (share the loads of x)
+MR = 4  # rows of x per pass (share each decoded weight block)
+
+try:
+    _PMADDWD_512 = bool(llvm_binding.get_host_cpu_features().get("avx512bw", False))
+except Exception:  # pragma: no cover - a host llvmlite cannot describe
+    _PMADDWD_512 = False
 
 _fast = numba.njit(fastmath={"reassoc", "contract"}, cache=True, nogil=True, error_model="numpy")
 
@@ -34,79 +51,283 @@ def _v(t, n):
     return ir.VectorType(t, n)
 
 
+def _c(t, n, value):
+    return ir.Constant(_v(t, n), [value] * n)
+
+
 def _splat(builder, value, n):
-    """<n x i8> of the integer ``value`` (truncated to 8 bits)."""
-    v = builder.trunc(value, I8) if value.type.width > 8 else value
-    vec = builder.insert_element(ir.Constant(_v(I8, n), ir.Undefined), v, ir.Constant(I32, 0))
-    return builder.shuffle_vector(vec, ir.Constant(_v(I8, n), ir.Undefined), ir.Constant(_v(I32, n), [0] * n))
+    vec = builder.insert_element(ir.Constant(_v(value.type, n), ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(vec, ir.Constant(_v(value.type, n), ir.Undefined),
+                                  ir.Constant(_v(I32, n), [0] * n))
 
 
-def _load(context, builder, arr_type, arr, offset, n, t=I8):
-    a = context.make_array(arr_type)(context, builder, arr)
-    p = builder.gep(a.data, [offset])
-    return builder.load(builder.bitcast(p, _v(t, n).as_pointer()), align=1)
+def _at(builder, base, off, t):
+    """A ``t*`` at byte ``off`` (i64) of the i8* ``base``."""
+    return builder.bitcast(builder.gep(base, [off]), t.as_pointer())
 
 
-def _loadx(context, builder, arr_type, arr, offset, n):
-    return _load(context, builder, arr_type, arr, offset, n, I16)
+def _ld(builder, base, off, t):
+    return builder.load(_at(builder, base, off, t), align=1)
 
 
-def _sum(builder, prod):
-    n = prod.type.count
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I32, [prod.type]),
-                                        f"llvm.vector.reduce.add.v{n}i32")
-    return builder.call(fn, [prod])
+def _i64(builder, v):
+    return builder.zext(v, I64) if v.type.width < 64 else v
 
 
-def _dot(builder, q, xv, q_signed):
-    n = q.type.count
-    wq = builder.sext(q, _v(I32, n)) if q_signed else builder.zext(q, _v(I32, n))
-    return _sum(builder, builder.mul(wq, builder.sext(xv, _v(I32, n))))
+def _h(builder, base, off, f16):
+    """The f16 at byte ``off`` of ``base`` as f32 (through the exact table)."""
+    bits = builder.zext(_ld(builder, base, off, I16), I64)
+    return builder.load(builder.gep(f16, [bits]))
 
 
-@intrinsic
-def dot_nibbles(typingctx, w, wo, xq, xo):
-    """sum_j lo(w[wo + j]) xq[xo + j] + hi(w[wo + j]) xq[xo + 16 + j] over j < 16 (Q4_0 / Q4_1 codes 0..15)."""
-    def codegen(context, builder, sig, args):
-        wv = _load(context, builder, sig.args[0], args[0], args[1], 16)
-        lo = builder.and_(wv, ir.Constant(_v(I8, 16), [15] * 16))
-        hi = builder.lshr(wv, ir.Constant(_v(I8, 16), [4] * 16))
-        q = builder.shuffle_vector(lo, hi, ir.Constant(_v(I32, 32), list(range(32))))
-        return _dot(builder, q, _loadx(context, builder, sig.args[2], args[2], args[3], 32), False)
-    return types.int32(w, wo, xq, xo), codegen
+def _pmadd(builder, q, x):
+    """<32 x i16> q, x -> <16 x i32>: q[2i] x[2i] + q[2i+1] x[2i+1] (exact)."""
+    if _PMADDWD_512:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_v(I32, 16), [_v(I16, 32)] * 2),
+                                            "llvm.x86.avx512.pmaddw.d.512")
+        return builder.call(fn, [q, x])
+    ev = ir.Constant(_v(I32, 16), list(range(0, 32, 2)))
+    od = ir.Constant(_v(I32, 16), list(range(1, 32, 2)))
+    und = ir.Constant(_v(I16, 32), ir.Undefined)
+
+    def half(idx):
+        a = builder.sext(builder.shuffle_vector(q, und, idx), _v(I32, 16))
+        b = builder.sext(builder.shuffle_vector(x, und, idx), _v(I32, 16))
+        return builder.mul(a, b)
+
+    return builder.add(half(ev), half(od))
 
 
-@intrinsic
-def dot_int8(typingctx, w, wo, xq, xo):
-    """sum_j int8(w[wo + j]) xq[xo + j] over j < 32 (Q8_0)."""
-    def codegen(context, builder, sig, args):
-        wv = _load(context, builder, sig.args[0], args[0], args[1], 32)
-        return _dot(builder, wv, _loadx(context, builder, sig.args[2], args[2], args[3], 32), True)
-    return types.int32(w, wo, xq, xo), codegen
+def _fma(builder, a, b, c):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(a.type, [a.type] * 3),
+                                        f"llvm.fma.v{a.type.count}f32")
+    return builder.call(fn, [a, b, c])
 
 
-@intrinsic
-def dot_nibble32(typingctx, w, wo, shift, xq, xo):
-    """sum_j ((w[wo + j] >> shift) & 15) xq[xo + j] over j < 32 (Q4_K: low nibbles, then high ones)."""
-    def codegen(context, builder, sig, args):
-        wv = _load(context, builder, sig.args[0], args[0], args[1], 32)
-        q = builder.and_(builder.lshr(wv, _splat(builder, args[2], 32)), ir.Constant(_v(I8, 32), [15] * 32))
-        return _dot(builder, q, _loadx(context, builder, sig.args[3], args[3], args[4], 32), False)
-    return types.int32(w, wo, shift, xq, xo), codegen
+def _nibbles(builder, w16):
+    """<16 x i8> -> <32 x i8>: the 16 low nibbles, then the 16 high ones."""
+    lo = builder.and_(w16, _c(I8, 16, 15))
+    hi = builder.lshr(w16, _c(I8, 16, 4))
+    return builder.shuffle_vector(lo, hi, ir.Constant(_v(I32, 32), list(range(32))))
 
 
-@intrinsic
-def dot_six16(typingctx, w, lo, ls, hi, hs, xq, xo):
-    """sum_j (((w[lo + j] >> ls) & 15 | ((w[hi + j] >> hs) & 3) << 4) - 32) xq[xo + j] over j < 16 (Q6_K)."""
-    def codegen(context, builder, sig, args):
-        lv = _load(context, builder, sig.args[0], args[0], args[1], 16)
-        hv = _load(context, builder, sig.args[0], args[0], args[3], 16)
-        low = builder.and_(builder.lshr(lv, _splat(builder, args[2], 16)), ir.Constant(_v(I8, 16), [15] * 16))
-        high = builder.and_(builder.lshr(hv, _splat(builder, args[4], 16)), ir.Constant(_v(I8, 16), [3] * 16))
-        q = builder.sub(builder.or_(low, builder.shl(high, ir.Constant(_v(I8, 16), [4] * 16))),
-                        ir.Constant(_v(I8, 16), [32] * 16))
-        return _dot(builder, q, _loadx(context, builder, sig.args[5], args[5], args[6], 16), True)
-    return types.int32(w, lo, ls, hi, hs, xq, xo), codegen
+# ---- per type: a block's x-blocks of 32 as (index, int16 codes, scale, minimum coefficient) ----------------------
+# ``scale`` is an f32 scalar or a <16 x float> (one per pair lane: Q6_K's two sub-blocks of 16); the minimum's
+# coefficient (an f32, or None) multiplies sum(x) of the x-block.
+def _units_q4(kind):
+    def units(builder, w, o, f16):
+        d = _h(builder, w, o, f16)
+        p = builder.add(o, ir.Constant(I64, 2 if kind == 0 else 4))
+        q = _nibbles(builder, _ld(builder, w, p, _v(I8, 16)))
+        if kind == 0:
+            q16 = builder.sext(builder.sub(q, _c(I8, 32, 8)), _v(I16, 32))
+            return [(0, q16, d, None)]
+        m = _h(builder, w, builder.add(o, ir.Constant(I64, 2)), f16)
+        return [(0, builder.zext(q, _v(I16, 32)), d, m)]
+    return units
+
+
+def _units_q8_0(builder, w, o, f16):
+    d = _h(builder, w, o, f16)
+    q = _ld(builder, w, builder.add(o, ir.Constant(I64, 2)), _v(I8, 32))
+    return [(0, builder.sext(q, _v(I16, 32)), d, None)]
+
+
+def _units_q4_k(builder, w, o, f16):
+    """8 sub-blocks of 32: d * sc_j * sum(x q) - dmin * mn_j * sum(x); 6-bit scales and mins packed in 12 bytes."""
+    def byte(i):
+        return builder.zext(_ld(builder, w, builder.add(o, ir.Constant(I64, i)), I8), I32)
+
+    def k32(v):
+        return ir.Constant(I32, v)
+
+    d = _h(builder, w, o, f16)
+    dmin = _h(builder, w, builder.add(o, ir.Constant(I64, 2)), f16)
+    out = []
+    for j in range(8):
+        if j < 4:
+            sc = builder.and_(byte(4 + j), k32(63))
+            mn = builder.and_(byte(8 + j), k32(63))
+        else:
+            md = byte(12 + j - 4)
+            sc = builder.or_(builder.and_(md, k32(15)), builder.and_(builder.lshr(byte(4 + j - 4), k32(2)), k32(0x30)))
+            mn = builder.or_(builder.lshr(md, k32(4)), builder.and_(builder.lshr(byte(4 + j), k32(2)), k32(0x30)))
+        g, half = divmod(j, 2)
+        wv = _ld(builder, w, builder.add(o, ir.Constant(I64, 16 + 32 * g)), _v(I8, 32))
+        q = builder.and_(builder.lshr(wv, _c(I8, 32, 4)), _c(I8, 32, 15)) if half else builder.and_(wv, _c(I8, 32, 15))
+        a = builder.fmul(d, builder.uitofp(sc, FLT))
+        c = builder.fneg(builder.fmul(dmin, builder.uitofp(mn, FLT)))
+        out.append((j, builder.zext(q, _v(I16, 32)), a, c))
+    return out
+
+
+def _units_q6_k(builder, w, o, f16):
+    """16 sub-blocks of 16 (two per x-block of 32): d * sc * sum(x (q - 32)), q = low 4 bits | high 2 bits << 4."""
+    d = _h(builder, w, builder.add(o, ir.Constant(I64, 208)), f16)
+    out = []
+    for h in range(2):
+        hv = _ld(builder, w, builder.add(o, ir.Constant(I64, 128 + 32 * h)), _v(I8, 32))
+        for t in range(4):  # the four 32-runs of this half: ql +0/+32, low/high nibble
+            lv = _ld(builder, w, builder.add(o, ir.Constant(I64, 64 * h + (32 if t % 2 else 0))), _v(I8, 32))
+            low = builder.and_(builder.lshr(lv, _c(I8, 32, 4 if t >= 2 else 0)), _c(I8, 32, 15))
+            high = builder.and_(builder.lshr(hv, _c(I8, 32, 2 * t)), _c(I8, 32, 3))
+            q = builder.sub(builder.or_(low, builder.shl(high, _c(I8, 32, 4))), _c(I8, 32, 32))
+            scs = []
+            for part in range(2):
+                s = _ld(builder, w, builder.add(o, ir.Constant(I64, 192 + h * 8 + 2 * t + part)), I8)
+                scs.append(_splat(builder, builder.fmul(d, builder.sitofp(s, FLT)), 8))
+            scale = builder.shuffle_vector(scs[0], scs[1], ir.Constant(_v(I32, 16), list(range(16))))
+            out.append((h * 4 + t, builder.sext(q, _v(I16, 32)), scale, None))
+    return out
+
+
+# kind -> (bytes per block, x-blocks of 32 per block, units)
+TYPES = {0: (18, 1, _units_q4(0)), 1: (20, 1, _units_q4(1)), 4: (34, 1, _units_q8_0), 7: (144, 8, _units_q4_k),
+         9: (210, 8, _units_q6_k)}
+
+
+def _kernel(kind, nr, mr):
+    """An intrinsic ``(w, n, xq, xd, xs, m0, out, f16) -> None``: out[m0 + i, n + r] = x[m0 + i] . W[n + r] for
+    r < nr, i < mr, over the whole row (the x arrays given as ``quantize`` made them)."""
+    ts, per, units = TYPES[kind]
+
+    @intrinsic
+    def kernel(typingctx, w, n, xq, xd, xs, m0, out, f16):
+        def codegen(context, builder, sig, args):
+            wa, na, xqa, xda, xsa, m0a, outa, f16a = args
+            tw, _, txq, txd, txs, _, tout, tf16 = sig.args
+
+            def arr(t, v):
+                a = context.make_array(t)(context, builder, v)
+                return builder.bitcast(a.data, I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides, t.ndim)
+
+            wp, ws = arr(tw, wa)
+            xqp, xqs = arr(txq, xqa)
+            xdp, xds = arr(txd, xda)
+            xsp, xss = arr(txs, xsa)
+            outp, outs = arr(tout, outa)
+            f16p = context.make_array(tf16)(context, builder, f16a).data
+            nv, m0v = _i64(builder, na), _i64(builder, m0a)
+            k_len = cgutils.unpack_tuple(builder, context.make_array(txq)(context, builder, xqa).shape, 2)[1]
+            nbx = builder.sdiv(k_len, ir.Constant(I64, 32))
+            nblk = builder.sdiv(nbx, ir.Constant(I64, per))
+            rows = [builder.gep(wp, [builder.mul(builder.add(nv, ir.Constant(I64, r)), ws[0])]) for r in range(nr)]
+            xrow = [builder.gep(xqp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xqs[0])]) for i in range(mr)]
+            drow = [builder.gep(xdp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xds[0])]) for i in range(mr)]
+            srow = [builder.gep(xsp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xss[0])]) for i in range(mr)]
+            # ``slots`` accumulators per output, used in turn by successive x-blocks: independent chains of
+            # fused multiply-adds (one chain would wait the FMA's latency every x-block)
+            slots = max(1, 4 // (nr * mr))
+            unroll = slots if per == 1 else 1  # blocks per loop iteration
+            zero = ir.Constant(_v(FLT, 16), [0.0] * 16)
+            acc = [[[cgutils.alloca_once_value(builder, zero) for _ in range(mr)] for _ in range(nr)]
+                   for _ in range(slots)]
+            macc = [[[cgutils.alloca_once_value(builder, ir.Constant(FLT, 0.0)) for _ in range(mr)]
+                     for _ in range(nr)] for _ in range(slots)]
+
+            def block(b, first_slot):
+                o = builder.mul(b, ir.Constant(I64, ts))
+                xb0 = builder.mul(b, ir.Constant(I64, per))
+                decoded = [units(builder, rows[r], o, f16p) for r in range(nr)]
+                for u in range(len(decoded[0])):
+                    slot = (first_slot + u) % slots
+                    xb = builder.add(xb0, ir.Constant(I64, decoded[0][u][0]))
+                    xoff = builder.mul(xb, ir.Constant(I64, 64))
+                    foff = builder.mul(xb, ir.Constant(I64, 4))
+                    for i in range(mr):
+                        xv = _ld(builder, xrow[i], xoff, _v(I16, 32))
+                        dx = _ld(builder, drow[i], foff, FLT)
+                        sx = None
+                        for r in range(nr):
+                            _, q16, scale, mn = decoded[r][u]
+                            if isinstance(scale.type, ir.VectorType):
+                                sv = builder.fmul(scale, _splat(builder, dx, 16))
+                            else:
+                                sv = _splat(builder, builder.fmul(scale, dx), 16)
+                            prod = builder.sitofp(_pmadd(builder, q16, xv), _v(FLT, 16))
+                            a_ = acc[slot][r][i]
+                            builder.store(_fma(builder, prod, sv, builder.load(a_)), a_)
+                            if mn is not None:
+                                if sx is None:
+                                    sx = _ld(builder, srow[i], foff, FLT)
+                                m_ = macc[slot][r][i]
+                                builder.store(builder.fadd(builder.load(m_), builder.fmul(mn, sx)), m_)
+
+            full = builder.sdiv(nblk, ir.Constant(I64, unroll))
+            with cgutils.for_range(builder, full) as loop:
+                for u in range(unroll):
+                    block(builder.add(builder.mul(loop.index, ir.Constant(I64, unroll)), ir.Constant(I64, u)), u)
+            if unroll > 1:
+                with cgutils.for_range(builder, nblk, start=builder.mul(full, ir.Constant(I64, unroll))) as loop:
+                    block(loop.index, 0)
+            red = cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLT, [FLT, _v(FLT, 16)]),
+                                                 "llvm.vector.reduce.fadd.v16f32")
+            for i in range(mr):
+                orow = builder.gep(outp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), outs[0])])
+                for r in range(nr):
+                    vec = builder.load(acc[0][r][i])
+                    mins = builder.load(macc[0][r][i])
+                    for slot in range(1, slots):
+                        vec = builder.fadd(vec, builder.load(acc[slot][r][i]))
+                        mins = builder.fadd(mins, builder.load(macc[slot][r][i]))
+                    total = builder.call(red, [mins, vec])
+                    off = builder.mul(builder.add(nv, ir.Constant(I64, r)), outs[1])
+                    builder.store(total, _at(builder, orow, off, FLT))
+            return context.get_dummy_value()
+
+        return types.none(w, n, xq, xd, xs, m0, out, f16), codegen
+
+    return kernel
+
+
+def _product(kind):
+    """``(packed, xq, xd, xs, out, n0, n1, f16)``: out[:, n0:n1] for one type, NR weight rows and up to MR rows
+    of x per pass."""
+    k = {(nr, mr): _kernel(kind, nr, mr) for nr in (1, NR) for mr in range(1, MR + 1)}
+    k41, k42, k43, k44 = k[NR, 1], k[NR, 2], k[NR, 3], k[NR, 4]
+    k11, k12, k13, k14 = k[1, 1], k[1, 2], k[1, 3], k[1, 4]
+
+    @_fast
+    def product(packed, xq, xd, xs, out, n0, n1, f16):
+        m = xq.shape[0]
+        n = n0
+        while n + NR <= n1:
+            for m0 in range(0, m, MR):
+                left = m - m0
+                if left >= 4:
+                    k44(packed, n, xq, xd, xs, m0, out, f16)
+                elif left == 3:
+                    k43(packed, n, xq, xd, xs, m0, out, f16)
+                elif left == 2:
+                    k42(packed, n, xq, xd, xs, m0, out, f16)
+                else:
+                    k41(packed, n, xq, xd, xs, m0, out, f16)
+            n += NR
+        while n < n1:
+            for m0 in range(0, m, MR):
+                left = m - m0
+                if left >= 4:
+                    k14(packed, n, xq, xd, xs, m0, out, f16)
+                elif left == 3:
+                    k13(packed, n, xq, xd, xs, m0, out, f16)
+                elif left == 2:
+                    k12(packed, n, xq, xd, xs, m0, out, f16)
+                else:
+                    k11(packed, n, xq, xd, xs, m0, out, f16)
+            n += 1
+
+    return product
+
+
+_PRODUCTS: dict = {}
+
+
+def product(kind):
+    """The compiled product of one type (built on first use)."""
+    p = _PRODUCTS.get(kind)
+    if p is None:
+        p = _PRODUCTS[kind] = _product(kind)
+    return p
 
 
 @_fast
@@ -129,67 +350,7 @@ def quantize(x, xq, xd, xs):
             xs[m, b] = d * F(t)
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
-def _h(row, o, f16):
-    return f16[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
-
-
-@_fast
 def matmul_q8(packed, xq, xd, xs, out, n0, n1, kind, f16):
-    """out[m, n] = x[m] @ dequant(packed[n]) for n0 <= n < n1, x given as ``quantize`` made it."""
-    nb32 = xq.shape[1] // 32
-    for n in range(n0, n1):
-        row = packed[n]
-        sc = row.view(np.int8)
-        for m in range(xq.shape[0]):
-            xm = xq[m]
-            acc = F(0.0)
-            if kind == 0 or kind == 1:  # Q4_0 (codes - 8), Q4_1 (d * code + m)
-                ts = 18 if kind == 0 else 20
-                p = 2 if kind == 0 else 4
-                for blk in range(nb32):
-                    o = blk * ts
-                    s = dot_nibbles(row, o + p, xm, blk * 32)
-                    dd = _h(row, o, f16) * xd[m, blk]
-                    if kind == 0:
-                        acc += dd * F(s) - F(8.0) * _h(row, o, f16) * xs[m, blk]
-                    else:
-                        acc += dd * F(s) + _h(row, o + 2, f16) * xs[m, blk]
-            elif kind == 4:  # Q8_0
-                for blk in range(nb32):
-                    o = blk * 34
-                    acc += (_h(row, o, f16) * xd[m, blk]) * F(dot_int8(row, o + 2, xm, blk * 32))
-            elif kind == 7:  # Q4_K: 8 sub-blocks of 32 (one x block each), a * sum(x q) - dmin * mn * sum(x)
-                for blk in range(nb32 // 8):
-                    o = blk * 144
-                    d = _h(row, o, f16)
-                    dmin = _h(row, o + 2, f16)
-                    for g in range(4):
-                        for half in range(2):
-                            j = 2 * g + half
-                            if j < 4:
-                                scj = np.int64(row[o + 4 + j]) & 63
-                                mnj = np.int64(row[o + 8 + j]) & 63
-                            else:
-                                md = np.int64(row[o + 12 + j - 4])
-                                scj = (md & 15) | ((np.int64(row[o + 4 + j - 4]) >> 2) & 0x30)
-                                mnj = (md >> 4) | ((np.int64(row[o + 4 + j]) >> 2) & 0x30)
-                            xb = blk * 8 + j
-                            s = dot_nibble32(row, o + 16 + g * 32, 4 * half, xm, xb * 32)
-                            acc += (d * F(scj)) * xd[m, xb] * F(s) - (dmin * F(mnj)) * xs[m, xb]
-            else:  # Q6_K: 16 sub-blocks of 16 (two per x block), d * sc * sum(x (q - 32))
-                for blk in range(nb32 // 8):
-                    o = blk * 210
-                    d = _h(row, o + 208, f16)
-                    for h in range(2):
-                        for t in range(4):  # the four 32-runs of this half: ql +0/+32, low/high nibble
-                            xb = blk * 8 + h * 4 + t
-                            lo_o = o + h * 64 + (32 if t % 2 == 1 else 0)
-                            ls = 4 if t >= 2 else 0
-                            tot = F(0.0)
-                            for part in range(2):
-                                s = dot_six16(row, lo_o + part * 16, ls, o + 128 + h * 32 + part * 16, 2 * t,
-                                              xm, xb * 32 + part * 16)
-                                tot += F(sc[o + 192 + h * 8 + 2 * t + part]) * F(s)
-                            acc += (d * xd[m, xb]) * tot
-            out[m, n] = acc
+    """out[m, n] = x[m] @ dequant(packed[n]) for n0 <= n < n1, x given as ``quantize`` made it (C-contiguous
+    arrays)."""
+    product(kind)(packed, xq, xd, xs, out, n0, n1, f16)
