@@ -26,15 +26,15 @@ os.environ.setdefault("LUMINAL_RECIPES_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-
 from llm_gguf import PROMPT, LlamaCpp, memcpy_gbs, smollm2, weight_bytes  # noqa: E402
+
 from luminal_recipes.graph import gguf_blocks  # noqa: E402
 from luminal_recipes.runtimes.cpu.jit import gguf_kernels as gk  # noqa: E402
 from luminal_recipes.runtimes.cpu.jit import gguf_q8  # noqa: E402
 
 CLOCK = time.thread_time  # CPU time of this thread (every side computes on it at one thread): on a shared machine
 # it counts the cycles spent, not the time other jobs held the core; --wall for wall-clock time
-SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets of a block's f16 scales
+SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # offsets of the f16 scales
 
 
 def real_set() -> list[tuple[str, np.ndarray]]:
@@ -114,7 +114,8 @@ def f32_product(f16):
 def int_product(module, f16):
     def fn(kind, w, x, out):
         m, k = x.shape
-        xq, xd, xs = np.empty((m, k), np.int16), np.empty((m, k // 32), np.float32), np.empty((m, k // 32), np.float32)
+        xq = np.empty((m, 2 * k), np.int8) if module.QMAX < 32767 else np.empty((m, k), np.int16)  # older: int16
+        xd, xs = np.empty((m, k // 32), np.float32), np.empty((m, k // 32), np.float32)
         module.quantize(x, xq, xd, xs)
         module.matmul_q8(w, xq, xd, xs, out, 0, w.shape[0], kind, f16)
     return fn

@@ -32,7 +32,9 @@ from .. import threads as cpu_threads
 from .common import F32, bind_all, with_refresh
 from .operands import operand
 
-FUSED_ROWS = 4    # rows of x up to which the fused pass runs (it decodes per row of x: more rows take the bands)
+FUSED_ROWS = 4    # rows of x up to which the fused f32 pass runs (it decodes per row of x: more rows take the bands)
+INTEGER_ROWS = 64  # rows of x up to which the integer products run (gguf_q8: decoded once per 4 rows of x, ~45-55
+# GFLOP/s on one Zen 4 core; the bands' exact decoding + BLAS win from ~200 rows)
 BAND = 1 << 20    # decoded weight elements per band of the prefill path (4 MiB of f32: stays in L2/L3)
 
 _F16 = None
@@ -169,14 +171,16 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
     w_op = operand(ctx, 1, shape=(n_out, rb))
     acc = None if ctx.dtype == F32 else ctx.scratch.add((rows, n_out), F32)
     gj, f16 = _jit()
-    fused = gj is not None and rows <= FUSED_ROWS
-    if fused:
+    kind = integer = None
+    if gj is not None:
         kind, bs, ts, sl, nsub, has_c = layout(qtype, k_in)
         from ..jit import gguf_q8
 
-        integer = kind in gguf_q8.KINDS and k_in % 32 == 0
-        if integer:  # x rounded to int16 blocks of 32 once per product, integer dot products (gguf_q8.py)
-            x_q = ctx.scratch.add((rows, k_in), np.int16)
+        integer = kind in gguf_q8.KINDS and k_in % 32 == 0 and rows <= INTEGER_ROWS
+    fused = gj is not None and (rows <= FUSED_ROWS or integer)
+    if fused:
+        if integer:  # x rounded to integers per block of 32 once per product, integer dot products (gguf_q8.py)
+            x_q = ctx.scratch.add((rows, 2 * k_in), np.int8)
             x_d = ctx.scratch.add((rows, k_in // 32), F32)
             x_s = ctx.scratch.add((rows, k_in // 32), F32)
         else:
@@ -192,7 +196,8 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
         target = out.reshape(rows, n_out) if acc is None else scratch[acc]
         if fused and integer:
             xq, xd, xsum = scratch[x_q], scratch[x_d], scratch[x_s]
-            parts = [lambda n0=p.start, n1=p.stop: gguf_q8.matmul_q8(w, xq, xd, xsum, target, n0, n1, kind, f16)
+            run_q8 = gguf_q8.product(kind)
+            parts = [lambda n0=p.start, n1=p.stop: run_q8(w, xq, xd, xsum, target, n0, n1, f16)
                      for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
             products = cpu_threads.parallel(parts)
 
