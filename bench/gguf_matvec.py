@@ -134,7 +134,7 @@ def main() -> None:
     if args.wall:
         CLOCK = time.perf_counter
     f16 = gk.f16_table()
-    sides = [("f32", f32_product(f16)), ("int16", int_product(gguf_q8, f16))]
+    sides = [("f32", f32_product(f16)), ("int", int_product(gguf_q8, f16))]
     if args.old:
         sys.path.insert(0, str(Path(args.old).resolve().parent))  # imported by name: numba's cache needs one
         old = importlib.import_module(Path(args.old).stem)

@@ -340,7 +340,7 @@ def _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp,
             for slot in range(1, slots):
                 vec = builder.fadd(vec, builder.load(acc[slot][r][i]))
                 mins = builder.fadd(mins, builder.load(macc[slot][r][i]))
-            total = builder.call(red, [mins, vec])
+            total = builder.call(red, [mins, vec], fastmath=("reassoc",))  # a tree: short latency
             off = builder.mul(builder.add(nv, ir.Constant(I64, r)), outs[1])
             builder.store(total, _at(builder, orow, off, FLT))
 
