@@ -1,24 +1,28 @@
-"""GGUF products with x rounded to 16-bit integers and integer dot products, in the manner of llama.cpp
-(``ggml_vec_dot_q4_1_q8_1`` and kin, which round x to 8 bits): each block of 32 elements of x becomes ``d * q`` with
-``q`` int16 (``d = max|x| / 32767``, ``q = round(x / d)``), rounded ONCE per product (``quantize``) and reused by
-every weight row. A weight block's integer codes are widened to int16 and multiplied with ``q`` in pairs summed to
-int32 (``vpmaddwd``: exact), the 16 int32 lanes converted to f32 and accumulated with one fused multiply-add by the
-block's scale ``d_w * d_x`` into a vector accumulator; the accumulator is summed across its lanes once per output.
+"""GGUF products with x rounded to integers and integer dot products, in the manner of llama.cpp
+(``ggml_vec_dot_q4_1_q8_1`` and kin): each block of 32 elements of x becomes ``d * v`` with integers |v| <= 16256
+(``d = max|x| / 16256``), rounded ONCE per product (``quantize``) and reused by every weight row. ``v`` is stored as
+two bytes, ``v = 128 hi + lo`` (hi in [-127, 127], lo in [0, 127]), so that a weight block's byte codes are
+multiplied with it by two byte dot products (``vpdpbusd``, AVX512-VNNI: 4 pairs summed into each int32 lane; on
+AVX2 ``pmaddubsw`` + ``pmaddwd``; generic vector IR elsewhere), ``128 * dot(q, hi) + dot(q, lo)``, exact in int32.
+Signed codes (Q8_0, Q6_K) go through llama.cpp's trick: ``|q|`` times x carrying q's sign. The 8 int32 lanes are
+converted to f32 and accumulated with one fused multiply-add by the block's scale ``d_w * d_x`` (a vector of scales
+for Q6_K's sub-blocks of 16) into vector accumulators, several in turn (independent FMA chains); the minimum /
+offset terms (Q4_0's ``-8``, the ``m`` of Q4_1 and Q4_K) multiply the sum of the rounded x of the block (``xs``),
+as llama.cpp's q8_1 blocks do. The accumulators are summed once per output.
 
-The block loops are written as LLVM IR (``_kernel``: an intrinsic per type, rows of W per pass and rows of x per
-pass): ``NR`` = 4 weight rows share each load of x, up to ``MR`` = 4 rows of x share each decoded weight block (16
-accumulators in registers). More rows of x (a small batch: prefill) take the same tile of 4 weight rows (in L1 after
-the first pass) ``MR`` rows at a time, so the weight is read from memory once per product and decoded once per 4
-rows of x: compute-bound. On x86 with AVX-512BW the pair products are ``llvm.x86.avx512.pmaddw.d.512``; elsewhere the
-same sums in generic vector IR (LLVM's pattern for ``pmaddwd`` and its kin).
+The block loops are LLVM IR (``_kernel``: one intrinsic per type; ``_units_*`` decode a block into byte codes and
+scales). Each call computes one weight row against 1-4 rows of x (``MR``, 4 accumulators' worth); more rows of x (a
+small batch: prefill) take the same row again, which is in L1 by then: the weight is read from memory once per
+product and decoded once per 4 rows of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with 8-64 rows). One weight
+row per pass: several rows at once (x loads shared) made several short streams that the hardware prefetchers
+followed worse (measured 2x slower out of cache).
 
-16 bits rather than llama.cpp's 8: 8 bits flipped greedy ids of a random-weight test model against the dense run;
-the x loads are twice as wide but stay in L1 and the weight's bytes dominate.
+Why two bytes and not llama.cpp's one: 8-bit x flipped greedy ids of a random-weight test model against the dense
+run; the second byte costs one more byte dot product per block (x stays in L1; the weight's bytes dominate).
 
 Numerics (tests/TOLERANCES.md, family ``xint15``): the result is the product of the exactly dequantized weight with
-x rounded to 16 bits per block of 32 (each element moved by at most ``max|x_block| / 65534``), up to f32 rounding of
-the per-block scales and of the f32 accumulation; the offset / minimum terms (the ``m`` of Q4_1 and Q4_K) multiply
-the sum of the rounded x, as llama.cpp's q8_1 blocks do.
+x rounded per block of 32 (each element moved by at most ``max|x_block| / 32512``), up to f32 rounding of the
+per-block scales and of the f32 accumulation.
 """
 
 from __future__ import annotations
