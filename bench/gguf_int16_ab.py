@@ -15,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-os.environ["LUMINAL_RECIPES_THREADS"] = sys.argv[1] if len(sys.argv) > 1 else "1"
+THREADS = sys.argv[1] if len(sys.argv) > 1 else "1"
+for var in ("LUMINAL_RECIPES_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):  # as bench/llm_gguf.py's children
+    os.environ[var] = THREADS
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_gguf  # noqa: E402
