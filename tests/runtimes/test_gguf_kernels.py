@@ -21,6 +21,7 @@ from gguf_data import packed  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 QTYPES = list(gguf_blocks.QTYPES)
+Q8_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 
 
 def _want(raw: np.ndarray, qtype: str) -> np.ndarray:
@@ -72,7 +73,47 @@ def test_products_of_every_type_match_the_reference(rows, jit, numpy_runtime, as
         g.mark_output("y", ops.linear(x, dequant(g.weight("w", raw.shape, "u8"), qtype)))
         program = _compiled(g, numpy_runtime)
         assert program.kernel_counts().get("DequantMatMulGGUF") == 1, (qtype, program.kernel_counts())
-        xv = (rng.standard_normal((rows, k)) * 0.05).astype(np.float32)  # outputs of O(1), as the policy assumes
+        xv = (rng.standard_normal((rows, k)) * 0.05).astype(np.float32)
+        want = run_reference(g, {"x": xv}, {"w": raw}, mode="f64")["y"]
+        xv = (xv / max(1.0, float(np.sqrt(np.mean(want ** 2))))).astype(np.float32)  # outputs of O(1), as the
+        # policy assumes (the random K-quant scales give rms 4-16 at this x)
         got = numpy_runtime.run(program, {"x": xv}, {"w": raw})["y"]
         want = run_reference(g, {"x": xv}, {"w": raw}, mode="f64")["y"]
-        assert_close("runtime", got, want.astype(np.float32), "f32")
+        # up to 64 rows the products of these types round x per block of 32 (runtimes/cpu/jit/gguf_q8.py)
+        family = "xint15" if jit and rows <= 64 and qtype in Q8_TYPES else "runtime"
+        assert_close(family, got, want.astype(np.float32), "f32")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("qtype", Q8_TYPES)
+def test_integer_products_are_the_dequantized_weight_times_the_rounded_x(qtype, rows):
+    """The fused integer pass (llama.cpp's scheme) is exact up to f32 scales and sums: the f64 product of gguf-py's
+    dequantized weight with x rounded per block of 32 to integers |v| <= 16256 (steps max|x_block| / 16256), for
+    one row of x (decoding), a tile of 4 and 4 + 2 (a small batch)."""
+    jit_module = pytest.importorskip("luminal_recipes.runtimes.cpu.jit")
+    if not jit_module.AVAILABLE:
+        pytest.skip("numba is not installed")
+    from luminal_recipes.runtimes.cpu.jit import gguf_kernels as gk
+    from luminal_recipes.runtimes.cpu.jit import gguf_q8
+
+    rng = np.random.default_rng(sum(map(ord, qtype)) + rows)
+    k, n = 512, 37
+    raw = packed(rng, qtype, n, k // gguf_blocks.block_size(qtype))
+    x = (rng.standard_normal((rows, k)) * 0.05).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero block: step 0, codes 0
+    xq = np.zeros((rows, 2 * k), np.int8)
+    xd, xs = np.zeros((rows, k // 32), np.float32), np.zeros((rows, k // 32), np.float32)
+    gguf_q8.quantize(x, xq, xd, xs)
+    v = gguf_q8.codes(xq)
+    step = np.repeat(xd, 32, axis=1)
+    assert np.all(np.abs(v * step - x) <= step * 0.51)  # x / d is rounded in f32 first
+    peak = np.abs(v).reshape(rows, -1, 32).max(axis=2)
+    assert np.array_equal(peak[:, 1:], np.full((rows, k // 32 - 1), 16256)) and peak[0, 0] == 0
+    np.testing.assert_allclose(xs, xd * v.reshape(rows, -1, 32).sum(axis=2), rtol=1e-6)
+    out = np.zeros((rows, n), np.float32)
+    gguf_q8.matmul_q8(raw, xq, xd, xs, out, 0, n, gk.KINDS[qtype], gk.f16_table())
+    want = (v * step) @ _want(raw, qtype).astype(np.float64).T
+    assert np.abs(out - want).max() <= 1e-6 * np.abs(want).max()
+    part = np.zeros((rows, n), np.float32)  # a row range (the threads' parts) gives the same values
+    gguf_q8.matmul_q8(raw, xq, xd, xs, part, 5, 22, gk.KINDS[qtype], gk.f16_table())
+    assert np.array_equal(part[:, 5:22], out[:, 5:22]) and not part[:, :5].any() and not part[:, 22:].any()

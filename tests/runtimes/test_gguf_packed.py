@@ -78,4 +78,4 @@ def test_packed_run_gives_the_dequantized_runs_greedy_ids(name, monkeypatch, ass
     dense, dense_ids, dense_logits = _generate(name)
     assert not [n for n in dense.model.graph.inputs("weight") if n.dtype.value == "u8"]
     assert ids == dense_ids
-    assert_close("gguf_run", logits, dense_logits, "f32")
+    assert_close("xint15_run", logits, dense_logits, "f32")  # every product rounds x per block of 32 (gguf_q8)

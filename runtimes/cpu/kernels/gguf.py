@@ -6,9 +6,12 @@ With numba (``runtimes/cpu/jit/gguf_kernels.py``):
 
 - decode (``Dequant``, ``GatherDequant``, the prefill bands below): one compiled pass per row, the rows split over
   the cores, bit for bit ``gguf_blocks.dequantize``;
-- a product with few rows of x (decoding a token, a small batch: ``FUSED_ROWS`` rows at most): one pass over the
-  packed weight, its output rows split over the cores; each block is decoded once into registers-sized scratch
-  and used for every row of x (``gguf_jit.matmul_rows``);
+- a product with few rows of x: for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (``gguf_q8.PRODUCTS``) up to
+  ``INTEGER_ROWS`` rows (decoding a token, a small batch or a short prompt), x is rounded once per product to
+  integers per block of 32 and the blocks' byte codes are dotted with it in integers (``gguf_q8``, llama.cpp's
+  scheme with 15-bit rather than 8-bit x), the output rows split over the cores; each weight row is read from memory
+  once and decoded once per 4 rows of x. Other types, up to ``FUSED_ROWS`` rows: one pass over the packed weight
+  in f32, each block decoded once and used for every row of x (``gguf_jit.matmul_rows`` or the type's own loops);
 - more rows (a prompt): bands of weight rows decoded into an f32 scratch (``BAND`` elements) on every core, each
   band one BLAS product, so a long prompt runs at the speed of the dense product (compute-bound).
 
@@ -30,7 +33,9 @@ from .. import threads as cpu_threads
 from .common import F32, bind_all, with_refresh
 from .operands import operand
 
-FUSED_ROWS = 4    # rows of x up to which the fused pass runs (it decodes per row of x: more rows take the bands)
+FUSED_ROWS = 4    # rows of x up to which the fused f32 pass runs (it decodes per row of x: more rows take the bands)
+INTEGER_ROWS = 64  # rows of x up to which the integer products run (gguf_q8: decoded once per 4 rows of x, ~45-55
+# GFLOP/s on one Zen 4 core; the bands' exact decoding + BLAS win from ~200 rows)
 BAND = 1 << 20    # decoded weight elements per band of the prefill path (4 MiB of f32: stays in L2/L3)
 
 _F16 = None
@@ -167,11 +172,21 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
     w_op = operand(ctx, 1, shape=(n_out, rb))
     acc = None if ctx.dtype == F32 else ctx.scratch.add((rows, n_out), F32)
     gj, f16 = _jit()
-    fused = gj is not None and rows <= FUSED_ROWS
-    if fused:
+    kind = integer = None
+    if gj is not None:
         kind, bs, ts, sl, nsub, has_c = layout(qtype, k_in)
-        sums = ctx.scratch.add((rows, k_in // sl), F32)
-        x_c = ctx.scratch.add((rows, k_in), F32)  # x as one contiguous block (BLAS-readable views may be strided)
+        from ..jit import gguf_q8
+
+        integer = kind in gguf_q8.KINDS and k_in % 32 == 0 and rows <= INTEGER_ROWS
+    fused = gj is not None and (rows <= FUSED_ROWS or integer)
+    if fused:
+        if integer:  # x rounded to integers per block of 32 once per product, integer dot products (gguf_q8.py)
+            x_q = ctx.scratch.add((rows, 2 * k_in), np.int8)
+            x_d = ctx.scratch.add((rows, k_in // 32), F32)
+            x_s = ctx.scratch.add((rows, k_in // 32), F32)
+        else:
+            sums = ctx.scratch.add((rows, k_in // sl), F32)
+            x_c = ctx.scratch.add((rows, k_in), F32)  # x as one contiguous block (BLAS views may be strided)
     else:
         band = max(1, min(n_out, BAND // max(k_in, 1)))
         dense = ctx.scratch.add((band, k_in), F32)
@@ -180,7 +195,17 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
     def bind(out, flats, scratch):
         x, w = bind_all([x_op, w_op], flats, scratch)
         target = out.reshape(rows, n_out) if acc is None else scratch[acc]
-        if fused:
+        if fused and integer:
+            xq, xd, xsum = scratch[x_q], scratch[x_d], scratch[x_s]
+            run_q8 = gguf_q8.product(kind)
+            parts = [lambda n0=p.start, n1=p.stop: run_q8(w, xq, xd, xsum, target, n0, n1, f16)
+                     for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
+            products = cpu_threads.parallel(parts)
+
+            def compute():
+                gguf_q8.quantize(x, xq, xd, xsum)
+                products()
+        elif fused:
             xc, xs = scratch[x_c], scratch[sums]
             special = gj.SPECIALISED.get(kind)
             if special is not None:  # the type's own loops (vectorised), else the generic block decoder's
