@@ -38,7 +38,7 @@ from .cost import CPU, Machine, bind, numel, program_cost
 from .fingerprint import plan_fingerprints
 from .rules import FAMILIES
 from .saturate import Limits
-from .segments import Segment, assemble, split
+from .segments import ASSEMBLY, Segment, assemble, split
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     device = getattr(runtime, "device", "none")
     kernels = set(runtime.capabilities()) if runtime is not None else set(REGISTRY)
     key = cache.plan_key(graph, runtime_name, device, dims, {
-        "budget": budget_bytes, "kernels": sorted(kernels),
+        "budget": budget_bytes, "kernels": sorted(kernels), "assembly": ASSEMBLY,
         "options": {k: v for k, v in asdict(options).items() if k != "use_cache"},
         **plan_fingerprints(runtime, options.families),  # rule texts, kernel registry, kernel implementations
     })
