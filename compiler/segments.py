@@ -25,7 +25,8 @@ from luminal_recipes.graph.view import View
 from luminal_recipes.runtimes.kernels import ALIASING_KERNELS
 from luminal_recipes.runtimes.program import Program
 
-ASSEMBLY = 2  # in the plan cache's key: 2 merges kernels that compute the same value (``assemble``)
+ASSEMBLY = 3  # in the plan cache's key: 2 merges kernels that compute the same value (``assemble``); 3: whole
+# candidates timed in turns (``search._time_candidates``)
 
 
 @dataclass
