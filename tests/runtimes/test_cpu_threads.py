@@ -96,3 +96,22 @@ def test_pool_hands_parts_to_workers_and_wakes_sleeping_ones(kind, monkeypatch):
     done = []
     pool.run([lambda: done.append(0), lambda: done.append(1)])  # still usable after an error
     assert sorted(done) == [0, 1]
+
+
+def test_blas_for_small_products_runs_blas_on_one_thread():
+    """A product below ``SMALL_PRODUCT`` multiply-adds runs BLAS single-threaded (restored after); a large one
+    keeps BLAS's threads."""
+    controls = cpu_threads._blas_controls()
+    if not controls:
+        pytest.skip("no BLAS library found by threadpoolctl")
+    get, put = controls[0]
+    before = get()
+    put(2)
+    try:
+        with cpu_threads.blas_for(cpu_threads.SMALL_PRODUCT - 1):
+            assert get() == 1
+        assert get() == 2
+        with cpu_threads.blas_for(cpu_threads.SMALL_PRODUCT):
+            assert get() == 2
+    finally:
+        put(before)
