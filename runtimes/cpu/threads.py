@@ -359,8 +359,9 @@ class blas_single_threaded:  # noqa: N801 - used as a function: ``with blas_sing
 
 # multiply-adds below which a BLAS product runs on the calling thread alone (``blas_for``): a 14-token prompt's
 # quantized products (14 x 576 x 192 .. 1536) took 8 ms each with two OpenBLAS threads on a loaded machine, waiting
-# for the helper thread, against ~0.1 ms on one
-SMALL_PRODUCT = 1 << 24
+# for the helper thread, against ~0.1 ms on one; a 64-token prompt's first token took 6.6 s at 2 threads with
+# 2^24 here, 0.34 s with 2^27 (1 thread: 0.30 s). Larger products (long prompts) keep BLAS's threads.
+SMALL_PRODUCT = 1 << 27
 
 
 class _Nothing:
