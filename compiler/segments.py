@@ -7,6 +7,11 @@ Standalone graphs name their external operands ``arg{k}`` (outputs of earlier se
 weights ``in{j}`` and their exported values ``o{i}``, so names never enter the comparison. Scalar constants
 are free leaves: each segment makes its own, so a constant shared by every block does not tie the blocks
 together.
+
+Assembling the whole program merges kernels that compute the same value: the same kernel, attributes, shape and
+dtype reading the same operands through the same views (a causal mask or RoPE table that every decoder layer
+builds from the positions is computed once, not once per layer). Inputs, constants holding data and kernels that
+write into an operand's buffer are never merged.
 """
 
 from __future__ import annotations
@@ -17,7 +22,11 @@ from dataclasses import dataclass, field
 from luminal_recipes.graph.core import Graph, Node
 from luminal_recipes.graph.serialize import reachable
 from luminal_recipes.graph.view import View
+from luminal_recipes.runtimes.kernels import ALIASING_KERNELS
 from luminal_recipes.runtimes.program import Program
+
+ASSEMBLY = 3  # in the plan cache's key: 2 merges kernels that compute the same value (``assemble``); 3: whole
+# candidates timed in turns (``search._time_candidates``)
 
 
 @dataclass
@@ -147,10 +156,23 @@ def assemble(graph: Graph, segments: list[Segment], templates: list[Program],
     nodes: list[Node] = []
     produced = {} if produced is None else produced  # original node id -> program node id
     constants: dict[tuple, int] = {}  # (dtype, value) -> program node id
+    computed: dict[tuple, int] = {}  # (op, operands, shape, dtype, attributes) -> the program node computing it
 
     def add(op, inputs, shape, dtype, attrs, data=None) -> int:
+        inputs, attrs = tuple(inputs), tuple(sorted(attrs.items()))
+        key = None
+        if op != "Input" and data is None and op not in ALIASING_KERNELS:
+            try:
+                key = (op, inputs, tuple(shape), dtype, attrs)
+                hash(key)
+            except TypeError:  # an attribute that cannot be hashed: not merged
+                key = None
+            if key is not None and key in computed:
+                return computed[key]
         nid = len(nodes)
-        nodes.append(Node(nid, op, tuple(inputs), shape, dtype, tuple(sorted(attrs.items())), data))
+        nodes.append(Node(nid, op, inputs, shape, dtype, attrs, data))
+        if key is not None:
+            computed[key] = nid
         return nid
 
     def constant(node: Node) -> int:

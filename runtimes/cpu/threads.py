@@ -21,7 +21,10 @@ import itertools
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
 
 Part = Callable[[], None]
 
@@ -68,6 +71,8 @@ class _Task:
 
 
 class _Pool:
+    """Workers that wait for parts on a blocking queue (where numba is not installed: ``_SpinningPool``)."""
+
     def __init__(self):
         self.lock = threading.Lock()
         self.inboxes: list[queue.SimpleQueue] = []
@@ -104,7 +109,131 @@ class _Pool:
                 raise error
 
 
-_POOL: _Pool | None = None
+# LUMINAL_RECIPES_SPIN_US=N: how long an idle worker spins for its next part before it sleeps (0, the default: it
+# sleeps at once, ``_Pool``). A decoding step's kernels between two split products take ~10-100 us and a sleeping
+# worker costs a wake-up, 20-50 us, at its next part; but on a machine shared with other jobs a spinning worker
+# takes CPU time from the caller's thread: SmolLM2 decoding at 2 threads, load average 8 on 2 cores, measured
+# 30 ms/token (blocking) vs 42 (300 us spins) and 71 (2 ms spins). Opt-in until a quiet machine shows the gain.
+SPIN_S = max(0.0, float(os.environ.get("LUMINAL_RECIPES_SPIN_US", "0") or 0)) * 1e-6
+WAIT_SPIN_S = 50e-6  # the caller waiting for a worker's part: spins this long between two yields of its core
+MAX_WORKERS = 256
+_STRIDE = 8  # int64 flags per worker: one cache line each (posted, claimed, done, asleep)
+POSTED, CLAIMED, DONE, ASLEEP = range(4)
+
+
+class _SpinningPool:
+    """Workers handed their parts through atomic flags (``jit/spin.py``): per worker, the sequence number of the
+    part posted, claimed (by the worker, or by the caller when the worker has not started it) and done. A waiting
+    worker spins ``SPIN_S`` without the GIL before it sleeps on its queue (the caller wakes a sleeping worker
+    there), so parts that follow each other closely, as a decoding step's products do, are handed over in a few
+    microseconds instead of a sleeping thread's wake-up. As ``_Pool``: a part no worker has claimed when the
+    caller has finished its own is run by the caller."""
+
+    def __init__(self, spin):
+        self.spin = spin
+        self.lock = threading.Lock()
+        self.flags = np.zeros(_STRIDE * MAX_WORKERS, np.int64)
+        self.sequence: list[int] = []
+        self.parts: list[Part | None] = []
+        self.errors: list[BaseException | None] = []
+        self.wakes: list[queue.SimpleQueue] = []
+        per_spin = _spin_seconds(spin)
+        self.idle_spins = max(1, int(SPIN_S / per_spin))
+        self.wait_spins = max(1, int(WAIT_SPIN_S / per_spin))
+
+    def _grow(self, workers: int) -> None:
+        if workers > self.flags.size // _STRIDE:
+            raise ValueError(f"{workers} workers: the pool has flags for {self.flags.size // _STRIDE}")
+        while len(self.wakes) < workers:
+            i = len(self.wakes)
+            self.sequence.append(0)
+            self.parts.append(None)
+            self.errors.append(None)
+            self.wakes.append(queue.SimpleQueue())
+            threading.Thread(target=self._work, args=(i,), name=f"luminal-cpu-{i + 1}", daemon=True).start()
+
+    def _work(self, i: int) -> None:
+        spin, flags, wake, base = self.spin, self.flags, self.wakes[i], _STRIDE * i
+        seen = 0
+        while True:
+            posted = spin.wait_change(flags, base + POSTED, seen, self.idle_spins)
+            if posted == seen:  # nothing for a while: sleep until the caller wakes this worker
+                spin.store(flags, base + ASLEEP, 1)
+                posted = spin.load(flags, base + POSTED)
+                if posted == seen:
+                    wake.get()
+                    continue  # (a stale wake-up only spins again)
+                spin.store(flags, base + ASLEEP, 0)
+            seen = posted
+            if not spin.claim(flags, base + CLAIMED, seen - 1, seen):
+                continue  # the caller ran it
+            try:
+                self.parts[i]()
+            except BaseException as exc:  # handed to the caller, which raises it
+                self.errors[i] = exc
+            spin.store(flags, base + DONE, seen)
+
+    def run(self, parts: Sequence[Part]) -> None:
+        spin, flags = self.spin, self.flags
+        with self.lock:
+            workers = len(parts) - 1
+            self._grow(workers)
+            for i in range(workers):
+                self.parts[i], self.errors[i] = parts[i + 1], None
+                self.sequence[i] += 1
+                spin.store(flags, _STRIDE * i + POSTED, self.sequence[i])
+                if spin.load(flags, _STRIDE * i + ASLEEP):
+                    spin.store(flags, _STRIDE * i + ASLEEP, 0)
+                    self.wakes[i].put(None)
+            error = None
+            try:
+                parts[0]()
+            except BaseException as exc:
+                error = exc
+            for i in reversed(range(workers)):  # the parts no worker has started yet, run here
+                seq, base = self.sequence[i], _STRIDE * i
+                if spin.claim(flags, base + CLAIMED, seq - 1, seq):
+                    try:
+                        parts[i + 1]()
+                    except BaseException as exc:
+                        self.errors[i] = exc
+                    spin.store(flags, base + DONE, seq)
+            for i in range(workers):
+                while not spin.wait_equal(flags, _STRIDE * i + DONE, self.sequence[i], self.wait_spins):
+                    os.sched_yield()  # a worker the OS has not run for a while: let it have the core
+                error = error or self.errors[i]
+                self.parts[i] = None
+            if error is not None:
+                raise error
+
+
+def _spin_seconds(spin) -> float:
+    """Seconds one spin read takes here (with the pause hint): the spin counts are set from it."""
+    flags = np.zeros(1, np.int64)
+    spin.wait_change(flags, 0, 0, 1000)  # compiled (or loaded from numba's cache) before timing
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        spin.wait_change(flags, 0, 0, 20000)
+        best = min(best, (time.perf_counter() - t0) / 20000)
+    return max(best, 1e-9)
+
+
+def _new_pool():
+    """The spinning pool where asked for (``SPIN_S`` > 0) and numba runs (``jit.AVAILABLE``), else the blocking
+    one."""
+    from . import jit
+
+    if SPIN_S > 0 and jit.AVAILABLE:
+        try:
+            from .jit import spin
+        except ImportError:  # numba importable but unusable: the blocking pool
+            return _Pool()
+        return _SpinningPool(spin)
+    return _Pool()
+
+
+_POOL: _Pool | _SpinningPool | None = None
 _POOL_LOCK = threading.Lock()
 
 
@@ -127,7 +256,7 @@ def run_parts(parts: Sequence[Part]) -> None:
     if _POOL is None:
         with _POOL_LOCK:
             if _POOL is None:
-                _POOL = _Pool()
+                _POOL = _new_pool()
     _POOL.run(parts)
 
 
@@ -226,3 +355,26 @@ class blas_single_threaded:  # noqa: N801 - used as a function: ``with blas_sing
         for (_, put), n in zip(_BLAS, self.before):
             if n != 1:
                 put(n)
+
+
+# multiply-adds below which a BLAS product runs on the calling thread alone (``blas_for``): a 14-token prompt's
+# quantized products (14 x 576 x 192 .. 1536) took 8 ms each with two OpenBLAS threads on a loaded machine, waiting
+# for the helper thread, against ~0.1 ms on one; a 64-token prompt's first token took 6.6 s at 2 threads with
+# 2^24 here, 0.34 s with 2^27 (1 thread: 0.30 s). Larger products (long prompts) keep BLAS's threads.
+SMALL_PRODUCT = 1 << 27
+
+
+class _Nothing:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def blas_for(multiply_adds: int) -> blas_single_threaded | _Nothing:
+    """``with blas_for(n):`` BLAS single-threaded inside when a product of ``n`` multiply-adds is too small to
+    pay for waking BLAS's threads (``SMALL_PRODUCT``); otherwise BLAS keeps its threads."""
+    return blas_single_threaded() if multiply_adds < SMALL_PRODUCT else _Nothing()

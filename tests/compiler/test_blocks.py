@@ -61,3 +61,25 @@ def test_a_constant_shared_by_all_blocks_does_not_tie_them(runtime):
     g = stacked_layers(3)
     keys = [s.key for s in split(g) if s.name.startswith("layers.")]
     assert len(set(keys)) == 1
+
+
+def test_a_value_every_block_computes_alike_is_computed_once(runtime, assert_close):
+    """A causal mask every decoder layer builds from the same positions (its own Iota, compare and cast in each
+    block) is one kernel chain in the assembled program, not one per layer; the layers' own work is not merged."""
+    g = Graph()
+    x = g.input("x", (1, 4, 8))
+    pos = g.input("pos", (4,), "i32")
+    for i in range(3):
+        with g.block(f"layers.{i}"):
+            keys = g.iota(4).expand(0, 4)
+            allowed = ops.logical_not(pos.expand(1, 4) < keys)
+            bias = ops.cast(ops.logical_not(allowed), x.dtype) * -1e9
+            scores = ops.linear(x, g.weight(f"layers.{i}.w", (4, 8))) + bias.unsqueeze(0).broadcast_to((1, 4, 4))
+            x = ops.linear(ops.softmax(scores, -1), g.weight(f"layers.{i}.v", (8, 4)))
+    g.mark_output("y", x)
+    plan = compile_graph(g, runtime, options=SearchOptions(use_cache=False))
+    assert sum(n.op == "Iota" for n in plan.program.nodes) == 1
+    reads_pos = [n for n in plan.program.nodes if any(plan.program.nodes[s].attr("name") == "pos" for s, _ in n.inputs)]
+    assert len(reads_pos) == 1
+    assert sum(n.op == "Input" and n.attr("kind") == "weight" for n in plan.program.nodes) == 6
+    check_program(g, plan.program, runtime, assert_close)

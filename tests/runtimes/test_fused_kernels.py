@@ -15,6 +15,7 @@ import pytest
 from fused_programs import Fused
 
 from luminal_recipes import ops
+from luminal_recipes.errors import InputError
 from luminal_recipes.graph import Graph, View, cast, run_reference
 from luminal_recipes.runtimes.cpu.backend import NumpyBackend
 from luminal_recipes.runtimes.cpu.kernels import attention as numpy_attention
@@ -198,8 +199,8 @@ def test_softmax_bf16_input_and_output(compare, rng):
 
 
 # ---- Attention ---------------------------------------------------------------------------------------------
-def _attention_case(g: Graph, with_bias: bool, s: int = 5):
-    b, h, hkv, t, d, dv = 2, 4, 2, 11, 8, 8
+def _attention_case(g: Graph, with_bias: bool, s: int = 5, b: int = 2):
+    h, hkv, t, d, dv = 4, 2, 11, 8, 8
     q = g.input("q", (b, h, s, d))
     k = g.input("k", (b, hkv, t, d))
     v = g.input("v", (b, hkv, t, dv))
@@ -246,17 +247,48 @@ def runs_numpy_attention(runtime) -> bool:
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_attention_decoding_one_query_row(with_bias, compare, runtime, monkeypatch):
     """One query per head (a decoding step): the numpy kernel stacks the heads of a kv head into one block of
-    rows; the reference's values."""
+    rows (with numba: every group in one compiled call, ``attention_rows``); the reference's values."""
+    from luminal_recipes.runtimes.cpu import jit
+
     stacked = []
     find = numpy_attention._shared_kv_rows
-    monkeypatch.setattr(numpy_attention, "_shared_kv_rows", lambda *a: stacked.append(find(*a)) or stacked[-1])
+
+    def spy(*a, **kw):
+        stacked.append((kw.get("flat", False), find(*a, **kw)))
+        return stacked[-1][1]
+
+    monkeypatch.setattr(numpy_attention, "_shared_kv_rows", spy)
     g = Graph()
     views, grouped, merged, inputs = _attention_case(g, with_bias, s=1)
     f = Fused(g)
     y = f.add("Attention", views, grouped, scale=0.3)
     compare(g, _grouped_output(f, y, grouped, merged), inputs)
     if runs_numpy_attention(runtime):
-        assert stacked and [q.shape[0] for q, *_ in stacked[-1]] == [2] * 4  # 2 kv heads of 2 queries, batch 2
+        assert stacked
+        flat, found = stacked[-1]
+        # the bias [b, 1, s, t] read per (batch, kv head) does not merge those two axes into one: per group then
+        assert flat == (jit.AVAILABLE and not with_bias)
+        if flat:  # q [groups, rows, d]: 2 kv heads of 2 queries, batch 2
+            assert found[0].shape == (4, 2, 8) and found[3] is None
+        else:
+            assert [q.shape[0] for q, *_ in found] == [2] * 4
+
+
+def test_attention_decoding_with_a_mask_in_one_compiled_call(compare, runtime, monkeypatch):
+    """Decoding one sequence with a key mask (as the KV cache's causal mask): every kv head's queries in one
+    compiled call where numba is installed; the reference's values."""
+    from luminal_recipes.runtimes.cpu import jit
+
+    calls = []
+    step = numpy_attention._rows_step
+    monkeypatch.setattr(numpy_attention, "_rows_step", lambda *a: calls.append(step(*a)) or calls[-1])
+    g = Graph()
+    views, grouped, merged, inputs = _attention_case(g, True, s=1, b=1)
+    f = Fused(g)
+    y = f.add("Attention", views, grouped, scale=0.3)
+    compare(g, _grouped_output(f, y, grouped, merged), inputs)
+    if runs_numpy_attention(runtime) and jit.AVAILABLE:
+        assert calls and calls[-1] is not None
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -446,6 +478,25 @@ def test_scatter_in_place_copies_when_the_destination_is_read_later(runtime, rng
     out = exe.run(ins)
     assert np.array_equal(out["later"], ins["cache"] * 4)
     assert np.array_equal(out["y"][4], ins["rows"][0])
+
+
+def test_scatter_in_place_of_one_row_from_a_strided_view_and_out_of_range(runtime, rng):
+    """A decoding step's scatter (one row, read through a transposed view) writes that row in place; an index
+    past the destination is refused, naming the kernel."""
+    g = Graph()
+    cache = g.input("cache", (6, 2, 3))
+    pos = g.input("pos", (1,), "i32")
+    rows = g.input("rows", (1, 3, 2))
+    doubled = cache * 2.0
+    f = Fused(g)
+    y = f.add("ScatterInPlace", [doubled, pos, rows.transpose(1, 2)], (6, 2, 3))
+    exe = runtime.load(f.program(y=y))
+    ins = {"cache": randn(rng, 6, 2, 3), "pos": np.array([4], np.int32), "rows": randn(rng, 1, 3, 2)}
+    want = ins["cache"] * 2
+    want[4] = ins["rows"][0].T
+    assert np.array_equal(exe.run(ins)["y"], want)
+    with pytest.raises(InputError, match="ScatterInPlace .*out of range"):
+        exe.run({**ins, "pos": np.array([6], np.int32)})
 
 
 def test_gather_rejects_out_of_range_indices(runtime):

@@ -38,6 +38,7 @@ BLOCKED_ROWS = 256  # query rows per block of the key-blocked kernel
 MIN_TASKS = 12  # (head, query block) tasks a kernel call is cut into at least, where blocks keep >= MIN_ROWS rows
 MIN_ROWS = 256
 FUSED_ROWS = 256  # query rows per block at most where both products run on AMX (amx_attention)
+ROWS_KERNEL_KEYS = 4096  # decoding attends to at most this many keys in one compiled call (``attention_rows``)
 
 
 def _check(ctx: KernelContext) -> tuple[tuple[int, ...], int, int, int, int]:
@@ -66,10 +67,11 @@ def _per_batch(arrays: list, batch: tuple[int, ...]) -> list:
     return [tuple(None if a is None else a[idx] for a in full) for idx in np.ndindex(*batch)]
 
 
-def _shared_kv_rows(arrays: list, out: np.ndarray, batch: tuple[int, ...]) -> list | None:
+def _shared_kv_rows(arrays: list, out: np.ndarray, batch: tuple[int, ...], flat: bool = False) -> list | None:
     """One query row per head (decoding): the heads that read the same k, v and bias (grouped-query attention's
     stride-0 views) stacked into one block of rows, as (q rows, k, v, bias rows, out rows) per group; ``None``
-    when no head shares them, or the rows do not stack without a copy."""
+    when no head shares them, or the rows do not stack without a copy. With ``flat``, every group at once:
+    ``[q [G, rows, D], k [G, T, D], v [G, T, Dv], bias [G, rows, T] or None, out [G, rows, Dv]]``."""
     q, k, v, bias = (None if a is None else np.broadcast_to(a, batch + a.shape[-2:]) for a in arrays)
     reads = [a for a in (k, v, bias) if a is not None]
     shared = [i for i, n in enumerate(batch) if n > 1 and all(a.strides[i] == 0 for a in reads)]
@@ -92,6 +94,12 @@ def _shared_kv_rows(arrays: list, out: np.ndarray, batch: tuple[int, ...]) -> li
     if qs is None or dst is None or (bias is not None and bs is None):
         return None
     ks, vs = first(k), first(v)
+    if flat:  # every group along one axis: [G, rows or t, n] views, or None
+        g = math.prod(groups)
+        blocks = [view_reshape(a, (g,) + a.shape[len(groups):]) for a in (qs, ks, vs, bs, dst) if a is not None]
+        if any(b is None for b in blocks):
+            return None
+        return blocks if bs is not None else blocks[:3] + [None] + blocks[3:]
     return [(qs[g], ks[g], vs[g], None if bs is None else bs[g], dst[g]) for g in np.ndindex(*groups)]
 
 
@@ -178,6 +186,11 @@ def prepare_attention(ctx: KernelContext) -> Bind:
         tiles = None if amx_buffers is None else [[scratch[i] for i in part] for part in amx_buffers]
         compiled = jit.AVAILABLE
         rows_kernel = jit.kernels().exp_rows_sum if compiled else None
+        if stackable and compiled and direct and t <= ROWS_KERNEL_KEYS:  # every head in one compiled call
+            blocks = _shared_kv_rows([q, k, v, bias], out, batch, flat=True)
+            step = None if blocks is None else _rows_step(blocks, scale, scratch[qscaled[0]][0], scratch[scores[0]][0])
+            if step is not None:
+                return with_refresh(ops, step)
         groups = _shared_kv_rows([q, k, v, bias], out, batch) if stackable else None
         if groups is not None:
             tasks = [((qg, kg.T, vg, bg, dg), slice(0, qg.shape[0])) for qg, kg, vg, bg, dg in groups]
@@ -229,6 +242,30 @@ def prepare_attention(ctx: KernelContext) -> Bind:
         return with_refresh(ops, body)
 
     return bind
+
+
+def _rows_step(blocks: list, scale: np.float32, qs: np.ndarray, sc: np.ndarray) -> Callable[[], None] | None:
+    """Decoding's attention as one compiled call (``numba_kernels.attention_rows``) over every group of heads
+    (``_shared_kv_rows(..., flat=True)``): a few microseconds, where the BLAS path's dozen small calls per group
+    cost tens. None where an operand's rows are not contiguous or its strides are negative."""
+    q, k, v, bias, out = blocks
+    has_bias = bias is not None
+    flats, strides = [], []
+    for a in (q, k, v, bias if has_bias else np.zeros((1, 1, 1), F32), out):
+        item = a.itemsize
+        if a.dtype != F32 or a.strides[2] != item or min(a.strides) < 0 or any(st % item for st in a.strides):
+            return None
+        span = 1 + sum((n - 1) * st // item for n, st in zip(a.shape, a.strides))
+        flats.append(np.lib.stride_tricks.as_strided(a, (span,), (item,), writeable=a is out))
+        strides += [a.strides[0] // item, a.strides[1] // item]
+    geometry = np.array([*q.shape[:2], k.shape[1], q.shape[2], v.shape[2], *strides], np.int64)
+    kernel = jit.kernels().attention_rows
+    args = (*flats, geometry, has_bias, scale, qs, sc)
+
+    def step():
+        kernel(*args)
+
+    return step
 
 
 def _fused(ctx: KernelContext, plan: _Plan, s: int, d: int, t: int, dv: int) -> bool:

@@ -229,9 +229,10 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
                 steps.append((decode(w[n0:n1], wd), wd.T, target[:, n0:n1]))
 
             def compute():
-                for dec, wt, dst in steps:
-                    dec()
-                    np.matmul(x, wt, out=dst)
+                with cpu_threads.blas_for(rows * k_in * n_out):  # a prompt's small products: BLAS on this thread
+                    for dec, wt, dst in steps:
+                        dec()
+                        np.matmul(x, wt, out=dst)
 
         def body():
             compute()

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from luminal_recipes.errors import InputError
 
 from ...kernels.context import Bind, KernelContext
+from ...views import strided
 from .common import bind_all, with_refresh
 from .operands import operand
+
+FEW_ROWS = 8  # a scatter of at most this many rows (a decoded token's keys into the KV cache) copies row by row
 
 
 def prepare_gather(ctx: KernelContext) -> Bind:
@@ -48,6 +53,8 @@ def prepare_scatter(ctx: KernelContext) -> Bind:
         pos = scratch[index]
         # ScatterInPlace whose destination the planner aliased onto the output: rows are written in place
         in_place = node.op == "ScatterInPlace" and np.may_share_memory(out, dest)
+        if in_place and idx.ndim == 1 and idx.size <= FEW_ROWS:
+            return _few_rows(out, idx, src, flats[2], ops, rows, node)
 
         def body():
             if not in_place:
@@ -64,3 +71,27 @@ def prepare_scatter(ctx: KernelContext) -> Bind:
 
     return bind
 
+
+
+def _few_rows(out: np.ndarray, idx: np.ndarray, src: np.ndarray, src_flat: np.ndarray, ops: list, rows: int,
+              node) -> Callable[[], None]:
+    """A scatter of a few rows in place: each index read as a Python int and its row copied on its own (a
+    decoding step writes one row of keys and one of values per layer: a few microseconds, where the vectorised
+    path's index checks, conversion and fancy assignment cost ~20). The rows are read straight from the
+    producer's view where strides express it (no refresh into scratch)."""
+    view = strided(src_flat, ops[2].source)
+    refresh = ops[:2]
+    if view is not None and view.shape == src.shape:
+        src = view
+    else:
+        refresh = ops
+    count = idx.size
+
+    def body():
+        for j in range(count):
+            i = int(idx[j])
+            if i < 0 or i >= rows:
+                raise InputError(f"{node.op} #{node.id}: row index out of range [0, {rows}) in {i}..{i}")
+            out[i] = src[j]
+
+    return with_refresh(refresh, body)
