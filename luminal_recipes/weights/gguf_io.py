@@ -354,6 +354,9 @@ def _config(path: Path, reader: Any, architecture: str, spec: dict, names: list[
     for key, value in (spec.get("defaults") or {}).items():
         config.setdefault(key, value)
     config["tie_word_embeddings"] = "output.weight" not in names
+    for flag, pattern in (spec.get("flags") or {}).items():  # e.g. rope_freq_factors: rope_freqs.weight is there
+        if any(re.fullmatch(pattern, n) for n in names):
+            config[flag] = True
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in fields:
         config["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
     for ggml, target in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
