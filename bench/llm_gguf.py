@@ -233,6 +233,7 @@ def main() -> None:
     args = p.parse_args()
     args.sides = available(args.sides.split(","))
     if args.child or args.rss:
+        args.file = args.file or smollm2()
         args.threads = int(args.threads)
         (rss_child if args.rss else child)(args)
         return
