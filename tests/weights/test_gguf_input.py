@@ -103,9 +103,10 @@ def test_unknown_metadata_key_is_refused_naming_it(tmp_path):
 
 
 @pytest.mark.usefixtures("no_work")
-def test_llama3_rope_factors_tensor_is_refused(tmp_path):
-    odd = rewrite(LLAMA, tmp_path / "rope.gguf", add={"rope_freqs.weight": np.ones(4, np.float32)})
-    refused(run(odd), "tensor 'rope_freqs.weight'", "not implemented")
+def test_llama3_rope_factors_of_the_wrong_length_are_refused(tmp_path):
+    # the factors themselves run (tests/weights/test_gguf_rope_freqs.py); one per rotary pair (head_dim 8: 4)
+    odd = rewrite(LLAMA, tmp_path / "rope.gguf", add={"rope_freqs.weight": np.ones(5, np.float32)})
+    refused(run(odd), "freq_factors", "[4]")
 
 
 @pytest.mark.usefixtures("no_work")

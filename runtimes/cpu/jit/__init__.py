@@ -25,21 +25,39 @@ AVAILABLE = isa.selected() != "numpy"
 _LOCK = threading.Lock()
 _MODULE: ModuleType | None = None
 _WARMING: threading.Thread | None = None
+_TOUCHED: set[str] = set()
+# the kernels' families, each loaded when first asked for: "core" (softmax, norms, RoPE, fused elementwise: every
+# model, warmed up in the background), "image" (GroupNorm, convolutions, upsampling) and "lowp" (FP8/NVFP4
+# decoding). Each loaded kernel holds its machine code: a language model does not load the image kernels (about
+# 30 MiB resident)
+FAMILIES = ("core", "image", "lowp")
 
 
-def kernels() -> ModuleType:
-    """``numba_kernels``, imported and with every kernel's machine code loaded (compiled on the first run ever)."""
+def kernels(family: str = "core") -> ModuleType:
+    """``numba_kernels``, imported and with the machine code of ``family``'s kernels loaded (compiled on the first
+    run ever); a kernel binds after asking for its family."""
     global _MODULE
     with _LOCK:
         if _MODULE is None:
             from . import numba_kernels as numpy_jit
 
-            _touch(numpy_jit)
             _MODULE = numpy_jit
+        if family not in _TOUCHED:
+            if family not in FAMILIES:
+                raise ValueError(f"unknown kernel family {family!r}; one of {FAMILIES}")
+            {"core": _touch_core, "image": _touch_image, "lowp": _touch_lowp}[family](_MODULE)
+            _TOUCHED.add(family)
     return _MODULE
 
 
 def _touch(module: ModuleType) -> None:
+    """Every family's kernels (see ``kernels``)."""
+    _touch_core(module)
+    _touch_image(module)
+    _touch_lowp(module)
+
+
+def _touch_core(module: ModuleType) -> None:
     """Call every kernel once on tiny arrays of the layouts the kernels bind (contiguous rows, or row-strided
     2-D blocks), so that their code is loaded (or compiled and cached) now."""
     rows = np.zeros((2, 16), np.float32)
@@ -59,8 +77,6 @@ def _touch(module: ModuleType) -> None:
         module.rms_norm_rows(x, dst, fixed, fixed, 0, one, one)
         module.layer_norm_rows(x, dst, fixed, fixed, 0, one, one)
     block = np.zeros((2, 8), np.float32)  # rows read out of a flat buffer
-    for silu in (False, True):  # GroupNorm: rows of a read-only flat buffer, per-channel read-only vectors
-        module.group_norm_rows(_read_only(rows.reshape(-1)), 0, 16, out, 0, 2, fixed, fixed, 1, 8, one, one, silu)
     module.rms_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
     module.layer_norm_strided(rows.reshape(-1), 1, 16, block, fixed, fixed, 0, one, one)
     flat = _read_only(rows.reshape(-1))  # RMSNorm + RoPE: x and the tables read in place, read-only
@@ -73,12 +89,27 @@ def _touch(module: ModuleType) -> None:
                      np.int64)
     module.elementwise_tiles(code, np.ones(1, np.float32), table, np.array([1, 2, 16], np.int64),
                              np.zeros((2, 8), np.float32))
+
+
+def _touch_lowp(module: ModuleType) -> None:
+    out = np.zeros((2, 16), np.float32)
+    vec = np.zeros(2, np.float32)
     codes = np.zeros((2, 16), np.uint8)
     table = np.zeros(256, np.float32)
     module.decode_fp8_rows(codes, vec[:, None], out, table)  # per-channel or per-tensor (broadcast) scales
     module.decode_fp8_rows(codes, np.broadcast_to(vec[:1, None], (2, 1)), out, table)
     for packed in (codes[:, :8], codes[:, :8].copy()):  # padded (comfy) or exact rows of bytes
         module.decode_nvfp4_rows(packed, codes.copy(), out, np.zeros((256, 2), np.float32), table, out[:1, :1])
+
+
+def _touch_image(module: ModuleType) -> None:
+    rows = np.zeros((2, 16), np.float32)
+    out = np.zeros((2, 16), np.float32)
+    vec = np.zeros(2, np.float32)
+    one = np.float32(1)
+    fixed = _read_only(vec)
+    for silu in (False, True):  # GroupNorm: rows of a read-only flat buffer, per-channel read-only vectors
+        module.group_norm_rows(_read_only(rows.reshape(-1)), 0, 16, out, 0, 2, fixed, fixed, 1, 8, one, one, silu)
     image = np.zeros((2, 4, 6), np.float32)
     # a padded image in scratch, or read in place (read-only: another kernel's output or the caller's input)
     for x in (image, image[:, :, :5], _read_only(image), _read_only(image[:, :, :5])):

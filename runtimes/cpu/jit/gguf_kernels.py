@@ -439,3 +439,9 @@ def dequant_any(packed, out, kind, bs, ts, sl, nsub, has_c, f16):
         _dequant_q4_k(packed, out, f16)
     else:
         dequant_rows(packed, out, kind, bs, ts, sl, nsub, has_c, f16)
+
+
+# the other types' fused products (Q5_0, Q5_1, Q2_K, Q3_K, F16, BF16): runtimes/cpu/jit/gguf_more.py
+from .gguf_more import SPECIALISED as _MORE  # noqa: E402
+
+SPECIALISED.update({kind: loop for kind, loop in _MORE.items() if kind not in SPECIALISED})

@@ -156,7 +156,7 @@ def _prepare_direct_conv(ctx: KernelContext) -> Bind:
         x, w, bias = bind_all(ops, flats, scratch)
         target = out if acc_out is None else scratch[acc_out]
         w_r, b_v = scratch[wr], scratch[bias_vec]
-        kernel = jit.kernels().conv_kw3_rows
+        kernel = jit.kernels("image").conv_kw3_rows
         per_channel = _per_channel_bias(bias)  # one value per output channel: it goes into the sums' start
         steps = []
         for i in range(nb):
@@ -237,7 +237,7 @@ def _prepare_winograd_conv(ctx: KernelContext) -> Bind:
             x = strided(flats[0], padded[0])
         target = out if acc_out is None else scratch[acc_out]
         u, b_v = scratch[u_slot], scratch[bias_vec]
-        k = jit.kernels()
+        k = jit.kernels("image")
         per_channel = _per_channel_bias(bias)
         images, outputs = [x[i] for i in range(nb)], [target[i] for i in range(nb)]
         # per slot: its transform buffers, and the products' operands for each band height (made here, once)

@@ -171,7 +171,7 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int, tile: int = DEQUANT_
         s_band = s[n0:n1] if per_channel else s
         if compiled:  # one pass per row through the 256 values, the rows split over the cores
             scale = s_band if per_channel else np.broadcast_to(s, (n1 - n0, 1))
-            return jit.by_rows(jit.kernels().decode_fp8_rows, [wq[n0:n1].view(np.uint8), scale, w], values)
+            return jit.by_rows(jit.kernels("lowp").decode_fp8_rows, [wq[n0:n1].view(np.uint8), scale, w], values)
         idx = scratch[codes][: n1 - n0]
         if paired:
             raw = wq[n0:n1].view(np.uint8).view(np.uint16)
@@ -248,7 +248,7 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int, tile: int = DEQUAN
         pairs = w.view(np.uint64)  # (r, K/2) words, each the two f32 values of one byte
         w3 = w.reshape(r, blocks, NVFP4_BLOCK)
         if compiled and layout == "modelopt":  # the scale bytes read in place, one pass per row on every core
-            return jit.by_rows(jit.kernels().decode_nvfp4_rows,
+            return jit.by_rows(jit.kernels("lowp").decode_nvfp4_rows,
                                [packed[n0:n1, : k_in // 2], s[n0:n1].view(np.uint8), w], value_pairs,
                                scale_values, s2)
         sb = scratch[scales]
@@ -262,7 +262,7 @@ def _prepare_nvfp4(ctx: KernelContext, n_out: int, k_in: int, tile: int = DEQUAN
             src, dst = tiles, sb[: tiles.shape[0] * 128].reshape(tiles.shape)
         s_band = sb[:r, :blocks, None]
         if compiled:  # untile the scale bytes (1/32 of the data), then one pass per row on every core
-            rows = jit.by_rows(jit.kernels().decode_nvfp4_rows, [packed[n0:n1, : k_in // 2], sb[:r], w],
+            rows = jit.by_rows(jit.kernels("lowp").decode_nvfp4_rows, [packed[n0:n1, : k_in // 2], sb[:r], w],
                                value_pairs, scale_values, s2)
 
             def run_compiled():

@@ -132,7 +132,7 @@ def prepare_copy(ctx: KernelContext) -> Bind:
 
         rows = _upsampled_rows(dst, src) if jit.AVAILABLE and not zeros else None
         if rows is not None:  # a 2x nearest-neighbour upsampling: one compiled pass, its rows split over the cores
-            kernel, (src_rows, dst_rows) = jit.kernels().upsample2_rows, rows
+            kernel, (src_rows, dst_rows) = jit.kernels("image").upsample2_rows, rows
             copies = cpu_threads.parallel([
                 lambda part=part: kernel(src_rows, dst_rows, part.start, part.stop)
                 for part in cpu_threads.split(src_rows.shape[0], 4 * src_rows.shape[1])])

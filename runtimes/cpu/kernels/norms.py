@@ -428,7 +428,7 @@ def prepare_groupnorm(ctx: KernelContext) -> Bind:
             else:
                 flat, start, stride = _read_only(x_op.bind(flats[0], scratch).reshape(-1)), 0, n
             scale, shift = (_read_only(flats[1 + i][at : at + c]) for i, at in enumerate(vectors))
-            out2, kernel = out.reshape(rows, n), jit.kernels().group_norm_rows
+            out2, kernel = out.reshape(rows, n), jit.kernels("image").group_norm_rows
             parts = [lambda part=part: kernel(flat, start, stride, out2, part.start, part.stop, scale, shift,
                                                groups, hw, inv_n, eps, silu)
                      for part in cpu_threads.split(rows, n)]
