@@ -2,6 +2,12 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .openblas_spin import limit_openblas_spin
+
+# every entry (the CLI, the Python API, the server, the torch backend) imports this package first: OpenBLAS's idle
+# spinning is limited here, before numpy loads it (a no-op when the caller imported numpy earlier)
+limit_openblas_spin()
+
 try:
     __version__ = version("luminal-recipes")
 except PackageNotFoundError:  # running from a source tree that is not installed

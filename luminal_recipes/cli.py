@@ -29,10 +29,6 @@ def _process_started() -> float:
 
 _IMPORTED_AT = _process_started()  # before typer and the rest load: `run` reports the whole command's time
 
-from .openblas_spin import limit_openblas_spin  # noqa: E402
-
-limit_openblas_spin()  # before anything imports numpy
-
 import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402

@@ -5,8 +5,9 @@ Our kernels alternate BLAS calls with their own parts on every core (attention, 
 so a spinning worker takes a core from them: measured in the medium FLUX.2 pipeline, the worker used 70-100 ms of
 CPU during 230-250 ms of attention, and 2^16 cycles (~30 us: back-to-back BLAS calls still find the workers awake)
 made the denoising step 10-20% faster (and PyTorch's too, on a loaded machine). OpenBLAS reads the setting once,
-when it loads, so entry points (the CLI, the benchmarks) call ``limit_openblas_spin()`` before importing numpy; a
-value the user set is kept.
+when it loads, so the package's ``__init__`` (which every entry imports first: the CLI, the Python API, the server,
+the torch backend) and the benchmarks call ``limit_openblas_spin()`` before importing numpy; a value the user set
+is kept, and a process that imported numpy before this package keeps OpenBLAS's default.
 """
 
 from __future__ import annotations
