@@ -35,6 +35,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .. import isa
+
 F = np.float32
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 FLT = ir.FloatType()
@@ -44,12 +46,12 @@ NR = 1  # weight rows per pass: one sequential stream (several rows at once defe
 MR = 4  # rows of x per pass (share each decoded weight block)
 
 
-
 def _features() -> dict:
-    try:
-        return llvm_binding.get_host_cpu_features()
-    except Exception:  # pragma: no cover - a host llvmlite cannot describe
-        return {}
+    """The features numba's code generator targets in this process, not the host's: a forced ``avx2`` path
+    (``LUMINAL_RECIPES_ISA``, runtimes/cpu/isa.py) or ``NUMBA_CPU_NAME=generic`` must not get VNNI intrinsics that
+    its target cannot select."""
+    _, listed = isa.numba_codegen_target()
+    return {flag[1:]: flag[0] == "+" for flag in listed.split(",") if flag[:1] in "+-" and len(flag) > 1}
 
 
 def _vnni_form():
