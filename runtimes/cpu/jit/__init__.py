@@ -6,6 +6,12 @@ compiles its graphs, and ``kernels()`` waits for it when a kernel is bound. numb
 luminal-recipes[jit]``): ``AVAILABLE`` is False where it is not installed, or with ``LUMINAL_RECIPES_JIT=0`` or
 ``LUMINAL_RECIPES_ISA=numpy``, and
 the kernels keep their numpy passes (the same values; the tests compare both).
+
+Only the kernels a program calls are loaded: each compiled version of a kernel (one per layout of its arguments)
+holds its machine code and numba's module for it, 0.2-1.6 MiB resident each, and loading every version of the
+"core" family (20) for a language model that calls 7 of them cost 14.6 MiB of SmolLM2-135M's peak. A version is
+loaded from numba's disk cache (~12 ms) on its first call, which the compiler's timing runs after a warm-up run
+and a run's first token pays; ``load_all()`` loads (or compiles) every version of every family at once.
 """
 
 from __future__ import annotations
@@ -20,38 +26,64 @@ from .. import isa
 from ..threads import parallel, split
 
 # LUMINAL_RECIPES_JIT=0 (or LUMINAL_RECIPES_ISA=numpy: ``..isa``) keeps the numpy passes: numba and LLVM add ~1 s
-# of start-up and ~120 MiB of resident memory to a process, for kernels a few times faster than numpy's passes
+# of start-up and ~110 MiB of resident memory to a process (measured on SmolLM2-135M: 356 vs 246 MiB peak; of it
+# ~55 MiB LLVM's code pages, ~25 MiB numba's start-up - its typing and lowering registries, scipy.linalg - and
+# ~30 MiB importing numba), for kernels a few times faster than numpy's passes
 AVAILABLE = isa.selected() != "numpy"
 _LOCK = threading.Lock()
 _MODULE: ModuleType | None = None
 _WARMING: threading.Thread | None = None
-_TOUCHED: set[str] = set()
-# the kernels' families, each loaded when first asked for: "core" (softmax, norms, RoPE, fused elementwise: every
-# model, warmed up in the background), "image" (GroupNorm, convolutions, upsampling) and "lowp" (FP8/NVFP4
-# decoding). Each loaded kernel holds its machine code: a language model does not load the image kernels (about
-# 30 MiB resident)
+_STARTED = False
+_ALL: set[str] = set()
+# the kernels' families: "core" (softmax, norms, RoPE, attention, fused elementwise), "image" (GroupNorm,
+# convolutions, upsampling) and "lowp" (FP8/NVFP4 decoding); each kernel is loaded on its first call (see above)
 FAMILIES = ("core", "image", "lowp")
 
 
 def kernels(family: str = "core") -> ModuleType:
-    """``numba_kernels``, imported and with the machine code of ``family``'s kernels loaded (compiled on the first
-    run ever); a kernel binds after asking for its family."""
-    global _MODULE
+    """``numba_kernels``, imported, once numba has started (``warm_up``); a kernel's machine code is loaded (from
+    numba's disk cache, compiled on the first run ever) on its first call with a layout of arguments."""
+    global _MODULE, _STARTED
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r}; one of {FAMILIES}")
     with _LOCK:
         if _MODULE is None:
             from . import numba_kernels as numpy_jit
 
             _MODULE = numpy_jit
-        if family not in _TOUCHED:
-            if family not in FAMILIES:
-                raise ValueError(f"unknown kernel family {family!r}; one of {FAMILIES}")
-            {"core": _touch_core, "image": _touch_image, "lowp": _touch_lowp}[family](_MODULE)
-            _TOUCHED.add(family)
+        if not _STARTED:
+            _start(_MODULE)
+            _STARTED = True
     return _MODULE
 
 
+def _start(module: ModuleType) -> None:
+    """numba's start-up (LLVM, its typing and lowering registries), paid once, on the kernel every model calls:
+    the fused element-wise pass, on the layout it binds."""
+    rows = np.zeros((2, 16), np.float32)
+    out = np.zeros((2, 16), np.float32)
+    code = np.array([[0, 0, 0, 0, 0], [1, 1, 1, 0, 0], [8, 1, 1, 0, 0], [3, 1, 1, 0, 0], [2, 0, 1, 0, 0]], np.int32)
+    table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
+                     np.int64)
+    module.elementwise_tiles(code, np.ones(1, np.float32), table, np.array([1, 2, 16], np.int64),
+                             np.zeros((2, 8), np.float32))
+
+
+def load_all() -> ModuleType:
+    """Every version of every family's kernels loaded (or compiled and cached) now, not on first calls: for a
+    test session (numba compiles under ``warnings.catch_warnings``, which is not thread-safe) and for filling the
+    disk cache ahead of a run."""
+    module = kernels()
+    with _LOCK:
+        for family, touch in (("core", _touch_core), ("image", _touch_image), ("lowp", _touch_lowp)):
+            if family not in _ALL:
+                touch(module)
+                _ALL.add(family)
+    return module
+
+
 def _touch(module: ModuleType) -> None:
-    """Every family's kernels (see ``kernels``)."""
+    """Every family's kernels (see ``load_all``)."""
     _touch_core(module)
     _touch_image(module)
     _touch_lowp(module)
@@ -151,10 +183,12 @@ def warm_up() -> None:
 
 
 def wait_for_warm_up() -> None:
-    """Start the warm-up if it has not started, and wait until every kernel is loaded (or compiled)."""
+    """Start the warm-up if it has not started, wait for it, and load (or compile) every kernel (``load_all``)."""
     warm_up()
     if _WARMING is not None:
         _WARMING.join()
+    if AVAILABLE:
+        load_all()
 
 
 def _warm() -> None:
