@@ -423,9 +423,9 @@ def eos_token_ids(checkpoint: Path) -> list[int]:
     """The ids generation stops at: ``eos_token_id`` of generation_config.json, else of config.json (an int or a
     list, as transformers' GenerationConfig reads it); for a GGUF file, tokenizer.ggml.eos_token_id."""
     if str(checkpoint).lower().endswith(".gguf"):
-        from .gguf_tokenizer import load_gguf_tokenizer
+        from .gguf_tokenizer import gguf_eos_ids
 
-        return load_gguf_tokenizer(checkpoint).eos_ids
+        return gguf_eos_ids(checkpoint)  # from the metadata (building the tokenizer again cost ~1 s and ~10 MiB)
     for name in ("generation_config.json", "config.json"):
         path = Path(checkpoint) / name
         if not present(path):

@@ -224,7 +224,12 @@ class LanguageModel:
         weights, states = self._weight_bytes(), self._state_bytes(cache)
         if weights + states > self.budget:  # before compiling (whose timing may read weights)
             raise self._too_small(weights, states, 0, cache)
+        compiled = len(self._programs)
         programs = self._program("decode"), self._program("prefill")  # (their compile time is counted there)
+        if self.compile and len(self._programs) > compiled:  # nothing more to compile: the search's memory back
+            from ...compiler.saturate import release_egraphs
+
+            release_egraphs()
         t0 = time.perf_counter()
         decode = self.runtime.plan(programs[0], self._dims(1, cache, cache))
         prefill = self.runtime.plan(programs[1], self._dims(prompt_len, prompt_len, cache))

@@ -48,6 +48,7 @@ def kernels(family: str = "core") -> ModuleType:
         raise ValueError(f"unknown kernel family {family!r}; one of {FAMILIES}")
     with _LOCK:
         if _MODULE is None:
+            _numba_without_scipy()
             from . import numba_kernels as numpy_jit
 
             _MODULE = numpy_jit
@@ -55,6 +56,37 @@ def kernels(family: str = "core") -> ModuleType:
             _start(_MODULE)
             _STARTED = True
     return _MODULE
+
+
+def _numba_without_scipy() -> None:
+    """numba's start-up imports ``numba.np.arraymath``, whose module-level check ``_HAVE_BLAS`` imports
+    ``scipy.linalg`` (28.8 MiB resident, measured) only to pick BLAS for ``np.correlate``/``np.convolve`` in jitted
+    code (a plain loop otherwise, same values). No kernel here calls BLAS through numba (they call
+    ``cblas_sgemm`` by address: ``..cblas``), so arraymath is imported with that check answering "no BLAS"; numba's
+    ``np.dot``/``np.linalg`` still import scipy when a jitted function of the process uses them (``ensure_blas``
+    runs at their typing). A process that imported scipy or arraymath before keeps numba's own check."""
+    import sys
+
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    try:
+        import numba.np.linalg as nb_linalg
+    except ImportError:  # a numba without this layout: its own start-up applies
+        return
+    ensure_blas = getattr(nb_linalg, "ensure_blas", None)
+    if ensure_blas is None:
+        return
+
+    def no_blas_yet():
+        raise ImportError("scipy.linalg is imported by numba only where a jitted function uses BLAS")
+
+    nb_linalg.ensure_blas = no_blas_yet
+    try:
+        import numba.np.arraymath as arraymath
+    finally:
+        nb_linalg.ensure_blas = ensure_blas
+    if getattr(arraymath, "ensure_blas", None) is no_blas_yet:
+        arraymath.ensure_blas = ensure_blas
 
 
 def _start(module: ModuleType) -> None:

@@ -1,0 +1,100 @@
+"""A GGUF run holds what it needs, measured from the plans and the loaded buffers (never RSS, never timing): no
+quantized tensor is dequantized whole (the token embedding is gathered row by row, a tied LM head is read packed
+from the same bytes), and a short run's KV cache is sized to its bucket, not to the model's context. Files made by
+llama.cpp's quantizer (``tests/fixtures/gguf_quant/make_quant_fixtures.py``): ``tiny-llama-tied-q4_1.gguf`` keeps
+the tied table as Q8_0, as SmolLM2's Q4_1 file does."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+from luminal_recipes.compiler.search import SearchOptions, compile_graph  # noqa: E402
+from luminal_recipes.tasks.generation.model import LanguageModel  # noqa: E402
+from luminal_recipes.weights import gguf_io  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "llama.yaml"
+FIXTURES = ROOT / "tests" / "fixtures" / "gguf_quant"
+PROMPT = [1, 17, 250, 33, 901, 5, 77, 412, 9, 640, 18, 3]
+TABLE = "model.embed_tokens.weight"
+
+
+@pytest.fixture
+def dense_loads(monkeypatch):
+    """The quantized tensors a run asked for dequantized (``GgufCheckpoint.load``: a dense f32 copy)."""
+    seen: list[str] = []
+    load = gguf_io.GgufCheckpoint.load
+
+    def recording(self, name):
+        if self.packed(name).quantized:
+            seen.append(name)
+        return load(self, name)
+
+    monkeypatch.setattr(gguf_io.GgufCheckpoint, "load", recording)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-tied-q4_1.gguf", "tiny-llama-q4_k_m.gguf"])
+def test_quantized_tensors_are_bound_packed_never_dequantized_whole(name, dense_loads):
+    path = FIXTURES / name
+    checkpoint = gguf_io.GgufCheckpoint.open(path)
+    table = checkpoint.packed(TABLE)
+    assert table.quantized
+    lm = LanguageModel(RECIPE, weights=path)
+    reply = lm.generate(PROMPT, max_new_tokens=4)
+    assert reply.ids
+    assert dense_loads == []  # no quantized tensor dequantized at load (the table, a tied head, any product)
+    # every weight bound once, as the file's bytes: a dense table (4 bytes a value) or a second copy for a tied
+    # head would add to this
+    stored = sum(r.raw.nbytes for r in checkpoint.records.values())
+    assert lm.stats.plans["weight_bytes"] == stored, (lm.stats.plans, stored)
+    bound = lm._session.decode.weights
+    packed = {n.name for n in lm.model.graph.inputs("weight") if n.dtype.value == "u8"}
+    assert TABLE in packed
+    tied = checkpoint.config.get("tie_word_embeddings")
+    assert ("lm_head.weight" in checkpoint.records) != bool(tied)
+    for weight in packed:  # bound as views of the file's map; q/k rows un-permuted once: a packed copy, same size
+        array, record = bound[weight], checkpoint.packed(weight)
+        assert array.dtype == np.uint8 and array.nbytes == record.raw.nbytes, weight
+        assert np.shares_memory(array, checkpoint.reader.data) or "unpermute" in record.ops, weight
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-tied-q4_1.gguf", "tiny-llama-q4_k_m.gguf"])
+def test_the_table_is_gathered_and_the_head_read_packed(name):
+    """As the cost model plans decoding and a prompt (no timing): the embedding is a ``GatherDequant`` of the
+    picked rows and the LM head (the tied table itself where tied) a packed product; no ``Dequant`` reads the
+    table, and the decode program's arena and constants together stay below one dense copy of it."""
+    path = FIXTURES / name
+    lm = LanguageModel(RECIPE, weights=path)
+    table = gguf_io.GgufCheckpoint.open(path).packed(TABLE)
+    dense = 4 * math.prod(table.shape)
+    graph = lm.model.graph
+    for dims in (lm._dims(1, 64, 64), lm._dims(64, 64, 64)):
+        program = compile_graph(graph, lm.runtime, dims, options=SearchOptions(time_top=0, use_cache=False)).program
+        by_id = {n.id: n for n in program.nodes}
+        reads_table = [n for n in program.nodes if any(
+            by_id[i].op == "Input" and by_id[i].attr("name") in (TABLE, "lm_head.weight") for i, _ in n.inputs)]
+        kinds = sorted({n.op for n in reads_table})
+        assert "Dequant" not in kinds, kinds
+        assert "GatherDequant" in kinds and "DequantMatMulGGUF" in kinds, kinds
+        if dims["seq"] == 1:
+            plan = lm.runtime.plan(program, dims)
+            assert plan.arena_bytes + plan.constant_bytes < dense, (plan, dense)
+
+
+def test_a_short_run_sizes_the_kv_cache_to_its_bucket_not_the_models_context():
+    lm = LanguageModel(RECIPE, weights=FIXTURES / "tiny-llama-q4_k_m.gguf")
+    assert lm.max_context == 256
+    lm.generate(PROMPT, max_new_tokens=4)  # 16 tokens: the smallest bucket, 64 rows
+    layers, kv_heads, head_dim = 2, 2, 64  # the fixture's config (make_quant_fixtures.py)
+    want = 2 * layers * 64 * kv_heads * head_dim * 4  # keys and values, f32
+    assert lm.stats.plans["cache_tokens"] == 64 and lm.stats.plans["kv_cache_bytes"] == want, lm.stats.plans
+    held = sum(buf.nbytes for _, buf in lm._session.decode._states.values())
+    assert held == want  # what the loaded executable holds, not only what was planned
+    assert lm._state_bytes(lm.max_context) == 4 * want  # the model's full context would have been 4x this
