@@ -57,7 +57,7 @@ def packed_weight(graph: Graph, checkpoint: Any, stored: Any, name: str, compute
 
     def load() -> np.ndarray:
         # the rows of q/k projections reordered as the converter permuted them (a copy of packed bytes)
-        return np.ascontiguousarray(raw[order]) if order is not None else raw
+        return checkpoint.reordered_rows(raw, order) if order is not None else raw
 
     bind(name, raw.shape, DType.U8, load, tuple(stored.sources))
     weight = graph.weight(name, raw.shape, DType.U8)

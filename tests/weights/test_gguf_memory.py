@@ -98,3 +98,18 @@ def test_a_short_run_sizes_the_kv_cache_to_its_bucket_not_the_models_context():
     held = sum(buf.nbytes for _, buf in lm._session.decode._states.values())
     assert held == want  # what the loaded executable holds, not only what was planned
     assert lm._state_bytes(lm.max_context) == 4 * want  # the model's full context would have been 4x this
+
+
+def test_unpermuted_rows_are_copied_once_and_their_file_pages_dropped():
+    """q/k projections are un-permuted by copying their packed rows; the map's pages they were read from are
+    dropped from the process (they would count twice in the resident set: the copy and the file's pages)."""
+    checkpoint = gguf_io.GgufCheckpoint.open(FIXTURES / "tiny-llama-q4_k_m.gguf")
+    record = checkpoint.packed("model.layers.0.self_attn.q_proj.weight")
+    assert record.ops == ("unpermute",)
+    raw = np.asarray(record.raw).view(np.uint8).reshape(record.shape[0], -1)
+    want = raw[record.row_order]
+    got = checkpoint.reordered_rows(raw, record.row_order)
+    assert np.array_equal(got, want) and not np.shares_memory(got, raw)
+    assert raw.nbytes >= 2 * 4096 and gguf_io._drop_pages(checkpoint.reader.data, raw)  # whole pages inside
+    assert np.array_equal(raw[record.row_order], want)  # read again after the drop: mapped back from the file
+    assert not gguf_io._drop_pages(checkpoint.reader.data, np.zeros(raw.shape, np.uint8))  # not of this map
