@@ -113,3 +113,24 @@ def test_unpermuted_rows_are_copied_once_and_their_file_pages_dropped():
     assert raw.nbytes >= 2 * 4096 and gguf_io._drop_pages(checkpoint.reader.data, raw)  # whole pages inside
     assert np.array_equal(raw[record.row_order], want)  # read again after the drop: mapped back from the file
     assert not gguf_io._drop_pages(checkpoint.reader.data, np.zeros(raw.shape, np.uint8))  # not of this map
+
+
+def test_a_gguf_run_imports_none_of_what_it_does_not_use():
+    """Loading and running a local GGUF file imports neither ``mistral_common`` (gguf's vocab module would: 30
+    MiB), nor huggingface_hub's HTTP stack (14 MiB; a hub source needs it), nor ``scipy.linalg`` (29 MiB: numba's
+    start-up, only for BLAS in jitted code, which no kernel uses); checked in a fresh process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from luminal_recipes.tasks.generation.model import LanguageModel\n"
+        "from luminal_recipes.runtimes.cpu import jit\n"
+        f"lm = LanguageModel({str(RECIPE)!r}, weights={str(FIXTURES / 'tiny-llama-q4_1.gguf')!r})\n"
+        f"lm.generate({PROMPT!r}, max_new_tokens=2)\n"
+        "jit.kernels() if jit.AVAILABLE else None  # numba started, when it runs\n"
+        "print(sorted(m for m in ('mistral_common', 'huggingface_hub', 'httpx', 'scipy.linalg', 'gguf') "
+        "if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "['gguf']", done.stdout

@@ -26,9 +26,9 @@ from .. import isa
 from ..threads import parallel, split
 
 # LUMINAL_RECIPES_JIT=0 (or LUMINAL_RECIPES_ISA=numpy: ``..isa``) keeps the numpy passes: numba and LLVM add ~1 s
-# of start-up and ~110 MiB of resident memory to a process (measured on SmolLM2-135M: 356 vs 246 MiB peak; of it
-# ~55 MiB LLVM's code pages, ~25 MiB numba's start-up - its typing and lowering registries, scipy.linalg - and
-# ~30 MiB importing numba), for kernels a few times faster than numpy's passes
+# of start-up and ~90 MiB of resident memory to a process (SmolLM2-135M's peak: 325 vs 234 MiB; libllvmlite's code
+# pages 69 MiB of it: 36 as it loads, 32 creating the JIT and compiling numba's runtime module), for kernels a few
+# times faster than numpy's passes
 AVAILABLE = isa.selected() != "numpy"
 _LOCK = threading.Lock()
 _MODULE: ModuleType | None = None
