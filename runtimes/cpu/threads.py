@@ -121,6 +121,7 @@ WAIT_S = 100e-6  # the caller waiting for a started part spins this long, then s
 BACKOFF_S = (0.1, 3.2)  # spinning off for this long after it did not pay, doubling while it keeps not paying
 BACKOFF_SCORE = 3.0  # events (below) that turn spinning off, each weighing less by DECAY per hand-off after it
 DECAY = 0.95
+CROWD_EVERY_S = 0.01  # how often the machine's ready threads are sampled (``_SpinningPool._decide``)
 MAX_WORKERS = 256
 _STRIDE = 8  # int64 flags per worker: one cache line each (posted, claimed, done, asleep: jit/spin.py)
 _CALLER = _STRIDE * MAX_WORKERS  # the flag set while the caller sleeps waiting for started parts
@@ -135,7 +136,8 @@ class _SpinningPool:
     worker has claimed when the caller has finished its own is run by the caller, so a descheduled worker never
     holds the caller up before it has started.
 
-    Adaptive (``_adapt``): spinning pays only while each spinning worker has a core. Three events say it has not:
+    Adaptive (``_decide``, ``_adapt``): spinning pays only while each spinning worker has a core. It is off while
+    the machine has more threads ready to run than cores (``/proc/loadavg``), and three events say it has not:
     the caller ran the part of a worker that was spinning, not asleep (it was not on a core when the part was
     posted), a worker's spin was held up ``PREEMPTED_S`` between two reads (descheduled), or the caller waited
     for a started part more than ``WAIT_S`` and longer than its own part took. Past ``BACKOFF_SCORE`` recent
@@ -162,6 +164,12 @@ class _SpinningPool:
         self.backoff_until = 0.0
         self.backoffs = 0  # how many times spinning was turned off (for tests and --profile)
         self.last_backoff = float("-inf")
+        self.cpus = os.cpu_count() or 1
+        self.running: float | None = None  # threads ready to run on the machine, averaged (``_decide``)
+        self.crowded = False
+        self.crowdings = 0  # how many times a crowded machine turned spinning off
+        self.next_sample = 0.0
+        self.sample = _running_threads
 
     def _grow(self, workers: int) -> None:
         if workers > MAX_WORKERS:
@@ -204,9 +212,7 @@ class _SpinningPool:
         with self.lock:
             workers = len(parts) - 1
             self._grow(workers)
-            if self.spin_ns == 0 and self.base_ns > 0 and time.monotonic() >= self.backoff_until:
-                self.spin_ns = self.base_ns  # backed off long enough: try spinning again
-                self.preempted_seen = self.preempted
+            self._decide(time.monotonic())
             self.sequence += 1
             seq = self.sequence
             for i in range(workers):
@@ -251,6 +257,25 @@ class _SpinningPool:
             if error is not None:
                 raise error
 
+    def _decide(self, now: float) -> None:
+        """Spin (``spin_ns = base_ns``) unless backed off (``_adapt``) or the machine is crowded: more threads
+        ready to run than it has cores (``/proc/loadavg``'s running count, sampled every ``CROWD_EVERY_S``,
+        averaged; spinning resumes once the count with every worker spinning would fit)."""
+        if now >= self.next_sample:
+            self.next_sample = now + CROWD_EVERY_S
+            running = self.sample()
+            if running is not None:
+                self.running = running if self.running is None else 0.7 * self.running + 0.3 * running
+                if not self.crowded and self.running > self.cpus + 0.5:
+                    self.crowded = True
+                    self.crowdings += 1
+                elif self.crowded and self.running + len(self.wakes) <= self.cpus + 0.5:
+                    self.crowded = False
+        spin_ns = 0 if self.crowded or now < self.backoff_until else self.base_ns
+        if spin_ns and not self.spin_ns:
+            self.preempted_seen = self.preempted  # (counted while not spinning: not this spell's)
+        self.spin_ns = spin_ns
+
     def _adapt(self, events: float) -> None:
         """Turn spinning off for a while after ``BACKOFF_SCORE`` recent events (class docstring)."""
         preempted = self.preempted - self.preempted_seen
@@ -265,6 +290,20 @@ class _SpinningPool:
         self.backoff_until, self.last_backoff = now + self.backoff, now
         self.backoff = min(2 * self.backoff, BACKOFF_S[1])
         self.backoffs += 1
+
+
+_LOADAVG: list[int] = []  # /proc/loadavg, kept open (pread: ~2 us a sample)
+
+
+def _running_threads() -> int | None:
+    """Threads ready to run on the machine now (``/proc/loadavg``'s 4th field, ours included); None where there
+    is no such file."""
+    try:
+        if not _LOADAVG:
+            _LOADAVG.append(os.open("/proc/loadavg", os.O_RDONLY))
+        return int(os.pread(_LOADAVG[0], 128, 0).split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _new_pool():

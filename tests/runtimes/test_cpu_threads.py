@@ -129,7 +129,11 @@ def _spin_module():
 
 class _Unstarted(cpu_threads._SpinningPool):
     """A pool whose workers are never scheduled (their slots exist, their threads do not run): the caller must run
-    every part itself. ``start()`` lets them run later."""
+    every part itself. ``start()`` lets them run later. The machine's load is not sampled (``running``)."""
+
+    def __init__(self, spin, spin_s, running=None):
+        super().__init__(spin, spin_s)
+        self.sample = lambda: running
 
     def _grow(self, workers):
         while len(self.wakes) < workers:
@@ -167,6 +171,7 @@ def test_spinning_pool_caller_sleeps_until_a_slow_part_finishes():
     """A worker's part that outlasts the caller's spin (``WAIT_S``): the caller sleeps and the worker wakes it;
     its result is there when ``run`` returns, every time (also when the workers sleep between calls)."""
     pool = cpu_threads._SpinningPool(_spin_module(), 200e-6)
+    pool.sample = lambda: None
     for nap in (0.0, 0.01):
         for _ in range(3):
             out = []
@@ -197,6 +202,30 @@ def test_spinning_pool_backs_off_and_recovers(monkeypatch):
     pool.preempted += 3
     pool.run([lambda: None])
     assert pool.spin_ns == 0 and pool.backoff_until == clock[0] + 2 * cpu_threads.BACKOFF_S[0]
+
+
+def test_spinning_pool_off_while_the_machine_is_crowded(monkeypatch):
+    """More threads ready to run than cores (``/proc/loadavg``, averaged): workers sleep at once; spinning
+    resumes once the threads with every worker spinning would fit; no sample (no such file): spinning stays on."""
+    samples = []
+    pool = _Unstarted(_spin_module(), 1e-3)
+    pool.sample = lambda: samples[-1]
+    pool.cpus = 2
+    clock = [0.0]
+    monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: clock[0])
+
+    def call(running):
+        samples.append(running)
+        clock[0] += cpu_threads.CROWD_EVERY_S
+        pool.run([lambda: None])
+        return pool.spin_ns
+
+    assert call(2) == pool.base_ns
+    assert [call(9) for _ in range(4)] == [0] * 4 and pool.crowdings == 1
+    assert all(call(1) == 0 for _ in range(2))  # the average takes a few samples to come down
+    assert [call(1) for _ in range(10)][-1] == pool.base_ns and pool.crowdings == 1
+    pool.sample = lambda: None
+    assert call(0) == pool.base_ns
 
 
 def _run_child(code: str, env: dict) -> str:
