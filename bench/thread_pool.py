@@ -9,12 +9,12 @@ process, beside a reference on the same threads in the same rotation:
   ``torch.compile(backend="luminal")``, one forward per turn; reference torch.compile's default backend
   (inductor), ``torch.set_num_threads`` = ours.
 
-Variants: ``sleep`` (workers sleep between parts: ``_Pool``, ``LUMINAL_RECIPES_SPIN_US=0``), ``spinN`` (the
-default spinning pool with an N us bound, adaptive: it backs off while spinning does not pay), ``fixedN`` (the same,
-never backing off: what the adaptive rule is measured against), ``eventsN`` (adaptive on the hand-off's events
-only, not on the machine's running threads). Prints per variant the median ms over the turns
-(min-max), its ratio to the reference, and how often the adaptive pool backed off. ``--busy N`` starts N
-busy-looping processes for the timed turns (a loaded machine).
+Variants: ``serial`` (every part on the calling thread), ``sleep`` (workers sleep between parts: ``_Pool``,
+``LUMINAL_RECIPES_SPIN_US=0``), ``spinN`` (the default spinning pool with an N us bound, adaptive: it stops
+spinning while that does not pay), ``fixedN`` (the same, always spinning: what the adaptive rules are measured
+against), ``eventsN`` (adaptive on the hand-off's events only, not on the machine's running threads). Prints per
+variant the median ms (10th percentile, min-max), its ratio to the reference, and how often the adaptive pool
+backed off. ``--busy N`` starts N busy-looping processes for the timed turns (a loaded machine).
 
     python bench/thread_pool.py --per-step --variants sleep,spin300,fixed300,llama.cpp
     python bench/thread_pool.py --workload flux2 --variants sleep,spin300,inductor --rounds 15
@@ -36,6 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCES = ("llama.cpp", "inductor")
 
 
+class Serial:
+    @staticmethod
+    def run(parts):
+        for part in parts:
+            part()
+
+
 def make_pools(names, T):
     from luminal_recipes.runtimes.cpu.jit import spin
 
@@ -45,6 +52,8 @@ def make_pools(names, T):
             continue
         if name == "sleep":
             pools[name] = T._Pool()
+        elif name == "serial":  # every part on the calling thread (the kernels' splits as at N threads)
+            pools[name] = Serial()
         elif name.startswith("spin"):
             pools[name] = T._SpinningPool(spin, float(name[4:]) * 1e-6)
         elif name.startswith("fixed"):
@@ -213,7 +222,8 @@ def main() -> None:
     ref = statistics.median(times[reference]) if reference in times else None
     what = "decode steps, pools switched every step" if args.per_step else "turns"
     print(f"{args.workload}, {args.threads} thread(s), {args.busy} busy processes, load average "
-          f"{min(loads):.1f}-{max(loads):.1f}; ms, median of {args.rounds} rounds' {what} (min-max)")
+          f"{min(loads):.1f}-{max(loads):.1f}; ms, median of {args.rounds} rounds' {what} (10th percentile, "
+          f"min-max, count)")
     for name in order:
         values = times[name]
         med = statistics.median(values)
@@ -221,7 +231,8 @@ def main() -> None:
         pool = pools.get(name)
         if getattr(pool, "backoffs", 0) or getattr(pool, "crowdings", 0):
             extra += f"  backed off {pool.backoffs}x, crowded {pool.crowdings}x"
-        print(f"  {name:10s} {med:7.2f} ({min(values):.2f}-{max(values):.2f}, {len(values)}){extra}")
+        p10 = sorted(values)[len(values) // 10]
+        print(f"  {name:10s} {med:7.2f} (p10 {p10:.2f}, {min(values):.2f}-{max(values):.2f}, {len(values)}){extra}")
 
 
 if __name__ == "__main__":
