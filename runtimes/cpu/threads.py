@@ -170,6 +170,7 @@ class _SpinningPool:
         self.crowdings = 0  # how many times a crowded machine turned spinning off
         self.next_sample = 0.0
         self.sample = _running_threads
+        self.wait_ns, self.yield_ns = int(WAIT_S * 1e9), int(YIELD_S * 1e9)
 
     def _grow(self, workers: int) -> None:
         if workers > MAX_WORKERS:
@@ -230,7 +231,9 @@ class _SpinningPool:
                 error = exc
             own = time.perf_counter() - start
             events = 0
-            if spin.claim_unstarted(flags, _STRIDE, workers, seq, self.mine):  # parts no worker has started
+            wait_ns, yield_ns = self.wait_ns, self.yield_ns
+            done = spin.finish(flags, _STRIDE, workers, seq, self.mine, wait_ns, yield_ns)
+            if done < 0:  # parts no worker has started: run here
                 for i in reversed(range(workers)):
                     if self.mine[i]:
                         events += not asleep[i]  # its worker was spinning, yet not on a core
@@ -239,7 +242,8 @@ class _SpinningPool:
                         except BaseException as exc:
                             self.errors[i] = exc
                         spin.store(flags, _STRIDE * i + spin.DONE, seq)
-            if not spin.wait_done(flags, _STRIDE, workers, seq, int(WAIT_S * 1e9), int(YIELD_S * 1e9)):
+                done = spin.wait_done(flags, _STRIDE, workers, seq, wait_ns, yield_ns)
+            if not done:
                 waited = time.perf_counter()
                 while True:  # sleep until the last worker to finish wakes this thread (a stale wake-up: again)
                     spin.store(flags, _CALLER, 1)

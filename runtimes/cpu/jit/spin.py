@@ -238,6 +238,16 @@ def claim_unstarted(flags, stride, workers, value, mine):
 
 
 @_spin
+def finish(flags, stride, workers, value, mine, budget, yield_every):
+    """The caller, its own part done: ``claim_unstarted``; if it claimed any, their count, negated (the caller
+    runs them, then ``wait_done``); else ``wait_done``: 1 if every part is done, 0 if not within ``budget``."""
+    claimed = claim_unstarted(flags, stride, workers, value, mine)
+    if claimed:
+        return -claimed
+    return 1 if wait_done(flags, stride, workers, value, budget, yield_every) else 0
+
+
+@_spin
 def wait_done(flags, stride, workers, value, budget, yield_every):
     """Spin until every worker's DONE is ``value`` (yielding the core every ``yield_every`` ns), at most ``budget``
     ns; whether they all are."""
