@@ -243,7 +243,7 @@ class _SpinningPool:
                             parts[i + 1]()
                         except BaseException as exc:
                             self.errors[i] = exc
-                        spin.store(flags, _STRIDE * i + spin.DONE, seq)
+                        spin.raise_to(flags, _STRIDE * i + spin.DONE, seq)
                 done = spin.wait_done(flags, _STRIDE, workers, seq, wait_ns, yield_ns)
             if not done:
                 waited = time.perf_counter()

@@ -279,3 +279,38 @@ def test_pool_after_fork():
         "t.run_parts([lambda: out.append(0), lambda: out.append(1)])\n"
         "print(os.waitstatus_to_exitcode(status), sorted(out))\n")
     assert _run_child(code, {"LUMINAL_RECIPES_THREADS": "2"}) == "0 [0, 0, 1, 1]"
+
+
+def test_spinning_pool_after_an_interrupted_wait():
+    """The caller interrupted while it sleeps waiting for a worker (Ctrl-C): the pool stays usable; the worker's
+    part, finished late, changes nothing of the calls after it, which run every part once."""
+    pool = cpu_threads._SpinningPool(_spin_module(), 200e-6)
+    pool.sample = lambda: None
+    started, release = threading.Event(), threading.Event()
+    real = pool.caller_wake
+
+    class Interrupting:
+        raised = False
+
+        def get(self):
+            if not Interrupting.raised:
+                Interrupting.raised = True
+                raise KeyboardInterrupt
+            return real.get()
+
+        def put(self, item):
+            real.put(item)
+
+    pool.caller_wake = Interrupting()
+
+    def slow():
+        started.set()
+        assert release.wait(10)
+
+    with pytest.raises(KeyboardInterrupt):
+        pool.run([lambda: started.wait(10), slow])
+    out = []
+    pool.run([lambda: out.append(0), lambda: (release.set(), out.append(1))])  # the worker is still busy
+    for _ in range(50):
+        pool.run([lambda: out.append(0), lambda: out.append(1)])
+    assert sorted(out) == [0] * 51 + [1] * 51

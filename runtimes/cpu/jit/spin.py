@@ -173,6 +173,16 @@ def claim_posted(flags, base, value):
 
 
 @_spin
+def raise_to(flags, index, value):
+    """``flags[index] = max(flags[index], value)`` atomically: a part finished late (its caller interrupted)
+    never lowers a newer part's DONE."""
+    while True:
+        current = atomic_load(flags, index)
+        if current >= value or compare_exchange(flags, index, current, value):
+            return
+
+
+@_spin
 def worker_wait(flags, base, caller, done, seen, budget, yield_every, preempted):
     """A worker's wait for its next part: first ``DONE = done`` (its last part finished; 0: none; if the caller
     sleeps waiting for it, ``flags[caller]`` set, that flag is cleared and WAKE_CALLER returned at once), then spin
@@ -181,7 +191,7 @@ def worker_wait(flags, base, caller, done, seen, budget, yield_every, preempted)
     (the spin itself was held up more than ``preempted`` ns between two reads: the core is shared with other work,
     so spinning takes time from it)."""
     if done > 0:
-        atomic_store(flags, base + DONE, done)
+        raise_to(flags, base + DONE, done)
         if atomic_load(flags, caller) != 0 and compare_exchange(flags, caller, 1, 0):
             return seen * 4 + WAKE_CALLER
     start = cycles()
