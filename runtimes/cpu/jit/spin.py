@@ -6,7 +6,10 @@ interrupt) - more than a decoding step's matrix-vector product takes on a core.
 
 Every access is a sequentially consistent atomic on an ``int64`` array element (LLVM's ``load atomic`` /
 ``store atomic`` / ``cmpxchg``); the spin loops execute the CPU's pause hint between reads (``pause`` on x86;
-elsewhere none).
+elsewhere none), bound their time by the monotonic clock (libc's ``clock_gettime``, the vDSO) and give their
+core away now and then (``sched_yield``). The pool's hand-off is one call per wait (``worker_wait``, ``post``,
+``finish``, ``wait_done``), so a worker takes the GIL once per part. ``claim``, ``wait_change`` and
+``wait_equal`` are the single-flag forms.
 """
 
 from __future__ import annotations
@@ -118,7 +121,7 @@ def wait_equal(flags, index, wanted, spins):
 
 
 @intrinsic
-def cycles(typingctx):
+def monotonic_ns(typingctx):
     """Nanoseconds of the monotonic clock (libc's ``clock_gettime(CLOCK_MONOTONIC)``, by name: the vDSO, ~20 ns;
     the CPU's time-stamp counter is not used, a virtual machine's may differ between cores)."""
     sig = types.int64()
@@ -152,7 +155,7 @@ def yield_core(typingctx):
 @_spin
 def ticks():
     """Nanoseconds of the monotonic clock (as ``time.monotonic_ns``)."""
-    return cycles()
+    return monotonic_ns()
 
 
 # ---- the pool's hand-off (``cpu/threads.py`` ``_SpinningPool``): one call per wait, so a worker re-enters Python
@@ -194,7 +197,7 @@ def worker_wait(flags, base, caller, done, seen, budget, yield_every, preempted)
         raise_to(flags, base + DONE, done)
         if atomic_load(flags, caller) != 0 and compare_exchange(flags, caller, 1, 0):
             return seen * 4 + WAKE_CALLER
-    start = cycles()
+    start = monotonic_ns()
     last = start
     next_yield = start + yield_every
     while True:
@@ -203,14 +206,14 @@ def worker_wait(flags, base, caller, done, seen, budget, yield_every, preempted)
             if claim_posted(flags, base, posted):
                 return posted * 4 + MINE
             seen = posted  # the caller ran it
-        now = cycles()
+        now = monotonic_ns()
         if now - last > preempted:
             return seen * 4 + PREEMPTED
         if now - start >= budget:
             return seen * 4 + TIMED_OUT
         if now >= next_yield:
             yield_core()
-            now = cycles()
+            now = monotonic_ns()
             next_yield = now + yield_every
         last = now
         pause()
@@ -261,18 +264,18 @@ def finish(flags, stride, workers, value, mine, budget, yield_every):
 def wait_done(flags, stride, workers, value, budget, yield_every):
     """Spin until every worker's DONE is ``value`` (yielding the core every ``yield_every`` ns), at most ``budget``
     ns; whether they all are."""
-    start = cycles()
+    start = monotonic_ns()
     next_yield = start + yield_every
     i = 0
     while i < workers:
         if atomic_load(flags, stride * i + DONE) == value:
             i += 1
             continue
-        now = cycles()
+        now = monotonic_ns()
         if now - start >= budget:
             return False
         if now >= next_yield:
             yield_core()
-            next_yield = cycles() + yield_every
+            next_yield = monotonic_ns() + yield_every
         pause()
     return True
