@@ -126,6 +126,7 @@ DECAY = 0.95
 CROWD_EVERY_S = 0.01  # how often the machine's ready threads are sampled (``_SpinningPool._decide``)
 MAX_WORKERS = 256
 _STRIDE = 8  # int64 flags per worker: one cache line each (posted, claimed, done, asleep: jit/spin.py)
+ASLEEP = 3  # (jit/spin.py's ASLEEP: importable without numba)
 _CALLER = _STRIDE * MAX_WORKERS  # the flag set while the caller sleeps waiting for started parts
 
 
@@ -139,7 +140,7 @@ class _SpinningPool:
     holds the caller up before it has started.
 
     Adaptive (``_decide``, ``_adapt``): spinning pays only while each spinning worker has a core. It is off while
-    the machine has more threads ready to run than cores (``/proc/loadavg``), and three events say it has not:
+    other threads ready to run leave too few cores for ours (``/proc/loadavg``), and three events say it has not:
     the caller ran the part of a worker that was spinning, not asleep (it was not on a core when the part was
     posted), a worker's spin was held up ``PREEMPTED_S`` between two reads (descheduled), or the caller waited
     for a started part more than ``WAIT_S`` and longer than its own part took. Past ``BACKOFF_SCORE`` recent
@@ -167,7 +168,7 @@ class _SpinningPool:
         self.backoffs = 0  # how many times spinning was turned off (for tests and --profile)
         self.last_backoff = float("-inf")
         self.cpus = os.cpu_count() or 1
-        self.running: float | None = None  # threads ready to run on the machine, averaged (``_decide``)
+        self.others: float | None = None  # other threads ready to run on the machine, averaged (``_decide``)
         self.crowded = False
         self.crowdings = 0  # how many times a crowded machine turned spinning off
         self.next_sample = 0.0
@@ -264,18 +265,22 @@ class _SpinningPool:
                 raise error
 
     def _decide(self, now: float) -> None:
-        """Spin (``spin_ns = base_ns``) unless backed off (``_adapt``) or the machine is crowded: more threads
-        ready to run than it has cores (``/proc/loadavg``'s running count, sampled every ``CROWD_EVERY_S``,
-        averaged; spinning resumes once the count with every worker spinning would fit)."""
+        """Spin (``spin_ns = base_ns``) unless backed off (``_adapt``) or the machine is crowded: other threads
+        ready to run (``/proc/loadavg``'s running count less this thread and the workers not asleep, sampled
+        every ``CROWD_EVERY_S``, averaged) leave fewer cores than this thread and every worker would spin on."""
         if now >= self.next_sample:
             self.next_sample = now + CROWD_EVERY_S
             running = self.sample()
             if running is not None:
-                self.running = running if self.running is None else 0.7 * self.running + 0.3 * running
-                if not self.crowded and self.running > self.cpus + 0.5:
+                workers = len(self.wakes)
+                awake = sum(1 for i in range(workers) if not self.flags[_STRIDE * i + ASLEEP])
+                others = max(0, running - 1 - awake)
+                self.others = others if self.others is None else 0.7 * self.others + 0.3 * others
+                room = self.cpus - 1 - workers  # cores left over when this thread and every worker run
+                if not self.crowded and self.others > room + 0.5:
                     self.crowded = True
                     self.crowdings += 1
-                elif self.crowded and self.running + len(self.wakes) <= self.cpus + 0.5:
+                elif self.crowded and self.others <= room + 0.25:
                     self.crowded = False
         spin_ns = 0 if self.crowded or now < self.backoff_until else self.base_ns
         if spin_ns and not self.spin_ns:

@@ -205,8 +205,10 @@ def test_spinning_pool_backs_off_and_recovers(monkeypatch):
 
 
 def test_spinning_pool_off_while_the_machine_is_crowded(monkeypatch):
-    """More threads ready to run than cores (``/proc/loadavg``, averaged): workers sleep at once; spinning
-    resumes once the threads with every worker spinning would fit; no sample (no such file): spinning stays on."""
+    """Other threads ready to run (``/proc/loadavg``'s count less the caller and awake workers, averaged) leave
+    too few cores: workers sleep at once; spinning resumes once they would fit again; no sample (no such file):
+    spinning stays on."""
+    assert cpu_threads.ASLEEP == _spin_module().ASLEEP
     samples = []
     pool = _Unstarted(_spin_module(), 1e-3)
     pool.sample = lambda: samples[-1]
