@@ -5,6 +5,9 @@ process, beside a reference on the same threads in the same rotation:
   reference llama.cpp (llama-cpp-python, the same file, its own spinning thread pool). ``--per-step`` switches
   our pools after every decode step of one long generation per round, so every variant sees the same moments
   of a shared machine's load (llama.cpp still runs per turn);
+- ``--workload splits``: the break-even of splitting a kernel in two: the Q4_1 product of a decoding step, BLAS
+  products of the tiny FLUX.2 forward and ``exp`` of several sizes, whole on the calling thread vs two halves
+  through each pool, in turns per call;
 - ``--workload flux2``: the tiny FLUX.2 transformer of ``bench/torch_backend.py`` through
   ``torch.compile(backend="luminal")``, one forward per turn; reference torch.compile's default backend
   (inductor), ``torch.set_num_threads`` = ours.
@@ -19,6 +22,7 @@ backed off. ``--busy N`` starts N busy-looping processes for the timed turns (a 
     python bench/thread_pool.py --per-step --variants sleep,spin300,fixed300,llama.cpp
     python bench/thread_pool.py --workload flux2 --variants sleep,spin300,inductor --rounds 15
     python bench/thread_pool.py --per-step --busy 2
+    python bench/thread_pool.py --workload splits --variants sleep,fixed300 --rounds 4
 """
 
 from __future__ import annotations
@@ -182,9 +186,77 @@ def flux2_sides(args, names, T, pools):
     return sides, check
 
 
+def splits(args, T) -> None:
+    """Break-even of a split: each kernel whole on this thread vs cut in two halves through each pool, in turns per
+    call; per kernel the 10th percentile and median microseconds."""
+    import numpy as np
+
+    from luminal_recipes.graph import gguf_blocks
+    from luminal_recipes.runtimes.cpu.jit import gguf_kernels, gguf_q8
+    from luminal_recipes.runtimes.cpu.kernels.gguf import _jit
+
+    pools = make_pools([n for n in (args.variants or "sleep,spin300").split(",") if n != "serial"], T)
+    _, f16 = _jit()
+    product = gguf_q8.product(gguf_kernels.KINDS["Q4_1"])
+    rng = np.random.default_rng(0)
+    kernels = []
+    for n, k in ((192, 576), (384, 576), (576, 576), (1536, 576), (576, 1536), (3072, 1536)):
+        rb = gguf_blocks.row_bytes("Q4_1", k)
+        weights = []
+        for _ in range(max(2, (48 << 20) // (n * rb))):  # more than the L3 cache, as a decoding step reads them
+            raw = rng.integers(0, 256, (n, k // 32, 20), dtype=np.uint8)
+            raw[:, :, 0] = raw[:, :, 2] = 0
+            raw[:, :, 1] = raw[:, :, 3] = 0x20  # f16 scales 2**-7
+            weights.append(raw.reshape(n, rb))
+        x = rng.standard_normal((1, k)).astype(np.float32)
+        xq, xd, xs = np.empty((1, 2 * k), np.int8), np.empty((1, k // 32), np.float32), np.empty((1, k // 32),
+                                                                                                  np.float32)
+        gguf_q8.quantize(x, xq, xd, xs)
+        out = np.zeros((1, n), np.float32)
+        turn = [0]
+
+        def rows(n0, n1, n=n, weights=weights, xq=xq, xd=xd, xs=xs, out=out, turn=turn):
+            product(weights[turn[0] % len(weights)], xq, xd, xs, out, n0, n1, f16)
+
+        def advance(turn=turn):
+            turn[0] += 1
+
+        kernels.append((f"Q4_1 product {n}x{k}", lambda rows=rows, n=n: rows(0, n),
+                        [lambda rows=rows, n=n: rows(0, n // 2), lambda rows=rows, n=n: rows(n // 2, n)], advance))
+    for m, k, n in ((1024, 64, 64), (1024, 128, 64), (1088, 256, 64), (1024, 64, 384), (1088, 64, 576)):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        d = np.empty((m, n), np.float32)
+        h = m // 32 * 16
+        kernels.append((f"BLAS {m}x{k}x{n}", lambda a=a, b=b, d=d: np.matmul(a, b, out=d),
+                        [lambda a=a, b=b, d=d, h=h: np.matmul(a[:h], b, out=d[:h]),
+                         lambda a=a, b=b, d=d, h=h: np.matmul(a[h:], b, out=d[h:])], None))
+    for size in (1 << 16, 1 << 17, 1 << 18, 1 << 20):
+        x = rng.standard_normal(size).astype(np.float32)
+        y = np.empty_like(x)
+        h = size // 2
+        halves = [lambda x=x, y=y, h=h: np.exp(x[:h], out=y[:h]), lambda x=x, y=y, h=h: np.exp(x[h:], out=y[h:])]
+        kernels.append((f"exp {size}", lambda x=x, y=y: np.exp(x, out=y), halves, None))
+    print(f"load average {os.getloadavg()[0]:.1f}; us per call, 10th percentile / median, {args.rounds * 100} calls "
+          f"each: whole on one thread vs two halves through each pool")
+    with T.blas_single_threaded():
+        for label, whole, halves, advance in kernels:
+            times: dict[str, list[float]] = {"whole": [], **{name: [] for name in pools}}
+            for _ in range(args.rounds * 100):
+                for name in times:
+                    t0 = time.perf_counter()
+                    whole() if name == "whole" else pools[name].run(halves)
+                    times[name].append(1e6 * (time.perf_counter() - t0))
+                    if advance is not None:
+                        advance()
+            cells = [f"{name} {sorted(v)[len(v) // 10]:7.1f} / {statistics.median(v):7.1f}"
+                     for name, v in times.items()]
+            print(f"  {label:26s} " + "   ".join(cells))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=("decode", "flux2"), default="decode")
+    p.add_argument("--workload", choices=("decode", "flux2", "splits"), default="decode")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--variants", default=None, help="default: sleep,spin300,fixed300 and the workload's reference")
     p.add_argument("--tokens", type=int, default=24, help="decode: tokens per turn (per variant with --per-step)")
@@ -202,6 +274,8 @@ def main() -> None:
     limit_openblas_spin()
     from luminal_recipes.runtimes.cpu import threads as T
 
+    if args.workload == "splits":
+        return splits(args, T)
     pools = make_pools(names, T)
     sides, check = (decode_sides if args.workload == "decode" else flux2_sides)(args, names, T, pools)
     order = [n for n in names if n in sides]
