@@ -325,7 +325,11 @@ def _new_pool():
     if SPIN_S > 0 and jit.AVAILABLE:
         try:
             from .jit import spin
-        except ImportError:  # numba importable but unusable: the blocking pool
+
+            flags = np.zeros(_STRIDE + 1, np.int64)  # compiled (or loaded) and linked here, not in a worker:
+            spin.worker_wait(flags, 0, _STRIDE, 0, 0, 0, 0, 1)  # libc's clock_gettime / sched_yield by name
+            spin.finish(flags, _STRIDE, 0, 1, np.zeros(1, np.int64), 0, 0)
+        except Exception:  # numba importable but unusable, or a platform without those: the blocking pool
             return _Pool()
         return _SpinningPool(spin)
     return _Pool()
