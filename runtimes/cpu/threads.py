@@ -174,6 +174,7 @@ class _SpinningPool:
         self.next_sample = 0.0
         self.sample = _running_threads
         self.wait_ns, self.yield_ns = int(WAIT_S * 1e9), int(YIELD_S * 1e9)
+        self.overflow: _Pool | None = None  # the blocking pool, for calls with more parts than MAX_WORKERS + 1
 
     def _grow(self, workers: int) -> None:
         if workers > MAX_WORKERS:
@@ -212,6 +213,10 @@ class _SpinningPool:
                 spin.store(flags, base + spin.ASLEEP, 0)
 
     def run(self, parts: Sequence[Part]) -> None:
+        if len(parts) - 1 > self.flags.size // _STRIDE - 1:  # more workers than flags (--threads in the hundreds)
+            if self.overflow is None:
+                self.overflow = _Pool()
+            return self.overflow.run(parts)
         spin, flags = self.spin, self.flags
         with self.lock:
             workers = len(parts) - 1

@@ -316,3 +316,17 @@ def test_spinning_pool_after_an_interrupted_wait():
     for _ in range(50):
         pool.run([lambda: out.append(0), lambda: out.append(1)])
     assert sorted(out) == [0] * 51 + [1] * 51
+
+
+def test_spinning_pool_more_parts_than_it_has_flags_for(monkeypatch):
+    """More parts than ``MAX_WORKERS + 1`` (``--threads`` in the hundreds): the call goes to a blocking pool,
+    every part still runs once."""
+    monkeypatch.setattr(cpu_threads, "MAX_WORKERS", 2)
+    monkeypatch.setattr(cpu_threads, "_CALLER", 2 * cpu_threads._STRIDE)
+    pool = cpu_threads._SpinningPool(_spin_module(), 1e-4)
+    pool.sample = lambda: None
+    for n in (2, 3, 6):
+        out = [0] * n
+        pool.run([lambda i=i, out=out: out.__setitem__(i, out[i] + 1) for i in range(n)])
+        assert out == [1] * n
+    assert isinstance(pool.overflow, cpu_threads._Pool) and len(pool.wakes) == 2
