@@ -71,7 +71,8 @@ class _Task:
 
 
 class _Pool:
-    """Workers that wait for parts on a blocking queue (where numba is not installed: ``_SpinningPool``)."""
+    """Workers that wait for parts on a blocking queue: ``LUMINAL_RECIPES_SPIN_US=0``, or without numba (else
+    ``_SpinningPool``)."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -109,44 +110,77 @@ class _Pool:
                 raise error
 
 
-# LUMINAL_RECIPES_SPIN_US=N: how long an idle worker spins for its next part before it sleeps (0, the default: it
-# sleeps at once, ``_Pool``). A decoding step's kernels between two split products take ~10-100 us and a sleeping
-# worker costs a wake-up, 20-50 us, at its next part; but on a machine shared with other jobs a spinning worker
-# takes CPU time from the caller's thread: SmolLM2 decoding at 2 threads, load average 8 on 2 cores, measured
-# 30 ms/token (blocking) vs 42 (300 us spins) and 71 (2 ms spins). Opt-in until a quiet machine shows the gain.
-SPIN_S = max(0.0, float(os.environ.get("LUMINAL_RECIPES_SPIN_US", "0") or 0)) * 1e-6
-WAIT_SPIN_S = 50e-6  # the caller waiting for a worker's part: spins this long between two yields of its core
+# LUMINAL_RECIPES_SPIN_US=N: how long an idle worker spins for its next part before it sleeps (``_SpinningPool``,
+# where numba runs; 0: it sleeps at once, ``_Pool``). A sleeping worker's wake-up costs 20-50 us here (a virtual
+# CPU that halts when idle, woken by an interrupt), more than a decoding step's split products take on a core, and
+# the kernels between two of them take ~10-100 us (SmolLM2: median gap 14 us, 90th percentile 115 us); a worker
+# that spins past them catches the next part at once. Spinning is off while it does not pay (``_SpinningPool``:
+# on a machine with more ready threads than cores, always spinning measured up to 2x slower than sleeping).
+SPIN_S = max(0.0, float(os.environ.get("LUMINAL_RECIPES_SPIN_US", "300") or 0)) * 1e-6
+YIELD_S = 50e-6  # a spinning thread yields its core (sched_yield) this often: a ready thread there runs first
+PREEMPTED_S = 200e-6  # a spin held up this long between two reads was descheduled: the core is wanted elsewhere
+WAIT_S = 100e-6  # the caller waiting for a started part spins this long, then sleeps until its worker wakes it
+BACKOFF_S = (0.1, 3.2)  # spinning off for this long after it did not pay, doubling while it keeps not paying
+BACKOFF_SCORE = 3.0  # events (below) that turn spinning off, each weighing less by DECAY per hand-off after it
+DECAY = 0.95
+CROWD_EVERY_S = 0.01  # how often the machine's ready threads are sampled (``_SpinningPool._decide``)
 MAX_WORKERS = 256
-_STRIDE = 8  # int64 flags per worker: one cache line each (posted, claimed, done, asleep)
-POSTED, CLAIMED, DONE, ASLEEP = range(4)
+_STRIDE = 8  # int64 flags per worker: one cache line each (posted, claimed, done, asleep: jit/spin.py)
+ASLEEP = 3  # (jit/spin.py's ASLEEP: importable without numba)
+_CALLER = _STRIDE * MAX_WORKERS  # the flag set while the caller sleeps waiting for started parts
 
 
 class _SpinningPool:
     """Workers handed their parts through atomic flags (``jit/spin.py``): per worker, the sequence number of the
     part posted, claimed (by the worker, or by the caller when the worker has not started it) and done. A waiting
-    worker spins ``SPIN_S`` without the GIL before it sleeps on its queue (the caller wakes a sleeping worker
-    there), so parts that follow each other closely, as a decoding step's products do, are handed over in a few
-    microseconds instead of a sleeping thread's wake-up. As ``_Pool``: a part no worker has claimed when the
-    caller has finished its own is run by the caller."""
+    worker spins up to ``spin_ns`` without the GIL, yielding its core every ``YIELD_S``, then sleeps on its queue
+    (the caller wakes a sleeping worker there), so parts that follow each other closely, as a decoding step's
+    products do, are handed over in a microsecond instead of a sleeping thread's wake-up. As ``_Pool``: a part no
+    worker has claimed when the caller has finished its own is run by the caller, so a descheduled worker never
+    holds the caller up before it has started.
 
-    def __init__(self, spin):
+    Adaptive (``_decide``, ``_adapt``): spinning pays only while each spinning worker has a core. It is off while
+    other threads ready to run leave too few cores for ours (``/proc/loadavg``), and three events say it has not:
+    the caller ran the part of a worker that was spinning, not asleep (it was not on a core when the part was
+    posted), a worker's spin was held up ``PREEMPTED_S`` between two reads (descheduled), or the caller waited
+    for a started part more than ``WAIT_S`` and longer than its own part took. Past ``BACKOFF_SCORE`` recent
+    events, workers sleep at once (``_Pool``'s hand-off) for ``BACKOFF_S[0]`` s, doubling up to ``BACKOFF_S[1]``
+    while the events recur, then spin again."""
+
+    def __init__(self, spin, spin_s: float | None = None):
         self.spin = spin
         self.lock = threading.Lock()
-        self.flags = np.zeros(_STRIDE * MAX_WORKERS, np.int64)
-        self.sequence: list[int] = []
+        self.flags = np.zeros(_CALLER + _STRIDE, np.int64)
+        self.caller_wake: queue.SimpleQueue = queue.SimpleQueue()
+        self.asleep = np.zeros(MAX_WORKERS, np.int64)
+        self.mine = np.zeros(MAX_WORKERS, np.int64)
+        self.sequence = 0
         self.parts: list[Part | None] = []
         self.errors: list[BaseException | None] = []
         self.wakes: list[queue.SimpleQueue] = []
-        per_spin = _spin_seconds(spin)
-        self.idle_spins = max(1, int(SPIN_S / per_spin))
-        self.wait_spins = max(1, int(WAIT_SPIN_S / per_spin))
+        self.base_ns = int(1e9 * (SPIN_S if spin_s is None else spin_s))
+        self.spin_ns = self.base_ns  # what workers spin now: 0 while backed off
+        self.score = 0.0
+        self.preempted = 0  # incremented by the workers (under the GIL)
+        self.preempted_seen = 0
+        self.backoff = BACKOFF_S[0]
+        self.backoff_until = 0.0
+        self.backoffs = 0  # how many times spinning was turned off (for tests and --profile)
+        self.last_backoff = float("-inf")
+        self.cpus = os.cpu_count() or 1
+        self.others: float | None = None  # other threads ready to run on the machine, averaged (``_decide``)
+        self.crowded = False
+        self.crowdings = 0  # how many times a crowded machine turned spinning off
+        self.next_sample = 0.0
+        self.sample = _running_threads
+        self.wait_ns, self.yield_ns = int(WAIT_S * 1e9), int(YIELD_S * 1e9)
+        self.overflow: _Pool | None = None  # the blocking pool, for calls with more parts than MAX_WORKERS + 1
 
     def _grow(self, workers: int) -> None:
-        if workers > self.flags.size // _STRIDE:
-            raise ValueError(f"{workers} workers: the pool has flags for {self.flags.size // _STRIDE}")
+        if workers > MAX_WORKERS:
+            raise ValueError(f"{workers} workers: the pool has flags for {MAX_WORKERS}")
         while len(self.wakes) < workers:
             i = len(self.wakes)
-            self.sequence.append(0)
             self.parts.append(None)
             self.errors.append(None)
             self.wakes.append(queue.SimpleQueue())
@@ -154,69 +188,138 @@ class _SpinningPool:
 
     def _work(self, i: int) -> None:
         spin, flags, wake, base = self.spin, self.flags, self.wakes[i], _STRIDE * i
-        seen = 0
+        yield_ns, preempted_ns = int(YIELD_S * 1e9), int(PREEMPTED_S * 1e9)
+        seen = done = 0
         while True:
-            posted = spin.wait_change(flags, base + POSTED, seen, self.idle_spins)
-            if posted == seen:  # nothing for a while: sleep until the caller wakes this worker
-                spin.store(flags, base + ASLEEP, 1)
-                posted = spin.load(flags, base + POSTED)
-                if posted == seen:
-                    wake.get()
-                    continue  # (a stale wake-up only spins again)
-                spin.store(flags, base + ASLEEP, 0)
-            seen = posted
-            if not spin.claim(flags, base + CLAIMED, seen - 1, seen):
-                continue  # the caller ran it
-            try:
-                self.parts[i]()
-            except BaseException as exc:  # handed to the caller, which raises it
-                self.errors[i] = exc
-            spin.store(flags, base + DONE, seen)
+            got = spin.worker_wait(flags, base, _CALLER, done, seen, self.spin_ns, yield_ns, preempted_ns)
+            done, seen, status = 0, got >> 2, got & 3
+            if status == spin.WAKE_CALLER:
+                self.caller_wake.put(None)
+                continue
+            if status == spin.MINE:
+                try:
+                    self.parts[i]()
+                except BaseException as exc:  # handed to the caller, which raises it
+                    self.errors[i] = exc
+                done = seen  # stored by the next wait, first thing
+                continue
+            if status == spin.PREEMPTED:
+                self.preempted += 1
+            # nothing for a while (or spinning here does not pay): sleep until the caller wakes this worker
+            spin.store(flags, base + spin.ASLEEP, 1)
+            if spin.load(flags, base + spin.POSTED) == seen:
+                wake.get()  # (a stale wake-up only waits again)
+            else:
+                spin.store(flags, base + spin.ASLEEP, 0)
 
     def run(self, parts: Sequence[Part]) -> None:
+        if len(parts) - 1 > self.flags.size // _STRIDE - 1:  # more workers than flags (--threads in the hundreds)
+            if self.overflow is None:
+                self.overflow = _Pool()
+            return self.overflow.run(parts)
         spin, flags = self.spin, self.flags
         with self.lock:
             workers = len(parts) - 1
             self._grow(workers)
+            self._decide(time.monotonic())
+            self.sequence += 1
+            seq = self.sequence
             for i in range(workers):
                 self.parts[i], self.errors[i] = parts[i + 1], None
-                self.sequence[i] += 1
-                spin.store(flags, _STRIDE * i + POSTED, self.sequence[i])
-                if spin.load(flags, _STRIDE * i + ASLEEP):
-                    spin.store(flags, _STRIDE * i + ASLEEP, 0)
-                    self.wakes[i].put(None)
+            asleep = self.asleep
+            if spin.post(flags, _STRIDE, workers, seq, asleep):
+                for i in range(workers):
+                    if asleep[i]:
+                        self.wakes[i].put(None)
             error = None
+            start = time.perf_counter()
             try:
                 parts[0]()
             except BaseException as exc:
                 error = exc
-            for i in reversed(range(workers)):  # the parts no worker has started yet, run here
-                seq, base = self.sequence[i], _STRIDE * i
-                if spin.claim(flags, base + CLAIMED, seq - 1, seq):
-                    try:
-                        parts[i + 1]()
-                    except BaseException as exc:
-                        self.errors[i] = exc
-                    spin.store(flags, base + DONE, seq)
+            own = time.perf_counter() - start
+            events = 0
+            wait_ns, yield_ns = self.wait_ns, self.yield_ns
+            done = spin.finish(flags, _STRIDE, workers, seq, self.mine, wait_ns, yield_ns)
+            if done < 0:  # parts no worker has started: run here
+                for i in reversed(range(workers)):
+                    if self.mine[i]:
+                        events += not asleep[i]  # its worker was spinning, yet not on a core
+                        try:
+                            parts[i + 1]()
+                        except BaseException as exc:
+                            self.errors[i] = exc
+                        spin.raise_to(flags, _STRIDE * i + spin.DONE, seq)
+                done = spin.wait_done(flags, _STRIDE, workers, seq, wait_ns, yield_ns)
+            if not done:
+                waited = time.perf_counter()
+                while True:  # sleep until the last worker to finish wakes this thread (a stale wake-up: again)
+                    spin.store(flags, _CALLER, 1)
+                    if spin.wait_done(flags, _STRIDE, workers, seq, 0, 0):
+                        spin.store(flags, _CALLER, 0)
+                        break
+                    self.caller_wake.get()
+                if time.perf_counter() - waited > max(own, WAIT_S):  # a started part took twice the caller's
+                    events = max(events, 1)  # own: its worker lost its core
             for i in range(workers):
-                while not spin.wait_equal(flags, _STRIDE * i + DONE, self.sequence[i], self.wait_spins):
-                    os.sched_yield()  # a worker the OS has not run for a while: let it have the core
                 error = error or self.errors[i]
                 self.parts[i] = None
+            if self.spin_ns:
+                self._adapt(events)
             if error is not None:
                 raise error
 
+    def _decide(self, now: float) -> None:
+        """Spin (``spin_ns = base_ns``) unless backed off (``_adapt``) or the machine is crowded: other threads
+        ready to run (``/proc/loadavg``'s running count less this thread and the workers not asleep, sampled
+        every ``CROWD_EVERY_S``, averaged) leave fewer cores than this thread and every worker would spin on."""
+        if now >= self.next_sample:
+            self.next_sample = now + CROWD_EVERY_S
+            running = self.sample()
+            if running is not None:
+                workers = len(self.wakes)
+                awake = sum(1 for i in range(workers) if not self.flags[_STRIDE * i + ASLEEP])
+                others = max(0, running - 1 - awake)
+                self.others = others if self.others is None else 0.7 * self.others + 0.3 * others
+                room = self.cpus - 1 - workers  # cores left over when this thread and every worker run
+                if not self.crowded and self.others > room + 0.5:
+                    self.crowded = True
+                    self.crowdings += 1
+                elif self.crowded and self.others <= room + 0.25:
+                    self.crowded = False
+        spin_ns = 0 if self.crowded or now < self.backoff_until else self.base_ns
+        if spin_ns and not self.spin_ns:
+            self.preempted_seen = self.preempted  # (counted while not spinning: not this spell's)
+        self.spin_ns = spin_ns
 
-def _spin_seconds(spin) -> float:
-    """Seconds one spin read takes here (with the pause hint): the spin counts are set from it."""
-    flags = np.zeros(1, np.int64)
-    spin.wait_change(flags, 0, 0, 1000)  # compiled (or loaded from numba's cache) before timing
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        spin.wait_change(flags, 0, 0, 20000)
-        best = min(best, (time.perf_counter() - t0) / 20000)
-    return max(best, 1e-9)
+    def _adapt(self, events: float) -> None:
+        """Turn spinning off for a while after ``BACKOFF_SCORE`` recent events (class docstring)."""
+        preempted = self.preempted - self.preempted_seen
+        self.preempted_seen += preempted
+        self.score = self.score * DECAY + events + preempted
+        if self.score < BACKOFF_SCORE:
+            return
+        now = time.monotonic()
+        if now - self.last_backoff > 4 * self.backoff + BACKOFF_S[1]:
+            self.backoff = BACKOFF_S[0]  # calm for long: start again from the shortest back-off
+        self.spin_ns, self.score = 0, 0.0
+        self.backoff_until, self.last_backoff = now + self.backoff, now
+        self.backoff = min(2 * self.backoff, BACKOFF_S[1])
+        self.backoffs += 1
+
+
+_LOADAVG: list[int] = []  # /proc/loadavg, kept open (pread: ~2 us a sample)
+
+
+def _running_threads() -> int | None:
+    """Threads ready to run on the machine now (``/proc/loadavg``'s 4th field, ours included); None where there
+    is no such file."""
+    try:
+        if not _LOADAVG:
+            _LOADAVG.append(os.open("/proc/loadavg", os.O_RDONLY))
+        return int(os.pread(_LOADAVG[0], 128, 0).split()[3].split(b"/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _new_pool():
@@ -227,7 +330,11 @@ def _new_pool():
     if SPIN_S > 0 and jit.AVAILABLE:
         try:
             from .jit import spin
-        except ImportError:  # numba importable but unusable: the blocking pool
+
+            flags = np.zeros(_STRIDE + 1, np.int64)  # compiled (or loaded) and linked here, not in a worker:
+            spin.worker_wait(flags, 0, _STRIDE, 0, 0, 0, 0, 1)  # libc's clock_gettime / sched_yield by name
+            spin.finish(flags, _STRIDE, 0, 1, np.zeros(1, np.int64), 0, 0)
+        except Exception:  # numba importable but unusable, or a platform without those: the blocking pool
             return _Pool()
         return _SpinningPool(spin)
     return _Pool()

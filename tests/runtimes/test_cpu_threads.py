@@ -115,3 +115,218 @@ def test_blas_for_small_products_runs_blas_on_one_thread():
             assert get() == 2
     finally:
         put(before)
+
+
+def _spin_module():
+    from luminal_recipes.runtimes.cpu import jit
+
+    if not jit.AVAILABLE:
+        pytest.skip("no numba: only the blocking pool")
+    from luminal_recipes.runtimes.cpu.jit import spin
+
+    return spin
+
+
+class _Unstarted(cpu_threads._SpinningPool):
+    """A pool whose workers are never scheduled (their slots exist, their threads do not run): the caller must run
+    every part itself. ``start()`` lets them run later. The machine's load is not sampled (``running``)."""
+
+    def __init__(self, spin, spin_s, running=None):
+        super().__init__(spin, spin_s)
+        self.sample = lambda: running
+
+    def _grow(self, workers):
+        while len(self.wakes) < workers:
+            self.parts.append(None)
+            self.errors.append(None)
+            self.wakes.append(__import__("queue").SimpleQueue())
+
+    def start(self):
+        for i in range(len(self.wakes)):
+            threading.Thread(target=self._work, args=(i,), daemon=True).start()
+
+
+def test_spinning_pool_never_loses_a_part_of_a_descheduled_worker():
+    """Workers that never get a core: every part still runs exactly once (on the caller), the calls return; after
+    a few such calls (posted to spinning workers that did not take them) the pool stops spinning; workers that
+    start late run no stale part again and take later parts."""
+    pool = _Unstarted(_spin_module(), 1e-3)
+    ran = []
+    for r in range(5):
+        pool.run([lambda r=r: ran.append((r, 0)), lambda r=r: ran.append((r, 1)), lambda r=r: ran.append((r, 2))])
+    assert sorted(ran) == [(r, k) for r in range(5) for k in range(3)]
+    assert pool.spin_ns == 0 and pool.backoffs == 1  # 3 missed hand-offs: spinning did not pay
+    pool.start()
+    time.sleep(0.05)  # (the workers find nothing to run: the parts posted so far were all claimed)
+    assert len(ran) == 15
+    pool.backoff_until = 0.0  # back-off over: the next call spins again
+    for _ in range(35):
+        done = [0, 0]
+        pool.run([lambda d=done: d.__setitem__(0, d[0] + 1), lambda d=done: d.__setitem__(1, d[1] + 1)])
+        assert done == [1, 1]
+    assert pool.spin_ns in (0, pool.base_ns)
+
+
+def test_spinning_pool_caller_sleeps_until_a_slow_part_finishes():
+    """A worker's part that outlasts the caller's spin (``WAIT_S``): the caller sleeps and the worker wakes it;
+    its result is there when ``run`` returns, every time (also when the workers sleep between calls)."""
+    pool = cpu_threads._SpinningPool(_spin_module(), 200e-6)
+    pool.sample = lambda: None
+    for nap in (0.0, 0.01):
+        for _ in range(3):
+            out = []
+            started = threading.Event()
+
+            def slow(out=out, started=started):
+                started.set()
+                time.sleep(0.03)
+                out.append("worker")
+
+            pool.run([lambda started=started: started.wait(5), slow])
+            assert out == ["worker"]
+            time.sleep(nap)
+
+
+def test_spinning_pool_backs_off_and_recovers(monkeypatch):
+    """Preempted spins reported by workers count as events; while backed off workers sleep at once; when the
+    back-off ends the pool spins again, and each back-off in a row lasts twice the one before (up to the most)."""
+    pool = _Unstarted(_spin_module(), 1e-3)
+    clock = [100.0]
+    monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: clock[0])
+    pool.preempted = 3
+    pool.run([lambda: None])  # (one part: no workers posted)
+    assert pool.spin_ns == 0 and pool.backoff_until == 100.0 + cpu_threads.BACKOFF_S[0]
+    clock[0] += cpu_threads.BACKOFF_S[0]
+    pool.run([lambda: None])
+    assert pool.spin_ns == pool.base_ns
+    pool.preempted += 3
+    pool.run([lambda: None])
+    assert pool.spin_ns == 0 and pool.backoff_until == clock[0] + 2 * cpu_threads.BACKOFF_S[0]
+
+
+def test_spinning_pool_off_while_the_machine_is_crowded(monkeypatch):
+    """Other threads ready to run (``/proc/loadavg``'s count less the caller and awake workers, averaged) leave
+    too few cores: workers sleep at once; spinning resumes once they would fit again; no sample (no such file):
+    spinning stays on."""
+    assert cpu_threads.ASLEEP == _spin_module().ASLEEP
+    samples = []
+    pool = _Unstarted(_spin_module(), 1e-3)
+    pool.sample = lambda: samples[-1]
+    pool.cpus = 2
+    clock = [0.0]
+    monkeypatch.setattr(cpu_threads.time, "monotonic", lambda: clock[0])
+
+    def call(running):
+        samples.append(running)
+        clock[0] += cpu_threads.CROWD_EVERY_S
+        pool.run([lambda: None])
+        return pool.spin_ns
+
+    assert call(2) == pool.base_ns
+    assert [call(9) for _ in range(4)] == [0] * 4 and pool.crowdings == 1
+    assert all(call(1) == 0 for _ in range(2))  # the average takes a few samples to come down
+    assert [call(1) for _ in range(10)][-1] == pool.base_ns and pool.crowdings == 1
+    pool.sample = lambda: None
+    assert call(0) == pool.base_ns
+
+
+def _run_child(code: str, env: dict) -> str:
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(("spin_us", "expected"), [("0", "_Pool"), (None, "_SpinningPool"), ("50", "_SpinningPool")])
+def test_pool_chosen_by_environment(spin_us, expected):
+    """``LUMINAL_RECIPES_SPIN_US=0``: workers sleep between parts (``_Pool``); unset or N: the spinning pool where
+    numba runs. Either way ``run_parts`` runs every part once, results in order, also ``claimed`` tasks."""
+    code = (
+        "from luminal_recipes.runtimes.cpu import threads as t, jit\n"
+        "out = [0] * 4\n"
+        "for r in range(50):\n"
+        "    t.run_parts([lambda i=i: out.__setitem__(i, out[i] + 1) for i in range(4)])\n"
+        "got = []\n"
+        "t.claimed(30, 3, lambda slot, j: got.append(j))()\n"
+        "assert out == [50] * 4 and sorted(got) == list(range(30)), (out, got)\n"
+        "print(type(t._POOL).__name__, jit.AVAILABLE)\n")
+    env = {"LUMINAL_RECIPES_THREADS": "4"}
+    if spin_us is not None:
+        env["LUMINAL_RECIPES_SPIN_US"] = spin_us
+    name, available = _run_child(code, env).split()
+    assert name == (expected if available == "True" else "_Pool")
+
+
+def test_pool_after_fork():
+    """A forked child has none of its parent's worker threads: its first ``run_parts`` starts its own pool (the
+    parent's, spinning or asleep, is not used) and runs every part."""
+    code = (
+        "import os, signal\n"
+        "from luminal_recipes.runtimes.cpu import threads as t\n"
+        "out = []\n"
+        "t.run_parts([lambda: out.append(0), lambda: out.append(1)])\n"
+        "parent_pool = t._POOL\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    signal.alarm(30)\n"
+        "    got = []\n"
+        "    for r in range(20):\n"
+        "        t.run_parts([lambda: got.append(0), lambda: got.append(1)])\n"
+        "    os._exit(0 if sorted(got) == [0] * 20 + [1] * 20 and t._POOL is not parent_pool else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "t.run_parts([lambda: out.append(0), lambda: out.append(1)])\n"
+        "print(os.waitstatus_to_exitcode(status), sorted(out))\n")
+    assert _run_child(code, {"LUMINAL_RECIPES_THREADS": "2"}) == "0 [0, 0, 1, 1]"
+
+
+def test_spinning_pool_after_an_interrupted_wait():
+    """The caller interrupted while it sleeps waiting for a worker (Ctrl-C): the pool stays usable; the worker's
+    part, finished late, changes nothing of the calls after it, which run every part once."""
+    pool = cpu_threads._SpinningPool(_spin_module(), 200e-6)
+    pool.sample = lambda: None
+    started, release = threading.Event(), threading.Event()
+    real = pool.caller_wake
+
+    class Interrupting:
+        raised = False
+
+        def get(self):
+            if not Interrupting.raised:
+                Interrupting.raised = True
+                raise KeyboardInterrupt
+            return real.get()
+
+        def put(self, item):
+            real.put(item)
+
+    pool.caller_wake = Interrupting()
+
+    def slow():
+        started.set()
+        assert release.wait(10)
+
+    with pytest.raises(KeyboardInterrupt):
+        pool.run([lambda: started.wait(10), slow])
+    out = []
+    pool.run([lambda: out.append(0), lambda: (release.set(), out.append(1))])  # the worker is still busy
+    for _ in range(50):
+        pool.run([lambda: out.append(0), lambda: out.append(1)])
+    assert sorted(out) == [0] * 51 + [1] * 51
+
+
+def test_spinning_pool_more_parts_than_it_has_flags_for(monkeypatch):
+    """More parts than ``MAX_WORKERS + 1`` (``--threads`` in the hundreds): the call goes to a blocking pool,
+    every part still runs once."""
+    monkeypatch.setattr(cpu_threads, "MAX_WORKERS", 2)
+    monkeypatch.setattr(cpu_threads, "_CALLER", 2 * cpu_threads._STRIDE)
+    pool = cpu_threads._SpinningPool(_spin_module(), 1e-4)
+    pool.sample = lambda: None
+    for n in (2, 3, 6):
+        out = [0] * n
+        pool.run([lambda i=i, out=out: out.__setitem__(i, out[i] + 1) for i in range(n)])
+        assert out == [1] * n
+    assert isinstance(pool.overflow, cpu_threads._Pool) and len(pool.wakes) == 2

@@ -65,17 +65,23 @@ def _rope(numpy_runtime, heads: int, tokens: int) -> tuple[np.ndarray, list[int]
               "sin": np.repeat(np.sin(angles), 2, -1).astype(np.float32)}
     exe = numpy_runtime.load(f.program(y=y))
     handoffs: list[int] = []
-    pool_run = cpu_threads._Pool.run
+    pools = (cpu_threads._Pool, cpu_threads._SpinningPool)  # whichever the process uses
+    runs = [pool.run for pool in pools]
 
-    def counting(self, parts):
-        handoffs.append(len(parts))
-        return pool_run(self, parts)
+    def counting(run):
+        def counted(self, parts):
+            handoffs.append(len(parts))
+            return run(self, parts)
 
-    cpu_threads._Pool.run = counting
+        return counted
+
+    for pool, run in zip(pools, runs):
+        pool.run = counting(run)
     try:
         out = exe.run(inputs)["y"]
     finally:
-        cpu_threads._Pool.run = pool_run
+        for pool, run in zip(pools, runs):
+            pool.run = run
     return out, handoffs
 
 

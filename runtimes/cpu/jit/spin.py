@@ -6,7 +6,10 @@ interrupt) - more than a decoding step's matrix-vector product takes on a core.
 
 Every access is a sequentially consistent atomic on an ``int64`` array element (LLVM's ``load atomic`` /
 ``store atomic`` / ``cmpxchg``); the spin loops execute the CPU's pause hint between reads (``pause`` on x86;
-elsewhere none).
+elsewhere none), bound their time by the monotonic clock (libc's ``clock_gettime``, the vDSO) and give their
+core away now and then (``sched_yield``). The pool's hand-off is one call per wait (``worker_wait``, ``post``,
+``finish``, ``wait_done``), so a worker takes the GIL once per part. ``claim``, ``wait_change`` and
+``wait_equal`` are the single-flag forms.
 """
 
 from __future__ import annotations
@@ -115,3 +118,164 @@ def wait_equal(flags, index, wanted, spins):
             return True
         pause()
     return atomic_load(flags, index) == wanted
+
+
+@intrinsic
+def monotonic_ns(typingctx):
+    """Nanoseconds of the monotonic clock (libc's ``clock_gettime(CLOCK_MONOTONIC)``, by name: the vDSO, ~20 ns;
+    the CPU's time-stamp counter is not used, a virtual machine's may differ between cores)."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        spec = cgutils.alloca_once(builder, ir.LiteralStructType([i64, i64]))
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), [
+            ir.IntType(32), spec.type]), "clock_gettime")
+        builder.call(fn, [ir.Constant(ir.IntType(32), 1), spec])  # CLOCK_MONOTONIC
+        seconds = builder.load(cgutils.gep_inbounds(builder, spec, 0, 0))
+        nanos = builder.load(cgutils.gep_inbounds(builder, spec, 0, 1))
+        return builder.add(builder.mul(seconds, ir.Constant(i64, 1_000_000_000)), nanos)
+
+    return sig, codegen
+
+
+@intrinsic
+def yield_core(typingctx):
+    """``sched_yield()``: let another thread that is ready to run on this core run first (libc's, by name)."""
+    sig = types.none()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@_spin
+def ticks():
+    """Nanoseconds of the monotonic clock (as ``time.monotonic_ns``)."""
+    return monotonic_ns()
+
+
+# ---- the pool's hand-off (``cpu/threads.py`` ``_SpinningPool``): one call per wait, so a worker re-enters Python
+# (and takes the GIL) once per part. Per worker, ``stride`` int64 slots from ``base``: POSTED, CLAIMED, DONE, ASLEEP.
+POSTED, CLAIMED, DONE, ASLEEP = 0, 1, 2, 3
+TIMED_OUT, MINE, PREEMPTED, WAKE_CALLER = 0, 1, 2, 3
+
+
+@_spin
+def claim_posted(flags, base, value):
+    """Claim the part posted as ``value`` (CLAIMED below it: set to it); whether this call did (one caller wins)."""
+    while True:
+        current = atomic_load(flags, base + CLAIMED)
+        if current >= value:
+            return False
+        if compare_exchange(flags, base + CLAIMED, current, value):
+            return True
+
+
+@_spin
+def raise_to(flags, index, value):
+    """``flags[index] = max(flags[index], value)`` atomically: a part finished late (its caller interrupted)
+    never lowers a newer part's DONE."""
+    while True:
+        current = atomic_load(flags, index)
+        if current >= value or compare_exchange(flags, index, current, value):
+            return
+
+
+@_spin
+def worker_wait(flags, base, caller, done, seen, budget, yield_every, preempted):
+    """A worker's wait for its next part: first ``DONE = done`` (its last part finished; 0: none; if the caller
+    sleeps waiting for it, ``flags[caller]`` set, that flag is cleared and WAKE_CALLER returned at once), then spin
+    until ``POSTED != seen`` (a part claimed by the caller is skipped), yielding the core every ``yield_every`` ns,
+    at most ``budget`` ns. Returns ``posted * 4 + status``: MINE (posted and claimed here), TIMED_OUT, or PREEMPTED
+    (the spin itself was held up more than ``preempted`` ns between two reads: the core is shared with other work,
+    so spinning takes time from it)."""
+    if done > 0:
+        raise_to(flags, base + DONE, done)
+        if atomic_load(flags, caller) != 0 and compare_exchange(flags, caller, 1, 0):
+            return seen * 4 + WAKE_CALLER
+    start = monotonic_ns()
+    last = start
+    next_yield = start + yield_every
+    while True:
+        posted = atomic_load(flags, base + POSTED)
+        if posted != seen:
+            if claim_posted(flags, base, posted):
+                return posted * 4 + MINE
+            seen = posted  # the caller ran it
+        now = monotonic_ns()
+        if now - last > preempted:
+            return seen * 4 + PREEMPTED
+        if now - start >= budget:
+            return seen * 4 + TIMED_OUT
+        if now >= next_yield:
+            yield_core()
+            now = monotonic_ns()
+            next_yield = now + yield_every
+        last = now
+        pause()
+
+
+@_spin
+def post(flags, stride, workers, value, asleep):
+    """Post part ``value`` to workers ``0..workers-1``; ``asleep[i]`` set to whether worker i was asleep (to be
+    woken; its ASLEEP flag cleared here). Returns how many were."""
+    sleeping = 0
+    for i in range(workers):
+        atomic_store(flags, stride * i + POSTED, value)
+    for i in range(workers):
+        if atomic_load(flags, stride * i + ASLEEP) != 0:
+            atomic_store(flags, stride * i + ASLEEP, 0)
+            asleep[i] = 1
+            sleeping += 1
+        else:
+            asleep[i] = 0
+    return sleeping
+
+
+@_spin
+def claim_unstarted(flags, stride, workers, value, mine):
+    """The caller, its own part done: claim every posted part no worker has started (``mine[i]`` 1 where this
+    call claimed worker i's part, last worker first); how many it claimed."""
+    count = 0
+    for i in range(workers - 1, -1, -1):
+        if claim_posted(flags, stride * i, value):
+            mine[i] = 1
+            count += 1
+        else:
+            mine[i] = 0
+    return count
+
+
+@_spin
+def finish(flags, stride, workers, value, mine, budget, yield_every):
+    """The caller, its own part done: ``claim_unstarted``; if it claimed any, their count, negated (the caller
+    runs them, then ``wait_done``); else ``wait_done``: 1 if every part is done, 0 if not within ``budget``."""
+    claimed = claim_unstarted(flags, stride, workers, value, mine)
+    if claimed:
+        return -claimed
+    return 1 if wait_done(flags, stride, workers, value, budget, yield_every) else 0
+
+
+@_spin
+def wait_done(flags, stride, workers, value, budget, yield_every):
+    """Spin until every worker's DONE is ``value`` (yielding the core every ``yield_every`` ns), at most ``budget``
+    ns; whether they all are."""
+    start = monotonic_ns()
+    next_yield = start + yield_every
+    i = 0
+    while i < workers:
+        if atomic_load(flags, stride * i + DONE) == value:
+            i += 1
+            continue
+        now = monotonic_ns()
+        if now - start >= budget:
+            return False
+        if now >= next_yield:
+            yield_core()
+            next_yield = monotonic_ns() + yield_every
+        pause()
+    return True
