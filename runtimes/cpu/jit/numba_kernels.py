@@ -680,7 +680,7 @@ def elementwise_tiles(code, consts, table, shape, regs):
 
     Where a tile of an operand is one contiguous run, nothing is copied: its Load makes the register read the
     operand's memory in place, and the operation whose result the Store writes out computes straight into the
-    output (a tile of the output is always one run). Only strided, broadcast or reversed tiles are copied into
+    output (where a tile of the output is one run). Only strided, broadcast or reversed tiles are copied into
     registers. The values are the same either way (each operation still rounds once, in the same order); in
     place, a kernel that writes over its own input (the memory planner's in-place kernels) reads each element
     before it writes it, in the same instruction."""
@@ -711,10 +711,13 @@ def elementwise_tiles(code, consts, table, shape, regs):
                 nc = min(cols, d2 - l0)
                 n = nr * nc
                 wrote = False
+                # the output's tile is one run (not where the box's axes were reordered: then it is written
+                # through a register, row by row)
+                run = table[0, 3] == 1 and (nr == 1 or table[0, 2] == nc)
                 for c in range(start, code.shape[0]):
                     op, d, a, b = code[c, 0], code[c, 1], code[c, 2], code[c, 3]
                     if op == 1:
-                        if copy:
+                        if copy and run:
                             out_at = table[0, 0] + 4 * (i * table[0, 1] + j0 * table[0, 2] + l0 * table[0, 3])
                             _tile_io(table, a, out_at, i, j0, nr, l0, nc, False)
                             wrote = True
@@ -730,7 +733,7 @@ def elementwise_tiles(code, consts, table, shape, regs):
                         continue
                     address[d] = base + d * size
                     wrote = False
-                    if direct and c == last - 1:  # the result goes straight into the output's tile, unless an
+                    if direct and run and c == last - 1:  # the result goes straight into the output's tile, unless an
                         # operand is that very memory (in place): LLVM's overlap test would then take its
                         # scalar loop
                         out_at = table[0, 0] + 4 * (i * table[0, 1] + j0 * table[0, 2] + l0 * table[0, 3])
