@@ -259,6 +259,46 @@ def attention_rows(q, k, v, bias, out, geometry, has_bias, scale, qs, sc):
                 o[j] = o[j] / total
 
 
+@_inline
+def _masked_run(flat, at, step, n, masked):
+    """Whether all ``n`` values ``flat[at + c * step]`` are at or below ``masked`` (a NaN is not): counted, not
+    tested one by one, so that the loop vectorises."""
+    count = 0
+    for c in range(n):
+        count += flat[at + c * step] <= masked
+    return count == n
+
+
+@_rows
+def mask_spans(flat, rows, cols, s0, s1, lo, hi, keep, masked, level):
+    """Attention's masked keys (``kernels/attention._mask_spans``): for row ``i`` of the bias ``[rows, cols]``
+    read from ``flat`` (element ``[i, j]`` at ``i * s0 + j * s1``), ``lo[i]``/``hi[i]`` the first and one past
+    the last key whose bias is not at or below ``masked`` (a NaN is not masked), ``keep[i]`` whether some bias of
+    the row is at least ``level``. Runs of 16 keys at a time from either end, so a causal row costs about its
+    masked keys / 16."""
+    _wide_vectors()
+    for i in range(rows):
+        at = i * s0
+        j = 0
+        while j + 16 <= cols and _masked_run(flat, at + j * s1, s1, 16, masked):
+            j += 16
+        while j < cols and flat[at + j * s1] <= masked:
+            j += 1
+        e = cols
+        while e - 16 >= j and _masked_run(flat, at + (e - 16) * s1, s1, 16, masked):
+            e -= 16
+        while e > j and flat[at + (e - 1) * s1] <= masked:
+            e -= 1
+        lo[i] = j
+        hi[i] = e
+        found = False
+        for c in range(j, e):  # the first key not masked is usually at least level (0: a key that is seen)
+            if flat[at + c * s1] >= level:
+                found = True
+                break
+        keep[i] = found
+
+
 @_rows
 def exp_rows_online(scores, running, sums, rescale, first):
     """One key block of an online softmax, in place: ``new = max(running[i], max(scores[i]))`` (not below
