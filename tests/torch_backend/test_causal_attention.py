@@ -1,7 +1,7 @@
 """``F.scaled_dot_product_attention(..., is_causal=True)`` through ``torch.compile(backend="luminal")``: the
 numpy attention kernel skips the keys the causal mask hides (``runtimes/cpu/kernels/attention.py``, blocks of
 rows in pieces each with its own keys), and gives eager PyTorch's float64 values (tests/TOLERANCES.md) at
-lengths that are not multiples of the 64-row pieces, with q_len != kv_len (torch's top-left causal mask) and
+lengths that are not multiples of the pieces (64 rows here), with q_len != kv_len (torch's top-left causal mask) and
 with grouped-query heads. A spy on ``_pieces`` shows the skipping ran."""
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class CausalAttention(torch.nn.Module):
 
 @pytest.mark.parametrize(("s", "t"), [(150, 150), (100, 180), (181, 150)])
 def test_causal_sdpa_skips_masked_keys_with_eager_values(s, t, assert_close, monkeypatch):
+    monkeypatch.setattr(numpy_attention, "SKIP_ROWS", 64)  # pieces of 64 rows at these lengths
     skipped = []
     pieces = numpy_attention._pieces
     monkeypatch.setattr(numpy_attention, "_pieces", lambda *a, **kw: skipped.append(pieces(*a, **kw)) or
