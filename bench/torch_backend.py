@@ -16,7 +16,9 @@ are: warm after a first run), then the sides run in turns (ours, eager, inductor
 the same threads (torch.set_num_threads = our kernels' and numpy BLAS's threads), so a slow phase of a shared
 machine falls on all of them alike. The median per side and the ratios ours/eager and ours/inductor are
 printed, with each round's ratio range. Outputs are compared (max abs difference to eager) to show all
-sides computed the same thing.
+sides computed the same thing. Each call's process CPU time is printed too (``time.process_time``, every thread
+of the process): on a machine other jobs load, a 1-thread run's CPU time is its wall time without the time it
+waited for a core, so its ratios are the steadier ones (with 2 threads it is the work of both, not the latency).
 
     python bench/torch_backend.py                             # all workloads, 3 rounds
     python bench/torch_backend.py --workloads flux2 --repeats 5 --threads 2
@@ -108,12 +110,16 @@ def qwen3_decode_workload(torch):
 WORKLOADS = {"flux2": flux2_workload, "qwen3-prefill": qwen3_prefill_workload, "qwen3-decode": qwen3_decode_workload}
 
 
-def timed(fn, prepare):
+def timed(fn, prepare, cpu: list | None = None):
+    """Wall seconds of one call and its output; its process CPU seconds appended to ``cpu`` when given."""
     if prepare is not None:
         prepare()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     out = fn()
-    return time.perf_counter() - t0, out
+    seconds = time.perf_counter() - t0
+    if cpu is not None:
+        cpu.append(time.process_time() - c0)
+    return seconds, out
 
 
 def bench(name: str, repeats: int) -> None:
@@ -141,11 +147,13 @@ def bench(name: str, repeats: int) -> None:
             timed(call(sides[side]), prepare)
         _, outputs["eager"] = timed(call(sides["eager"]), prepare)
         times = {side: [] for side in ("ours", "eager", "inductor")}
+        cpu = {side: [] for side in times}
         for _ in range(repeats):
             for side in times:
-                seconds, _ = timed(call(sides[side]), prepare)
+                seconds, _ = timed(call(sides[side]), prepare, cpu[side])
                 times[side].append(seconds)
     med = {side: statistics.median(v) for side, v in times.items()}
+    cpu_med = {side: statistics.median(v) for side, v in cpu.items()}
     print(f"\n{name}  (torch {torch.__version__}, {torch.get_num_threads()} threads, {repeats} rounds)")
     for side, seconds in compile_s.items():
         print(f"  compile+first call  {side:<24} {seconds:8.2f} s")
@@ -154,6 +162,12 @@ def bench(name: str, repeats: int) -> None:
     for ref in ("eager", "inductor"):
         rounds = [a / b for a, b in zip(times["ours"], times[ref])]
         print(f"  ours / {ref:<9} {med['ours'] / med[ref]:6.2f}x   (rounds {min(rounds):.2f}x .. {max(rounds):.2f}x)")
+    for side in ("ours", "eager", "inductor"):
+        print(f"  cpu time (median)   {side:<24} {cpu_med[side] * 1e3:8.1f} ms")
+    for ref in ("eager", "inductor"):
+        rounds = [a / b for a, b in zip(cpu["ours"], cpu[ref])]
+        print(f"  ours / {ref:<9} {cpu_med['ours'] / cpu_med[ref]:6.2f}x cpu time (rounds {min(rounds):.2f}x .. "
+              f"{max(rounds):.2f}x)")
     for side in ("ours", "inductor"):
         diff = (outputs[side].double() - outputs["eager"].double()).abs().max().item()
         print(f"  max |{side} - eager| = {diff:.3g}")

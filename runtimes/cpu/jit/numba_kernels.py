@@ -259,6 +259,46 @@ def attention_rows(q, k, v, bias, out, geometry, has_bias, scale, qs, sc):
                 o[j] = o[j] / total
 
 
+@_inline
+def _masked_run(flat, at, step, n, masked):
+    """Whether all ``n`` values ``flat[at + c * step]`` are at or below ``masked`` (a NaN is not): counted, not
+    tested one by one, so that the loop vectorises."""
+    count = 0
+    for c in range(n):
+        count += flat[at + c * step] <= masked
+    return count == n
+
+
+@_rows
+def mask_spans(flat, rows, cols, s0, s1, lo, hi, keep, masked, level):
+    """Attention's masked keys (``kernels/attention._mask_spans``): for row ``i`` of the bias ``[rows, cols]``
+    read from ``flat`` (element ``[i, j]`` at ``i * s0 + j * s1``), ``lo[i]``/``hi[i]`` the first and one past
+    the last key whose bias is not at or below ``masked`` (a NaN is not masked), ``keep[i]`` whether some bias of
+    the row is at least ``level``. Runs of 16 keys at a time from either end, so a causal row costs about its
+    masked keys / 16."""
+    _wide_vectors()
+    for i in range(rows):
+        at = i * s0
+        j = 0
+        while j + 16 <= cols and _masked_run(flat, at + j * s1, s1, 16, masked):
+            j += 16
+        while j < cols and flat[at + j * s1] <= masked:
+            j += 1
+        e = cols
+        while e - 16 >= j and _masked_run(flat, at + (e - 16) * s1, s1, 16, masked):
+            e -= 16
+        while e > j and flat[at + (e - 1) * s1] <= masked:
+            e -= 1
+        lo[i] = j
+        hi[i] = e
+        found = False
+        for c in range(j, e):  # the first key not masked is usually at least level (0: a key that is seen)
+            if flat[at + c * s1] >= level:
+                found = True
+                break
+        keep[i] = found
+
+
 @_rows
 def exp_rows_online(scores, running, sums, rescale, first):
     """One key block of an online softmax, in place: ``new = max(running[i], max(scores[i]))`` (not below
@@ -680,7 +720,7 @@ def elementwise_tiles(code, consts, table, shape, regs):
 
     Where a tile of an operand is one contiguous run, nothing is copied: its Load makes the register read the
     operand's memory in place, and the operation whose result the Store writes out computes straight into the
-    output (a tile of the output is always one run). Only strided, broadcast or reversed tiles are copied into
+    output (where a tile of the output is one run). Only strided, broadcast or reversed tiles are copied into
     registers. The values are the same either way (each operation still rounds once, in the same order); in
     place, a kernel that writes over its own input (the memory planner's in-place kernels) reads each element
     before it writes it, in the same instruction."""
@@ -711,10 +751,13 @@ def elementwise_tiles(code, consts, table, shape, regs):
                 nc = min(cols, d2 - l0)
                 n = nr * nc
                 wrote = False
+                # the output's tile is one run (not where the box's axes were reordered: then it is written
+                # through a register, row by row)
+                run = table[0, 3] == 1 and (nr == 1 or table[0, 2] == nc)
                 for c in range(start, code.shape[0]):
                     op, d, a, b = code[c, 0], code[c, 1], code[c, 2], code[c, 3]
                     if op == 1:
-                        if copy:
+                        if copy and run:
                             out_at = table[0, 0] + 4 * (i * table[0, 1] + j0 * table[0, 2] + l0 * table[0, 3])
                             _tile_io(table, a, out_at, i, j0, nr, l0, nc, False)
                             wrote = True
@@ -730,7 +773,7 @@ def elementwise_tiles(code, consts, table, shape, regs):
                         continue
                     address[d] = base + d * size
                     wrote = False
-                    if direct and c == last - 1:  # the result goes straight into the output's tile, unless an
+                    if direct and run and c == last - 1:  # the result goes straight into the output's tile, unless an
                         # operand is that very memory (in place): LLVM's overlap test would then take its
                         # scalar loop
                         out_at = table[0, 0] + 4 * (i * table[0, 1] + j0 * table[0, 2] + l0 * table[0, 3])
