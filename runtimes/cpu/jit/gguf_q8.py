@@ -387,6 +387,7 @@ def _vnni512():
 
 
 _VNNI512 = _vnni512()
+PREFETCH = 0  # bytes ahead of the K-quant block loops' software prefetch (0: none)
 
 
 def _cat(builder, a, b):
@@ -546,7 +547,7 @@ KTYPES = {5: (84, 16, _kunits_q2_k), 6: (110, 16, _kunits_q3_k), 7: (144, 8, _ku
           9: (210, 16, _kunits_q6_k)}
 
 
-def _kkernel(kind):
+def _kkernel(kind, nr=1):
     """An intrinsic ``(w, n, xq, xd, xs, x16, m0, mr, out, f16) -> None`` of a K-quant: out[m0 + i, n] = x[m0 + i] .
     W[n] for i < mr (1 to ``MR``); ``x16`` the sums of x per 16 (``sums16``; read by the types of 16 sub-blocks)."""
     ts, nsub, units = KTYPES[kind]
@@ -577,7 +578,7 @@ def _kkernel(kind):
                 switch.add_case(ir.Constant(I64, mr), bb)
                 builder.position_at_end(bb)
                 _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs,
-                       f16p)
+                       f16p, nr)
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
@@ -587,55 +588,72 @@ def _kkernel(kind):
     return kernel
 
 
-def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs, f16p):
-    """The IR of one weight row times ``mr`` rows of x of a K-quant."""
+def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs, f16p, nr=1):
+    """The IR of ``nr`` weight rows from ``nv`` times ``mr`` rows of x of a K-quant (the x loads shared)."""
     sp, ss = sums
-    row = builder.gep(wp, [builder.mul(nv, ws[0])])
+    wrows = [builder.gep(wp, [builder.mul(builder.add(nv, ir.Constant(I64, r)), ws[0])]) for r in range(nr)]
 
     def rows_of(p, s):
         return [builder.gep(p, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), s[0])]) for i in range(mr)]
 
     xrow, drow, srow = rows_of(xqp, xqs), rows_of(xdp, xds), rows_of(sp, ss)
-    slots = 4 if mr == 1 else 2  # independent FMA chains per row of x (4 products per block)
-    acc = [[cgutils.alloca_once_value(builder, _c(FLT, 16, 0.0)) for _ in range(slots)] for _ in range(mr)]
-    macc = [cgutils.alloca_once_value(builder, _c(FLT, nsub, 0.0)) for _ in range(mr)]
+    slots = 4 if mr * nr == 1 else 2  # independent FMA chains per output (4 products per block)
+    acc = [[[cgutils.alloca_once_value(builder, _c(FLT, 16, 0.0)) for _ in range(slots)] for _ in range(mr)]
+           for _ in range(nr)]
+    macc = [[cgutils.alloca_once_value(builder, _c(FLT, nsub, 0.0)) for _ in range(mr)] for _ in range(nr)]
     spread = ir.Constant(_v(I32, 16), [j // 2 for j in range(16)])  # the 8 steps of x onto 16 sub-blocks
     with cgutils.for_range(builder, nblk) as loop:
         b = loop.index
         o = builder.mul(b, ir.Constant(I64, ts))
-        scale, coef, pairs = units(builder, row, o, f16p)
+        if PREFETCH:  # software prefetch of the block PREFETCH bytes ahead (every cache line of it)
+            pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32,
+                                                                                                 I32, I32]),
+                                                "llvm.prefetch.p0")
+            for r in range(nr):
+                for line in range(0, ts, 64):
+                    builder.call(pf, [builder.gep(wrows[r], [builder.add(o, ir.Constant(I64, PREFETCH + line))]),
+                                      ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        decoded = [units(builder, wrows[r], o, f16p) for r in range(nr)]
+        xo = builder.mul(b, ir.Constant(I64, 512))
         for i in range(mr):
             dx = _ld(builder, drow[i], builder.mul(b, ir.Constant(I64, 32)), _v(FLT, 8))
             if nsub == 16:
                 dx = builder.shuffle_vector(dx, ir.Constant(dx.type, ir.Undefined), spread)
-            sx = builder.fmul(scale, dx)
             xsum = _ld(builder, srow[i], builder.mul(b, ir.Constant(I64, 4 * nsub)), _v(FLT, nsub))
-            builder.store(_fma(builder, coef, xsum, builder.load(macc[i])), macc[i])
-            xo = builder.mul(b, ir.Constant(I64, 512))
-            for p, (xa, xb, q) in enumerate(pairs):
+            sx = []
+            for r in range(nr):
+                scale, coef, _ = decoded[r]
+                sx.append(builder.fmul(scale, dx))
+                builder.store(_fma(builder, coef, xsum, builder.load(macc[r][i])), macc[r][i])
+            for p, (xa, xb, _) in enumerate(decoded[0][2]):
                 xh, xl = (_cat(builder, *(_ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 64 * t + part)),
                                               _v(I8, 32)) for t in (xa, xb))) for part in (0, 32))
-                hi = _dpbusd64(builder, _c(I32, 16, 0), q, xh)
-                dot = _dpbusd64(builder, builder.shl(hi, _c(I32, 16, 7)), q, xl)
                 if nsub == 8:
                     idx = [xa] * 8 + [xb] * 8
                 else:
                     idx = [2 * xa] * 4 + [2 * xa + 1] * 4 + [2 * xb] * 4 + [2 * xb + 1] * 4
-                sv = builder.shuffle_vector(sx, ir.Constant(sx.type, ir.Undefined), ir.Constant(_v(I32, 16), idx))
-                a_ = acc[i][p % slots]
-                builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 16)), sv, builder.load(a_)), a_)
+                for r in range(nr):
+                    q = decoded[r][2][p][2]
+                    hi = _dpbusd64(builder, _c(I32, 16, 0), q, xh)
+                    dot = _dpbusd64(builder, builder.shl(hi, _c(I32, 16, 7)), q, xl)
+                    sv = builder.shuffle_vector(sx[r], ir.Constant(sx[r].type, ir.Undefined),
+                                                ir.Constant(_v(I32, 16), idx))
+                    a_ = acc[r][i][p % slots]
+                    builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 16)), sv, builder.load(a_)), a_)
     red16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLT, [FLT, _v(FLT, 16)]),
                                            "llvm.vector.reduce.fadd.v16f32")
     redm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLT, [FLT, _v(FLT, nsub)]),
                                           f"llvm.vector.reduce.fadd.v{nsub}f32")
     for i in range(mr):
         orow = builder.gep(outp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), outs[0])])
-        vec = builder.load(acc[i][0])
-        for slot in range(1, slots):
-            vec = builder.fadd(vec, builder.load(acc[i][slot]))
-        mins = builder.call(redm, [ir.Constant(FLT, 0.0), builder.load(macc[i])], fastmath=("reassoc",))
-        total = builder.call(red16, [mins, vec], fastmath=("reassoc",))
-        builder.store(total, _at(builder, orow, builder.mul(nv, outs[1]), FLT))
+        for r in range(nr):
+            vec = builder.load(acc[r][i][0])
+            for slot in range(1, slots):
+                vec = builder.fadd(vec, builder.load(acc[r][i][slot]))
+            mins = builder.call(redm, [ir.Constant(FLT, 0.0), builder.load(macc[r][i])], fastmath=("reassoc",))
+            total = builder.call(red16, [mins, vec], fastmath=("reassoc",))
+            off = builder.mul(builder.add(nv, ir.Constant(I64, r)), outs[1])
+            builder.store(total, _at(builder, orow, off, FLT))
 
 
 @_fast
