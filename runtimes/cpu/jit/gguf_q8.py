@@ -548,15 +548,16 @@ KTYPES = {5: (84, 16, _kunits_q2_k), 6: (110, 16, _kunits_q3_k), 7: (144, 8, _ku
 
 
 def _kkernel(kind, nr=1):
-    """An intrinsic ``(w, n, xq, xd, xs, x16, m0, mr, out, f16) -> None`` of a K-quant: out[m0 + i, n] = x[m0 + i] .
-    W[n] for i < mr (1 to ``MR``); ``x16`` the sums of x per 16 (``sums16``; read by the types of 16 sub-blocks)."""
+    """An intrinsic ``(w, n, gap, xq, xd, xs, x16, m0, mr, out, f16) -> None`` of a K-quant: out[m0 + i, n + r gap]
+    = x[m0 + i] . W[n + r gap] for i < mr (1 to ``MR``), r < nr; ``x16`` the sums of x per 16 (``sums16``; read by
+    the types of 16 sub-blocks)."""
     ts, nsub, units = KTYPES[kind]
 
     @intrinsic
-    def kernel(typingctx, w, n, xq, xd, xs, x16, m0, mr_, out, f16):
+    def kernel(typingctx, w, n, gap, xq, xd, xs, x16, m0, mr_, out, f16):
         def codegen(context, builder, sig, args):
-            wa, na, xqa, xda, xsa, x16a, m0a, mra, outa, f16a = args
-            tw, _, txq, txd, txs, tx16, _, _, tout, tf16 = sig.args
+            wa, na, gapa, xqa, xda, xsa, x16a, m0a, mra, outa, f16a = args
+            tw, _, _, txq, txd, txs, tx16, _, _, tout, tf16 = sig.args
 
             def arr(t, v):
                 a = context.make_array(t)(context, builder, v)
@@ -578,26 +579,28 @@ def _kkernel(kind, nr=1):
                 switch.add_case(ir.Constant(I64, mr), bb)
                 builder.position_at_end(bb)
                 _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs,
-                       f16p, nr)
+                       f16p, nr, _i64(builder, gapa))
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
 
-        return types.none(w, n, xq, xd, xs, x16, m0, mr_, out, f16), codegen
+        return types.none(w, n, gap, xq, xd, xs, x16, m0, mr_, out, f16), codegen
 
     return kernel
 
 
-def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs, f16p, nr=1):
-    """The IR of ``nr`` weight rows from ``nv`` times ``mr`` rows of x of a K-quant (the x loads shared)."""
+def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs, f16p, nr, gap):
+    """The IR of ``nr`` weight rows ``nv + r gap`` times ``mr`` rows of x of a K-quant (the x loads shared)."""
     sp, ss = sums
-    wrows = [builder.gep(wp, [builder.mul(builder.add(nv, ir.Constant(I64, r)), ws[0])]) for r in range(nr)]
+    wn = [builder.add(nv, builder.mul(gap, ir.Constant(I64, r))) for r in range(nr)]
+    wrows = [builder.gep(wp, [builder.mul(wn[r], ws[0])]) for r in range(nr)]
 
     def rows_of(p, s):
         return [builder.gep(p, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), s[0])]) for i in range(mr)]
 
     xrow, drow, srow = rows_of(xqp, xqs), rows_of(xdp, xds), rows_of(sp, ss)
-    slots = 4 if mr * nr == 1 else 2  # independent FMA chains per output (4 products per block)
+    slots = 4 if mr == 1 else 2  # independent FMA chains per output (4 products per block); not by nr: a row's
+    # sums are the same whichever pass computes it (the threads' row ranges change which rows pair up)
     acc = [[[cgutils.alloca_once_value(builder, _c(FLT, 16, 0.0)) for _ in range(slots)] for _ in range(mr)]
            for _ in range(nr)]
     macc = [[cgutils.alloca_once_value(builder, _c(FLT, nsub, 0.0)) for _ in range(mr)] for _ in range(nr)]
@@ -652,8 +655,7 @@ def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, x
                 vec = builder.fadd(vec, builder.load(acc[r][i][slot]))
             mins = builder.call(redm, [ir.Constant(FLT, 0.0), builder.load(macc[r][i])], fastmath=("reassoc",))
             total = builder.call(red16, [mins, vec], fastmath=("reassoc",))
-            off = builder.mul(builder.add(nv, ir.Constant(I64, r)), outs[1])
-            builder.store(total, _at(builder, orow, off, FLT))
+            builder.store(total, _at(builder, orow, builder.mul(wn[r], outs[1]), FLT))
 
 
 @_fast
@@ -668,48 +670,72 @@ def sums16(xq, xd, x16):
             x16[m, s] = xd[m, b] * F(t)
 
 
-_KK5, _KK6, _KK7, _KK8, _KK9 = (_kkernel(k) for k in (5, 6, 7, 8, 9))
+KNR = 2  # weight rows per pass of the K-quant loops: rows n and n + half of the range (two long sequential streams,
+# the x loads shared); adjacent rows (n, n + 1) made a short-stride pattern the prefetchers lost (2.5x slower)
+_KK = {k: (_kkernel(k, 1), _kkernel(k, KNR)) for k in (5, 6, 7, 8, 9)}
+_KK5, _KK6, _KK7, _KK8, _KK9 = (_KK[k][0] for k in (5, 6, 7, 8, 9))
+_KP5, _KP6, _KP7, _KP8, _KP9 = (_KK[k][1] for k in (5, 6, 7, 8, 9))
 
 
 @_fast
 def product_q2_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
-    for n in range(n0, n1):
+    h = (n1 - n0) // KNR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KK5(packed, n, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP5(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK5(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q3_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
-    for n in range(n0, n1):
+    h = (n1 - n0) // KNR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KK6(packed, n, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP6(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK6(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q4_k(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+    h = (n1 - n0) // KNR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KK7(packed, n, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP7(packed, n0 + j, h, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK7(packed, n, 0, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q5_k(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+    h = (n1 - n0) // KNR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KK8(packed, n, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP8(packed, n0 + j, h, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK8(packed, n, 0, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q6_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
-    for n in range(n0, n1):
+    h = (n1 - n0) // KNR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KK9(packed, n, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP9(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK9(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 # kind (gguf_kernels.KINDS) -> its product ``(packed, xq, xd, xs, out, n0, n1, f16)``; a type added here needs
