@@ -10,12 +10,15 @@ for Q6_K's sub-blocks of 16) into vector accumulators, several in turn (independ
 offset terms (Q4_0's ``-8``, the ``m`` of Q4_1 and Q4_K) multiply the sum of the rounded x of the block (``xs``),
 as llama.cpp's q8_1 blocks do. The accumulators are summed once per output.
 
-The block loops are LLVM IR (``_kernel``: one intrinsic per type; ``_units_*`` decode a block into byte codes and
-scales). Each call computes one weight row against 1-4 rows of x (``MR``, 4 accumulators' worth); more rows of x (a
-small batch: prefill) take the same row again, which is in L1 by then: the weight is read from memory once per
-product and decoded once per 4 rows of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with 8-64 rows). One weight
-row per pass: several rows at once (x loads shared) made several short streams that the hardware prefetchers
-followed worse (measured 2x slower out of cache).
+The block loops are LLVM IR. Q4_0, Q4_1 and Q8_0 (``_kernel``: one intrinsic per type; ``_units_*`` decode a
+block into byte codes and scales): each call computes one weight row against 1-4 rows of x (``MR``, 4 accumulators'
+worth); more rows of x (a small batch: prefill) take the same row again, which is in L1 by then: the weight is read
+from memory once per product and decoded once per 4 rows of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with
+8-64 rows). The K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (``_kkernel``, ``_kunits_*``; section below) work 64 code
+bytes at a time on 512-bit vectors, with their scales unpacked by vector integer operations, and take two weight
+rows per pass: rows ``n`` and ``n + h`` (h = half the thread's range), two long sequential streams that share every
+load of x. Two ADJACENT rows at once made a short back-and-forth pattern the hardware prefetchers lost (2.5x slower
+out of cache); the two far-apart streams measured +16% (Q4_K) and +40% (Q6_K) over one row per pass.
 
 Why two bytes and not llama.cpp's one: 8-bit x flipped greedy ids of a random-weight test model against the dense
 run; the second byte costs one more byte dot product per block (x stays in L1; the weight's bytes dominate).
@@ -42,7 +45,7 @@ I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType
 FLT = ir.FloatType()
 QMAX = 16256.0  # x codes: 127 * 128, so that x = 128 hi + lo with hi in [-127, 127], lo in [0, 127]
 KINDS = (0, 1, 4, 5, 6, 7, 8, 9)  # Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
-NR = 1  # weight rows per pass: one sequential stream (several rows at once defeated the hardware prefetchers)
+NR = 2  # weight rows per pass of Q4_0/Q4_1/Q8_0: n and n + half the range (as the K-quants' KNR)
 MR = 4  # rows of x per pass (share each decoded weight block)
 
 
@@ -192,17 +195,16 @@ def _units_q8_0(builder, w, o, f16):
 TYPES = {0: (18, 1, _units_q4(0)), 1: (20, 1, _units_q4(1)), 4: (34, 1, _units_q8_0)}
 
 
-def _kernel(kind):
+def _kernel(kind, nr=1):
     """An intrinsic ``(w, n, xq, xd, xs, m0, mr, out, f16) -> None``: out[m0 + i, n] = x[m0 + i] . W[n] for
     i < mr (1 to ``MR``), over the whole row (the x arrays given as ``quantize`` made them)."""
     ts, per, units = TYPES[kind]
-    nr = NR
 
     @intrinsic
-    def kernel(typingctx, w, n, xq, xd, xs, m0, mr_, out, f16):
+    def kernel(typingctx, w, n, gap, xq, xd, xs, m0, mr_, out, f16):
         def codegen(context, builder, sig, args):
-            wa, na, xqa, xda, xsa, m0a, mra, outa, f16a = args
-            tw, _, txq, txd, txs, _, _, tout, tf16 = sig.args
+            wa, na, gapa, xqa, xda, xsa, m0a, mra, outa, f16a = args
+            tw, _, _, txq, txd, txs, _, _, tout, tf16 = sig.args
 
             def arr(t, v):
                 a = context.make_array(t)(context, builder, v)
@@ -225,25 +227,27 @@ def _kernel(kind):
                 switch.add_case(ir.Constant(I64, mr), bb)
                 builder.position_at_end(bb)
                 _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xsp, xss, outp, outs,
-                      f16p)
+                      f16p, _i64(builder, gapa))
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
 
-        return types.none(w, n, xq, xd, xs, m0, mr_, out, f16), codegen
+        return types.none(w, n, gap, xq, xd, xs, m0, mr_, out, f16), codegen
 
     return kernel
 
 
-def _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xsp, xss, outp, outs, f16p):
-    """The IR of one pass: ``nr`` weight rows from ``nv`` times ``mr`` rows of x from ``m0v``, stored in out."""
-    rows = [builder.gep(wp, [builder.mul(builder.add(nv, ir.Constant(I64, r)), ws[0])]) for r in range(nr)]
+def _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xsp, xss, outp, outs, f16p,
+          gap):
+    """The IR of one pass: ``nr`` weight rows ``nv + r gap`` times ``mr`` rows of x from ``m0v``, stored in out."""
+    wn = [builder.add(nv, builder.mul(gap, ir.Constant(I64, r))) for r in range(nr)]
+    rows = [builder.gep(wp, [builder.mul(wn[r], ws[0])]) for r in range(nr)]
     xrow = [builder.gep(xqp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xqs[0])]) for i in range(mr)]
     drow = [builder.gep(xdp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xds[0])]) for i in range(mr)]
     srow = [builder.gep(xsp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xss[0])]) for i in range(mr)]
     # ``slots`` accumulators per output, used in turn by successive x-blocks: independent chains of
     # fused multiply-adds (one chain would wait the FMA's latency every x-block)
-    slots = max(1, 4 // (nr * mr))
+    slots = max(1, 4 // mr)  # not by nr: a row's sums are the same whichever pass computes it
     unroll = slots if per == 1 else 1  # blocks per loop iteration
     zero = ir.Constant(_v(FLT, 8), [0.0] * 8)
     acc = [[[cgutils.alloca_once_value(builder, zero) for _ in range(mr)] for _ in range(nr)]
@@ -298,41 +302,47 @@ def _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp,
                 vec = builder.fadd(vec, builder.load(acc[slot][r][i]))
                 mins = builder.fadd(mins, builder.load(macc[slot][r][i]))
             total = builder.call(red, [mins, vec], fastmath=("reassoc",))  # a tree: short latency
-            off = builder.mul(builder.add(nv, ir.Constant(I64, r)), outs[1])
-            builder.store(total, _at(builder, orow, off, FLT))
+            builder.store(total, _at(builder, orow, builder.mul(wn[r], outs[1]), FLT))
 
 
-_K0, _K1, _K4 = (_kernel(k) for k in (0, 1, 4))
+_K = {k: (_kernel(k, 1), _kernel(k, NR)) for k in (0, 1, 4)}
+_K0, _K1, _K4 = (_K[k][0] for k in (0, 1, 4))
+_P0, _P1, _P4 = (_K[k][1] for k in (0, 1, 4))
 
 
 # one compiled product per type (module-level, so that numba caches them on disk): every weight row n0..n1-1
-# once, ``MR`` rows of x at a time (the row stays in L1 between the passes)
+# once, ``MR`` rows of x at a time (the row stays in L1 between the passes), NR rows far apart per pass
 @_fast
 def product_q4_0(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+    h = (n1 - n0) // NR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _K0(packed, n, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _P0(packed, n0 + j, h, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * NR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _K0(packed, n, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q4_1(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+    h = (n1 - n0) // NR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _K1(packed, n, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _P1(packed, n0 + j, h, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * NR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _K1(packed, n, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q8_0(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+    h = (n1 - n0) // NR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _K4(packed, n, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
-
-
-
-
-def product(kind):
-    """The compiled product of one type."""
-    return PRODUCTS[kind]
+            _P4(packed, n0 + j, h, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * NR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _K4(packed, n, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
@@ -363,6 +373,11 @@ def codes(xq: np.ndarray) -> np.ndarray:
     """The int codes v of ``quantize``'s xq (int8 [m, 2 k]) as int64 [m, k] (for tests)."""
     b = xq.reshape(xq.shape[0], -1, 2, 32).astype(np.int64)
     return (b[:, :, 0] * 128 + b[:, :, 1]).reshape(xq.shape[0], -1)
+
+
+def product(kind):
+    """The compiled product of one type."""
+    return PRODUCTS[kind]
 
 
 def matmul_q8(packed, xq, xd, xs, out, n0, n1, kind, f16):
