@@ -78,6 +78,7 @@ def _vnni_form():
 
 _VNNI = _vnni_form()
 _AVX2 = bool(_features().get("avx2", False))
+_F16C = bool(_features().get("f16c", False))
 
 _fast = numba.njit(fastmath={"reassoc", "contract"}, cache=True, nogil=True, error_model="numpy")
 
@@ -110,7 +111,10 @@ def _i64(builder, v):
 
 
 def _h(builder, base, off, f16):
-    """The f16 at byte ``off`` of ``base`` as f32 (through the exact table)."""
+    """The f16 at byte ``off`` of ``base`` as f32 (exact): ``vcvtph2ps`` where F16C is present (the table's random
+    lookups over 256 KiB, a few per block, measured ~12% of a pass over a real model's scales), else the table."""
+    if _F16C:
+        return builder.fpext(builder.bitcast(_ld(builder, base, off, I16), ir.HalfType()), FLT)
     bits = builder.zext(_ld(builder, base, off, I16), I64)
     return builder.load(builder.gep(f16, [bits]))
 
