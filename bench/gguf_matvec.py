@@ -3,19 +3,22 @@ weight per second) of the integer products (``runtimes/cpu/jit/gguf_q8.py``) vs 
 (``gguf_kernels.SPECIALISED``), in turns in one process, beside a memory copy measured in the same run.
 
 Weights: every matrix of the real SmolLM2-135M-Instruct Q4_1 file (Q4_1 layers and the tied Q8_0 embedding as
-the LM head, 96 MB: one decoded token's products), and for Q8_0, Q4_K and Q6_K ~96 MB of [1536, 1536] matrices of
-random blocks (valid scales). Each pass runs every matrix of a set once (x of ``--rows`` rows, random), so nothing
+the LM head, 96 MB: one decoded token's products), and for Q8_0 and the K-quants ~96 MB of [1536, 1536] matrices
+of random blocks (valid scales). Each pass runs every matrix of a set once (x of ``--rows`` rows, random), so nothing
 is reused from the 32 MiB L3 between passes. ``--rows 8`` etc. measure the small-batch path (GFLOP/s also shown).
 
     python bench/gguf_matvec.py                 # rows of x = 1, 5 rounds
     python bench/gguf_matvec.py --rows 16 --sets Q4_1
     python bench/gguf_matvec.py --old /tmp/gguf_q8_old.py   # a third side: another gguf_q8 module's matmul_q8
+    git show main:runtimes/cpu/jit/gguf_q8.py > /tmp/gguf_q8_main.py    # e.g. before / after a change, one run:
+    python bench/gguf_matvec.py --old /tmp/gguf_q8_main.py --sets Q8_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K --no-llama
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import statistics
 import sys
@@ -34,7 +37,8 @@ from luminal_recipes.runtimes.cpu.jit import gguf_q8  # noqa: E402
 
 CLOCK = time.thread_time  # CPU time of this thread (every side computes on it at one thread): on a shared machine
 # it counts the cycles spent, not the time other jobs held the core; --wall for wall-clock time
-SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}  # offsets of the f16 scales
+SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+          "Q6_K": (208,)}  # offsets of the f16 scales
 
 
 def real_set() -> list[tuple[str, np.ndarray]]:
@@ -89,6 +93,7 @@ class LlamaSide:
 class Side:
     def __init__(self, name, rows, mats, fn):
         self.name, self.fn = name, fn
+        self.has = getattr(fn, "has", lambda kind: True)
         rng = np.random.default_rng(1)
         self.work = []
         for qtype, w in mats:
@@ -118,6 +123,7 @@ def int_product(module, f16):
         xd, xs = np.empty((m, k // 32), np.float32), np.empty((m, k // 32), np.float32)
         module.quantize(x, xq, xd, xs)
         module.matmul_q8(w, xq, xd, xs, out, 0, w.shape[0], kind, f16)
+    fn.has = lambda kind: kind in module.KINDS
     return fn
 
 
@@ -125,7 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--sets", default="SmolLM2,Q8_0,Q4_K,Q6_K")
+    ap.add_argument("--sets", default="SmolLM2,Q8_0,Q4_K,Q6_K,Q5_K,Q3_K,Q2_K")
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out of the SmolLM2 set")
     ap.add_argument("--old", help="a file holding an older gguf_q8 module (quantize, matmul_q8): a third side")
     ap.add_argument("--wall", action="store_true", help="wall-clock time instead of this thread's CPU time")
@@ -135,9 +141,12 @@ def main() -> None:
         CLOCK = time.perf_counter
     f16 = gk.f16_table()
     sides = [("f32", f32_product(f16)), ("int", int_product(gguf_q8, f16))]
-    if args.old:
-        sys.path.insert(0, str(Path(args.old).resolve().parent))  # imported by name: numba's cache needs one
-        old = importlib.import_module(Path(args.old).stem)
+    if args.old:  # imported as a module of the package beside gguf_q8 (its relative imports; numba's cache)
+        name = f"{gguf_q8.__package__}.{Path(args.old).stem}"
+        spec = importlib.util.spec_from_file_location(name, args.old)
+        old = importlib.util.module_from_spec(spec)
+        sys.modules[name] = old
+        spec.loader.exec_module(old)
         sides.append(("old", int_product(old, f16)))
     print(f"memcpy {memcpy_gbs():.1f} GB/s (wall clock); rows of x {args.rows}; one thread; "
           f"{'wall-clock' if args.wall else 'CPU'} time; load {os.getloadavg()[0]:.1f}")
@@ -147,6 +156,7 @@ def main() -> None:
         flops = 2 * args.rows * sum(w.shape[0] * (w.shape[1] // gguf_blocks.QTYPES[q][2] * gguf_blocks.QTYPES[q][1])
                                     for q, w in mats)
         runs = [Side(s, args.rows, mats, fn) for s, fn in sides]
+        runs = [r for r in runs if all(r.has(kind) for kind, *_ in r.work)]  # an older module without the type
         if name == "SmolLM2" and args.rows == 1 and not args.no_llama:
             try:
                 runs.append(LlamaSide())

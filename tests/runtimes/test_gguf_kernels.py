@@ -21,7 +21,7 @@ from gguf_data import packed  # noqa: E402
 
 gguf = pytest.importorskip("gguf")
 QTYPES = list(gguf_blocks.QTYPES)
-Q8_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
+Q8_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")  # gguf_q8.KINDS
 
 
 def _want(raw: np.ndarray, qtype: str) -> np.ndarray:
@@ -117,3 +117,35 @@ def test_integer_products_are_the_dequantized_weight_times_the_rounded_x(qtype, 
     part = np.zeros((rows, n), np.float32)  # a row range (the threads' parts) gives the same values
     gguf_q8.matmul_q8(raw, xq, xd, xs, part, 5, 22, gk.KINDS[qtype], gk.f16_table())
     assert np.array_equal(part[:, 5:22], out[:, 5:22]) and not part[:, :5].any() and not part[:, 22:].any()
+
+
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_products_over_batch_rows_and_odd_row_ranges(qtype):
+    """The K-quant integer products (two x-blocks per 64 code bytes, vector-unpacked scales, offsets through the
+    sums of x per sub-block) against gguf-py's dequantized weight times the rounded x, for every count of rows of x
+    from 1 to 64 (each remainder of the 4-row tile) and odd ranges of weight rows, with random scale and code bytes
+    and the f16 d / dmin at their edges (gguf_data.EDGE_SCALES): a wrongly unpacked scale or high bit fails."""
+    jit_module = pytest.importorskip("luminal_recipes.runtimes.cpu.jit")
+    if not jit_module.AVAILABLE:
+        pytest.skip("numba is not installed")
+    from luminal_recipes.runtimes.cpu.jit import gguf_kernels as gk
+    from luminal_recipes.runtimes.cpu.jit import gguf_q8
+
+    rng = np.random.default_rng(sum(map(ord, qtype)) + 64)
+    k, n = 768, 13
+    raw = packed(rng, qtype, n, k // 256, edge=True)
+    w = _want(raw, qtype).astype(np.float64)
+    f16 = gk.f16_table()
+    x_all = (rng.standard_normal((64, k)) * 0.05).astype(np.float32)
+    for rows in list(range(1, 10)) + [15, 31, 33, 64]:
+        x = x_all[:rows]
+        xq = np.zeros((rows, 2 * k), np.int8)
+        xd, xs = np.zeros((rows, k // 32), np.float32), np.zeros((rows, k // 32), np.float32)
+        gguf_q8.quantize(x, xq, xd, xs)
+        want = (gguf_q8.codes(xq) * np.repeat(xd, 32, axis=1)) @ w.T
+        out = np.zeros((rows, n), np.float32)
+        lo, hi = (0, n) if rows % 2 else (3, n - 1)  # odd weight-row ranges as the threads split them
+        gguf_q8.matmul_q8(raw, xq, xd, xs, out, lo, hi, gk.KINDS[qtype], f16)
+        assert not out[:, :lo].any() and not out[:, hi:].any()
+        err = np.abs(out[:, lo:hi] - want[:, lo:hi]).max()
+        assert err <= 1e-6 * np.abs(want[:, lo:hi]).max(), (qtype, rows, err)

@@ -100,8 +100,8 @@ def test_f16_and_bf16_convert_every_finite_value_exactly(qtype):
 
 @pytest.mark.parametrize("qtype", MORE)
 def test_compiled_product_takes_the_fused_loop(qtype, numpy_runtime, assert_close, monkeypatch):
-    """A decoding step's ``DequantMatMulGGUF`` (one row of x) runs this module's loop and matches the reference
-    interpreter."""
+    """A decoding step's ``DequantMatMulGGUF`` (one row of x) runs this module's loop (for Q2_K and Q3_K: with
+    their integer products taken out) and matches the reference interpreter."""
     from luminal_recipes.compiler.search import SearchOptions, search_segment
     from luminal_recipes.compiler.segments import assemble, split
     from luminal_recipes.graph import run_reference
@@ -110,6 +110,8 @@ def test_compiled_product_takes_the_fused_loop(qtype, numpy_runtime, assert_clos
     kind = gk.KINDS[qtype]
     loop = gguf_more.SPECIALISED[kind]
     monkeypatch.setitem(gk.SPECIALISED, kind, lambda *a: (used.append(kind), loop(*a)))
+    from luminal_recipes.runtimes.cpu.jit import gguf_q8  # Q2_K, Q3_K: the integer products (gguf_q8) come first;
+    monkeypatch.setattr(gguf_q8, "KINDS", tuple(c for c in gguf_q8.KINDS if c != kind))  # their f32 loops here
     rng = np.random.default_rng(3)
     k = 512
     blocks = k // (32 if gguf_blocks.block_size(qtype) == 1 else gguf_blocks.block_size(qtype))

@@ -10,12 +10,15 @@ for Q6_K's sub-blocks of 16) into vector accumulators, several in turn (independ
 offset terms (Q4_0's ``-8``, the ``m`` of Q4_1 and Q4_K) multiply the sum of the rounded x of the block (``xs``),
 as llama.cpp's q8_1 blocks do. The accumulators are summed once per output.
 
-The block loops are LLVM IR (``_kernel``: one intrinsic per type; ``_units_*`` decode a block into byte codes and
-scales). Each call computes one weight row against 1-4 rows of x (``MR``, 4 accumulators' worth); more rows of x (a
-small batch: prefill) take the same row again, which is in L1 by then: the weight is read from memory once per
-product and decoded once per 4 rows of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with 8-64 rows). One weight
-row per pass: several rows at once (x loads shared) made several short streams that the hardware prefetchers
-followed worse (measured 2x slower out of cache).
+The block loops are LLVM IR. Q4_0, Q4_1 and Q8_0 (``_kernel``: one intrinsic per type; ``_units_*`` decode a
+block into byte codes and scales): each call computes one weight row against 1-4 rows of x (``MR``, 4 accumulators'
+worth); more rows of x (a small batch: prefill) take the same row again, which is in L1 by then: the weight is read
+from memory once per product and decoded once per 4 rows of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with
+8-64 rows). The K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (``_kkernel``, ``_kunits_*``; section below) work 64 code
+bytes at a time on 512-bit vectors, with their scales unpacked by vector integer operations, and take two weight
+rows per pass: rows ``n`` and ``n + h`` (h = half the thread's range), two long sequential streams that share every
+load of x. Two ADJACENT rows at once made a short back-and-forth pattern the hardware prefetchers lost (2.5x slower
+out of cache); the two far-apart streams measured +16% (Q4_K) and +40% (Q6_K) over one row per pass.
 
 Why two bytes and not llama.cpp's one: 8-bit x flipped greedy ids of a random-weight test model against the dense
 run; the second byte costs one more byte dot product per block (x stays in L1; the weight's bytes dominate).
@@ -41,8 +44,8 @@ F = np.float32
 I1, I8, I16, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 FLT = ir.FloatType()
 QMAX = 16256.0  # x codes: 127 * 128, so that x = 128 hi + lo with hi in [-127, 127], lo in [0, 127]
-KINDS = (0, 1, 4, 7, 9)  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K
-NR = 1  # weight rows per pass: one sequential stream (several rows at once defeated the hardware prefetchers)
+KINDS = (0, 1, 4, 5, 6, 7, 8, 9)  # Q4_0, Q4_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+NR = 2  # weight rows per pass of Q4_0/Q4_1/Q8_0: n and n + half the range (as the K-quants' KNR)
 MR = 4  # rows of x per pass (share each decoded weight block)
 
 
@@ -75,6 +78,7 @@ def _vnni_form():
 
 _VNNI = _vnni_form()
 _AVX2 = bool(_features().get("avx2", False))
+_F16C = bool(_features().get("f16c", False))
 
 _fast = numba.njit(fastmath={"reassoc", "contract"}, cache=True, nogil=True, error_model="numpy")
 
@@ -107,7 +111,10 @@ def _i64(builder, v):
 
 
 def _h(builder, base, off, f16):
-    """The f16 at byte ``off`` of ``base`` as f32 (through the exact table)."""
+    """The f16 at byte ``off`` of ``base`` as f32 (exact): ``vcvtph2ps`` where F16C is present (the table's random
+    lookups over 256 KiB, a few per block, measured ~12% of a pass over a real model's scales), else the table."""
+    if _F16C:
+        return builder.fpext(builder.bitcast(_ld(builder, base, off, I16), ir.HalfType()), FLT)
     bits = builder.zext(_ld(builder, base, off, I16), I64)
     return builder.load(builder.gep(f16, [bits]))
 
@@ -188,70 +195,20 @@ def _units_q8_0(builder, w, o, f16):
     return [(0, _ld(builder, w, builder.add(o, ir.Constant(I64, 2)), _v(I8, 32)), True, d, None)]
 
 
-def _units_q4_k(builder, w, o, f16):
-    """8 sub-blocks of 32: d * sc_j * sum(x q) - dmin * mn_j * sum(x); 6-bit scales and mins packed in 12 bytes."""
-    def byte(i):
-        return builder.zext(_ld(builder, w, builder.add(o, ir.Constant(I64, i)), I8), I32)
-
-    def k32(v):
-        return ir.Constant(I32, v)
-
-    d = _h(builder, w, o, f16)
-    dmin = _h(builder, w, builder.add(o, ir.Constant(I64, 2)), f16)
-    out = []
-    for j in range(8):
-        if j < 4:
-            sc = builder.and_(byte(4 + j), k32(63))
-            mn = builder.and_(byte(8 + j), k32(63))
-        else:
-            md = byte(12 + j - 4)
-            sc = builder.or_(builder.and_(md, k32(15)), builder.and_(builder.lshr(byte(4 + j - 4), k32(2)), k32(0x30)))
-            mn = builder.or_(builder.lshr(md, k32(4)), builder.and_(builder.lshr(byte(4 + j), k32(2)), k32(0x30)))
-        g, half = divmod(j, 2)
-        wv = _ld(builder, w, builder.add(o, ir.Constant(I64, 16 + 32 * g)), _v(I8, 32))
-        q = builder.and_(builder.lshr(wv, _c(I8, 32, 4)), _c(I8, 32, 15)) if half else builder.and_(wv, _c(I8, 32, 15))
-        a = builder.fmul(d, builder.uitofp(sc, FLT))
-        c = builder.fneg(builder.fmul(dmin, builder.uitofp(mn, FLT)))
-        out.append((j, q, False, a, c))
-    return out
-
-
-def _units_q6_k(builder, w, o, f16):
-    """16 sub-blocks of 16 (two per x-block of 32): d * sc * sum(x (q - 32)), q = low 4 bits | high 2 bits << 4."""
-    d = _h(builder, w, builder.add(o, ir.Constant(I64, 208)), f16)
-    out = []
-    for h in range(2):
-        hv = _ld(builder, w, builder.add(o, ir.Constant(I64, 128 + 32 * h)), _v(I8, 32))
-        for t in range(4):  # the four 32-runs of this half: ql +0/+32, low/high nibble
-            lv = _ld(builder, w, builder.add(o, ir.Constant(I64, 64 * h + (32 if t % 2 else 0))), _v(I8, 32))
-            low = builder.and_(builder.lshr(lv, _c(I8, 32, 4 if t >= 2 else 0)), _c(I8, 32, 15))
-            high = builder.and_(builder.lshr(hv, _c(I8, 32, 2 * t)), _c(I8, 32, 3))
-            q = builder.sub(builder.or_(low, builder.shl(high, _c(I8, 32, 4))), _c(I8, 32, 32))
-            scs = []
-            for part in range(2):
-                s = _ld(builder, w, builder.add(o, ir.Constant(I64, 192 + h * 8 + 2 * t + part)), I8)
-                scs.append(_splat(builder, builder.fmul(d, builder.sitofp(s, FLT)), 4))
-            scale = builder.shuffle_vector(scs[0], scs[1], ir.Constant(_v(I32, 8), list(range(8))))
-            out.append((h * 4 + t, q, True, scale, None))
-    return out
-
-
 # kind -> (bytes per block, x-blocks of 32 per block, units)
-TYPES = {0: (18, 1, _units_q4(0)), 1: (20, 1, _units_q4(1)), 4: (34, 1, _units_q8_0), 7: (144, 8, _units_q4_k),
-         9: (210, 8, _units_q6_k)}
+TYPES = {0: (18, 1, _units_q4(0)), 1: (20, 1, _units_q4(1)), 4: (34, 1, _units_q8_0)}
 
 
-def _kernel(kind):
+def _kernel(kind, nr=1):
     """An intrinsic ``(w, n, xq, xd, xs, m0, mr, out, f16) -> None``: out[m0 + i, n] = x[m0 + i] . W[n] for
     i < mr (1 to ``MR``), over the whole row (the x arrays given as ``quantize`` made them)."""
     ts, per, units = TYPES[kind]
-    nr = NR
 
     @intrinsic
-    def kernel(typingctx, w, n, xq, xd, xs, m0, mr_, out, f16):
+    def kernel(typingctx, w, n, gap, xq, xd, xs, m0, mr_, out, f16):
         def codegen(context, builder, sig, args):
-            wa, na, xqa, xda, xsa, m0a, mra, outa, f16a = args
-            tw, _, txq, txd, txs, _, _, tout, tf16 = sig.args
+            wa, na, gapa, xqa, xda, xsa, m0a, mra, outa, f16a = args
+            tw, _, _, txq, txd, txs, _, _, tout, tf16 = sig.args
 
             def arr(t, v):
                 a = context.make_array(t)(context, builder, v)
@@ -274,25 +231,27 @@ def _kernel(kind):
                 switch.add_case(ir.Constant(I64, mr), bb)
                 builder.position_at_end(bb)
                 _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xsp, xss, outp, outs,
-                      f16p)
+                      f16p, _i64(builder, gapa))
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
 
-        return types.none(w, n, xq, xd, xs, m0, mr_, out, f16), codegen
+        return types.none(w, n, gap, xq, xd, xs, m0, mr_, out, f16), codegen
 
     return kernel
 
 
-def _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xsp, xss, outp, outs, f16p):
-    """The IR of one pass: ``nr`` weight rows from ``nv`` times ``mr`` rows of x from ``m0v``, stored in out."""
-    rows = [builder.gep(wp, [builder.mul(builder.add(nv, ir.Constant(I64, r)), ws[0])]) for r in range(nr)]
+def _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xsp, xss, outp, outs, f16p,
+          gap):
+    """The IR of one pass: ``nr`` weight rows ``nv + r gap`` times ``mr`` rows of x from ``m0v``, stored in out."""
+    wn = [builder.add(nv, builder.mul(gap, ir.Constant(I64, r))) for r in range(nr)]
+    rows = [builder.gep(wp, [builder.mul(wn[r], ws[0])]) for r in range(nr)]
     xrow = [builder.gep(xqp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xqs[0])]) for i in range(mr)]
     drow = [builder.gep(xdp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xds[0])]) for i in range(mr)]
     srow = [builder.gep(xsp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), xss[0])]) for i in range(mr)]
     # ``slots`` accumulators per output, used in turn by successive x-blocks: independent chains of
     # fused multiply-adds (one chain would wait the FMA's latency every x-block)
-    slots = max(1, 4 // (nr * mr))
+    slots = max(1, 4 // mr)  # not by nr: a row's sums are the same whichever pass computes it
     unroll = slots if per == 1 else 1  # blocks per loop iteration
     zero = ir.Constant(_v(FLT, 8), [0.0] * 8)
     acc = [[[cgutils.alloca_once_value(builder, zero) for _ in range(mr)] for _ in range(nr)]
@@ -347,58 +306,47 @@ def _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp,
                 vec = builder.fadd(vec, builder.load(acc[slot][r][i]))
                 mins = builder.fadd(mins, builder.load(macc[slot][r][i]))
             total = builder.call(red, [mins, vec], fastmath=("reassoc",))  # a tree: short latency
-            off = builder.mul(builder.add(nv, ir.Constant(I64, r)), outs[1])
-            builder.store(total, _at(builder, orow, off, FLT))
+            builder.store(total, _at(builder, orow, builder.mul(wn[r], outs[1]), FLT))
 
 
-_K0, _K1, _K4, _K7, _K9 = (_kernel(k) for k in KINDS)
+_K = {k: (_kernel(k, 1), _kernel(k, NR)) for k in (0, 1, 4)}
+_K0, _K1, _K4 = (_K[k][0] for k in (0, 1, 4))
+_P0, _P1, _P4 = (_K[k][1] for k in (0, 1, 4))
 
 
 # one compiled product per type (module-level, so that numba caches them on disk): every weight row n0..n1-1
-# once, ``MR`` rows of x at a time (the row stays in L1 between the passes)
+# once, ``MR`` rows of x at a time (the row stays in L1 between the passes), NR rows far apart per pass
 @_fast
 def product_q4_0(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+    h = (n1 - n0) // NR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _K0(packed, n, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _P0(packed, n0 + j, h, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * NR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _K0(packed, n, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q4_1(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+    h = (n1 - n0) // NR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _K1(packed, n, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _P1(packed, n0 + j, h, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * NR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _K1(packed, n, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q8_0(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+    h = (n1 - n0) // NR
+    for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _K4(packed, n, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
-
-
-@_fast
-def product_q4_k(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
+            _P4(packed, n0 + j, h, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * NR, n1):
         for m0 in range(0, xq.shape[0], MR):
-            _K7(packed, n, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
-
-
-@_fast
-def product_q6_k(packed, xq, xd, xs, out, n0, n1, f16):
-    for n in range(n0, n1):
-        for m0 in range(0, xq.shape[0], MR):
-            _K9(packed, n, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
-
-
-# kind (gguf_kernels.KINDS) -> its product ``(packed, xq, xd, xs, out, n0, n1, f16)``; a type added here needs
-# its block layout in TYPES (``_units_*``) and an entry in KINDS
-PRODUCTS = {0: product_q4_0, 1: product_q4_1, 4: product_q8_0, 7: product_q4_k, 9: product_q6_k}
-
-
-def product(kind):
-    """The compiled product of one type."""
-    return PRODUCTS[kind]
+            _K4(packed, n, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
@@ -431,7 +379,385 @@ def codes(xq: np.ndarray) -> np.ndarray:
     return (b[:, :, 0] * 128 + b[:, :, 1]).reshape(xq.shape[0], -1)
 
 
+def product(kind):
+    """The compiled product of one type."""
+    return PRODUCTS[kind]
+
+
 def matmul_q8(packed, xq, xd, xs, out, n0, n1, kind, f16):
     """out[m, n] = x[m] @ dequant(packed[n]) for n0 <= n < n1, x given as ``quantize`` made it (C-contiguous
     arrays: xq int8 [m, 2 k], xd and xs f32 [m, k / 32])."""
     product(kind)(packed, xq, xd, xs, out, n0, n1, f16)
+
+
+# ---- K-quants, 64 bytes at a time -------------------------------------------------------------------------------
+# A super-block of 256 elements: the sub-blocks' scales are unpacked with vector integer operations into one f32
+# vector per block (``nsub`` = 8 sub-blocks of 32 or 16 of 16), multiplied once per row of x by the 8 steps of its
+# x-blocks (contiguous in xd); the codes are made unsigned (0 .. 2**bits - 1) and dotted 64 at a time, two x-blocks
+# per <64 x i8> (``vpdpbusd`` on 512 bits; two 256-bit halves without AVX512-VNNI); each product's 16 int32 lanes
+# take their sub-blocks' scales by one permutation of that vector. The constant offsets (Q3_K's -4, Q6_K's -32)
+# and the minima (Q2_K, Q4_K, Q5_K) are one fused multiply-add per block and row of x: a vector of ``nsub``
+# coefficients times the sums of x per sub-block (xs for sub-blocks of 32, per 16 computed once per product).
+def _vnni512():
+    f = _features()
+    if _VNNI is None or not (f.get("avx512vnni") and f.get("avx512bw")):
+        return None
+    return ir.VectorType(I8, 64) if _VNNI.element.width == 8 else ir.VectorType(I32, 16)
+
+
+_VNNI512 = _vnni512()
+PREFETCH = 0  # bytes ahead of the K-quant block loops' software prefetch (0: none)
+
+
+def _cat(builder, a, b):
+    n = a.type.count
+    return builder.shuffle_vector(a, b, ir.Constant(_v(I32, 2 * n), list(range(2 * n))))
+
+
+def _half_of(builder, v, h):
+    n = v.type.count // 2
+    return builder.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(_v(I32, n),
+                                                                                     list(range(h * n, h * n + n))))
+
+
+def _dpbusd64(builder, acc, u, x):
+    """<16 x i32> acc + (lane k: sum of u[4k + j] x[4k + j]), u <64 x i8> unsigned, x <64 x i8> signed."""
+    if _VNNI512 is not None:
+        fn = cgutils.get_or_insert_function(builder.module,
+                                            ir.FunctionType(_v(I32, 16), [_v(I32, 16), _VNNI512, _VNNI512]),
+                                            "llvm.x86.avx512.vpdpbusd.512")
+        if _VNNI512.element.width == 32:
+            u, x = builder.bitcast(u, _VNNI512), builder.bitcast(x, _VNNI512)
+        return builder.call(fn, [acc, u, x])
+    parts = [_dpbusd(builder, _half_of(builder, acc, h), _half_of(builder, u, h), _half_of(builder, x, h))
+             for h in range(2)]
+    return _cat(builder, parts[0], parts[1])
+
+
+def _b64(builder, v, op, n):
+    """<64 x i8> ``v op n`` (op: 'and', 'shr', 'shl', 'or')."""
+    c = _c(I8, 64, n) if isinstance(n, int) else n
+    return {"and": builder.and_, "shr": builder.lshr, "shl": builder.shl, "or": builder.or_}[op](v, c)
+
+
+def _words(builder, ws, n8):
+    """i32 or i64 words -> <n8 x i8> (little-endian bytes, in order)."""
+    w = ws[0].type
+    vec = ir.Constant(_v(w, len(ws)), ir.Undefined)
+    for i, x in enumerate(ws):
+        vec = builder.insert_element(vec, x, ir.Constant(I32, i))
+    return builder.bitcast(vec, _v(I8, n8))
+
+
+def _k_scales_4_5(builder, w, o):
+    """Q4_K / Q5_K: the 12 bytes at o + 4 -> (<8 x float> scales, <8 x float> minima) (llama.cpp's kmask
+    unpacking: 6-bit values, the upper four's high bits in the top bits of the first eight bytes)."""
+    u = [_ld(builder, w, builder.add(o, ir.Constant(I64, 4 + 4 * i)), I32) for i in range(3)]
+    k1, k2, k3 = (ir.Constant(I32, c) for c in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+
+    def sh(v, s):
+        return builder.lshr(v, ir.Constant(I32, s))
+
+    sc_lo = builder.and_(u[0], k1)
+    sc_hi = builder.or_(builder.and_(u[2], k2), builder.shl(builder.and_(sh(u[0], 6), k3), ir.Constant(I32, 4)))
+    mn_lo = builder.and_(u[1], k1)
+    mn_hi = builder.or_(builder.and_(sh(u[2], 4), k2), builder.shl(builder.and_(sh(u[1], 6), k3), ir.Constant(I32, 4)))
+    f = builder.uitofp(_words(builder, [sc_lo, sc_hi, mn_lo, mn_hi], 16), _v(FLT, 16))
+    return _half_of(builder, f, 0), _half_of(builder, f, 1)
+
+
+def _kunits_q4_k(builder, w, o, f16):
+    """Q4_K (d, dmin, 12 bytes of scales, 128 bytes of nibbles: bytes 32 g .. 32 g + 31 hold sub-block 2 g in their
+    low nibbles, 2 g + 1 in their high ones)."""
+    d = _h(builder, w, o, f16)
+    dmin = _h(builder, w, builder.add(o, ir.Constant(I64, 2)), f16)
+    sc, mn = _k_scales_4_5(builder, w, o)
+    a = _ld(builder, w, builder.add(o, ir.Constant(I64, 16)), _v(I8, 64))
+    b = _ld(builder, w, builder.add(o, ir.Constant(I64, 80)), _v(I8, 64))
+    pairs = [(0, 2, _b64(builder, a, "and", 15)), (1, 3, _b64(builder, _b64(builder, a, "shr", 4), "and", 15)),
+             (4, 6, _b64(builder, b, "and", 15)), (5, 7, _b64(builder, _b64(builder, b, "shr", 4), "and", 15))]
+    return (builder.fmul(_splat(builder, d, 8), sc), builder.fmul(_splat(builder, builder.fneg(dmin), 8), mn),
+            pairs)
+
+
+def _kunits_q5_k(builder, w, o, f16):
+    """Q5_K: Q4_K's layout with 32 bytes of high bits (bit j of byte l: element l of sub-block j) before the
+    nibbles."""
+    d = _h(builder, w, o, f16)
+    dmin = _h(builder, w, builder.add(o, ir.Constant(I64, 2)), f16)
+    sc, mn = _k_scales_4_5(builder, w, o)
+    qh = _ld(builder, w, builder.add(o, ir.Constant(I64, 16)), _v(I8, 32))
+    h = _cat(builder, qh, builder.lshr(qh, _c(I8, 32, 2)))  # bits j (first half) and j + 2 (second)
+    a = _ld(builder, w, builder.add(o, ir.Constant(I64, 48)), _v(I8, 64))
+    b = _ld(builder, w, builder.add(o, ir.Constant(I64, 112)), _v(I8, 64))
+
+    def high(op, s):  # bit s of h at bit 4
+        return _b64(builder, _b64(builder, h, op, s) if s else h, "and", 16)
+
+    pairs = [(0, 2, _b64(builder, _b64(builder, a, "and", 15), "or", high("shl", 4))),
+             (1, 3, _b64(builder, _b64(builder, _b64(builder, a, "shr", 4), "and", 15), "or", high("shl", 3))),
+             (4, 6, _b64(builder, _b64(builder, b, "and", 15), "or", high("shl", 0))),
+             (5, 7, _b64(builder, _b64(builder, _b64(builder, b, "shr", 4), "and", 15), "or", high("shr", 1)))]
+    return (builder.fmul(_splat(builder, d, 8), sc), builder.fmul(_splat(builder, builder.fneg(dmin), 8), mn),
+            pairs)
+
+
+def _kunits_q6_k(builder, w, o, f16):
+    """Q6_K (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, d): codes q in 0..63, value
+    d sc (q - 32); the -32 through the sums of x per 16."""
+    d = _h(builder, w, builder.add(o, ir.Constant(I64, 208)), f16)
+    sc = builder.sitofp(_ld(builder, w, builder.add(o, ir.Constant(I64, 192)), _v(I8, 16)), _v(FLT, 16))
+    s = builder.fmul(_splat(builder, d, 16), sc)
+    pairs = []
+    for h in range(2):
+        lv = _ld(builder, w, builder.add(o, ir.Constant(I64, 64 * h)), _v(I8, 64))
+        qh = _ld(builder, w, builder.add(o, ir.Constant(I64, 128 + 32 * h)), _v(I8, 32))
+        hc = _cat(builder, qh, builder.lshr(qh, _c(I8, 32, 2)))  # x-block 4h + t: bits 2t of qh
+        pairs.append((4 * h, 4 * h + 1, _b64(builder, _b64(builder, lv, "and", 15), "or",
+                                             _b64(builder, _b64(builder, hc, "shl", 4), "and", 48))))
+        pairs.append((4 * h + 2, 4 * h + 3, _b64(builder, _b64(builder, _b64(builder, lv, "shr", 4), "and", 15),
+                                                 "or", _b64(builder, hc, "and", 48))))
+    return s, builder.fmul(s, _c(FLT, 16, -32.0)), pairs
+
+
+def _kunits_q3_k(builder, w, o, f16):
+    """Q3_K (32 bytes of high bits, 64 of 2-bit codes, 12 bytes of 6-bit scales - 32, d): element h 128 + t 32 + l
+    is bits 2t of qs[32 h + l] with bit 4 h + t of hmask[l] above them, value d sc (q - 4); the -4 through the sums
+    of x per 16."""
+    d = _h(builder, w, builder.add(o, ir.Constant(I64, 108)), f16)
+    a = _ld(builder, w, builder.add(o, ir.Constant(I64, 96)), I64)
+    c = _ld(builder, w, builder.add(o, ir.Constant(I64, 104)), I32)
+    m4, m2 = ir.Constant(I64, 0x0F0F0F0F0F0F0F0F), ir.Constant(I32, 0x03030303)
+    hi = [builder.zext(builder.and_(builder.lshr(c, ir.Constant(I32, 2 * i)), m2), I64) for i in range(4)]
+    words = []
+    for j in range(2):  # scales 0..7: low nibbles of a; 8..15: high nibbles; bits 4, 5 from c
+        lo = builder.and_(builder.lshr(a, ir.Constant(I64, 4 * j)), m4)
+        top = builder.or_(hi[2 * j], builder.shl(hi[2 * j + 1], ir.Constant(I64, 32)))
+        words.append(builder.or_(lo, builder.shl(top, ir.Constant(I64, 4))))
+    sc = builder.sitofp(builder.sub(_words(builder, words, 16), _c(I8, 16, 32)), _v(FLT, 16))
+    s = builder.fmul(_splat(builder, d, 16), sc)
+    qs = _ld(builder, w, builder.add(o, ir.Constant(I64, 32)), _v(I8, 64))
+    hm = _ld(builder, w, o, _v(I8, 32))
+    hm = _cat(builder, hm, builder.lshr(hm, _c(I8, 32, 4)))
+    pairs = []
+    for t in range(4):
+        low = _b64(builder, _b64(builder, qs, "shr", 2 * t) if t else qs, "and", 3)
+        hb = _b64(builder, _b64(builder, hm, "shr", t) if t else hm, "and", 1)
+        pairs.append((t, 4 + t, _b64(builder, low, "or", _b64(builder, hb, "shl", 2))))
+    return s, builder.fmul(s, _c(FLT, 16, -4.0)), pairs
+
+
+def _kunits_q2_k(builder, w, o, f16):
+    """Q2_K (16 bytes: scale | min << 4, 64 bytes of 2-bit codes, d, dmin): element h 128 + t 32 + l is bits 2t of
+    qs[32 h + l], value d sc q - dmin mn."""
+    d = _h(builder, w, builder.add(o, ir.Constant(I64, 80)), f16)
+    dmin = _h(builder, w, builder.add(o, ir.Constant(I64, 82)), f16)
+    b = _ld(builder, w, o, _v(I8, 16))
+    sc = builder.uitofp(builder.and_(b, _c(I8, 16, 15)), _v(FLT, 16))
+    mn = builder.uitofp(builder.lshr(b, _c(I8, 16, 4)), _v(FLT, 16))
+    qs = _ld(builder, w, builder.add(o, ir.Constant(I64, 16)), _v(I8, 64))
+    pairs = [(t, 4 + t, _b64(builder, _b64(builder, qs, "shr", 2 * t) if t else qs, "and", 3)) for t in range(4)]
+    return (builder.fmul(_splat(builder, d, 16), sc), builder.fmul(_splat(builder, builder.fneg(dmin), 16), mn),
+            pairs)
+
+
+# kind -> (bytes per block, sub-blocks per block, units)
+KTYPES = {5: (84, 16, _kunits_q2_k), 6: (110, 16, _kunits_q3_k), 7: (144, 8, _kunits_q4_k), 8: (176, 8, _kunits_q5_k),
+          9: (210, 16, _kunits_q6_k)}
+
+
+def _kkernel(kind, nr=1):
+    """An intrinsic ``(w, n, gap, xq, xd, xs, x16, m0, mr, out, f16) -> None`` of a K-quant: out[m0 + i, n + r gap]
+    = x[m0 + i] . W[n + r gap] for i < mr (1 to ``MR``), r < nr; ``x16`` the sums of x per 16 (``sums16``; read by
+    the types of 16 sub-blocks)."""
+    ts, nsub, units = KTYPES[kind]
+
+    @intrinsic
+    def kernel(typingctx, w, n, gap, xq, xd, xs, x16, m0, mr_, out, f16):
+        def codegen(context, builder, sig, args):
+            wa, na, gapa, xqa, xda, xsa, x16a, m0a, mra, outa, f16a = args
+            tw, _, _, txq, txd, txs, tx16, _, _, tout, tf16 = sig.args
+
+            def arr(t, v):
+                a = context.make_array(t)(context, builder, v)
+                return builder.bitcast(a.data, I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides, t.ndim)
+
+            wp, ws = arr(tw, wa)
+            xqp, xqs = arr(txq, xqa)
+            xdp, xds = arr(txd, xda)
+            sums = arr(tx16, x16a) if nsub == 16 else arr(txs, xsa)
+            outp, outs = arr(tout, outa)
+            f16p = context.make_array(tf16)(context, builder, f16a).data
+            nv, m0v = _i64(builder, na), _i64(builder, m0a)
+            k_len = cgutils.unpack_tuple(builder, context.make_array(txq)(context, builder, xqa).shape, 2)[1]
+            nblk = builder.sdiv(k_len, ir.Constant(I64, 512))  # xq holds 64 bytes per x-block, 8 per block
+            done = builder.append_basic_block("done")
+            cases = [builder.append_basic_block(f"mr{mr}") for mr in range(1, MR + 1)]
+            switch = builder.switch(_i64(builder, mra), done)
+            for mr, bb in zip(range(1, MR + 1), cases):
+                switch.add_case(ir.Constant(I64, mr), bb)
+                builder.position_at_end(bb)
+                _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs,
+                       f16p, nr, _i64(builder, gapa))
+                builder.branch(done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+
+        return types.none(w, n, gap, xq, xd, xs, x16, m0, mr_, out, f16), codegen
+
+    return kernel
+
+
+def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs, f16p, nr, gap):
+    """The IR of ``nr`` weight rows ``nv + r gap`` times ``mr`` rows of x of a K-quant (the x loads shared)."""
+    sp, ss = sums
+    wn = [builder.add(nv, builder.mul(gap, ir.Constant(I64, r))) for r in range(nr)]
+    wrows = [builder.gep(wp, [builder.mul(wn[r], ws[0])]) for r in range(nr)]
+
+    def rows_of(p, s):
+        return [builder.gep(p, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), s[0])]) for i in range(mr)]
+
+    xrow, drow, srow = rows_of(xqp, xqs), rows_of(xdp, xds), rows_of(sp, ss)
+    slots = 4 if mr == 1 else 2  # independent FMA chains per output (4 products per block); not by nr: a row's
+    # sums are the same whichever pass computes it (the threads' row ranges change which rows pair up)
+    acc = [[[cgutils.alloca_once_value(builder, _c(FLT, 16, 0.0)) for _ in range(slots)] for _ in range(mr)]
+           for _ in range(nr)]
+    macc = [[cgutils.alloca_once_value(builder, _c(FLT, nsub, 0.0)) for _ in range(mr)] for _ in range(nr)]
+    spread = ir.Constant(_v(I32, 16), [j // 2 for j in range(16)])  # the 8 steps of x onto 16 sub-blocks
+    with cgutils.for_range(builder, nblk) as loop:
+        b = loop.index
+        o = builder.mul(b, ir.Constant(I64, ts))
+        if PREFETCH:  # software prefetch of the block PREFETCH bytes ahead (every cache line of it)
+            pf = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32,
+                                                                                                 I32, I32]),
+                                                "llvm.prefetch.p0")
+            for r in range(nr):
+                for line in range(0, ts, 64):
+                    builder.call(pf, [builder.gep(wrows[r], [builder.add(o, ir.Constant(I64, PREFETCH + line))]),
+                                      ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        decoded = [units(builder, wrows[r], o, f16p) for r in range(nr)]
+        xo = builder.mul(b, ir.Constant(I64, 512))
+        for i in range(mr):
+            dx = _ld(builder, drow[i], builder.mul(b, ir.Constant(I64, 32)), _v(FLT, 8))
+            if nsub == 16:
+                dx = builder.shuffle_vector(dx, ir.Constant(dx.type, ir.Undefined), spread)
+            xsum = _ld(builder, srow[i], builder.mul(b, ir.Constant(I64, 4 * nsub)), _v(FLT, nsub))
+            sx = []
+            for r in range(nr):
+                scale, coef, _ = decoded[r]
+                sx.append(builder.fmul(scale, dx))
+                builder.store(_fma(builder, coef, xsum, builder.load(macc[r][i])), macc[r][i])
+            for p, (xa, xb, _) in enumerate(decoded[0][2]):
+                xh, xl = (_cat(builder, *(_ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 64 * t + part)),
+                                              _v(I8, 32)) for t in (xa, xb))) for part in (0, 32))
+                if nsub == 8:
+                    idx = [xa] * 8 + [xb] * 8
+                else:
+                    idx = [2 * xa] * 4 + [2 * xa + 1] * 4 + [2 * xb] * 4 + [2 * xb + 1] * 4
+                for r in range(nr):
+                    q = decoded[r][2][p][2]
+                    hi = _dpbusd64(builder, _c(I32, 16, 0), q, xh)
+                    dot = _dpbusd64(builder, builder.shl(hi, _c(I32, 16, 7)), q, xl)
+                    sv = builder.shuffle_vector(sx[r], ir.Constant(sx[r].type, ir.Undefined),
+                                                ir.Constant(_v(I32, 16), idx))
+                    a_ = acc[r][i][p % slots]
+                    builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 16)), sv, builder.load(a_)), a_)
+    red16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLT, [FLT, _v(FLT, 16)]),
+                                           "llvm.vector.reduce.fadd.v16f32")
+    redm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLT, [FLT, _v(FLT, nsub)]),
+                                          f"llvm.vector.reduce.fadd.v{nsub}f32")
+    for i in range(mr):
+        orow = builder.gep(outp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), outs[0])])
+        for r in range(nr):
+            vec = builder.load(acc[r][i][0])
+            for slot in range(1, slots):
+                vec = builder.fadd(vec, builder.load(acc[r][i][slot]))
+            mins = builder.call(redm, [ir.Constant(FLT, 0.0), builder.load(macc[r][i])], fastmath=("reassoc",))
+            total = builder.call(red16, [mins, vec], fastmath=("reassoc",))
+            builder.store(total, _at(builder, orow, builder.mul(wn[r], outs[1]), FLT))
+
+
+@_fast
+def sums16(xq, xd, x16):
+    """x16 (f32 [m, k / 16]): the step times the sum of the codes of each 16 elements of x (``quantize``'s xq)."""
+    for m in range(xq.shape[0]):
+        for s in range(xq.shape[1] // 32):
+            b, h = divmod(s, 2)
+            t = 0
+            for j in range(16):
+                t += np.int64(xq[m, b * 64 + h * 16 + j]) * 128 + np.int64(xq[m, b * 64 + 32 + h * 16 + j])
+            x16[m, s] = xd[m, b] * F(t)
+
+
+KNR = 2  # weight rows per pass of the K-quant loops: rows n and n + half of the range (two long sequential streams,
+# the x loads shared); adjacent rows (n, n + 1) made a short-stride pattern the prefetchers lost (2.5x slower)
+_KK = {k: (_kkernel(k, 1), _kkernel(k, KNR)) for k in (5, 6, 7, 8, 9)}
+_KK5, _KK6, _KK7, _KK8, _KK9 = (_KK[k][0] for k in (5, 6, 7, 8, 9))
+_KP5, _KP6, _KP7, _KP8, _KP9 = (_KK[k][1] for k in (5, 6, 7, 8, 9))
+
+
+@_fast
+def product_q2_k(packed, xq, xd, xs, out, n0, n1, f16):
+    x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
+    sums16(xq, xd, x16)
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xq.shape[0], MR):
+            _KP5(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK5(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+
+
+@_fast
+def product_q3_k(packed, xq, xd, xs, out, n0, n1, f16):
+    x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
+    sums16(xq, xd, x16)
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xq.shape[0], MR):
+            _KP6(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK6(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+
+
+@_fast
+def product_q4_k(packed, xq, xd, xs, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xq.shape[0], MR):
+            _KP7(packed, n0 + j, h, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK7(packed, n, 0, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+
+
+@_fast
+def product_q5_k(packed, xq, xd, xs, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xq.shape[0], MR):
+            _KP8(packed, n0 + j, h, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK8(packed, n, 0, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+
+
+@_fast
+def product_q6_k(packed, xq, xd, xs, out, n0, n1, f16):
+    x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
+    sums16(xq, xd, x16)
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xq.shape[0], MR):
+            _KP9(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xq.shape[0], MR):
+            _KK9(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+
+
+# kind (gguf_kernels.KINDS) -> its product ``(packed, xq, xd, xs, out, n0, n1, f16)``; a type added here needs
+# its block layout in TYPES (``_units_*``) or KTYPES (``_kunits_*``) and an entry in KINDS
+PRODUCTS = {0: product_q4_0, 1: product_q4_1, 4: product_q8_0, 5: product_q2_k, 6: product_q3_k, 7: product_q4_k,
+            8: product_q5_k, 9: product_q6_k}

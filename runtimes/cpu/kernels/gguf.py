@@ -6,7 +6,7 @@ With numba (``runtimes/cpu/jit/gguf_kernels.py``):
 
 - decode (``Dequant``, ``GatherDequant``, the prefill bands below): one compiled pass per row, the rows split over
   the cores, bit for bit ``gguf_blocks.dequantize``;
-- a product with few rows of x: for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K (``gguf_q8.PRODUCTS``) up to
+- a product with few rows of x: for Q4_0, Q4_1, Q8_0 and the K-quants (``gguf_q8.PRODUCTS``) up to
   ``INTEGER_ROWS`` rows (decoding a token, a small batch or a short prompt), x is rounded once per product to
   integers per block of 32 and the blocks' byte codes are dotted with it in integers (``gguf_q8``, llama.cpp's
   scheme with 15-bit rather than 8-bit x), the output rows split over the cores; each weight row is read from memory
