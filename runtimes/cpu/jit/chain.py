@@ -166,7 +166,6 @@ def copy_region(dst, region, src, fill):
     if fill:
         dst[...] = 0
     region[...] = src
-    return 0
 
 
 def region_copy(dst: np.ndarray, flat: np.ndarray, bv) -> Call | None:
@@ -313,7 +312,8 @@ def _entry(fn, args: tuple) -> tuple[int, str] | None:
         cres = overloads.get(sig)
         if cres is None:
             return None
-    returns = next((name for name, ty in _RETURNS.items() if ty == cres.signature.return_type), None)
+    restype = types.unliteral(cres.signature.return_type)
+    returns = next((name for name, ty in _RETURNS.items() if ty == restype), None)
     if returns is None:
         return None
     return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name), returns
