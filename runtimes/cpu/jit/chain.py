@@ -1,30 +1,31 @@
-"""Graph capture for the CPU backend: runs of compiled kernel calls replayed as one compiled function ("chains").
+"""Graph capture for the CPU backend: runs of compiled kernel calls replayed as one compiled call ("chains").
 
 A decoding step of a language model is ~550 kernel calls of a few microseconds each; called one by one from
 Python each costs ~6 us of dispatch, and on two threads each split kernel hands its second part to a sleeping pool
-worker (20-50 us). A kernel step whose whole work is calls of numba functions (nogil) carries a description
-(``tag``): its *phases*, each a list of ``Call(fn, args, part)`` that may run at once (``part``: the part of a
-split kernel, run by thread ``part % T``; ``None``: the whole call, on thread 0), phase after phase.
-``NumpyBackend.capture`` (``capture`` here) then groups every maximal run of described steps into generated
-``numba.njit(nogil=True)`` functions: a run whose steps repeat (a model's layers) is cut into a prefix, one block
-and a suffix (``_decompose``); each block becomes one function looping over its instances, whose arguments sit in
-a numba typed list built once per binding (so a call unboxes one list, not hundreds of arrays). Steps without a
-description (numpy, BLAS, host work) run as they are, between chains.
+worker (20-50 us). A kernel step whose whole work is calls of numba functions carries a description (``tag``): its
+*phases*, each a list of ``Call(fn, args, part)`` that may run at once (``part``: the part of a split kernel, run
+by thread ``part % T``; ``None``: the whole call, on thread 0), phase after phase. ``NumpyBackend.capture``
+(``capture`` here) turns every maximal run of described steps into a *program* - per call a row: which argument
+layout (opcode), which thread, where its arguments start in an int64 and a float64 table (array address, shape,
+byte strides; scalars) - run by a generated ``numba.njit(nogil=True)`` interpreter with one branch per opcode.
+The interpreter rebuilds each array from the table (``_view``) and calls the kernel's own machine code at its
+address (``_call``, numba's calling convention): nothing is compiled or linked again, so a model needs one small
+interpreter (compiled once, then cached on disk) whatever its depth, and every kernel runs the very code it runs
+when called from Python. Steps without a description (numpy, BLAS, host work) run as they are, between chains.
 
-On ``THREADS`` = T > 1 every thread runs the chain at once (the caller and T - 1 pool workers, ``threads.run_parts``,
-one hand-off per chain rather than one per kernel), each calling the kernels' parts it owns, with a barrier after a
-phase where the next phase's threads differ (two phases on thread 0 alone need none). The barrier spins on
-atomics (``spin.py``) for ``SPINS`` reads, then yields its core until the others arrive, so a descheduled thread
-slows the chain but cannot hang it; a thread whose call raises sets an abort flag every waiting thread sees.
+On ``THREADS`` = T > 1 every thread runs the chain at once (the caller and T - 1 pool workers, ``threads.run_parts``:
+one hand-off per chain rather than one per kernel), each calling the parts it owns, with a barrier row after a
+phase where the next phase's threads differ (two phases on thread 0 alone need none). The barrier spins on atomics
+(``spin.py``) for ``SPINS`` reads, then yields its core until the others arrive, so a descheduled thread slows the
+chain but cannot hang it; a thread whose call raises sets an abort flag every waiting thread sees.
 
-The same kernels run on the same arguments in the same order with the same parts: results are bit for bit those of
-the steps run one by one. A kernel that checks its input (``Call.checked``: returns nonzero on bad input) stops the
-chain there; the step is then run on its own, which raises its located error.
+The same kernels run on the same arguments in the same order with the same parts: results are bit for bit those
+of the steps run one by one. A kernel that checks its input (``Call.checked``: returns nonzero on bad input) or
+raises stops the chain at the next barrier; that step then runs on its own, which raises its located error.
 
-Generated sources go to ``<plan cache folder>/cpu-chains/`` (named by a digest of the source, the CPU backend's
-kernel files and numba's version), imported from there so numba caches their machine code on disk; a source on
-disk that differs from the generated text is rewritten, never imported. ``LUMINAL_RECIPES_CHAIN=0`` turns chains
-off (every step called from Python, as before).
+Generated sources go to ``<plan cache folder>/cpu-chains/`` (named by a digest of the source, this file,
+``spin.py`` and numba's version) and are imported from there so numba caches their machine code; a file that
+differs from the generated text is rewritten, never imported. ``LUMINAL_RECIPES_CHAIN=0`` turns chains off.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ from .spin import atomic_load, atomic_store, compare_exchange, pause
 
 ENV = "LUMINAL_RECIPES_CHAIN"
 SPINS = 20000  # barrier reads (with the pause hint, ~40 ns each here) before a waiting thread yields its core
-MAX_BLOCK = 96  # calls per generated function at most for steps that do not repeat (bounds compile time)
 _STRIDE = 8  # int64 flags one cache line apart
 COUNT, GEN, ERR, ABORT = 0, _STRIDE, 2 * _STRIDE, 3 * _STRIDE
 
@@ -97,24 +97,6 @@ def combine(step: Callable, *parts: Callable) -> Callable:
     if all(d is not None for d in described):
         return tag(step, *(phase for d in described for phase in d))
     return step
-
-
-@functools.cache
-def _importable_name(fn) -> tuple[str, str] | None:
-    py = getattr(fn, "py_func", None)
-    if py is None:
-        return None
-    module = sys.modules.get(py.__module__)
-    if module is None or getattr(module, py.__name__, None) is not fn:
-        return None
-    return py.__module__, py.__name__
-
-
-def _importable(fn) -> bool:
-    try:
-        return _importable_name(fn) is not None
-    except TypeError:
-        return False
 
 
 # ---- compiled helpers ------------------------------------------------------------------------------------------
@@ -223,15 +205,24 @@ def _view(typingctx, table, row, col, key):
 
 
 def _array_key(a: np.ndarray) -> str | None:
-    ty = numba.typeof(a)
-    if not isinstance(ty, types.Array) or not ty.aligned or a.dtype.byteorder not in "=|":
+    """The numba array type ``numba.typeof(a)`` gives, as ``dtype:ndim:layout:rw|ro`` (the same flags it reads,
+    without its cost: a capture encodes thousands of arrays)."""
+    if not a.flags.aligned or a.dtype.kind not in "biuf" or a.dtype.byteorder not in "=|":
         return None
-    return f"{a.dtype.str.lstrip('<=|')}:{a.ndim}:{ty.layout}:{'ro' if not ty.mutable else 'rw'}"
+    layout = "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "A"
+    return f"{a.dtype.str[1:]}:{a.ndim}:{layout}:{'rw' if a.flags.writeable else 'ro'}"
+
+
+_SCALARS = {"ti[0, {i}] != 0": types.boolean, "ti[0, {i}]": types.int64, "tf[0, {f}]": types.float64,
+            "np.float32(tf[0, {f}])": types.float32}
+_INTEGERS = {f"np.{name}(ti[0, {{i}}])": getattr(types, name) for name in ("int8", "int16", "int32", "uint8",
+                                                                           "uint16", "uint32")}
 
 
 def _encode(arg) -> tuple[str, list[int], list[float]] | None:
-    """(the expression reading ``arg`` back inside a chain, with ``{i}``/``{f}`` its first int/float column; its int
-    columns; its float columns), or None for an argument chains do not carry."""
+    """(the expression reading ``arg`` back inside a chain, with ``{i}``/``{f}`` its first int/float column - it
+    names the argument's numba type too -; its int columns; its float columns), or None for an argument chains do
+    not carry."""
     if isinstance(arg, np.ndarray):
         key = _array_key(arg)
         if key is None:
@@ -240,19 +231,27 @@ def _encode(arg) -> tuple[str, list[int], list[float]] | None:
         return f"_view(ti, 0, {{i}}, '{key}')", ints, []
     if isinstance(arg, (bool, np.bool_)):
         return "ti[0, {i}] != 0", [int(bool(arg))], []
-    if isinstance(arg, (int, np.integer)):
-        ty = numba.typeof(arg)
-        if ty == types.int64:
+    if isinstance(arg, int):
+        return ("ti[0, {i}]", [arg], []) if -(1 << 63) <= arg < 1 << 63 else None
+    if isinstance(arg, np.integer):
+        if arg.dtype == np.int64:
             return "ti[0, {i}]", [int(arg)], []
-        if isinstance(ty, types.Integer) and not isinstance(arg, int):
-            return f"np.{arg.dtype.name}(ti[0, {{i}}])", [int(arg)], []
-        return None
-    if isinstance(arg, (float, np.floating)):
-        if isinstance(arg, float) or arg.dtype == np.float64:
-            return "tf[0, {f}]", [], [float(arg)]
-        if arg.dtype == np.float32:
-            return "np.float32(tf[0, {f}])", [], [float(arg)]
+        template = f"np.{arg.dtype.name}(ti[0, {{i}}])"
+        return (template, [int(arg)], []) if template in _INTEGERS else None
+    if isinstance(arg, float) or isinstance(arg, np.floating) and arg.dtype == np.float64:
+        return "tf[0, {f}]", [], [float(arg)]
+    if isinstance(arg, np.floating) and arg.dtype == np.float32:
+        return "np.float32(tf[0, {f}])", [], [float(arg)]
     return None
+
+
+@functools.cache
+def _numba_type(template: str):
+    """The numba type of an argument ``_encode`` wrote as ``template``."""
+    if template.startswith("_view("):
+        dtype, ndim, layout, access = template.split("'")[1].split(":")
+        return types.Array(numba.from_dtype(np.dtype(dtype)), int(ndim), layout, readonly=access == "ro")
+    return _SCALARS.get(template) or _INTEGERS[template]
 
 
 def describable(args: tuple) -> bool:
@@ -295,28 +294,32 @@ def _call(typingctx, address, returns, args):
     return sig, codegen
 
 
-def _entry(fn, args: tuple) -> tuple[int, str] | None:
-    """(the address of ``fn``'s machine code for these arguments' types, its return type's name), compiling it
-    (or loading it from numba's cache) where this signature has not run yet; None for what is not a numba
-    dispatcher or returns another type."""
-    overloads = getattr(fn, "overloads", None)
-    if overloads is None:
-        return None
-    sig = tuple(numba.typeof(a) for a in args)
-    cres = overloads.get(sig)
+_ENTRIES: dict[tuple, tuple[int, str] | None] = {}
+
+
+def _entry(fn, templates: tuple[str, ...]) -> tuple[int, str] | None:
+    """(the address of ``fn``'s machine code for arguments of these types - ``_encode``'s templates -, its return
+    type's name), compiling it (or loading it from numba's cache) where this signature has not run yet; None for a
+    kernel that does not compile for them or returns another type."""
+    key = (fn, templates)
+    if key in _ENTRIES:
+        return _ENTRIES[key]
+    sig = tuple(_numba_type(t) for t in templates)
+    cres = fn.overloads.get(sig)
     if cres is None:
         try:
             fn.compile(sig)
         except Exception:  # noqa: BLE001 - a kernel that does not compile for these types: not chained
             return None
-        cres = overloads.get(sig)
-        if cres is None:
-            return None
-    restype = types.unliteral(cres.signature.return_type)
-    returns = next((name for name, ty in _RETURNS.items() if ty == restype), None)
-    if returns is None:
-        return None
-    return cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name), returns
+        cres = fn.overloads.get(sig)
+    entry = None
+    if cres is not None:
+        restype = types.unliteral(cres.signature.return_type)
+        returns = next((name for name, ty in _RETURNS.items() if ty == restype), None)
+        if returns is not None:
+            entry = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name), returns
+    _ENTRIES[key] = entry
+    return entry
 
 
 # ---- capture -----------------------------------------------------------------------------------------------------
@@ -375,13 +378,13 @@ class _Chain:
         self.ok = False
         for n, (i, phase) in enumerate(flat):
             for call in phase:
-                entry = _entry(call.fn, call.args)
+                encoded = [_encode(arg) for arg in call.args]
+                entry = _entry(call.fn, tuple(e[0] for e in encoded))
                 if entry is None:
                     return
                 address, returns = entry
                 exprs, vi, vf = [], [address], []
-                for arg in call.args:
-                    expr, ai, af = _encode(arg)
+                for expr, ai, af in encoded:
                     exprs.append(expr.format(i=f"i + {len(vi)}", f=f"f + {len(vf)}"))
                     vi += ai
                     vf += af
