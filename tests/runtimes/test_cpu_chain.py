@@ -50,14 +50,19 @@ def _decode_outputs(lm: LanguageModel, prompt: list[int]) -> tuple[list[dict], o
     return seen, exe, eos
 
 
-def _compare(make, prompt, monkeypatch, threads: int, most: float) -> None:
+def _compare(make, prompt, monkeypatch, threads: int, most: float, lockstep: bool) -> None:
     """The decode outputs chained and step by step are equal; Python calls per replay at most ``most`` of the
     steps."""
     monkeypatch.setattr(cpu_threads, "THREADS", threads)
+    if threads > 1:  # tiny models: split every kernel that can, and run every chain in lockstep (barriers)
+        monkeypatch.setattr(cpu_threads, "MIN_PART", 64)
+        monkeypatch.setattr(chain, "MIN_SPLIT_PHASES", 1)
     monkeypatch.setenv(chain.ENV, "1")
     chained, exe, _ = _decode_outputs(make(), prompt)
     assert exe.replaying, "the decode program was never chained"
     assert exe._replay.chains >= 1
+    if threads > 1 and lockstep:
+        assert exe._replay.lockstep >= 1  # some chain ran on both threads (the quantized products split)
     assert exe._replay.launches <= most * len(exe._steps)  # steps in chains: fewer Python calls per token
     monkeypatch.setenv(chain.ENV, "0")
     plain, exe_plain, _ = _decode_outputs(make(), prompt)
@@ -74,7 +79,7 @@ def test_gguf_decode_is_bit_identical_chained(monkeypatch, threads):
     def make():
         return LanguageModel(RECIPES / "llama.yaml", weights=GGUF, context=64)
 
-    _compare(make, [1, 5, 9, 2, 7, 3], monkeypatch, threads, 0.5)
+    _compare(make, [1, 5, 9, 2, 7, 3], monkeypatch, threads, 0.5, True)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -90,7 +95,7 @@ def test_f32_decode_is_bit_identical_chained(tmp_path_factory, monkeypatch, thre
     def make():
         return LanguageModel(RECIPES / "qwen3.yaml", weights=folder, context=64)
 
-    _compare(make, [3, 1, 4, 1, 5, 9], monkeypatch, threads, 0.9)  # BLAS products stay between chains
+    _compare(make, [3, 1, 4, 1, 5, 9], monkeypatch, threads, 0.9, False)  # BLAS products stay between chains
 
 
 def test_switch_off(monkeypatch):
@@ -126,7 +131,8 @@ def _scatter_program(threads: int):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_checked_kernel_error_reaches_the_caller(threads):
+def test_checked_kernel_error_reaches_the_caller(monkeypatch, threads):
+    monkeypatch.setattr(chain, "MIN_SPLIT_PHASES", 0)  # two threads in lockstep, though only thread 0 works
     replay, out, idx, after, seen = _scatter_program(threads)
     assert replay is not None and replay.chains == 1 and replay.launches == 1
     replay()

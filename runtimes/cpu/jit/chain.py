@@ -50,7 +50,11 @@ from numba.np.arrayobj import populate_array
 from .spin import atomic_load, atomic_store, compare_exchange, pause
 
 ENV = "LUMINAL_RECIPES_CHAIN"
-SPINS = 20000  # barrier reads (with the pause hint, ~40 ns each here) before a waiting thread yields its core
+# a chain with fewer kernels split over the threads runs on the calling thread alone (its parts one after another):
+# handing a chain to the pool's workers costs a wake-up (20-50 us), which a few split products do not repay (a
+# decode program whose attention runs as BLAS products, between the chains, has one or two per chain)
+MIN_SPLIT_PHASES = 8
+SPINS = 2000  # barrier reads (with the pause hint, ~20-40 ns each here) before a waiting thread yields its core
 _STRIDE = 8  # int64 flags one cache line apart
 COUNT, GEN, ERR, ABORT = 0, _STRIDE, 2 * _STRIDE, 3 * _STRIDE
 
@@ -338,12 +342,13 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
     if not any(isinstance(it, list) and len(it) > 1 for it in items):
         return None
     program: list[Callable[[], None]] = []
-    chains = 0
+    chains = lockstep = 0
     for it in items:
         chain = _Chain(it, threads) if isinstance(it, list) and len(it) > 1 else None
         if chain is not None and chain.ok:
             program.append(chain.run)
             chains += 1
+            lockstep += chain.threads > 1
         else:
             program.extend(it if isinstance(it, list) else [it])
     if not chains:
@@ -355,7 +360,8 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
             for step in program:
                 step()
 
-    replay.chains, replay.launches = chains, len(program)  # compiled chains; Python calls per replay
+    replay.chains, replay.lockstep, replay.launches = chains, lockstep, len(program)  # chains, those on every
+    # thread, Python calls per replay
     return replay
 
 
@@ -369,12 +375,14 @@ class _Chain:
     checked), barriers between phases where threads change hands."""
 
     def __init__(self, steps: list[Callable], threads: int):
+        flat = [(i, phase) for i, s in enumerate(steps) for phase in phases_of(s)]
+        if threads > 1 and sum(len(_threads_of(phase, threads)) > 1 for _, phase in flat) < MIN_SPLIT_PHASES:
+            threads = 1  # too few split kernels to pay for the hand-off: every part on the calling thread
         self.steps, self.threads = steps, threads
         self.flags = np.zeros(4 * _STRIDE, np.int64)
         opcodes: dict[tuple, int] = {}
         rows, ints, floats = [], [], []
         self.row_step: list[int] = []  # program row -> index of its step
-        flat = [(i, phase) for i, s in enumerate(steps) for phase in phases_of(s)]
         self.ok = False
         for n, (i, phase) in enumerate(flat):
             for call in phase:
