@@ -18,7 +18,8 @@ buffer. ``stats`` counts the bytes each run moved between host and device.
 
 On a backend with device graphs (``backend.graphs``: CUDA), the second run at a binding records every kernel as one
 graph (``backend.capture``) and later runs replay it; steps that cannot be recorded (streamed weights, a kernel the
-device refuses to capture) run one by one, with a one-line notice.
+device refuses to capture) run one by one, with a one-line notice. The numpy backend records runs of compiled
+kernel calls as chains (``cpu/jit/chain.py``) at the run ``backend.capture_after`` names, without notices.
 """
 
 from __future__ import annotations
