@@ -192,8 +192,8 @@ def child(args) -> None:
     long_ids = (filler * (args.long // max(1, len(filler)) + 1))[: args.long]
     figures: dict[str, dict[str, list[float]]] = {s: {"decode": [], "ttft14": [], "ttft_long": []} for s in sides}
     ids_of: dict[str, list[int]] = {}
-    for side in sides.values():  # warm-up: plans compiled (and cached), kernels loaded
-        side.decode(short, 4)
+    for side in sides.values():  # warm-up: plans compiled (and cached), kernels loaded, our decode program's
+        side.decode(short, 8)  # chains recorded (at its fifth run: ``NumpyBackend.capture_after``)
         side.first_token(long_ids)
     for _ in range(args.rounds):
         for name, side in sides.items():

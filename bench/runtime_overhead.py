@@ -165,6 +165,10 @@ def measure_llm(path: Path, runs: int) -> None:
           f"({int(product.sum())} quantized products), load average {os.getloadavg()[0]:.1f}")
     print(f"  whole step {_ms(whole)} ms; sum of each launch's min: products {1e3 * best[product].sum():.2f} ms, "
           f"the rest {1e3 * best[~product].sum():.2f} ms ({1e6 * best[~product].mean():.1f} us per launch)")
+    replay = exe._replay  # the CPU backend's chains (``runtimes/cpu/jit/chain.py``), recorded at the fifth run
+    if replay is not None:
+        print(f"  chained (LUMINAL_RECIPES_CHAIN=0 turns it off): {getattr(replay, 'launches', '?')} Python calls per "
+              f"step, {getattr(replay, 'chains', '?')} chains ({getattr(replay, 'lockstep', 0)} on every thread)")
     for label, count in Counter(labels).most_common():
         sel = np.array([lab == label for lab in labels])
         print(f"  {label:20s} {count:4d} launches, {1e6 * best[sel].mean():8.1f} us each (min)")

@@ -18,7 +18,8 @@ buffer. ``stats`` counts the bytes each run moved between host and device.
 
 On a backend with device graphs (``backend.graphs``: CUDA), the second run at a binding records every kernel as one
 graph (``backend.capture``) and later runs replay it; steps that cannot be recorded (streamed weights, a kernel the
-device refuses to capture) run one by one, with a one-line notice.
+device refuses to capture) run one by one, with a one-line notice. The numpy backend records runs of compiled
+kernel calls as chains (``cpu/jit/chain.py``) at the run ``backend.capture_after`` names, without notices.
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ class Executable:
         self._staged: list[tuple[Array, Array]] = []  # ``execute``'s inputs in device memory, and their slots
         # device graphs: tried from the second run at a binding, unless the steps include host work (streaming)
         self._graphs = bool(getattr(runtime.backend, "graphs", False))
+        self._capture_after = int(getattr(runtime.backend, "capture_after", 1))  # runs of a binding before it
         self._replay = None
         backend = self.backend
         if states_from is not None and states_from.backend is not backend:
@@ -202,7 +204,8 @@ class Executable:
                                            backend, staging_bytes)
             if self._graphs:
                 self._graphs = False
-                _notice(backend, "weights are streamed: the host loads blocks between kernels")
+                if getattr(backend, "graph_notices", True):
+                    _notice(backend, "weights are streamed: the host loads blocks between kernels")
         self.arena = backend.allocate(plan.arena_bytes)
         # bound once, whatever the dims: weights, constants, Iota (its prefix serves shorter lengths), states
         self._fixed: dict[int, Array] = {}
@@ -481,7 +484,7 @@ class Executable:
             for buf, value in self._write_back:
                 self.backend.copy(buf, value)
             return
-        if self._replay is None and self._graphs and self._launches >= 1:
+        if self._replay is None and self._graphs and self._launches >= self._capture_after:
             self._replay = self._capture()
         self._launches += 1
         if self._replay is not None:
@@ -496,7 +499,10 @@ class Executable:
     def _capture(self):
         steps = [*self._steps, *(_copy_step(self.backend, buf, value) for buf, value in self._write_back)]
         try:
-            return self.backend.capture(steps)
+            replay = self.backend.capture(steps)
+            if replay is None:  # nothing worth recording (the CPU backend's chains): steps one by one
+                self._graphs = False
+            return replay
         except GraphCaptureError as exc:
             self._graphs = False
             _notice(self.backend, str(exc))

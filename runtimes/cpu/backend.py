@@ -4,7 +4,8 @@
 arrays. The arena is one ``np.uint8`` buffer and every slot a typed view of it; weights and constants are bound
 without copying (memory-mapped checkpoint arrays stay memory-mapped); outputs can be handed out as views. The
 default memory budget is what the process may still use (``host_memory``: host RAM, the container's limit and
-the address-space limit, whichever leaves least).
+the address-space limit, whichever leaves least). From the second run of a binding, runs of compiled kernel
+calls replay as chains, one compiled call each (``capture``, ``jit/chain.py``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,20 @@ class NumpyBackend:
     kernels = NUMPY_PREPARE
     host_arrays = True
     timed = True
-    graphs = False
+    graph_notices = False  # a program run step by step (streamed weights, nothing to chain) is the usual case
+    # chains are recorded at the fifth run of a binding (a decoding loop), not for the compiler's timing of a
+    # candidate (``protocol.time_executable``: four runs), which would compile chains for programs never used
+    capture_after = 4
+
+    @property
+    def graphs(self) -> bool:
+        """Captured "graphs" are chains of compiled kernel calls (``jit/chain.py``): where numba runs, unless
+        ``LUMINAL_RECIPES_CHAIN=0``."""
+        if not jit.AVAILABLE:
+            return False
+        from .jit import chain
+
+        return chain.enabled()
 
     def capacity(self) -> int:
         return memory_limits.check_headroom()  # host_memory(), refused when the limits leave nothing
@@ -77,8 +91,13 @@ class NumpyBackend:
     def copy_stream(self) -> None:
         return None  # weights are copied straight into their slots
 
-    def capture(self, steps) -> None:
-        return None  # no device graphs
+    def capture(self, steps):
+        """One step replaying ``steps``, runs of compiled kernel calls chained (``jit/chain.py``); None where
+        nothing chains (the executable then calls the steps one by one)."""
+        from . import threads
+        from .jit import chain
+
+        return chain.capture(steps, threads.THREADS)
 
     def memory_held(self) -> None:
         return None  # host memory: the pipeline measures the process's resident set instead

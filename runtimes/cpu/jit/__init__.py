@@ -243,8 +243,19 @@ def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[]
     core."""
     n = arrays[0].shape[0]
     width = arrays[0].size // max(n, 1)
-    bound = []  # the row slices are made once, here
-    for sl in split(n, width):
+    bound, calls = [], []  # the row slices are made once, here
+    for i, sl in enumerate(split(n, width)):
         views = tuple(a[sl] for a in arrays)
         bound.append(lambda views=views: kernel(*views, *scalars))
-    return parallel(bound)
+        calls.append((kernel, (*views, *scalars), i))
+    return described(parallel(bound), calls)
+
+
+def described(step: Callable[[], None], calls: list[tuple]) -> Callable[[], None]:
+    """``step`` described as one phase of ``(kernel, args, part)`` calls for the CPU backend's chains
+    (``chain.tag``), where numba is in use."""
+    if not AVAILABLE:
+        return step
+    from .chain import Call, tag
+
+    return tag(step, [Call(fn, args, part) for fn, args, part in calls])

@@ -366,7 +366,7 @@ def _rows_step(blocks: list, scale: np.float32, qs: np.ndarray, sc: np.ndarray) 
     def step():
         kernel(*args)
 
-    return step
+    return jit.described(step, [(kernel, args, None)])
 
 
 def _fused(ctx: KernelContext, plan: _Plan, s: int, d: int, t: int, dv: int) -> bool:

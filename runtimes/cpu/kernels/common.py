@@ -29,6 +29,10 @@ def with_refresh(operands: list[Operand], body: Step) -> Step:
             r()
         body()
 
+    if getattr(body, "chain", None) is not None:  # described for the chains (``jit/chain.py``) where all parts are
+        from ..jit.chain import combine
+
+        return combine(step, *refreshes, body)
     return step
 
 

@@ -128,11 +128,12 @@ def _prepare_compiled_expression(ctx: KernelContext, ops: list[Operand], code: E
     def bind(out, flats, scratch):
         arrays = bind_all(ops, flats, scratch)
         kernel = jit.kernels().elementwise_tiles
-        runs = []
+        runs, described = [], []
         for part, boxes in enumerate(_compiled_boxes(out, arrays, len(scratch[regs]))):
             calls = [(code.code, code.consts, table, shape, scratch[regs][part]) for table, shape in boxes]
             runs.append(lambda calls=calls, refs=(out, arrays): [kernel(*call) for call in calls])
-        return with_refresh(ops, cpu_threads.parallel(runs))
+            described += [(kernel, call, part) for call in calls]
+        return with_refresh(ops, jit.described(cpu_threads.parallel(runs), described))
 
     return bind
 

@@ -198,29 +198,39 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
         if fused and integer:
             xq, xd, xsum = scratch[x_q], scratch[x_d], scratch[x_s]
             run_q8 = gguf_q8.product(kind)
-            parts = [lambda n0=p.start, n1=p.stop: run_q8(w, xq, xd, xsum, target, n0, n1, f16)
-                     for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
+            splits = cpu_threads.split(n_out, k_in * max(rows, 1))
+            parts = [lambda n0=p.start, n1=p.stop: run_q8(w, xq, xd, xsum, target, n0, n1, f16) for p in splits]
             products = cpu_threads.parallel(parts)
 
             def compute():
                 gguf_q8.quantize(x, xq, xd, xsum)
                 products()
+
+            compute = _described(compute, [(gguf_q8.quantize, (x, xq, xd, xsum), None)],
+                                 [(run_q8, (w, xq, xd, xsum, target, p.start, p.stop, f16), i)
+                                  for i, p in enumerate(splits)])
         elif fused:
             xc, xs = scratch[x_c], scratch[sums]
             special = gj.SPECIALISED.get(kind)
+            splits = cpu_threads.split(n_out, k_in * max(rows, 1))
             if special is not None:  # the type's own loops (vectorised), else the generic block decoder's
-                parts = [lambda n0=p.start, n1=p.stop: special(w, xc, xs, target, n0, n1, kind, f16)
-                         for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
+                calls = [(special, (w, xc, xs, target, p.start, p.stop, kind, f16), i) for i, p in enumerate(splits)]
             else:
-                parts = [lambda n0=p.start, n1=p.stop: gj.matmul_rows(w, xc, xs, target, n0, n1, kind, bs, ts, sl,
-                                                                      nsub, has_c, f16)
-                         for p in cpu_threads.split(n_out, k_in * max(rows, 1))]
+                calls = [(gj.matmul_rows, (w, xc, xs, target, p.start, p.stop, kind, bs, ts, sl, nsub, has_c, f16),
+                          i) for i, p in enumerate(splits)]
+            parts = [lambda fn=fn, args=args: fn(*args) for fn, args, _ in calls]
             products = cpu_threads.parallel(parts)
 
             def compute():
                 np.copyto(xc, x)
                 gj._sums(xc, xs, sl)
                 products()
+
+            if x.dtype == xc.dtype and x.shape == xc.shape:
+                from ..jit.chain import copy_region
+
+                compute = _described(compute, [(copy_region, (xc, xc, x, False), None)],
+                                     [(gj._sums, (xc, xs, sl), None)], calls)
         else:
             steps = []
             for n0 in range(0, n_out, band):
@@ -234,14 +244,23 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
                         dec()
                         np.matmul(x, wt, out=dst)
 
+        if acc is None:  # the product alone (described for the chains where it is compiled calls)
+            return with_refresh([x_op, w_op], compute)
+
         def body():
             compute()
-            if acc is not None:
-                np.copyto(out.reshape(rows, n_out), target, casting="unsafe")
+            np.copyto(out.reshape(rows, n_out), target, casting="unsafe")
 
         return with_refresh([x_op, w_op], body)
 
     return bind
+
+
+def _described(step, *phases):
+    """``step`` described as ``phases`` of ``(kernel, args, part)`` calls for the chains (``jit/chain.py``)."""
+    from ..jit.chain import Call, tag
+
+    return tag(step, *([Call(fn, args, part) for fn, args, part in phase] for phase in phases))
 
 
 PREPARE = {

@@ -10,6 +10,7 @@ from luminal_recipes.errors import InputError
 
 from ...kernels.context import Bind, KernelContext
 from ...views import strided
+from .. import jit
 from .common import bind_all, with_refresh
 from .operands import operand
 
@@ -94,4 +95,8 @@ def _few_rows(out: np.ndarray, idx: np.ndarray, src: np.ndarray, src_flat: np.nd
                 raise InputError(f"{node.op} #{node.id}: row index out of range [0, {rows}) in {i}..{i}")
             out[i] = src[j]
 
+    if jit.AVAILABLE and idx.dtype.kind == "i" and src.dtype == out.dtype and src.shape[1:] == out.shape[1:]:
+        from ..jit import chain  # the same copies as one compiled call, for the chains
+
+        body = chain.tag(body, [chain.Call(chain.scatter_rows, (out, idx, src, rows), checked=True)])
     return with_refresh(refresh, body)

@@ -4,6 +4,7 @@ where numba is installed, numpy passes per row tile otherwise)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -100,9 +101,7 @@ def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, scalars) -> Bind:
                     chunks.append((flats[0], start + sl.start * strides[-2], strides[-2], ob[sl]))
         fn = getattr(jit.kernels(), flat_kernel or kernel)
         count = cpu_threads.part_count(len(chunks), math.prod(x.shape))  # the whole's size decides, not a block's
-        return cpu_threads.parallel(
-            _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count], args)
-            for i in range(count))
+        return _parallel_chunks(fn, chunks, count, lambda i: args)
 
     return bind
 
@@ -117,6 +116,13 @@ def _row_chunks(fn, chunks: list[tuple], scalars: tuple) -> Step:
             fn(*args, *scalars)
 
     return run
+
+
+def _parallel_chunks(fn, chunks: list[tuple], count: int, scalars: Callable[[int], tuple]) -> Step:
+    """The chunks in ``count`` parts (part i's scalars ``scalars(i)``), described for the chains."""
+    groups = [chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count] for i in range(count)]
+    step = cpu_threads.parallel(_row_chunks(fn, g, scalars(i)) for i, g in enumerate(groups))
+    return jit.described(step, [(fn, (*args, *scalars(i)), i) for i, g in enumerate(groups) for args in g])
 
 
 def prepare_softmax(ctx: KernelContext) -> Bind:
@@ -335,10 +341,7 @@ def _prepare_compiled_rope(ctx: KernelContext, xs, d: int, w_at: int, tables, in
                                sin, s0, sv.strides[-2]))
         fn = jit.kernels().rms_norm_rope_rows
         count = cpu_threads.part_count(len(chunks), math.prod(xs))  # the whole's size decides, not a head's
-        return cpu_threads.parallel(
-            _row_chunks(fn, chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count],
-                        (inv_n, eps, scratch[work][i]))
-            for i in range(count))
+        return _parallel_chunks(fn, chunks, count, lambda i: (inv_n, eps, scratch[work][i]))
 
     return bind
 

@@ -12,6 +12,7 @@ from luminal_recipes.graph.view import BoundView
 
 from ...kernels.context import KernelContext, Scratch
 from ...views import blas_compatible, gatherer, in_bounds, is_unmasked, normalize_unit_axes, reshape_view, strided
+from .. import jit
 
 
 class Operand:
@@ -56,6 +57,12 @@ class Operand:
         else:
             shaped = dst.reshape(self.source.shape)
             self.refresh = gatherer(shaped, flat, self.source)
+        if jit.AVAILABLE:  # the same copy as a compiled call, for the chains (``jit/chain.py``)
+            from ..jit import chain
+
+            call = chain.region_copy(shaped, flat, self.source)
+            if call is not None:
+                self.refresh = chain.tag(self.refresh, [call])
         self.array = dst
         return dst
 

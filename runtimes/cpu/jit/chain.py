@@ -1,0 +1,577 @@
+"""Graph capture for the CPU backend: runs of compiled kernel calls replayed as one compiled call ("chains").
+
+A decoding step of a language model is ~550 kernel calls of a few microseconds each; called one by one from
+Python each costs ~6 us of dispatch, and on two threads each split kernel hands its second part to a sleeping pool
+worker (20-50 us). A kernel step whose whole work is calls of numba functions carries a description (``tag``): its
+*phases*, each a list of ``Call(fn, args, part)`` that may run at once (``part``: the part of a split kernel, run
+by thread ``part % T``; ``None``: the whole call, on thread 0), phase after phase. ``NumpyBackend.capture``
+(``capture`` here) turns every maximal run of described steps into a *program* - per call a row: which argument
+layout (opcode), which thread, where its arguments start in an int64 and a float64 table (array address, shape,
+byte strides; scalars) - run by a generated ``numba.njit(nogil=True)`` interpreter with one branch per opcode.
+The interpreter rebuilds each array from the table (``_view``) and calls the kernel's own machine code at its
+address (``_call``, numba's calling convention): nothing is compiled or linked again, so a model needs one small
+interpreter (compiled once, then cached on disk) whatever its depth, and every kernel runs the very code it runs
+when called from Python. Steps without a description (numpy, BLAS, host work) run as they are, between chains.
+
+On ``THREADS`` = T > 1 every thread runs the chain at once (the caller and T - 1 pool workers, ``threads.run_parts``:
+one hand-off per chain rather than one per kernel), each calling the parts it owns, with a barrier row after a
+phase where the next phase's threads differ (two phases on thread 0 alone need none). The barrier spins on atomics
+(``spin.py``) for ``SPINS`` reads, then yields its core until the others arrive, so a descheduled thread slows the
+chain but cannot hang it; a thread whose call raises sets an abort flag every waiting thread sees.
+
+The same kernels run on the same arguments in the same order with the same parts: results are bit for bit those
+of the steps run one by one. A kernel that checks its input (``Call.checked``: returns nonzero on bad input) or
+raises stops the chain at the next barrier; that step then runs on its own, which raises its located error.
+
+Generated sources go to ``<plan cache folder>/cpu-chains/`` (named by a digest of the source, this file,
+``spin.py`` and numba's version) and are imported from there so numba caches their machine code; a file that
+differs from the generated text is rewritten, never imported. ``LUMINAL_RECIPES_CHAIN=0`` turns chains off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numba
+import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
+
+from .spin import atomic_load, atomic_store, compare_exchange, pause
+
+ENV = "LUMINAL_RECIPES_CHAIN"
+# a chain with fewer kernels split over the threads runs on the calling thread alone (its parts one after another):
+# handing a chain to the pool's workers costs a wake-up (20-50 us), which a few split products do not repay (a
+# decode program whose attention runs as BLAS products, between the chains, has one or two per chain)
+MIN_SPLIT_PHASES = 8
+SPINS = 2000  # barrier reads (with the pause hint, ~20-40 ns each here) before a waiting thread yields its core
+_STRIDE = 8  # int64 flags one cache line apart
+COUNT, GEN, ERR, ABORT = 0, _STRIDE, 2 * _STRIDE, 3 * _STRIDE
+
+
+def enabled() -> bool:
+    """Whether chains are on (``LUMINAL_RECIPES_CHAIN`` not 0), read at each capture."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class Call(NamedTuple):
+    """One call of a compiled (nogil) function: ``fn(*args)``. ``part``: which part of a split kernel (thread
+    ``part % T`` runs it), ``None`` for a whole call (thread 0). ``checked``: it returns nonzero on bad input."""
+
+    fn: Any
+    args: tuple
+    part: int | None = None
+    checked: bool = False
+
+
+def tag(step: Callable, *phases: Sequence[Call]) -> Callable:
+    """Describe ``step`` as ``phases`` (each a sequence of calls that may run at once) and return it. Calls of
+    functions that are not module-level numba dispatchers leave the step undescribed (run from Python)."""
+    phases = tuple(tuple(phase) for phase in phases if phase)
+    if phases and all(hasattr(call.fn, "overloads") and describable(call.args) for phase in phases for call in phase):
+        try:
+            step.chain = phases
+        except AttributeError:  # a builtin or bound method: wrapped
+            inner = step
+
+            def step():
+                inner()
+
+            step.chain = phases
+    return step
+
+
+def phases_of(step: Callable) -> tuple | None:
+    return getattr(step, "chain", None)
+
+
+def combine(step: Callable, *parts: Callable) -> Callable:
+    """Tag ``step`` with the phases of ``parts`` run in order, where every one of them is described."""
+    described = [phases_of(p) for p in parts]
+    if all(d is not None for d in described):
+        return tag(step, *(phase for d in described for phase in d))
+    return step
+
+
+# ---- compiled helpers ------------------------------------------------------------------------------------------
+_sched_yield = types.ExternalFunction("sched_yield", types.intc())
+_kernel = numba.njit(cache=True, nogil=True, error_model="numpy")
+
+
+@_kernel
+def barrier(flags, threads, spins):
+    """Wait until ``threads`` threads have arrived (a generation counter: reusable at once); False when another
+    thread aborted (its call raised)."""
+    gen = atomic_load(flags, GEN)
+    while True:
+        count = atomic_load(flags, COUNT)
+        if compare_exchange(flags, COUNT, count, count + 1):
+            break
+    if count + 1 == threads:
+        atomic_store(flags, COUNT, 0)
+        atomic_store(flags, GEN, gen + 1)
+        return True
+    n = 0
+    while atomic_load(flags, GEN) == gen:
+        if atomic_load(flags, ABORT) != 0:
+            return False
+        if n < spins:
+            n += 1
+            pause()
+        else:
+            _sched_yield()
+    return True
+
+
+@_kernel
+def scatter_rows(out, idx, src, rows):
+    """``out[idx[j]] = src[j]`` for a few rows (a decoded token's keys and values into the KV cache); 1 (and
+    nothing written from that row on) when an index is outside ``[0, rows)``."""
+    for j in range(idx.shape[0]):
+        i = idx[j]
+        if i < 0 or i >= rows:
+            return 1
+        out[i] = src[j]
+    return 0
+
+
+@_kernel
+def copy_region(dst, region, src, fill):
+    """A scratch operand's refresh (``views.gatherer``): ``dst`` zeroed where ``fill``, then ``region`` (a view
+    of ``dst``) = ``src``."""
+    if fill:
+        dst[...] = 0
+    region[...] = src
+
+
+def region_copy(dst: np.ndarray, flat: np.ndarray, bv) -> Call | None:
+    """The ``Call`` doing what ``views.gatherer(dst, flat, bv)`` does (the same box arithmetic), or None where
+    that takes another path (reads past the buffer, an empty box) or the dtypes differ."""
+    from luminal_recipes.graph.view import BoundView
+
+    from ...views import strided
+
+    box = []
+    for axis, d in enumerate(bv.shape):
+        lo, hi = (0, d) if bv.mask is None else bv.mask[axis]
+        lo, hi = max(lo, 0), min(hi, d)
+        if lo >= hi:
+            return None
+        box.append((lo, hi))
+    offset = bv.offset + sum(lo * s for (lo, _), s in zip(box, bv.strides))
+    src = strided(flat, BoundView(tuple(hi - lo for lo, hi in box), bv.strides, offset, None))
+    if src is None or src.dtype != dst.dtype or dst.ndim == 0:
+        return None
+    region = dst[tuple(slice(lo, hi) for lo, hi in box)]
+    return Call(copy_region, (dst, region, src, region.shape != dst.shape))
+
+
+@intrinsic
+def _view(typingctx, table, row, col, key):
+    """The array whose address, shape and byte strides are ``table[row, col:]`` (int64), of the numba array type
+    ``key`` names (a string literal, ``_array_key``): the kernels' arguments rebuilt inside a chain, so a call
+    passes two tables rather than hundreds of arrays. No reference is counted: the chain keeps the arrays."""
+    if not isinstance(key, types.StringLiteral):
+        return None
+    dtype, ndim, layout, readonly = key.literal_value.split(":")
+    ndim = int(ndim)
+    arrty = types.Array(numba.from_dtype(np.dtype(dtype)), ndim, layout, readonly=readonly == "ro")
+    sig = arrty(table, row, col, key)
+
+    def codegen(context, builder, signature, args):
+        tab = context.make_array(signature.args[0])(context, builder, args[0])
+        ncols = cgutils.unpack_tuple(builder, tab.shape, 2)[1]
+        base = builder.add(builder.mul(args[1], ncols), args[2])
+
+        def get(j):
+            at = builder.add(base, context.get_constant(types.intp, j))
+            return builder.load(builder.gep(tab.data, [at]))
+
+        ary = context.make_array(arrty)(context, builder)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(arrty.dtype)))
+        populate_array(ary, data=builder.inttoptr(get(0), ary.data.type),
+                       shape=cgutils.pack_array(builder, [get(1 + i) for i in range(ndim)]),
+                       strides=cgutils.pack_array(builder, [get(1 + ndim + i) for i in range(ndim)]),
+                       itemsize=itemsize, meminfo=None)
+        return ary._getvalue()
+
+    return sig, codegen
+
+
+def _array_key(a: np.ndarray) -> str | None:
+    """The numba array type ``numba.typeof(a)`` gives, as ``dtype:ndim:layout:rw|ro`` (the same flags it reads,
+    without its cost: a capture encodes thousands of arrays)."""
+    if not a.flags.aligned or a.dtype.kind not in "biuf" or a.dtype.byteorder not in "=|":
+        return None
+    layout = "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else "A"
+    return f"{a.dtype.str[1:]}:{a.ndim}:{layout}:{'rw' if a.flags.writeable else 'ro'}"
+
+
+_SCALARS = {"ti[0, {i}] != 0": types.boolean, "ti[0, {i}]": types.int64, "tf[0, {f}]": types.float64,
+            "np.float32(tf[0, {f}])": types.float32}
+_INTEGERS = {f"np.{name}(ti[0, {{i}}])": getattr(types, name) for name in ("int8", "int16", "int32", "uint8",
+                                                                           "uint16", "uint32")}
+
+
+def _encode(arg) -> tuple[str, list[int], list[float]] | None:
+    """(the expression reading ``arg`` back inside a chain, with ``{i}``/``{f}`` its first int/float column - it
+    names the argument's numba type too -; its int columns; its float columns), or None for an argument chains do
+    not carry."""
+    if isinstance(arg, np.ndarray):
+        key = _array_key(arg)
+        if key is None:
+            return None
+        ints = [arg.ctypes.data, *arg.shape, *arg.strides]
+        return f"_view(ti, 0, {{i}}, '{key}')", ints, []
+    if isinstance(arg, (bool, np.bool_)):
+        return "ti[0, {i}] != 0", [int(bool(arg))], []
+    if isinstance(arg, int):
+        return ("ti[0, {i}]", [arg], []) if -(1 << 63) <= arg < 1 << 63 else None
+    if isinstance(arg, np.integer):
+        if arg.dtype == np.int64:
+            return "ti[0, {i}]", [int(arg)], []
+        template = f"np.{arg.dtype.name}(ti[0, {{i}}])"
+        return (template, [int(arg)], []) if template in _INTEGERS else None
+    if isinstance(arg, float) or isinstance(arg, np.floating) and arg.dtype == np.float64:
+        return "tf[0, {f}]", [], [float(arg)]
+    if isinstance(arg, np.floating) and arg.dtype == np.float32:
+        return "np.float32(tf[0, {f}])", [], [float(arg)]
+    return None
+
+
+@functools.cache
+def _numba_type(template: str):
+    """The numba type of an argument ``_encode`` wrote as ``template``."""
+    if template.startswith("_view("):
+        dtype, ndim, layout, access = template.split("'")[1].split(":")
+        return types.Array(numba.from_dtype(np.dtype(dtype)), int(ndim), layout, readonly=access == "ro")
+    return _SCALARS.get(template) or _INTEGERS[template]
+
+
+def describable(args: tuple) -> bool:
+    return all(_encode(a) is not None for a in args)
+
+
+FAILED = 1 << 40  # what ``_call`` returns when the kernel raised (its status is an error)
+_RETURNS = {"none": types.none, "int64": types.int64, "int32": types.int32, "bool": types.boolean}
+
+
+@intrinsic
+def _call(typingctx, address, returns, args):
+    """Call the compiled kernel at ``address`` (numba's own calling convention, the machine code its dispatcher
+    runs: nothing is compiled or linked again) with the tuple ``args``, returning ``returns`` (a string literal,
+    ``_RETURNS``); the result as int64 (0 for none), ``FAILED`` where the kernel raised."""
+    if not isinstance(returns, types.StringLiteral) or not isinstance(args, types.BaseTuple):
+        return None
+    restype = _RETURNS[returns.literal_value]
+    sig = types.int64(address, returns, args)
+
+    def codegen(context, builder, signature, llargs):
+        argtys = list(signature.args[2])
+        values = cgutils.unpack_tuple(builder, llargs[2], len(argtys))
+        fnty = context.call_conv.get_function_type(restype, argtys)
+        callee = builder.inttoptr(llargs[0], fnty.as_pointer())
+        retty = context.call_conv.get_return_type(restype).pointee
+        ret = cgutils.alloca_once(builder, retty)
+        builder.store(cgutils.get_null_value(retty), ret)
+        excinfo = cgutils.alloca_once(builder, fnty.args[1].pointee, name="excinfo")
+        packed = list(context.call_conv._get_arg_packer(argtys).as_arguments(builder, values))
+        code = builder.call(callee, [ret, excinfo, *packed])
+        status = context.call_conv._get_return_status(builder, code, builder.load(excinfo))
+        if restype == types.none:
+            value = context.get_constant(types.int64, 0)
+        else:
+            out = context.get_returned_value(builder, restype, builder.load(ret))
+            value = context.cast(builder, out, restype, types.int64)
+        return builder.select(status.is_error, context.get_constant(types.int64, FAILED), value)
+
+    return sig, codegen
+
+
+_ENTRIES: dict[tuple, tuple[int, str] | None] = {}
+
+
+def _entry(fn, templates: tuple[str, ...]) -> tuple[int, str] | None:
+    """(the address of ``fn``'s machine code for arguments of these types - ``_encode``'s templates -, its return
+    type's name), compiling it (or loading it from numba's cache) where this signature has not run yet; None for a
+    kernel that does not compile for them or returns another type."""
+    key = (fn, templates)
+    if key in _ENTRIES:
+        return _ENTRIES[key]
+    sig = tuple(_numba_type(t) for t in templates)
+    cres = fn.overloads.get(sig)
+    if cres is None:
+        try:
+            fn.compile(sig)
+        except Exception:  # noqa: BLE001 - a kernel that does not compile for these types: not chained
+            return None
+        cres = fn.overloads.get(sig)
+    entry = None
+    if cres is not None:
+        restype = types.unliteral(cres.signature.return_type)
+        returns = next((name for name, ty in _RETURNS.items() if ty == restype), None)
+        if returns is not None:
+            entry = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name), returns
+    _ENTRIES[key] = entry
+    return entry
+
+
+# ---- capture -----------------------------------------------------------------------------------------------------
+def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | None:
+    """One step replaying ``steps``: maximal runs of described steps as chains, the others called as they are;
+    None when no run of two or more described steps is found (nothing to gain)."""
+    items: list = []  # a plain step, or a list of consecutive described steps
+    for step in steps:
+        if phases_of(step) is not None:
+            if items and isinstance(items[-1], list):
+                items[-1].append(step)
+            else:
+                items.append([step])
+        else:
+            items.append(step)
+    if not any(isinstance(it, list) and len(it) > 1 for it in items):
+        return None
+    program: list[Callable[[], None]] = []
+    chains = lockstep = 0
+    for it in items:
+        chain = _Chain(it, threads) if isinstance(it, list) and len(it) > 1 else None
+        if chain is not None and chain.ok:
+            program.append(chain.run)
+            chains += 1
+            lockstep += chain.threads > 1
+        else:
+            program.extend(it if isinstance(it, list) else [it])
+    if not chains:
+        return None
+    program = tuple(program)
+
+    def replay() -> None:
+        with np.errstate(all="ignore"):
+            for step in program:
+                step()
+
+    replay.chains, replay.lockstep, replay.launches = chains, lockstep, len(program)  # chains, those on every
+    # thread, Python calls per replay
+    return replay
+
+
+BARRIER = -1
+PROGRAM_COLUMNS = 5  # per row: opcode (BARRIER: a barrier), thread, first int column, first float column, checked
+
+
+class _Chain:
+    """A run of described steps as one program of a generated interpreter: per call a row (its opcode - which
+    argument types it takes -, its thread, where its arguments start in the int and float tables, whether it is
+    checked), barriers between phases where threads change hands."""
+
+    def __init__(self, steps: list[Callable], threads: int):
+        flat = [(i, phase) for i, s in enumerate(steps) for phase in phases_of(s)]
+        if threads > 1 and sum(len(_threads_of(phase, threads)) > 1 for _, phase in flat) < MIN_SPLIT_PHASES:
+            threads = 1  # too few split kernels to pay for the hand-off: every part on the calling thread
+        self.steps, self.threads = steps, threads
+        self.flags = np.zeros(4 * _STRIDE, np.int64)
+        opcodes: dict[tuple, int] = {}
+        rows, ints, floats = [], [], []
+        self.row_step: list[int] = []  # program row -> index of its step
+        self.ok = False
+        for n, (i, phase) in enumerate(flat):
+            for call in phase:
+                encoded = [_encode(arg) for arg in call.args]
+                entry = _entry(call.fn, tuple(e[0] for e in encoded))
+                if entry is None:
+                    return
+                address, returns = entry
+                exprs, vi, vf = [], [address], []
+                for expr, ai, af in encoded:
+                    exprs.append(expr.format(i=f"i + {len(vi)}", f=f"f + {len(vf)}"))
+                    vi += ai
+                    vf += af
+                op = opcodes.setdefault((returns, tuple(exprs)), len(opcodes))
+                owner = 0 if call.part is None else call.part % threads
+                rows.append([op, owner, len(ints), len(floats), int(call.checked)])
+                self.row_step.append(i)
+                ints += vi
+                floats += vf
+            nxt = flat[n + 1][1] if n + 1 < len(flat) else None
+            if threads > 1 and (nxt is None or len(_threads_of(phase, threads) | _threads_of(nxt, threads)) > 1):
+                rows.append([BARRIER, 0, 0, 0, 0])
+                self.row_step.append(i)
+        self.program = np.array(rows, np.int64).reshape(-1, PROGRAM_COLUMNS)
+        self.ints = np.array(ints or [0], np.int64).reshape(1, -1)
+        self.floats = np.array(floats or [0.0], np.float64).reshape(1, -1)
+        self.keep = [c.args for s in steps for phase in phases_of(s) for c in phase]  # what the tables point into
+        self.run_fn = _interpreter(sorted(opcodes, key=opcodes.get))
+        self.args = (self.program, self.ints, self.floats, self.flags, threads, SPINS)
+        self.parts = [functools.partial(self._part, t) for t in range(threads)]
+        self.ok = True
+
+    def _part(self, t: int) -> int:
+        try:
+            return self.run_fn(t, *self.args)
+        except BaseException:
+            from . import spin
+
+            spin.store(self.flags, ABORT, 1)
+            raise
+
+    def run(self) -> None:
+        flags = self.flags
+        if self.threads == 1:
+            if self.run_fn(0, *self.args):
+                self._failed()
+            return
+        flags[:] = 0
+        _lockstep_pool().run(self.parts)
+        if flags[ERR]:
+            self._failed()
+
+    def _failed(self) -> None:
+        """A checked call refused its input, or a kernel raised: run that step on its own (it raises its own
+        error; steps before it have run, none after it)."""
+        row = int(self.flags[ERR]) - 1
+        self.flags[:] = 0
+        with np.errstate(all="ignore"):
+            self.steps[self.row_step[row]]()
+        from luminal_recipes.errors import InputError
+
+        raise InputError("a compiled kernel refused its input in a chained step, which then ran on its own without "
+                         "error; run with LUMINAL_RECIPES_CHAIN=0 to see which kernel")
+
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def _lockstep_pool():
+    """The threads lockstep chains run on: a blocking pool of ``threads.py`` of their own (one wake-up per chain),
+    not the kernels' shared pool, whose idle workers may spin (``LUMINAL_RECIPES_SPIN_US``) and whose adaptive
+    hand-off measured 2-3x slower for a chain's long parts (one decode step 27 vs 9.7 ms median, 2 threads)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            from .. import threads as cpu_threads
+
+            _POOL = cpu_threads._Pool()
+        return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()  # a forked child has none of the parent's worker threads
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _threads_of(phase: tuple, threads: int) -> frozenset[int]:
+    return frozenset(0 if c.part is None else c.part % threads for c in phase)
+
+
+def _source(opcodes: list[tuple]) -> str:
+    """The generated interpreter: ``run(t, program, ints, floats, flags, threads, spins)`` runs the program's rows
+    of thread ``t`` (one branch per opcode: its kernel's argument types), waits at the barrier rows, and returns 0,
+    1 (a call failed: its row + 1 in ``flags[ERR]``) or -1 (another thread aborted)."""
+    lines = [
+        "import numpy as np",
+        "from numba import njit",
+        "from luminal_recipes.runtimes.cpu.jit.chain import FAILED, _call, _view, barrier",
+        "from luminal_recipes.runtimes.cpu.jit.spin import atomic_load, atomic_store",
+        "",
+        "",
+        "@njit(nogil=True, cache=True, error_model='numpy')",
+        "def run(t, program, ti, tf, flags, threads, spins):",
+        "    failed = False",
+        "    for r in range(program.shape[0]):",
+        "        op = program[r, 0]",
+        f"        if op == {BARRIER}:",
+        "            if not barrier(flags, threads, spins):",
+        "                return -1",
+        f"            if atomic_load(flags, {ERR}) != 0:",
+        "                return 1",
+        "            continue",
+        "        if failed or program[r, 1] != t:",
+        "            continue",
+        "        i = program[r, 2]",
+        "        f = program[r, 3]",
+        "        rc = 0",
+    ]
+    for n, (returns, exprs) in enumerate(opcodes):
+        args = ", ".join(exprs) + ("," if len(exprs) == 1 else "")
+        lines.append(f"        {'if' if n == 0 else 'elif'} op == {n}:")
+        lines.append(f"            rc = _call(ti[0, i], '{returns}', ({args}))")
+    lines += [
+        "        if rc == FAILED or (rc != 0 and program[r, 4] != 0):",
+        f"            atomic_store(flags, {ERR}, r + 1)",
+        "            if threads == 1:",
+        "                return 1",
+        "            failed = True  # on to the next barrier, where every thread stops",
+        "    return 0",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _own_digest() -> str:
+    """A digest of what generated code compiles in (this file, ``spin.py``) and numba's version: the kernels
+    themselves are called at their addresses, never compiled in."""
+    h = hashlib.sha256(numba.__version__.encode())
+    for path in (Path(__file__), Path(__file__).with_name("spin.py")):
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _folder() -> Path:
+    from luminal_recipes.compiler.cache import cache_dir
+
+    return cache_dir() / "cpu-chains"
+
+
+_MEMO: dict[str, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _interpreter(opcodes: list[tuple]):
+    source = _source(opcodes)
+    key = hashlib.sha256((_own_digest() + source).encode()).hexdigest()[:24]
+    with _LOCK:
+        got = _MEMO.get(key)
+        if got is None:
+            got = _MEMO[key] = _load(key, source)
+        return got
+
+
+def _load(key: str, source: str):
+    """The generated module from its file in the cache folder (written if missing or different), so numba caches
+    its code; where the folder cannot be written, compiled from the text (no disk cache)."""
+    name = f"luminal_chain_{key}"
+    path = None
+    try:
+        folder = _folder()
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.py"
+        if not path.is_file() or path.read_text() != source:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(source)
+            os.replace(tmp, path)
+    except OSError:
+        path = None
+    if path is not None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module.run
+    namespace: dict = {"__name__": name}
+    exec(compile(source.replace("cache=True", "cache=False"), f"<chain {key}>", "exec"), namespace)
+    return namespace["run"]
