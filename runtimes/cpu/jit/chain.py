@@ -448,30 +448,13 @@ class _Chain:
                          "error; run with LUMINAL_RECIPES_CHAIN=0 to see which kernel")
 
 
-_POOL = None
-_POOL_LOCK = threading.Lock()
-
-
 def _lockstep_pool():
-    """The threads lockstep chains run on: a blocking pool of ``threads.py`` of their own (one wake-up per chain),
-    not the kernels' shared pool, whose idle workers may spin (``LUMINAL_RECIPES_SPIN_US``) and whose adaptive
-    hand-off measured 2-3x slower for a chain's long parts (one decode step 27 vs 9.7 ms median, 2 threads)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            from .. import threads as cpu_threads
+    """The threads lockstep chains run on: ``threads.blocking_pool()`` (one wake-up per chain), not the kernels'
+    shared pool, whose idle workers may spin (``LUMINAL_RECIPES_SPIN_US``) and whose adaptive hand-off measured
+    2-3x slower for a chain's long parts (one decode step 27 vs 9.7 ms median, 2 threads)."""
+    from .. import threads as cpu_threads
 
-            _POOL = cpu_threads._Pool()
-        return _POOL
-
-
-def _forget_pool() -> None:
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()  # a forked child has none of the parent's worker threads
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
+    return cpu_threads.blocking_pool()
 
 
 def _threads_of(phase: tuple, threads: int) -> frozenset[int]:
