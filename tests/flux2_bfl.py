@@ -60,9 +60,14 @@ def to_bfl(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     scale, shift = np.split(state.pop("norm_out.linear.weight"), 2)
     out["final_layer.adaLN_modulation.1.weight"] = np.concatenate([shift, scale])
     for name, value in state.items():
-        bfl = name
-        for pattern, repl in TO_BFL:
-            bfl = re.sub(pattern, repl, bfl)
-        assert bfl != name, f"no BFL name for {name}"
-        out[bfl] = value
+        out[bfl_name(name)] = value
     return out
+
+
+def bfl_name(name: str) -> str:
+    """A diffusers parameter name (or, ending in ``.``, a module prefix) in BFL's names; QKV parts not handled."""
+    bfl = name
+    for pattern, repl in TO_BFL:
+        bfl = re.sub(pattern, repl, bfl)
+    assert bfl != name, f"no BFL name for {name}"
+    return bfl

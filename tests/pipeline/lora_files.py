@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from diffusers import Flux2Pipeline
 from diffusers.models import Flux2Transformer2DModel
+from flux2_bfl import bfl_name
 from safetensors.torch import save_file as save_torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,28 +61,6 @@ def make_lora(**options) -> tuple[dict[str, torch.Tensor], dict, dict[str, float
     return state, config.to_dict(), scales
 
 
-# diffusers name (module, no .weight) -> BFL name; fused QKV handled apart (the inverse of diffusers' converter)
-_TO_BFL = [
-    (r"^transformer_blocks\.(\d+)\.attn\.to_out\.0$", r"double_blocks.\1.img_attn.proj"),
-    (r"^transformer_blocks\.(\d+)\.attn\.to_add_out$", r"double_blocks.\1.txt_attn.proj"),
-    (r"^transformer_blocks\.(\d+)\.ff\.linear_in$", r"double_blocks.\1.img_mlp.0"),
-    (r"^transformer_blocks\.(\d+)\.ff\.linear_out$", r"double_blocks.\1.img_mlp.2"),
-    (r"^transformer_blocks\.(\d+)\.ff_context\.linear_in$", r"double_blocks.\1.txt_mlp.0"),
-    (r"^transformer_blocks\.(\d+)\.ff_context\.linear_out$", r"double_blocks.\1.txt_mlp.2"),
-    (r"^single_transformer_blocks\.(\d+)\.attn\.to_qkv_mlp_proj$", r"single_blocks.\1.linear1"),
-    (r"^single_transformer_blocks\.(\d+)\.attn\.to_out$", r"single_blocks.\1.linear2"),
-    (r"^x_embedder$", "img_in"),
-    (r"^context_embedder$", "txt_in"),
-    (r"^time_guidance_embed\.timestep_embedder\.linear_1$", "time_in.in_layer"),
-    (r"^time_guidance_embed\.timestep_embedder\.linear_2$", "time_in.out_layer"),
-    (r"^time_guidance_embed\.guidance_embedder\.linear_1$", "guidance_in.in_layer"),
-    (r"^time_guidance_embed\.guidance_embedder\.linear_2$", "guidance_in.out_layer"),
-    (r"^proj_out$", "final_layer.linear"),
-    (r"^norm_out\.linear$", "final_layer.adaLN_modulation.1"),
-    (r"^(double_stream_modulation_img|double_stream_modulation_txt|single_stream_modulation)\.linear$", r"\1.lin"),
-]
-
-
 def to_bfl(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """BFL module name -> (down, up): fused QKV (shared down, ups stacked q;k;v), the rest renamed."""
     modules = {key.split(".lora_")[0] for key in state}
@@ -97,12 +76,7 @@ def to_bfl(state: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torc
             continue
         if re.match(r"^transformer_blocks\.\d+\.attn\.(to_k|to_v|add_k_proj|add_v_proj)$", module):
             continue
-        for pattern, replacement in _TO_BFL:
-            if re.match(pattern, module):
-                out[re.sub(pattern, replacement, module)] = (down, up)
-                break
-        else:
-            raise AssertionError(f"no BFL name for {module}")
+        out[bfl_name(f"{module}.")[:-1]] = (down, up)  # the checkpoint's renaming, on the module's prefix
     return out
 
 
