@@ -8,8 +8,8 @@ Every access is a sequentially consistent atomic on an ``int64`` array element (
 ``store atomic`` / ``cmpxchg``); the spin loops execute the CPU's pause hint between reads (``pause`` on x86;
 elsewhere none), bound their time by the monotonic clock (libc's ``clock_gettime``, the vDSO) and give their
 core away now and then (``sched_yield``). The pool's hand-off is one call per wait (``worker_wait``, ``post``,
-``finish``, ``wait_done``), so a worker takes the GIL once per part. ``claim``, ``wait_change`` and
-``wait_equal`` are the single-flag forms.
+``finish``, ``wait_done``), so a worker takes the GIL once per part; ``load`` and ``store`` are the single-flag
+forms its Python side uses.
 """
 
 from __future__ import annotations
@@ -91,33 +91,6 @@ def load(flags, index):
 @_spin
 def store(flags, index, value):
     atomic_store(flags, index, value)
-
-
-@_spin
-def claim(flags, index, expected, value):
-    """Set ``flags[index]`` from ``expected`` to ``value``; whether this call did (one caller wins)."""
-    return compare_exchange(flags, index, expected, value)
-
-
-@_spin
-def wait_change(flags, index, seen, spins):
-    """Spin (without the GIL) until ``flags[index] != seen`` or ``spins`` reads have passed; its last value."""
-    for _ in range(spins):
-        value = atomic_load(flags, index)
-        if value != seen:
-            return value
-        pause()
-    return atomic_load(flags, index)
-
-
-@_spin
-def wait_equal(flags, index, wanted, spins):
-    """Spin (without the GIL) until ``flags[index] == wanted`` or ``spins`` reads have passed; whether it is."""
-    for _ in range(spins):
-        if atomic_load(flags, index) == wanted:
-            return True
-        pause()
-    return atomic_load(flags, index) == wanted
 
 
 @intrinsic
