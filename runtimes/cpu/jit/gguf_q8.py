@@ -449,43 +449,55 @@ def _words(builder, ws, n8):
     return builder.bitcast(vec, _v(I8, n8))
 
 
-def _k_scales_4_5(builder, w, o):
-    """Q4_K / Q5_K: the 12 bytes at o + 4 -> (<8 x float> scales, <8 x float> minima) (llama.cpp's kmask
-    unpacking: 6-bit values, the upper four's high bits in the top bits of the first eight bytes)."""
-    u = [_ld(builder, w, builder.add(o, ir.Constant(I64, 4 + 4 * i)), I32) for i in range(3)]
-    k1, k2, k3 = (ir.Constant(I32, c) for c in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+def _k_scales_4_5(builder, w, o, f16):
+    """Q4_K / Q5_K: the 16 bytes at o (d, dmin, 12 bytes of 6-bit scales and minima) -> (<8 x float> d sc,
+    <8 x float> -dmin mn): llama.cpp's kmask unpacking (the upper four's high bits in the top bits of the first
+    eight bytes) done on one 16-byte vector by two byte shuffles, shifts and masks - the scalar form cost ~30
+    instructions per block, a third of the Q4_K loop -, d and dmin converted together (F16C)."""
+    v = _ld(builder, w, o, _v(I8, 16))
+    und = ir.Constant(_v(I8, 16), ir.Undefined)
 
-    def sh(v, s):
-        return builder.lshr(v, ir.Constant(I32, s))
+    def shuffle(idx):
+        return builder.shuffle_vector(v, und, ir.Constant(_v(I32, 16), idx))
 
-    sc_lo = builder.and_(u[0], k1)
-    sc_hi = builder.or_(builder.and_(u[2], k2), builder.shl(builder.and_(sh(u[0], 6), k3), ir.Constant(I32, 4)))
-    mn_lo = builder.and_(u[1], k1)
-    mn_hi = builder.or_(builder.and_(sh(u[2], 4), k2), builder.shl(builder.and_(sh(u[1], 6), k3), ir.Constant(I32, 4)))
-    f = builder.uitofp(_words(builder, [sc_lo, sc_hi, mn_lo, mn_hi], 16), _v(FLT, 16))
-    return _half_of(builder, f, 0), _half_of(builder, f, 1)
+    def mask(*groups):
+        return ir.Constant(_v(I8, 16), [g for g in groups for _ in range(4)])
+
+    # bytes 4 + j hold s[j]: sc 0..3 = s0..3 & 63, sc 4..7 = s8..11 & 15 | (s0..3 >> 6) << 4,
+    # mn 0..3 = s4..7 & 63, mn 4..7 = s8..11 >> 4 | (s4..7 >> 6) << 4
+    a = shuffle([4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15])
+    b = shuffle([4, 5, 6, 7, 4, 5, 6, 7, 8, 9, 10, 11, 8, 9, 10, 11])
+    low = builder.or_(builder.and_(a, mask(63, 15, 63, 0)), builder.and_(builder.lshr(a, _c(I8, 16, 4)),
+                                                                           mask(0, 0, 0, 15)))
+    u = builder.or_(low, builder.and_(builder.lshr(b, _c(I8, 16, 2)), mask(0, 48, 0, 48)))
+    f = builder.uitofp(u, _v(FLT, 16))
+    if _F16C:
+        pair = builder.fpext(builder.bitcast(_ld(builder, w, o, _v(I16, 2)), _v(ir.HalfType(), 2)), _v(FLT, 2))
+        dm = builder.shuffle_vector(pair, ir.Constant(pair.type, ir.Undefined),
+                                    ir.Constant(_v(I32, 16), [0] * 8 + [1] * 8))
+    else:
+        d, dmin = _h(builder, w, o, f16), _h(builder, w, builder.add(o, ir.Constant(I64, 2)), f16)
+        dm = builder.shuffle_vector(_splat(builder, d, 8), _splat(builder, dmin, 8),
+                                    ir.Constant(_v(I32, 16), list(range(16))))
+    s = builder.fmul(dm, f)  # d sc, dmin mn: the products the scalar form made, bit for bit
+    return _half_of(builder, s, 0), builder.fneg(_half_of(builder, s, 1))
 
 
 def _kunits_q4_k(builder, w, o, f16):
     """Q4_K (d, dmin, 12 bytes of scales, 128 bytes of nibbles: bytes 32 g .. 32 g + 31 hold sub-block 2 g in their
     low nibbles, 2 g + 1 in their high ones)."""
-    d = _h(builder, w, o, f16)
-    dmin = _h(builder, w, builder.add(o, ir.Constant(I64, 2)), f16)
-    sc, mn = _k_scales_4_5(builder, w, o)
+    scale, coef = _k_scales_4_5(builder, w, o, f16)
     a = _ld(builder, w, builder.add(o, ir.Constant(I64, 16)), _v(I8, 64))
     b = _ld(builder, w, builder.add(o, ir.Constant(I64, 80)), _v(I8, 64))
     pairs = [(0, 2, _b64(builder, a, "and", 15)), (1, 3, _b64(builder, _b64(builder, a, "shr", 4), "and", 15)),
              (4, 6, _b64(builder, b, "and", 15)), (5, 7, _b64(builder, _b64(builder, b, "shr", 4), "and", 15))]
-    return (builder.fmul(_splat(builder, d, 8), sc), builder.fmul(_splat(builder, builder.fneg(dmin), 8), mn),
-            pairs)
+    return scale, coef, pairs
 
 
 def _kunits_q5_k(builder, w, o, f16):
     """Q5_K: Q4_K's layout with 32 bytes of high bits (bit j of byte l: element l of sub-block j) before the
     nibbles."""
-    d = _h(builder, w, o, f16)
-    dmin = _h(builder, w, builder.add(o, ir.Constant(I64, 2)), f16)
-    sc, mn = _k_scales_4_5(builder, w, o)
+    scale, coef = _k_scales_4_5(builder, w, o, f16)
     qh = _ld(builder, w, builder.add(o, ir.Constant(I64, 16)), _v(I8, 32))
     h = _cat(builder, qh, builder.lshr(qh, _c(I8, 32, 2)))  # bits j (first half) and j + 2 (second)
     a = _ld(builder, w, builder.add(o, ir.Constant(I64, 48)), _v(I8, 64))
@@ -498,8 +510,7 @@ def _kunits_q5_k(builder, w, o, f16):
              (1, 3, _b64(builder, _b64(builder, _b64(builder, a, "shr", 4), "and", 15), "or", high("shl", 3))),
              (4, 6, _b64(builder, _b64(builder, b, "and", 15), "or", high("shl", 0))),
              (5, 7, _b64(builder, _b64(builder, _b64(builder, b, "shr", 4), "and", 15), "or", high("shr", 1)))]
-    return (builder.fmul(_splat(builder, d, 8), sc), builder.fmul(_splat(builder, builder.fneg(dmin), 8), mn),
-            pairs)
+    return scale, coef, pairs
 
 
 def _kunits_q6_k(builder, w, o, f16):
@@ -598,7 +609,7 @@ def _kkernel(kind, nr=1):
                 switch.add_case(ir.Constant(I64, mr), bb)
                 builder.position_at_end(bb)
                 _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs,
-                       f16p, nr, _i64(builder, gapa))
+                       f16p, nr, _i64(builder, gapa), kind)
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
@@ -608,8 +619,10 @@ def _kkernel(kind, nr=1):
     return kernel
 
 
-def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs, f16p, nr, gap):
-    """The IR of ``nr`` weight rows ``nv + r gap`` times ``mr`` rows of x of a K-quant (the x loads shared)."""
+def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs, f16p, nr, gap,
+           kind):
+    """The IR of ``nr`` weight rows ``nv + r gap`` times ``mr`` rows of x of a K-quant (the x loads shared); x's
+    codes in the type's pair order (``pair_layout``)."""
     sp, ss = sums
     wn = [builder.add(nv, builder.mul(gap, ir.Constant(I64, r))) for r in range(nr)]
     wrows = [builder.gep(wp, [builder.mul(wn[r], ws[0])]) for r in range(nr)]
@@ -648,8 +661,10 @@ def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, x
                 sx.append(builder.fmul(scale, dx))
                 builder.store(_fma(builder, coef, xsum, builder.load(macc[r][i])), macc[r][i])
             for p, (xa, xb, _) in enumerate(decoded[0][2]):
-                xh, xl = (_cat(builder, *(_ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 64 * t + part)),
-                                              _v(I8, 32)) for t in (xa, xb))) for part in (0, 32))
+                assert (xa, xb) == KPAIRS[kind][p], (kind, p)  # the order ``pair_layout`` wrote x in
+                # x in pair order (``pair_layout``): pair p's high bytes, then its low ones, 64 each
+                xh, xl = (_ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 128 * p + part)), _v(I8, 64))
+                          for part in (0, 64))
                 if nsub == 8:
                     idx = [xa] * 8 + [xb] * 8
                 else:
@@ -689,6 +704,36 @@ def sums16(xq, xd, x16):
             x16[m, s] = xd[m, b] * F(t)
 
 
+# kind -> the x-blocks (of 32) each 64-code vector of a super-block pairs, in the order the ``_kunits_*`` give them
+KPAIRS = {5: ((0, 4), (1, 5), (2, 6), (3, 7)), 6: ((0, 4), (1, 5), (2, 6), (3, 7)),
+          7: ((0, 2), (1, 3), (4, 6), (5, 7)), 8: ((0, 2), (1, 3), (4, 6), (5, 7)),
+          9: ((0, 1), (2, 3), (4, 5), (6, 7))}
+
+
+def _chunks(pairs) -> np.ndarray:
+    """The 32-byte chunks of ``quantize``'s super-block (chunk 2 j: x-block j's high bytes, 2 j + 1 its low ones)
+    in pair order: pair p's high bytes of both x-blocks, then their low bytes."""
+    return np.array([c for a, b in pairs for c in (2 * a, 2 * b, 2 * a + 1, 2 * b + 1)], np.int64)
+
+
+_ORDER5, _ORDER6, _ORDER7, _ORDER8, _ORDER9 = (_chunks(KPAIRS[k]) for k in (5, 6, 7, 8, 9))
+
+
+@_fast
+def pair_layout(xq, order):
+    """``quantize``'s xq with each super-block's 32-byte chunks in ``order`` (a K-quant's pair order), so that the
+    64 high (or low) bytes of x its 64-code vectors take are one contiguous load, not two halves put together
+    (16 instructions of ~130 per pass of the Q4_K loop)."""
+    xp = np.empty_like(xq)
+    for m in range(xq.shape[0]):
+        for b in range(xq.shape[1] // 512):
+            for c in range(16):
+                src, dst = 512 * b + 32 * order[c], 512 * b + 32 * c
+                for j in range(32):
+                    xp[m, dst + j] = xq[m, src + j]
+    return xp
+
+
 KNR = 2  # weight rows per pass of the K-quant loops: rows n and n + half of the range (two long sequential streams,
 # the x loads shared); adjacent rows (n, n + 1) made a short-stride pattern the prefetchers lost (2.5x slower)
 _KK = {k: (_kkernel(k, 1), _kkernel(k, KNR)) for k in (5, 6, 7, 8, 9)}
@@ -700,61 +745,66 @@ _KP5, _KP6, _KP7, _KP8, _KP9 = (_KK[k][1] for k in (5, 6, 7, 8, 9))
 def product_q2_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
+    xp = pair_layout(xq, _ORDER5)
     h = (n1 - n0) // KNR
     for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KP5(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP5(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
     for n in range(n0 + h * KNR, n1):
         for m0 in range(0, xq.shape[0], MR):
-            _KK5(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KK5(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q3_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
+    xp = pair_layout(xq, _ORDER6)
     h = (n1 - n0) // KNR
     for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KP6(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP6(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
     for n in range(n0 + h * KNR, n1):
         for m0 in range(0, xq.shape[0], MR):
-            _KK6(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KK6(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q4_k(packed, xq, xd, xs, out, n0, n1, f16):
+    xp = pair_layout(xq, _ORDER7)
     h = (n1 - n0) // KNR
     for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KP7(packed, n0 + j, h, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP7(packed, n0 + j, h, xp, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
     for n in range(n0 + h * KNR, n1):
         for m0 in range(0, xq.shape[0], MR):
-            _KK7(packed, n, 0, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KK7(packed, n, 0, xp, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q5_k(packed, xq, xd, xs, out, n0, n1, f16):
+    xp = pair_layout(xq, _ORDER8)
     h = (n1 - n0) // KNR
     for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KP8(packed, n0 + j, h, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP8(packed, n0 + j, h, xp, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
     for n in range(n0 + h * KNR, n1):
         for m0 in range(0, xq.shape[0], MR):
-            _KK8(packed, n, 0, xq, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KK8(packed, n, 0, xp, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 @_fast
 def product_q6_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
+    xp = pair_layout(xq, _ORDER9)
     h = (n1 - n0) // KNR
     for j in range(h):
         for m0 in range(0, xq.shape[0], MR):
-            _KP9(packed, n0 + j, h, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KP9(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
     for n in range(n0 + h * KNR, n1):
         for m0 in range(0, xq.shape[0], MR):
-            _KK9(packed, n, 0, xq, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+            _KK9(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
 
 
 # kind (gguf_kernels.KINDS) -> its product ``(packed, xq, xd, xs, out, n0, n1, f16)``; a type added here needs
