@@ -121,6 +121,9 @@ def int_product(module, f16):
         m, k = x.shape
         xq = np.empty((m, 2 * k), np.int8) if module.QMAX < 32767 else np.empty((m, k), np.int16)  # older: int16
         xd, xs = np.empty((m, k // 32), np.float32), np.empty((m, k // 32), np.float32)
+        if hasattr(module, "quant_product"):  # the runtime's call: x rounded in the type's order, then the product
+            module.quant_product(x, xq, xd, xs, np.empty((m, k // 16), np.float32), w, out, 0, w.shape[0], kind, f16)
+            return
         module.quantize(x, xq, xd, xs)
         module.matmul_q8(w, xq, xd, xs, out, 0, w.shape[0], kind, f16)
     fn.has = lambda kind: kind in module.KINDS

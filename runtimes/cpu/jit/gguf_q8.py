@@ -350,27 +350,56 @@ def product_q8_0(packed, xq, xd, xs, out, n0, n1, f16):
 
 
 @_fast
+def _quantize_into(x, xq, xd, xs, x16, dest, sums):
+    """``quantize`` with the 32-byte chunks of each 512 bytes of xq (chunk 2 j: x-block j's high bytes, 2 j + 1 its
+    low ones; 8 x-blocks) written at chunk ``dest[c]`` instead of c (a K-quant's pair order; identity for
+    ``quantize``), and, where ``sums``, x16 (f32 [m, k / 16]) the step times the sum of the codes of each 16 (as
+    ``sums16``). max|x| is taken on the bits (|x| orders as its bits do: vectorised; a NaN gives a NaN step,
+    which reaches the product's output)."""
+    xi = x.view(np.int32)
+    buf = np.empty(1, np.int32)
+    fbuf = buf.view(np.float32)
+    for m in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            bits = np.int32(0)
+            for j in range(32):
+                bits = max(bits, xi[m, b * 32 + j] & np.int32(0x7FFFFFFF))
+            buf[0] = bits
+            d = fbuf[0] / F(QMAX)
+            inv = F(1.0) / d if d > F(0.0) else F(0.0)
+            base = 512 * (b // 8)
+            hi = base + 32 * dest[2 * (b % 8)]
+            lo = base + 32 * dest[2 * (b % 8) + 1]
+            t0 = np.int32(0)
+            t1 = np.int32(0)
+            for j in range(16):
+                v = np.int32(np.rint(x[m, b * 32 + j] * inv))
+                v = min(max(v, np.int32(-16256)), np.int32(16256))  # x * (1 / d) may round a hair past QMAX
+                xq[m, hi + j] = np.int8(v >> 7)
+                xq[m, lo + j] = np.int8(v & 127)
+                t0 += v
+            for j in range(16, 32):
+                v = np.int32(np.rint(x[m, b * 32 + j] * inv))
+                v = min(max(v, np.int32(-16256)), np.int32(16256))
+                xq[m, hi + j] = np.int8(v >> 7)
+                xq[m, lo + j] = np.int8(v & 127)
+                t1 += v
+            xd[m, b] = d
+            xs[m, b] = d * F(t0 + t1)
+            if sums:
+                x16[m, 2 * b] = d * F(t0)
+                x16[m, 2 * b + 1] = d * F(t1)
+
+
+_IDENT = np.arange(16, dtype=np.int64)
+
+
+@_fast
 def quantize(x, xq, xd, xs):
     """x (f32 [m, k], k a multiple of 32) -> per block of 32: codes v = round(x / d) (|v| <= 16256) stored as
     32 bytes ``v >> 7`` then 32 bytes ``v & 127`` in xq (int8 [m, 2 k]); xd f32 [m, k / 32] the steps d =
     max|x| / 16256, xs = d * sum(v)."""
-    for m in range(x.shape[0]):
-        for b in range(x.shape[1] // 32):
-            amax = F(0.0)
-            for j in range(32):
-                v = x[m, b * 32 + j]
-                amax = max(amax, abs(v))
-            d = amax / F(QMAX)
-            inv = F(1.0) / d if d > F(0.0) else F(0.0)
-            t = 0
-            for j in range(32):
-                v = np.int64(np.round(x[m, b * 32 + j] * inv))
-                v = min(max(v, -16256), 16256)  # x * (1 / d) may round a hair past QMAX
-                xq[m, b * 64 + j] = np.int8(v >> 7)
-                xq[m, b * 64 + 32 + j] = np.int8(v & 127)
-                t += v
-            xd[m, b] = d
-            xs[m, b] = d * F(t)
+    _quantize_into(x, xq, xd, xs, xd, _IDENT, False)
 
 
 def codes(xq: np.ndarray) -> np.ndarray:
@@ -717,13 +746,16 @@ def _chunks(pairs) -> np.ndarray:
 
 
 _ORDER5, _ORDER6, _ORDER7, _ORDER8, _ORDER9 = (_chunks(KPAIRS[k]) for k in (5, 6, 7, 8, 9))
+_DEST5, _DEST6, _DEST7, _DEST8, _DEST9 = (np.argsort(o).astype(np.int64) for o in (_ORDER5, _ORDER6, _ORDER7,
+                                                                                     _ORDER8, _ORDER9))
 
 
 @_fast
 def pair_layout(xq, order):
     """``quantize``'s xq with each super-block's 32-byte chunks in ``order`` (a K-quant's pair order), so that the
     64 high (or low) bytes of x its 64-code vectors take are one contiguous load, not two halves put together
-    (16 instructions of ~130 per pass of the Q4_K loop)."""
+    (16 instructions of ~130 per pass of the Q4_K loop). The runtime's products quantize into this order directly
+    (``quant_product``)."""
     xp = np.empty_like(xq)
     for m in range(xq.shape[0]):
         for b in range(xq.shape[1] // 512):
@@ -741,70 +773,124 @@ _KK5, _KK6, _KK7, _KK8, _KK9 = (_KK[k][0] for k in (5, 6, 7, 8, 9))
 _KP5, _KP6, _KP7, _KP8, _KP9 = (_KK[k][1] for k in (5, 6, 7, 8, 9))
 
 
+# the K-quant loops on x in pair order (xp) with its sums per 16 (x16, read by the types of 16 sub-blocks; any
+# f32 array for the others)
+@_fast
+def paired_q2_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KP5(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KK5(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+@_fast
+def paired_q3_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KP6(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KK6(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+@_fast
+def paired_q4_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KP7(packed, n0 + j, h, xp, xd, xs, xs, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KK7(packed, n, 0, xp, xd, xs, xs, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+@_fast
+def paired_q5_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KP8(packed, n0 + j, h, xp, xd, xs, xs, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KK8(packed, n, 0, xp, xd, xs, xs, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+@_fast
+def paired_q6_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KP9(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KK9(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+# the products on ``quantize``'s x (tests, benchmarks): its sums per 16 and its pair order made here, per call
 @_fast
 def product_q2_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
-    xp = pair_layout(xq, _ORDER5)
-    h = (n1 - n0) // KNR
-    for j in range(h):
-        for m0 in range(0, xq.shape[0], MR):
-            _KP5(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
-    for n in range(n0 + h * KNR, n1):
-        for m0 in range(0, xq.shape[0], MR):
-            _KK5(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    paired_q2_k(packed, pair_layout(xq, _ORDER5), xd, xs, x16, out, n0, n1, f16)
 
 
 @_fast
 def product_q3_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
-    xp = pair_layout(xq, _ORDER6)
-    h = (n1 - n0) // KNR
-    for j in range(h):
-        for m0 in range(0, xq.shape[0], MR):
-            _KP6(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
-    for n in range(n0 + h * KNR, n1):
-        for m0 in range(0, xq.shape[0], MR):
-            _KK6(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    paired_q3_k(packed, pair_layout(xq, _ORDER6), xd, xs, x16, out, n0, n1, f16)
 
 
 @_fast
 def product_q4_k(packed, xq, xd, xs, out, n0, n1, f16):
-    xp = pair_layout(xq, _ORDER7)
-    h = (n1 - n0) // KNR
-    for j in range(h):
-        for m0 in range(0, xq.shape[0], MR):
-            _KP7(packed, n0 + j, h, xp, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
-    for n in range(n0 + h * KNR, n1):
-        for m0 in range(0, xq.shape[0], MR):
-            _KK7(packed, n, 0, xp, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    paired_q4_k(packed, pair_layout(xq, _ORDER7), xd, xs, xs, out, n0, n1, f16)
 
 
 @_fast
 def product_q5_k(packed, xq, xd, xs, out, n0, n1, f16):
-    xp = pair_layout(xq, _ORDER8)
-    h = (n1 - n0) // KNR
-    for j in range(h):
-        for m0 in range(0, xq.shape[0], MR):
-            _KP8(packed, n0 + j, h, xp, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
-    for n in range(n0 + h * KNR, n1):
-        for m0 in range(0, xq.shape[0], MR):
-            _KK8(packed, n, 0, xp, xd, xs, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+    paired_q5_k(packed, pair_layout(xq, _ORDER8), xd, xs, xs, out, n0, n1, f16)
 
 
 @_fast
 def product_q6_k(packed, xq, xd, xs, out, n0, n1, f16):
     x16 = np.empty((xq.shape[0], xq.shape[1] // 32), np.float32)
     sums16(xq, xd, x16)
-    xp = pair_layout(xq, _ORDER9)
-    h = (n1 - n0) // KNR
-    for j in range(h):
-        for m0 in range(0, xq.shape[0], MR):
-            _KP9(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
-    for n in range(n0 + h * KNR, n1):
-        for m0 in range(0, xq.shape[0], MR):
-            _KK9(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xq.shape[0] - m0), out, f16)
+    paired_q6_k(packed, pair_layout(xq, _ORDER9), xd, xs, x16, out, n0, n1, f16)
+
+
+@_fast
+def quant_product(x, xq, xd, xs, x16, packed, out, n0, n1, kind, f16):
+    """What the runtime's product step calls on every thread: x rounded into this part's own xq, xd, xs (and
+    x16 - f32 [m, k / 16] - for the K-quants of 16 sub-blocks), in the type's order, then output rows n0..n1 - 1.
+    Each thread rounding x itself (the same codes on every thread: a few microseconds) makes a product one phase
+    of a chain: no barrier between the rounding and the product, none waiting on one thread's rounding."""
+    if kind == 7:
+        _quantize_into(x, xq, xd, xs, x16, _DEST7, False)
+        paired_q4_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 9:
+        _quantize_into(x, xq, xd, xs, x16, _DEST9, True)
+        paired_q6_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 8:
+        _quantize_into(x, xq, xd, xs, x16, _DEST8, False)
+        paired_q5_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 6:
+        _quantize_into(x, xq, xd, xs, x16, _DEST6, True)
+        paired_q3_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 5:
+        _quantize_into(x, xq, xd, xs, x16, _DEST5, True)
+        paired_q2_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    else:
+        _quantize_into(x, xq, xd, xs, x16, _IDENT, False)
+        if kind == 0:
+            product_q4_0(packed, xq, xd, xs, out, n0, n1, f16)
+        elif kind == 1:
+            product_q4_1(packed, xq, xd, xs, out, n0, n1, f16)
+        else:
+            product_q8_0(packed, xq, xd, xs, out, n0, n1, f16)
 
 
 # kind (gguf_kernels.KINDS) -> its product ``(packed, xq, xd, xs, out, n0, n1, f16)``; a type added here needs

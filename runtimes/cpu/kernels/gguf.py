@@ -180,10 +180,13 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
         integer = kind in gguf_q8.KINDS and k_in % 32 == 0 and rows <= INTEGER_ROWS
     fused = gj is not None and (rows <= FUSED_ROWS or integer)
     if fused:
-        if integer:  # x rounded to integers per block of 32 once per product, integer dot products (gguf_q8.py)
-            x_q = ctx.scratch.add((rows, 2 * k_in), np.int8)
-            x_d = ctx.scratch.add((rows, k_in // 32), F32)
-            x_s = ctx.scratch.add((rows, k_in // 32), F32)
+        if integer:  # x rounded to integers per block of 32 by every part for itself (its own scratch: one phase,
+            # no barrier between the rounding and the product), integer dot products (gguf_q8.py)
+            q_splits = cpu_threads.split(n_out, k_in * max(rows, 1))
+            x_q = [ctx.scratch.add((rows, 2 * k_in), np.int8) for _ in q_splits]
+            x_d = [ctx.scratch.add((rows, k_in // 32), F32) for _ in q_splits]
+            x_s = [ctx.scratch.add((rows, k_in // 32), F32) for _ in q_splits]
+            x_16 = [ctx.scratch.add((rows, k_in // 16), F32) for _ in q_splits] if nsub == 16 else x_s
         else:
             sums = ctx.scratch.add((rows, k_in // sl), F32)
             x_c = ctx.scratch.add((rows, k_in), F32)  # x as one contiguous block (BLAS views may be strided)
@@ -196,19 +199,11 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
         x, w = bind_all([x_op, w_op], flats, scratch)
         target = out.reshape(rows, n_out) if acc is None else scratch[acc]
         if fused and integer:
-            xq, xd, xsum = scratch[x_q], scratch[x_d], scratch[x_s]
-            run_q8 = gguf_q8.product(kind)
-            splits = cpu_threads.split(n_out, k_in * max(rows, 1))
-            parts = [lambda n0=p.start, n1=p.stop: run_q8(w, xq, xd, xsum, target, n0, n1, f16) for p in splits]
-            products = cpu_threads.parallel(parts)
-
-            def compute():
-                gguf_q8.quantize(x, xq, xd, xsum)
-                products()
-
-            compute = _described(compute, [(gguf_q8.quantize, (x, xq, xd, xsum), None)],
-                                 [(run_q8, (w, xq, xd, xsum, target, p.start, p.stop, f16), i)
-                                  for i, p in enumerate(splits)])
+            run = gguf_q8.quant_product
+            calls = [(run, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], scratch[x_16[i]], w, target,
+                            p.start, p.stop, kind, f16), i) for i, p in enumerate(q_splits)]
+            compute = cpu_threads.parallel([lambda args=args: run(*args) for _, args, _ in calls])
+            compute = _described(compute, calls)
         elif fused:
             xc, xs = scratch[x_c], scratch[sums]
             special = gj.SPECIALISED.get(kind)
