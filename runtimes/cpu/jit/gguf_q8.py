@@ -20,6 +20,11 @@ rows per pass: rows ``n`` and ``n + h`` (h = half the thread's range), two long 
 load of x. Two ADJACENT rows at once made a short back-and-forth pattern the hardware prefetchers lost (2.5x slower
 out of cache); the two far-apart streams measured +16% (Q4_K) and +40% (Q6_K) over one row per pass.
 
+The runtime calls ``quant_product``: each thread's part rounds x itself (the same codes on every thread) into its
+own scratch - for a K-quant in the type's *pair order* (``KPAIRS``: the two x-blocks each 64-code vector pairs,
+high bytes then low, contiguous, so each is one 64-byte load) - and computes its rows, one call: a product is one
+phase of a chain (``chain.py``), with no barrier between the rounding and the product.
+
 Why two bytes and not llama.cpp's one: 8-bit x flipped greedy ids of a random-weight test model against the dense
 run; the second byte costs one more byte dot product per block (x stays in L1; the weight's bytes dominate).
 

@@ -7,10 +7,11 @@ With numba (``runtimes/cpu/jit/gguf_kernels.py``):
 - decode (``Dequant``, ``GatherDequant``, the prefill bands below): one compiled pass per row, the rows split over
   the cores, bit for bit ``gguf_blocks.dequantize``;
 - a product with few rows of x: for Q4_0, Q4_1, Q8_0 and the K-quants (``gguf_q8.PRODUCTS``) up to
-  ``INTEGER_ROWS`` rows (decoding a token, a small batch or a short prompt), x is rounded once per product to
-  integers per block of 32 and the blocks' byte codes are dotted with it in integers (``gguf_q8``, llama.cpp's
-  scheme with 15-bit rather than 8-bit x), the output rows split over the cores; each weight row is read from memory
-  once and decoded once per 4 rows of x. Other types, up to ``FUSED_ROWS`` rows: one pass over the packed weight
+  ``INTEGER_ROWS`` rows (decoding a token, a small batch or a short prompt), x is rounded to integers per block
+  of 32 and the blocks' byte codes are dotted with it in integers (``gguf_q8``, llama.cpp's scheme with 15-bit
+  rather than 8-bit x), the output rows split over the cores, each part rounding x itself into its own scratch
+  (``gguf_q8.quant_product``: one call, one chain phase per product); each weight row is read from memory once and
+  decoded once per 4 rows of x. Other types, up to ``FUSED_ROWS`` rows: one pass over the packed weight
   in f32, each block decoded once and used for every row of x (``gguf_jit.matmul_rows`` or the type's own loops);
 - more rows (a prompt): bands of weight rows decoded into an f32 scratch (``BAND`` elements) on every core, each
   band one BLAS product, so a long prompt runs at the speed of the dense product (compute-bound).
