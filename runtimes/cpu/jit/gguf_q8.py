@@ -357,10 +357,10 @@ def product_q8_0(packed, xq, xd, xs, out, n0, n1, f16):
 @_fast
 def _quantize_into(x, xq, xd, xs, x16, dest, sums):
     """``quantize`` with the 32-byte chunks of each 512 bytes of xq (chunk 2 j: x-block j's high bytes, 2 j + 1 its
-    low ones; 8 x-blocks) written at chunk ``dest[c]`` instead of c (a K-quant's pair order; identity for
-    ``quantize``), and, where ``sums``, x16 (f32 [m, k / 16]) the step times the sum of the codes of each 16 (as
-    ``sums16``). max|x| is taken on the bits (|x| orders as its bits do: vectorised; a NaN gives a NaN step,
-    which reaches the product's output)."""
+    low ones; 8 x-blocks) written at chunk ``dest[c]`` instead of c (a K-quant's pair order), and, where ``sums``,
+    x16 (f32 [m, k / 16]) the step times the sum of the codes of each 16 (as ``sums16``). The same codes as
+    ``quantize``; max|x| taken on the bits (|x| orders as its bits do), the codes recomputed per store loop (one
+    store stream per loop: the loops vectorise; ~3 us for k = 2048)."""
     xi = x.view(np.int32)
     buf = np.empty(1, np.int32)
     fbuf = buf.view(np.float32)
@@ -373,22 +373,21 @@ def _quantize_into(x, xq, xd, xs, x16, dest, sums):
             d = fbuf[0] / F(QMAX)
             inv = F(1.0) / d if d > F(0.0) else F(0.0)
             base = 512 * (b // 8)
-            hi = base + 32 * dest[2 * (b % 8)]
-            lo = base + 32 * dest[2 * (b % 8) + 1]
+            h0 = base + 32 * dest[2 * (b % 8)]
+            l0 = base + 32 * dest[2 * (b % 8) + 1]
+            hi = xq[m, h0:h0 + 32]
+            lo = xq[m, l0:l0 + 32]
+            xr = x[m, b * 32:b * 32 + 32]
             t0 = np.int32(0)
             t1 = np.int32(0)
-            for j in range(16):
-                v = np.int32(np.rint(x[m, b * 32 + j] * inv))
-                v = min(max(v, np.int32(-16256)), np.int32(16256))  # x * (1 / d) may round a hair past QMAX
-                xq[m, hi + j] = np.int8(v >> 7)
-                xq[m, lo + j] = np.int8(v & 127)
-                t0 += v
+            for j in range(16):  # x * (1 / d) may round a hair past QMAX: clamped
+                t0 += min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256))
             for j in range(16, 32):
-                v = np.int32(np.rint(x[m, b * 32 + j] * inv))
-                v = min(max(v, np.int32(-16256)), np.int32(16256))
-                xq[m, hi + j] = np.int8(v >> 7)
-                xq[m, lo + j] = np.int8(v & 127)
-                t1 += v
+                t1 += min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256))
+            for j in range(32):
+                hi[j] = np.int8(min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256)) >> 7)
+            for j in range(32):
+                lo[j] = np.int8(min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256)) & 127)
             xd[m, b] = d
             xs[m, b] = d * F(t0 + t1)
             if sums:
@@ -396,15 +395,28 @@ def _quantize_into(x, xq, xd, xs, x16, dest, sums):
                 x16[m, 2 * b + 1] = d * F(t1)
 
 
-_IDENT = np.arange(16, dtype=np.int64)
-
-
 @_fast
 def quantize(x, xq, xd, xs):
     """x (f32 [m, k], k a multiple of 32) -> per block of 32: codes v = round(x / d) (|v| <= 16256) stored as
     32 bytes ``v >> 7`` then 32 bytes ``v & 127`` in xq (int8 [m, 2 k]); xd f32 [m, k / 32] the steps d =
     max|x| / 16256, xs = d * sum(v)."""
-    _quantize_into(x, xq, xd, xs, xd, _IDENT, False)
+    for m in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            amax = F(0.0)
+            for j in range(32):
+                v = x[m, b * 32 + j]
+                amax = max(amax, abs(v))
+            d = amax / F(QMAX)
+            inv = F(1.0) / d if d > F(0.0) else F(0.0)
+            t = 0
+            for j in range(32):
+                v = np.int64(np.round(x[m, b * 32 + j] * inv))
+                v = min(max(v, -16256), 16256)  # x * (1 / d) may round a hair past QMAX
+                xq[m, b * 64 + j] = np.int8(v >> 7)
+                xq[m, b * 64 + 32 + j] = np.int8(v & 127)
+                t += v
+            xd[m, b] = d
+            xs[m, b] = d * F(t)
 
 
 def codes(xq: np.ndarray) -> np.ndarray:
@@ -889,7 +901,7 @@ def quant_product(x, xq, xd, xs, x16, packed, out, n0, n1, kind, f16):
         _quantize_into(x, xq, xd, xs, x16, _DEST5, True)
         paired_q2_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
     else:
-        _quantize_into(x, xq, xd, xs, x16, _IDENT, False)
+        quantize(x, xq, xd, xs)
         if kind == 0:
             product_q4_0(packed, xq, xd, xs, out, n0, n1, f16)
         elif kind == 1:
