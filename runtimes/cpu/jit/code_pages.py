@@ -1,10 +1,11 @@
 """LLVM's code pages handed back once numba has loaded or compiled what a run asked for.
 
-numba compiles (or loads from its disk cache) through LLVM, whose shared library ``libllvmlite.so`` is 170 MB of
-code and constant tables. Loading it runs its static initialisers and making numba's JIT and runtime module
-touches more: SmolLM2-135M's process held 69 MiB of that library resident (51 of code, 12 of tables) through the
-whole run, one fifth of its peak, while decoding never executes a byte of it (the kernels' machine code lives in
-the JIT's own anonymous memory; numba's dispatch and runtime are in numba's small extension modules).
+numba compiles (or loads from its disk cache) through LLVM, whose shared library (``libllvmlite.so``; also
+``libLLVM`` in conda's builds) is 170 MB of code and constant tables. Loading it runs its static initialisers
+and making numba's JIT and runtime module touches more: SmolLM2-135M's process held 69 MiB of that library
+resident (51 of code, 12 of tables) through the whole run, one fifth of its peak, while decoding never executes
+a byte of it (the kernels' machine code lives in the JIT's own anonymous memory; numba's dispatch and runtime are
+in numba's small extension modules).
 
 ``install()`` registers a listener on numba's compiler lock (``numba:compiler_lock``, which every compilation and
 every load from the disk cache takes); when the outermost holder lets it go, ``release()`` drops the library's
@@ -24,7 +25,8 @@ import os
 import sys
 import threading
 
-LIBRARY = "libllvmlite.so"
+# llvmlite's library (LLVM linked in: the pip wheels), and LLVM's own where llvmlite links it (conda's builds)
+LIBRARIES = ("libllvmlite", "libLLVM")
 MADV_DONTNEED = 4
 _LOCK = threading.Lock()
 _RANGES: list[tuple[int, int]] | None = None
@@ -36,9 +38,10 @@ def enabled() -> bool:
     return sys.platform.startswith("linux") and os.environ.get("LUMINAL_RECIPES_JIT_PAGES", "release") != "keep"
 
 
-def read_only_ranges(library: str = LIBRARY) -> list[tuple[int, int]]:
-    """The address ranges of ``library``'s mappings that are read-only (code ``r-x``, tables ``r--``) and hold no
-    private page (``Anonymous: 0`` in ``/proc/self/smaps``: never written, so dropping them loses nothing)."""
+def read_only_ranges(libraries: tuple[str, ...] = LIBRARIES) -> list[tuple[int, int]]:
+    """The address ranges of the mappings of the shared libraries named ``libraries*`` that are read-only (code
+    ``r-x``, tables ``r--``) and hold no private page (``Anonymous: 0`` in ``/proc/self/smaps``: never written,
+    so dropping them loses nothing)."""
     found: list[list[int]] = []
     current: list[int] | None = None
     try:
@@ -49,8 +52,8 @@ def read_only_ranges(library: str = LIBRARY) -> list[tuple[int, int]]:
                     continue
                 if b"-" in head[0] and not head[0].endswith(b":"):
                     current = None
-                    if len(head) > 5 and head[5].strip().endswith(library.encode()) and head[1] in (b"r-xp",
-                                                                                                  b"r--p"):
+                    name = os.path.basename(head[5].strip()).decode(errors="replace") if len(head) > 5 else ""
+                    if name.startswith(libraries) and ".so" in name and head[1] in (b"r-xp", b"r--p"):
                         start, end = (int(x, 16) for x in head[0].split(b"-"))
                         current = [start, end, -1]
                         found.append(current)
@@ -84,10 +87,10 @@ def release() -> bool:
     if not enabled():
         return False
     with _LOCK:
-        if not _RANGES:  # read once the library is loaded: its mappings never move
+        if _RANGES is None:  # read once, after numba's first compilation or load: the mappings never move
             _RANGES = read_only_ranges()
-            if not _RANGES:
-                return False
+        if not _RANGES:
+            return False
         madvise = ctypes.CDLL(None, use_errno=True).madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         madvise.restype = ctypes.c_int
