@@ -80,9 +80,24 @@ def resident_kib(ranges: list[tuple[int, int]]) -> int:
     return total
 
 
+def _mapped(libraries: tuple[str, ...] = LIBRARIES) -> set[tuple[int, int]]:
+    """The read-only mappings of ``libraries*`` now (``/proc/self/maps``: cheaper than smaps, read each time)."""
+    out = set()
+    with open("/proc/self/maps", "rb") as f:
+        for line in f:
+            head = line.split(None, 5)
+            if len(head) > 5 and head[1] in (b"r-xp", b"r--p"):
+                name = os.path.basename(head[5].strip()).decode(errors="replace")
+                if name.startswith(libraries) and ".so" in name:
+                    start, end = (int(x, 16) for x in head[0].split(b"-"))
+                    out.add((start, end))
+    return out
+
+
 def release() -> bool:
     """Drop LLVM's read-only pages from this process's page tables now (see the module's doc); False where there
-    is nothing to drop (not Linux, the library not loaded, ``LUMINAL_RECIPES_JIT_PAGES=keep``)."""
+    is nothing to drop (not Linux, the library not loaded, ``LUMINAL_RECIPES_JIT_PAGES=keep``). Only ranges still
+    mapped to the library, with the same bounds and permissions, are dropped."""
     global _RANGES
     if not enabled():
         return False
@@ -91,11 +106,16 @@ def release() -> bool:
             _RANGES = read_only_ranges()
         if not _RANGES:
             return False
+        try:
+            now = _mapped()
+        except OSError:
+            return False
         madvise = ctypes.CDLL(None, use_errno=True).madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         madvise.restype = ctypes.c_int
         for start, end in _RANGES:
-            madvise(start, end - start, MADV_DONTNEED)
+            if (start, end) in now:
+                madvise(start, end - start, MADV_DONTNEED)
         RELEASED[0] += 1
     return True
 
