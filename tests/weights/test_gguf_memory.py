@@ -119,8 +119,8 @@ def test_a_gguf_run_imports_none_of_what_it_does_not_use():
     """Loading and running a local GGUF file imports neither ``mistral_common`` (gguf's vocab module would: 30
     MiB), nor huggingface_hub's HTTP stack (14 MiB; a hub source needs it), nor ``scipy.linalg`` (29 MiB: numba's
     start-up, only for BLAS in jitted code, which no kernel uses); and a run whose plans are in the plan cache
-    imports neither egglog nor the compiler's lowering, saturation and extraction (a first run compiles: the
-    second process of the two here reads the cache). Checked in fresh processes."""
+    imports neither egglog nor the compiler's lowering and extraction (a first run compiles: the second process
+    of the two here reads the cache). Checked in fresh processes."""
     import ast
     import subprocess
     import sys
@@ -133,14 +133,14 @@ def test_a_gguf_run_imports_none_of_what_it_does_not_use():
         f"lm.generate({PROMPT!r}, max_new_tokens=2)\n"
         "jit.kernels() if jit.AVAILABLE else None  # numba started, when it runs\n"
         "print(sorted(m for m in ('mistral_common', 'huggingface_hub', 'httpx', 'scipy.linalg', 'gguf', 'egglog', "
-        "'luminal_recipes.compiler.lower', 'luminal_recipes.compiler.saturate', 'luminal_recipes.compiler.extract') "
+        "'luminal_recipes.compiler.lower', 'luminal_recipes.compiler.extract') "
         "if m in sys.modules))\n")
     for run in ("compiles (or reads the cache)", "reads the plan cache"):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         imported = ast.literal_eval(done.stdout.strip().splitlines()[-1])
         assert not {"mistral_common", "huggingface_hub", "httpx", "scipy.linalg"} & set(imported), (run, imported)
-    assert imported == ["gguf"], imported  # the second run: no egglog, no lowering, saturation or extraction
+    assert imported == ["gguf"], imported  # the second run: no egglog, no lowering or extraction
 
 
 def test_a_vocabulary_is_held_as_one_offset_per_string(tmp_path):
