@@ -211,23 +211,26 @@ def child(args) -> None:
 
 def mapped_mib(path: Path) -> dict[str, float]:
     """This process's resident set now, split by mapping (``/proc/self/smaps``, MiB): the weight file, shared
-    libraries, everything else (heap, anonymous maps, other files); empty where /proc is missing."""
-    out = {"weights": 0.0, "libraries": 0.0, "other": 0.0}
+    libraries (``llvm``: of which LLVM's, libllvmlite), everything else (heap, anonymous maps, other files); empty
+    where /proc is missing."""
+    out = {"weights": 0.0, "libraries": 0.0, "other": 0.0, "llvm": 0.0}
     target = os.path.realpath(path)
     try:
         with open("/proc/self/smaps") as f:
             lines = f.read().splitlines()
     except OSError:
         return {}
-    where = "other"
+    where, llvm = "other", False
     for line in lines:
         head = line.split(None, 5)
         if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
             name = head[5].strip() if len(head) > 5 else ""
             where = ("weights" if name and os.path.realpath(name) == target else
                      "libraries" if ".so" in os.path.basename(name) else "other")
+            llvm = "libllvmlite" in os.path.basename(name)
         elif head and head[0] == "Rss:":
             out[where] += int(head[1]) / 1024
+            out["llvm"] += int(head[1]) / 1024 if llvm else 0.0
     return out
 
 
@@ -318,8 +321,8 @@ def bench(args) -> None:
         got = json.loads(next(line for line in out.splitlines() if line.startswith("RSS "))[4:])
         rss[side] = got["peak"]
         now = got["now"]
-        split = (f"; at the end: weight file {now['weights']:.1f}, libraries {now['libraries']:.1f}, rest "
-                 f"{now['other']:.1f} MiB" if now else "")
+        split = (f"; at the end: weight file {now['weights']:.1f}, libraries {now['libraries']:.1f} (LLVM "
+                 f"{now.get('llvm', 0.0):.1f}), rest {now['other']:.1f} MiB" if now else "")
         note = f" (compiled {got['compiled']} plan(s) in this process: the compiler's peak)" if got["compiled"] else ""
         print(f"{side:14s} {rss[side] / 2**20:8.1f} MiB{split}{note} (load average {os.getloadavg()[0]:.1f})")
     if "ours" in rss and "llama.cpp" in rss:

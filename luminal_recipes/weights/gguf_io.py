@@ -299,12 +299,33 @@ def read_gguf(path: Path) -> Any:
                         f"{', '.join(SUPPORTED_TYPES)}. Requantize the model to one of them with llama-quantize.")
             super()._build_tensors(start_offs, fields)
 
+        def _build_fields(self, offs: int, count: int) -> int:
+            """gguf's ``_build_fields`` (same parts, same indexes), but a string array's parts and indexes are a
+            ``_StringArray`` and a ``range`` (no list of one part per string and one index per string)."""
+            ReaderField = gguf.ReaderField
+            for _ in range(count):
+                orig_offs = offs
+                kv_klen, kv_kdata = self._get_str(offs)
+                offs += int(kv_klen.nbytes + kv_kdata.nbytes)
+                raw_kv_type = self._get(offs, np.uint32)
+                offs += int(raw_kv_type.nbytes)
+                head = [kv_klen, kv_kdata, raw_kv_type]
+                field_size, field_parts, field_idxs, field_types = self._get_field_parts(offs, raw_kv_type[0])
+                if isinstance(field_parts, _StringArray):
+                    parts, idxs = field_parts.after(head), field_parts.indexes(len(head))
+                else:
+                    parts, idxs = head + list(field_parts), [idx + len(head) for idx in field_idxs]
+                self._push_field(ReaderField(orig_offs, str(bytes(kv_kdata), encoding="utf-8"), parts, idxs,
+                                             field_types), skip_sum=True)
+                offs += field_size
+            return offs
+
         def _get_field_parts(self, orig_offs: int, raw_type: int):
             """gguf's parts of a metadata value, but an array of strings or numbers as few Python objects: gguf
             makes two numpy views per string and one per number (a 49k-token vocabulary and its merges: about
-            150 MB of views, held as long as the reader), here one ``bytes`` per string and one view for all the
-            numbers. ``ReaderField.contents()`` reads both forms alike (``field.data`` of a number array then
-            indexes the one view)."""
+            150 MB of views, held as long as the reader), here one offset per string (``_StringArray``: a part
+            is made when read) and one view for all the numbers. ``ReaderField.contents()`` reads both forms
+            alike (``field.data`` of a number array then indexes the one view)."""
             GGUFValueType = gguf.GGUFValueType
             if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
                 return super()._get_field_parts(orig_offs, raw_type)
@@ -314,16 +335,16 @@ def read_gguf(path: Path) -> Any:
             n, offs = int(alen[0]), orig_offs + 12
             if item == GGUFValueType.STRING:
                 buf, end = memoryview(self.data), self.data.size
-                strings = []
-                for _ in range(n):
+                starts = np.empty(n + 1, np.int64)  # string i: its length's 8 bytes at starts[i], then its bytes
+                for i in range(n):
                     if offs + 8 > end:
                         raise ValueError(f"a string array runs past the end of the file at byte {offs}")
-                    size = int.from_bytes(buf[offs:offs + 8], "little")
-                    if offs + 8 + size > end:
-                        raise ValueError(f"a string array runs past the end of the file at byte {offs}")
-                    strings.append(_Bytes(buf[offs + 8:offs + 8 + size]))
-                    offs += 8 + size
-                return offs - orig_offs, [raw_itype, alen, *strings], list(range(2, 2 + n)), [
+                    starts[i] = offs
+                    offs += 8 + int.from_bytes(buf[offs:offs + 8], "little")
+                    if offs > end:
+                        raise ValueError(f"a string array runs past the end of the file at byte {starts[i]}")
+                starts[n] = offs
+                return offs - orig_offs, _StringArray([raw_itype, alen], self.data, starts), None, [
                     GGUFValueType.ARRAY, item]
             nptype = self.gguf_scalar_to_np.get(item)
             if nptype is None:  # nested arrays: gguf's own walk
@@ -388,6 +409,46 @@ class _Bytes(bytes):
 
     def tobytes(self) -> bytes:
         return bytes(self)
+
+
+class _StringArray:
+    """The parts of a string-array field (``ReaderField.parts``): the field's leading parts (its name, type, item
+    type and length), then one part per string, made when read (a ``_Bytes`` copied out of the file map). The
+    strings are held as one offset each into the map (8 bytes a string: a 49k-token vocabulary and its merges
+    took ~9.5 MiB as one ``bytes`` and one index per string)."""
+
+    __slots__ = ("head", "data", "starts")
+
+    def __init__(self, head: list, data: np.ndarray, starts: np.ndarray):
+        self.head, self.data, self.starts = head, data, starts
+
+    def after(self, leading: list) -> _StringArray:
+        return _StringArray([*leading, *self.head], self.data, self.starts)
+
+    def indexes(self, leading: int) -> range:
+        """The parts' indexes of the strings (``ReaderField.data``) once ``leading`` parts come first."""
+        first = leading + len(self.head)
+        return range(first, first + len(self.starts) - 1)
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.starts) - 1
+
+    def __getitem__(self, index: int):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        if index < len(self.head):
+            return self.head[index]
+        i = index - len(self.head)
+        if not 0 <= i < len(self.starts) - 1:
+            raise IndexError(index)
+        start, end = int(self.starts[i]) + 8, int(self.starts[i + 1])
+        return _Bytes(self.data[start:end])
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
 
 
 def _gguf_version() -> str:

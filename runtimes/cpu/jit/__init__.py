@@ -49,6 +49,9 @@ def kernels(family: str = "core") -> ModuleType:
     with _LOCK:
         if _MODULE is None:
             _numba_without_scipy()
+            from . import code_pages
+
+            code_pages.install()  # LLVM's code pages dropped after each compilation or load from the cache
             from . import numba_kernels as numpy_jit
 
             _MODULE = numpy_jit
