@@ -14,6 +14,7 @@ Binary ops need equal shapes and dtypes: broadcasting and promotion are always e
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -446,8 +447,31 @@ def reduce(op: str, x: Tensor, axis: int) -> Tensor:
 
 def cast(x: Tensor, dtype) -> Tensor:
     dtype = to_dtype(dtype)
+    source = _materialised(x)
+    if source is not None and dtype.bits <= x.dtype.bits:
+        # a narrowing cast of a materialised view (``contiguous()``: a reshape strides cannot express, e.g. the
+        # repeat_interleave of diffusers' f64 RoPE tables then ``.float()``): cast the viewed tensor in its own
+        # shape, where the cast can fuse into its element-wise producer, and materialise the narrower values
+        # instead. The same elements move in the same order, so the values are the Cast's
+        producer, view = source
+        narrow = cast(Tensor(x.graph, producer, View.contiguous(x.graph.node(producer).shape), x.dtype), dtype)
+        return narrow._with_view(view).contiguous()._with_view(x.view)
     node = x.graph.add_node("Cast", (_edge(x),), x.shape, dtype)
     return Tensor(x.graph, node.id, View.contiguous(x.shape), dtype)
+
+
+def _materialised(x: Tensor) -> tuple[int, View] | None:
+    """``(producer, view)`` when ``x`` reads the buffer ``contiguous()`` made of that view of a whole contiguous
+    tensor (``view + 0``), else None."""
+    node = x.graph.node(x.node)
+    if node.op != "Add" or len(node.inputs) != 2:
+        return None
+    (producer, view), (zero, _) = node.inputs
+    const = x.graph.node(zero)
+    value = dict(const.attrs).get("value")
+    if const.op != "Constant" or const.shape != () or value != 0 or math.copysign(1.0, value) < 0:
+        return None  # x + (-0.0) keeps a -0.0 that x + 0 makes +0.0
+    return producer, view
 
 
 def dequant(packed: Tensor, qtype: str, dtype="f32") -> Tensor:

@@ -41,7 +41,10 @@ def _to(x: Tensor, dtype: DType) -> Tensor:
 def _lift(cx, x, dtype: DType, shape) -> Tensor:
     """A tensor or Python scalar in ``dtype``, broadcast to ``shape``."""
     if isinstance(x, Tensor):
-        return _to(x, dtype).broadcast_to(shape)
+        # broadcast, then cast: the cast reads the operand through the broadcast view and its result is read
+        # whole, so it fuses into the op's element-wise kernel (a cast then broadcast is a separate step: the
+        # rules fuse only a producer read whole). Its work is at most the op's own, one element each
+        return _to(x.broadcast_to(shape), dtype)
     if isinstance(x, bool):
         x = int(x)
     if not isinstance(x, (int, float)):
