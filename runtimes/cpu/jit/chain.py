@@ -479,11 +479,13 @@ def _layout(phases: list, threads: int) -> tuple[np.ndarray, list[int]]:
 
 
 # Lockstep needs every thread on a core at each barrier: with other jobs' threads ready to run, a descheduled
-# thread holds the others up at every barrier (a decode step measured 77 vs 48 ms on two threads in lockstep
-# vs one, load average 4 on 2 cores). ``crowded`` samples the machine's running threads (``/proc/loadavg``, as the
-# kernels' pool does) every CROWD_EVERY_S, averaged; past the cores the chain's threads leave, chains run on the
-# calling thread alone until the others have gone.
+# thread holds the others up at every barrier (the Qwen3-shaped decode step measured 77 vs 48 ms min on two
+# threads in lockstep vs one, load average 4 on 2 cores; at load 1.7, SmolLM2's lockstep chains were still the
+# faster: docs/performance.md). ``crowded`` samples the machine's running threads (``/proc/loadavg``, as the
+# kernels' pool does) every CROWD_EVERY_S, averaged; when other threads exceed the cores the chain's threads leave
+# by more than CROWD_MARGIN, chains run on the calling thread alone until they are back within half of it.
 CROWD_EVERY_S = 0.01
+CROWD_MARGIN = 1.0
 _CROWD = {"next": 0.0, "others": 0.0, "crowded": False}
 ADAPTIVE = os.environ.get("LUMINAL_RECIPES_CHAIN_LOCKSTEP", "auto").strip().lower() == "auto"
 
@@ -511,9 +513,9 @@ def crowded(threads: int) -> bool:
             others = max(0, running - 1 - awake)
             state["others"] = 0.7 * state["others"] + 0.3 * others
             room = (os.cpu_count() or 1) - threads
-            if not state["crowded"] and state["others"] > room + 0.5:
+            if not state["crowded"] and state["others"] > room + CROWD_MARGIN:
                 state["crowded"] = True
-            elif state["crowded"] and state["others"] <= room + 0.25:
+            elif state["crowded"] and state["others"] <= room + CROWD_MARGIN / 2:
                 state["crowded"] = False
     return state["crowded"]
 
