@@ -57,6 +57,7 @@ def _compare(make, prompt, monkeypatch, threads: int, most: float, lockstep: boo
     if threads > 1:  # tiny models: split every kernel that can, and run every chain in lockstep (barriers)
         monkeypatch.setattr(cpu_threads, "MIN_PART", 64)
         monkeypatch.setattr(chain, "MIN_SPLIT_PHASES", 1)
+        monkeypatch.setattr(chain, "ADAPTIVE", False)  # lockstep even on a loaded machine
     monkeypatch.setenv(chain.ENV, "1")
     chained, exe, _ = _decode_outputs(make(), prompt)
     assert exe.replaying, "the decode program was never chained"
@@ -95,7 +96,8 @@ def test_f32_decode_is_bit_identical_chained(tmp_path_factory, monkeypatch, thre
     def make():
         return LanguageModel(RECIPES / "qwen3.yaml", weights=folder, context=64)
 
-    _compare(make, [3, 1, 4, 1, 5, 9], monkeypatch, threads, 0.9, False)  # BLAS products stay between chains
+    # the f32 products of one token are compiled calls too (jit/f32_kernels.py): chained, split over the threads
+    _compare(make, [3, 1, 4, 1, 5, 9], monkeypatch, threads, 0.3, True)
 
 
 def test_switch_off(monkeypatch):

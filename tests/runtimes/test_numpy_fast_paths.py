@@ -438,6 +438,15 @@ def test_blas_matmul_chunks_match_the_reference(m, k, n, numpy_runtime, monkeypa
     claimed = []
     real = cpu_threads.claimed
     monkeypatch.setattr(cpu_threads, "claimed", lambda count, *a: claimed.append(count) or real(count, *a))
+    real_sgemm = matmul_kernels._sgemm_product
+
+    def sgemm(*args):  # on several threads, the same chunks as compiled BLAS calls (jit/f32_kernels.py)
+        step = real_sgemm(*args)
+        if step is not None:
+            claimed.append(len(step.chain[1][0].args[1]))  # the chunks the cores take in turn
+        return step
+
+    monkeypatch.setattr(matmul_kernels, "_sgemm_product", sgemm)
     results = []
     for threads in (1, 2):
         monkeypatch.setattr(cpu_threads, "THREADS", threads)

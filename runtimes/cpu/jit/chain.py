@@ -66,12 +66,15 @@ def enabled() -> bool:
 
 class Call(NamedTuple):
     """One call of a compiled (nogil) function: ``fn(*args)``. ``part``: which part of a split kernel (thread
-    ``part % T`` runs it), ``None`` for a whole call (thread 0). ``checked``: it returns nonzero on bad input."""
+    ``part % T`` runs it), ``None`` for a whole call (thread 0). ``checked``: it returns nonzero on bad input.
+    ``blas``: it calls BLAS (``f32_kernels.sgemm_tasks``), which must then run single-threaded: a chain holding
+    such a call runs under ``threads.blas_single_threaded``."""
 
     fn: Any
     args: tuple
     part: int | None = None
     checked: bool = False
+    blas: bool = False
 
 
 def tag(step: Callable, *phases: Sequence[Call]) -> Callable:
@@ -381,10 +384,11 @@ class _Chain:
         self.steps, self.threads = steps, threads
         self.flags = np.zeros(4 * _STRIDE, np.int64)
         opcodes: dict[tuple, int] = {}
-        rows, ints, floats = [], [], []
-        self.row_step: list[int] = []  # program row -> index of its step
+        ints, floats = [], []
         self.ok = False
-        for n, (i, phase) in enumerate(flat):
+        encoded_phases = []  # per phase: (step index, [(opcode, part, int column, float column, checked)])
+        for i, phase in flat:
+            rows = []
             for call in phase:
                 encoded = [_encode(arg) for arg in call.args]
                 entry = _entry(call.fn, tuple(e[0] for e in encoded))
@@ -397,27 +401,27 @@ class _Chain:
                     vi += ai
                     vf += af
                 op = opcodes.setdefault((returns, tuple(exprs)), len(opcodes))
-                owner = 0 if call.part is None else call.part % threads
-                rows.append([op, owner, len(ints), len(floats), int(call.checked)])
-                self.row_step.append(i)
+                rows.append((op, call.part, len(ints), len(floats), int(call.checked)))
                 ints += vi
                 floats += vf
-            nxt = flat[n + 1][1] if n + 1 < len(flat) else None
-            if threads > 1 and (nxt is None or len(_threads_of(phase, threads) | _threads_of(nxt, threads)) > 1):
-                rows.append([BARRIER, 0, 0, 0, 0])
-                self.row_step.append(i)
-        self.program = np.array(rows, np.int64).reshape(-1, PROGRAM_COLUMNS)
+            encoded_phases.append((i, rows))
+        # the program on ``threads`` threads (lockstep), and on the calling thread alone: the same calls in the
+        # same order with the same parts (the same bits), for a machine whose other jobs leave too few cores
+        self.layouts = {t: _layout(encoded_phases, t) for t in {1, threads}}
         self.ints = np.array(ints or [0], np.int64).reshape(1, -1)
         self.floats = np.array(floats or [0.0], np.float64).reshape(1, -1)
         self.keep = [c.args for s in steps for phase in phases_of(s) for c in phase]  # what the tables point into
+        self.blas = any(c.blas for s in steps for phase in phases_of(s) for c in phase)
         self.run_fn = _interpreter(sorted(opcodes, key=opcodes.get))
-        self.args = (self.program, self.ints, self.floats, self.flags, threads, SPINS)
+        self.args = {t: (program, self.ints, self.floats, self.flags, t, SPINS)
+                     for t, (program, _) in self.layouts.items()}
         self.parts = [functools.partial(self._part, t) for t in range(threads)]
+        self.used = 1  # the thread count of the last run (its program's rows name a failed call)
         self.ok = True
 
     def _part(self, t: int) -> int:
         try:
-            return self.run_fn(t, *self.args)
+            return self.run_fn(t, *self.args[self.threads])
         except BaseException:
             from . import spin
 
@@ -425,11 +429,22 @@ class _Chain:
             raise
 
     def run(self) -> None:
+        if self.blas:
+            from .. import threads as cpu_threads
+
+            with cpu_threads.blas_single_threaded():
+                self._run()
+            return
+        self._run()
+
+    def _run(self) -> None:
         flags = self.flags
-        if self.threads == 1:
-            if self.run_fn(0, *self.args):
+        if self.threads == 1 or crowded(self.threads):
+            self.used = 1
+            if self.run_fn(0, *self.args[1]):
                 self._failed()
             return
+        self.used = self.threads
         flags[:] = 0
         _lockstep_pool().run(self.parts)
         if flags[ERR]:
@@ -441,11 +456,68 @@ class _Chain:
         row = int(self.flags[ERR]) - 1
         self.flags[:] = 0
         with np.errstate(all="ignore"):
-            self.steps[self.row_step[row]]()
+            self.steps[self.layouts[self.used][1][row]]()
         from luminal_recipes.errors import InputError
 
         raise InputError("a compiled kernel refused its input in a chained step, which then ran on its own without "
                          "error; run with LUMINAL_RECIPES_CHAIN=0 to see which kernel")
+
+
+def _layout(phases: list, threads: int) -> tuple[np.ndarray, list[int]]:
+    """The program rows of ``phases`` (``_Chain``'s encoded calls) on ``threads`` threads - each call on thread
+    ``part % threads``, a barrier after a phase where the next one's threads differ - and each row's step."""
+    rows, row_step = [], []
+    owners = [frozenset(0 if part is None else part % threads for _, part, *_ in calls) for _, calls in phases]
+    for n, (i, calls) in enumerate(phases):
+        for op, part, at_int, at_float, checked in calls:
+            rows.append([op, 0 if part is None else part % threads, at_int, at_float, checked])
+            row_step.append(i)
+        if threads > 1 and (n + 1 == len(phases) or len(owners[n] | owners[n + 1]) > 1):
+            rows.append([BARRIER, 0, 0, 0, 0])
+            row_step.append(i)
+    return np.array(rows, np.int64).reshape(-1, PROGRAM_COLUMNS), row_step
+
+
+# Lockstep needs every thread on a core at each barrier: with other jobs' threads ready to run, a descheduled
+# thread holds the others up at every barrier (the Qwen3-shaped decode step measured 77 vs 48 ms min on two
+# threads in lockstep vs one, load average 4 on 2 cores; at load 1.7, SmolLM2's lockstep chains were still the
+# faster: docs/performance.md). ``crowded`` samples the machine's running threads (``/proc/loadavg``, as the
+# kernels' pool does) every CROWD_EVERY_S, averaged; when other threads exceed the cores the chain's threads leave
+# by more than CROWD_MARGIN, chains run on the calling thread alone until they are back within half of it.
+CROWD_EVERY_S = 0.01
+CROWD_MARGIN = 1.0
+_CROWD = {"next": 0.0, "others": 0.0, "crowded": False}
+ADAPTIVE = os.environ.get("LUMINAL_RECIPES_CHAIN_LOCKSTEP", "auto").strip().lower() == "auto"
+
+
+def crowded(threads: int) -> bool:
+    """Whether other threads ready to run leave fewer cores than ``threads`` (then a chain runs on the calling
+    thread alone). ``LUMINAL_RECIPES_CHAIN_LOCKSTEP`` other than ``auto``: never."""
+    if not ADAPTIVE:
+        return False
+    import time
+
+    from .. import threads as cpu_threads
+
+    now = time.monotonic()
+    state = _CROWD
+    if now >= state["next"]:
+        state["next"] = now + CROWD_EVERY_S
+        running = cpu_threads._running_threads()
+        if running is not None:
+            pool = cpu_threads._POOL
+            awake = 0  # the kernels' pool's workers still spinning after their last part: ours, not others'
+            if isinstance(pool, cpu_threads._SpinningPool):
+                awake = sum(1 for w in range(len(pool.wakes)) if not pool.flags[cpu_threads._STRIDE * w +
+                                                                                cpu_threads.ASLEEP])
+            others = max(0, running - 1 - awake)
+            state["others"] = 0.7 * state["others"] + 0.3 * others
+            room = (os.cpu_count() or 1) - threads
+            if not state["crowded"] and state["others"] > room + CROWD_MARGIN:
+                state["crowded"] = True
+            elif state["crowded"] and state["others"] <= room + CROWD_MARGIN / 2:
+                state["crowded"] = False
+    return state["crowded"]
 
 
 def _lockstep_pool():

@@ -71,6 +71,10 @@ def prepare_padded_add(ctx: KernelContext) -> Bind | None:
             return lambda: np.add(a, b, out=d)
 
         # each operand's box in parts per core; 0 + x, as the padded sum has it (-0.0 comes out +0.0)
+        if tiled:  # a concatenation: compiled box copies where they apply, so that the chains run them
+            described = _compiled_copies([(dst0, src0), (dst1, src1)])
+            if described is not None:
+                return described
         if tiled or first_full:
             first = cpu_threads.parallel([add(d, s, zero) for d, s in _split_pair(dst0, src0)])
         else:
@@ -89,6 +93,68 @@ def prepare_padded_add(ctx: KernelContext) -> Bind | None:
         return body
 
     return bind
+
+
+def _rows3(dst: np.ndarray, src: np.ndarray) -> tuple | None:
+    """``(dst flat, [n0, n1, n2, d0, d1], src flat, [s0, s1])``: two f32 arrays of one shape as the flat runs they
+    span and a box of at most three axes (theirs, merged where both are one run of memory), the last of unit
+    stride in both (``f32_kernels.copy_rows``' layout); else None."""
+    item = dst.itemsize
+    for a in (dst, src):
+        if a.dtype != F32 or a.size == 0 or any(st < 0 or st % item for st in a.strides):
+            return None
+    merged: list[list[int]] = []  # [n, dst stride, src stride]
+    for n, ds, ss in zip(dst.shape, dst.strides, src.strides):
+        if n == 1:
+            continue
+        ds, ss = ds // item, ss // item
+        if merged and merged[-1][1] == n * ds and merged[-1][2] == n * ss:
+            merged[-1] = [merged[-1][0] * n, ds, ss]
+        else:
+            merged.append([n, ds, ss])
+    if not merged or merged[-1][1:] != [1, 1]:
+        merged.append([1, 1, 1])
+    if len(merged) > 3:
+        return None
+    while len(merged) < 3:
+        merged.insert(0, [1, 0, 0])
+    flats = []
+    for a, col in ((dst, 1), (src, 2)):
+        span = 1 + sum((row[0] - 1) * row[col] for row in merged)
+        flats.append(np.lib.stride_tricks.as_strided(a, (span,), (item,), writeable=a is dst))
+    shape = [row[0] for row in merged]
+    return flats[0], shape + [merged[0][1], merged[1][1]], flats[1], [merged[0][2], merged[1][2]]
+
+
+def _compiled_copies(pairs: list[tuple[np.ndarray, np.ndarray]]):
+    """One step copying each ``(dst, src)`` (``dst = src + 0``) by ``f32_kernels.copy_rows``, the parts of each
+    pair (``_split_pair``) split over the cores and described for the chains; None where numba is off or a pair
+    is not f32 rows of the same merged shape."""
+    if not jit.AVAILABLE:
+        return None
+    from ..jit import f32_kernels
+
+    kernel = f32_kernels.copy_rows
+    phases = []
+    for dst, src in pairs:
+        calls = []
+        for i, (d, s) in enumerate(_split_pair(dst, src)):
+            rows = _rows3(d, np.broadcast_to(s, d.shape))
+            if rows is None:
+                return None
+            d_flat, d_geometry, s_flat, s_strides = rows
+            calls.append((kernel, (d_flat, np.array(d_geometry, np.int64), s_flat, np.array(s_strides, np.int64)),
+                          i))
+        phases.append(calls)
+    steps = [cpu_threads.parallel([lambda args=args: kernel(*args) for _, args, _ in calls]) for calls in phases]
+
+    def body():
+        for step in steps:
+            step()
+
+    from ..jit.chain import Call, tag
+
+    return tag(body, *([Call(fn, args, part) for fn, args, part in calls] for calls in phases))
 
 
 def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[slice, ...]]:

@@ -10,7 +10,7 @@ import numpy as np
 from luminal_recipes.graph.view import BoundView
 
 from ...kernels.context import Bind, KernelContext, Step
-from .. import amx
+from .. import amx, cblas, jit
 from .. import threads as cpu_threads
 from .common import F32, bind_all, is_float, with_refresh
 from .operands import Operand, operand
@@ -70,16 +70,25 @@ def prepare_matmul(ctx: KernelContext) -> Bind:
             buffers = [[scratch[i] for i in part] for part in ids]
             steps = [amx.product(plan, left, right, dst, buffers) for left, right, dst in products]
         else:
-            steps = [_blas_product(left, right, dst) for left, right, dst in products]
+            steps = [_compiled_product(left, right, dst) or _blas_product(left, right, dst)
+                     for left, right, dst in products]
+
+        add_bias = None if bias is None or acc is not None else _compiled_add(target, bias)
 
         def body():
             for product in steps:
                 product()
-            if bias is not None:
+            if add_bias is not None:
+                add_bias()
+            elif bias is not None:
                 np.add(target, bias, out=target, **kw)
             if acc is not None:
                 np.copyto(out, target, casting="unsafe")
 
+        if (bias is None or add_bias is not None) and acc is None and jit.AVAILABLE:  # described for the chains
+            from ..jit.chain import combine  # where every part is
+
+            body = combine(body, *steps, *([add_bias] if add_bias is not None else []))
         return with_refresh(ops, body)
 
     return bind
@@ -127,6 +136,133 @@ def _blas_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray) -> Step:
             run()
 
     return step
+
+
+ROWS_PRODUCT_MAX = 8  # rows of a product at most for the compiled pass over a weight stored as rows (decoding)
+
+
+def _flat(a: np.ndarray, writeable: bool = False) -> tuple[np.ndarray, list[int]] | None:
+    """``a`` (f32, 2-D) as the flat run of memory it spans (1-D, contiguous, from its first element) and its two
+    element strides; None where a stride is negative or not a whole number of elements."""
+    item = a.itemsize
+    if a.dtype != F32 or a.size == 0 or any(st < 0 or st % item for st in a.strides):
+        return None
+    span = 1 + sum((n - 1) * st // item for n, st in zip(a.shape, a.strides))
+    flat = np.lib.stride_tricks.as_strided(a, (span,), (item,), writeable=writeable)
+    return flat, [st // item for st in a.strides]
+
+
+def _compiled_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray) -> Step | None:
+    """``dst = left @ right`` as compiled calls the CPU chains can run (``jit/f32_kernels.py``), or None (then
+    ``_blas_product``): a product of at most ``ROWS_PRODUCT_MAX`` rows against a right operand stored as rows
+    (``right = w^T``, unit stride along K: a linear layer's weight) by ``rows_product``, or row by row (unit
+    stride along N: attention's ``p v``) by ``cols_product``, its columns split over the cores; on several
+    threads, a larger product by ``_sgemm_product`` (BLAS chunks the chains call)."""
+    if not jit.AVAILABLE or dst.dtype != F32 or left.dtype != F32 or right.dtype != F32 or 0 in dst.shape:
+        return None
+    m, n = dst.shape
+    k = left.shape[1]
+    if k == 0:
+        return None
+    if m <= ROWS_PRODUCT_MAX and (left.strides[1] == 4 or k == 1) and (dst.strides[1] == 4 or n == 1):
+        if right.strides[0] == 4 or k == 1:
+            return _rows_product(left, right, dst, "rows_product")
+        if right.strides[1] == 4 or n == 1:
+            return _rows_product(left, right.T, dst, "cols_product")
+    if cpu_threads.THREADS > 1:
+        return _sgemm_product(left, right, dst)
+    return None
+
+
+def _rows_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray, name: str) -> Step | None:
+    """``f32_kernels.rows_product`` (``right`` [K, N] read as rows of ``right.T``) or ``cols_product`` (``right``
+    given as ``[N, K]``: its transpose, read row by row) over the columns of ``dst``, one part per core."""
+    x, w, o = _flat(left), _flat(right.T), _flat(dst, writeable=True)
+    if x is None or w is None or o is None:
+        return None
+    from ..jit import f32_kernels
+
+    kernel = getattr(f32_kernels, name)
+    m, n = dst.shape
+    k = left.shape[1]
+    (xf, (xs, _)), (wf, (ws, _)), (of, (os_, _)) = x, w, o
+    calls = [(kernel, (xf, 0, xs, wf, 0, ws, of, 0, os_, m, k, part.start, part.stop), i)
+             for i, part in enumerate(cpu_threads.split(n, k * m))]
+    parts = [lambda args=args: kernel(*args) for _, args, _ in calls]
+    return jit.described(cpu_threads.parallel(parts), calls)
+
+
+def _compiled_add(target: np.ndarray, bias: np.ndarray) -> Step | None:
+    """``target += bias`` (f32, broadcast) as one ``f32_kernels.add_rows`` call, described for the chains; None
+    where numba is off or the layout is not rows of unit stride."""
+    if not jit.AVAILABLE or bias.dtype != F32 or target.dtype != F32:
+        return None
+    from ..jit import f32_kernels
+    from .layout import _rows3
+
+    rows = _rows3(target, np.broadcast_to(bias, target.shape))
+    if rows is None:
+        return None
+    d_flat, d_geometry, s_flat, s_strides = rows
+    args = (d_flat, np.array(d_geometry, np.int64), s_flat, np.array(s_strides, np.int64))
+    kernel = f32_kernels.add_rows
+    return jit.described(lambda: kernel(*args), [(kernel, args, None)])
+
+
+def _blas_operand(a: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
+    """(CBLAS transpose code, leading dimension) reading the f32 matrix ``a`` [rows, cols] in row-major terms, or
+    None where its strides are not a BLAS layout."""
+    s0, s1 = (st // 4 for st in a.strides)
+    if any(st % 4 or st < 0 for st in a.strides):
+        return None
+    if (s1 == 1 or cols == 1) and (s0 >= max(cols, 1) or rows == 1):
+        return 111, s0 if rows > 1 else max(cols, 1)
+    if (s0 == 1 or rows == 1) and (s1 >= max(rows, 1) or cols == 1):
+        return 112, s1 if cols > 1 else max(rows, 1)
+    return None
+
+
+def _sgemm_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray) -> Step | None:
+    """``_blas_product``'s chunks (the same cut) as ``f32_kernels.sgemm_tasks`` calls: one per core, each taking
+    the next chunk no core has taken, BLAS single-threaded inside (``chain.Call.blas``)."""
+    blas = cblas.sgemm()
+    m, n = dst.shape
+    k = left.shape[1]
+    a_op, b_op, c_op = _blas_operand(left, m, k), _blas_operand(right, k, n), _blas_operand(dst, m, n)
+    if blas is None or a_op is None or b_op is None or c_op is None or c_op[0] != 111:
+        return None
+    from ..jit import f32_kernels
+    from ..jit.chain import Call, tag
+
+    parts = max(1, min(cpu_threads.THREADS, m * k * n // BLAS_PART_MACS))
+    along = m if m >= n else n
+    count = max(1, min(parts * BLAS_CHUNKS_PER_PART, -(-along // 16)))
+    bounds = [min(along, -(-along * i // count) // 16 * 16) if i < count else along for i in range(count + 1)]
+    base = [x.__array_interface__["data"][0] for x in (left, right, dst)]
+    tasks = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        if hi <= lo:
+            continue
+        a, b, c = (left[lo:hi], right, dst[lo:hi]) if m >= n else (left, right[:, lo:hi], dst[:, lo:hi])
+        offsets = [x.__array_interface__["data"][0] - b0 for x, b0 in zip((a, b, c), base)]
+        tasks.append([*offsets, c.shape[0], c.shape[1], k])
+    tasks = np.array(tasks, np.int64).reshape(-1, f32_kernels.TASK_COLUMNS)
+    geometry = np.array([*base, a_op[0], b_op[0], a_op[1], b_op[1], c_op[1]], np.int64)
+    counter = np.zeros(8, np.int64)  # the next chunk (one cache line)
+    kernel, reset = f32_kernels.sgemm_tasks, f32_kernels.reset
+    args = (geometry, tasks, counter, *blas)
+    keep = (left, right, dst)  # what the addresses point into
+
+    def step():
+        counter[:] = 0
+        with cpu_threads.blas_single_threaded():
+            if parts == 1:
+                kernel(*args)
+            else:
+                cpu_threads.run_parts([lambda: kernel(*args)] * parts)
+
+    step.keep = keep
+    return tag(step, [Call(reset, (counter,))], [Call(kernel, args, i, blas=True) for i in range(parts)])
 
 
 def _amx_products(ctx: KernelContext, m: int, k: int, n: int):
