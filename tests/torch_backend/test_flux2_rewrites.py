@@ -5,34 +5,11 @@ program)."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from luminal_recipes.compiler import SearchOptions, compile_graph  # noqa: E402
-from luminal_recipes.runtimes.registry import get_runtime  # noqa: E402
-from luminal_recipes.torch_backend import compiled  # noqa: E402
-from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
-
-
-def _run(module, args, monkeypatch):
-    """The compiled module's output and the programs its translated graphs compile to."""
-    graphs = []
-    init = compiled.CompiledGraph.__init__
-
-    def spy(self, translation, *a, **kw):
-        graphs.append(translation.graph)
-        init(self, translation, *a, **kw)
-
-    monkeypatch.setattr(compiled.CompiledGraph, "__init__", spy)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error", LuminalFallbackWarning)
-        got = torch.compile(module, backend="luminal")(*args)
-    options = SearchOptions(time_top=0, use_cache=False)
-    programs = [compile_graph(g, get_runtime("numpy"), {}, options=options).program for g in graphs]
-    return got, programs
+from torch_twins import compiled_programs  # noqa: E402  (tests/torch_backend/torch_twins.py)
 
 
 class SingleBlockOut(torch.nn.Module):
@@ -53,7 +30,7 @@ def test_a_product_over_a_concatenation_is_two_products(monkeypatch, assert_clos
     torch.manual_seed(0)
     module = SingleBlockOut(24, 40, 16).eval()
     args = (torch.randn(1, 37, 24), torch.randn(1, 37, 40))
-    got, programs = _run(module, args, monkeypatch)
+    got, programs = compiled_programs(module, args, monkeypatch)
     with torch.no_grad():
         want = module.double()(*(a.double() for a in args))
     assert_close("matmul", got, want)

@@ -5,36 +5,15 @@ no Cast step, no float64 copy. Values against eager PyTorch (which computes them
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 diffusers = pytest.importorskip("diffusers")
 
-from luminal_recipes.compiler import SearchOptions, compile_graph  # noqa: E402
+from torch_twins import compiled_programs  # noqa: E402  (tests/torch_backend/torch_twins.py)
+
 from luminal_recipes.graph import DType, Graph, cast, run_reference  # noqa: E402
-from luminal_recipes.runtimes.registry import get_runtime  # noqa: E402
-from luminal_recipes.torch_backend import compiled  # noqa: E402
-from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
-
-
-def _run(module, args, monkeypatch):
-    graphs = []
-    init = compiled.CompiledGraph.__init__
-
-    def spy(self, translation, *a, **kw):
-        graphs.append(translation.graph)
-        init(self, translation, *a, **kw)
-
-    monkeypatch.setattr(compiled.CompiledGraph, "__init__", spy)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error", LuminalFallbackWarning)
-        got = torch.compile(module, backend="luminal")(*args)
-    options = SearchOptions(time_top=0, use_cache=False)
-    programs = [compile_graph(g, get_runtime("numpy"), {}, options=options).program for g in graphs]
-    return got, programs
 
 
 def test_flux2_rope_tables_are_one_kernel_and_one_f32_copy_each(monkeypatch):
@@ -45,7 +24,7 @@ def test_flux2_rope_tables_are_one_kernel_and_one_f32_copy_each(monkeypatch):
     grid = torch.meshgrid(torch.zeros(1), torch.arange(float(side)), torch.arange(float(side)), torch.zeros(1),
                           indexing="ij")
     ids = torch.stack(grid, -1).reshape(-1, 4) * 97.0 + 3.0  # positions up to ~700: f32 angles would be off
-    got, programs = _run(module, (ids,), monkeypatch)
+    got, programs = compiled_programs(module, (ids,), monkeypatch)
     want = module(ids)
     for g, w in zip(got, want):
         assert g.dtype == torch.float32 and g.shape == w.shape
