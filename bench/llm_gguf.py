@@ -67,6 +67,13 @@ class Ours:
         from luminal_recipes.tasks.generation.model import LanguageModel
 
         self.lm = LanguageModel(RECIPE, weights=path, context=context)
+        try:
+            from luminal_recipes.runtimes.cpu.jit import chain
+
+            self.runs = chain.RUNS
+        except ImportError:  # numba is off: no chains
+            self.runs = None
+        self.chain_runs = None
 
     def encode(self, text: str) -> list[int]:
         return list(self.lm.encode(text, chat=False))
@@ -75,7 +82,10 @@ class Ours:
         return self.lm.generate(ids, max_new_tokens=1).first_token_s
 
     def decode(self, ids: list[int], n: int) -> tuple[float, list[int]]:
+        before = dict(self.runs) if self.runs is not None else None
         g = self.lm.generate(ids, max_new_tokens=n)
+        if before is not None:  # how the CPU chains ran (jit/chain.py: lockstep, or alone on a crowded machine)
+            self.chain_runs = {k: self.runs[k] - before[k] for k in before}
         return g.decode_s / max(1, g.decode_steps), g.ids
 
 
@@ -192,6 +202,7 @@ def child(args) -> None:
     long_ids = (filler * (args.long // max(1, len(filler)) + 1))[: args.long]
     figures: dict[str, dict[str, list[float]]] = {s: {"decode": [], "ttft14": [], "ttft_long": []} for s in sides}
     ids_of: dict[str, list[int]] = {}
+    chain_runs: list[dict] = []
     for side in sides.values():  # warm-up: plans compiled (and cached), kernels loaded, our decode program's
         side.decode(short, 8)  # chains recorded (at its fifth run: ``NumpyBackend.capture_after``)
         side.first_token(long_ids)
@@ -199,13 +210,15 @@ def child(args) -> None:
         for name, side in sides.items():
             per, out = side.decode(short, args.tokens)
             figures[name]["decode"].append(per)
+            if getattr(side, "chain_runs", None) is not None:
+                chain_runs.append(side.chain_runs)
             ids_of[name] = out
             figures[name]["ttft14"].append(side.first_token(short))
             figures[name]["ttft_long"].append(side.first_token(long_ids))
     result = {"threads": args.threads, "memcpy_gbs": memcpy_gbs(), "weight_bytes": weight_bytes(path),
               "figures": {n: {k: statistics.median(v) for k, v in f.items()} for n, f in figures.items()},
               "rounds": {n: f["decode"] for n, f in figures.items()},
-              "same_ids": {n: ids_of[n][:16] for n in ids_of}}
+              "same_ids": {n: ids_of[n][:16] for n in ids_of}, "chain_runs": chain_runs}
     print("RESULT " + json.dumps(result))
 
 
@@ -314,6 +327,9 @@ def bench(args) -> None:
         if "ours" in f and "transformers" in f:
             print(f"ours / transformers f32: decode {f['ours']['decode'] / f['transformers']['decode']:.2f}x")
         print("first ids per side:", res["same_ids"])
+        if res.get("chain_runs"):
+            print("our chains per decode round (lockstep / alone, crowded / alone, one thread):",
+                  ", ".join(f"{r['lockstep']}/{r['crowded']}/{r['alone']}" for r in res["chain_runs"]))
     print("\npeak RSS (one process per side made the same way, 1 thread; resident at the end, by mapping):")
     rss = {}
     for side in args.sides:

@@ -440,10 +440,12 @@ class _Chain:
     def _run(self) -> None:
         flags = self.flags
         if self.threads == 1 or crowded(self.threads):
+            RUNS["crowded" if self.threads > 1 else "alone"] += 1
             self.used = 1
             if self.run_fn(0, *self.args[1]):
                 self._failed()
             return
+        RUNS["lockstep"] += 1
         self.used = self.threads
         flags[:] = 0
         _lockstep_pool().run(self.parts)
@@ -487,6 +489,9 @@ def _layout(phases: list, threads: int) -> tuple[np.ndarray, list[int]]:
 CROWD_EVERY_S = 0.01
 CROWD_MARGIN = 1.0
 _CROWD = {"next": 0.0, "others": 0.0, "crowded": False}
+# chains run so far: on every thread ("lockstep"), on the calling thread alone because ``crowded`` said so
+# ("crowded"), or alone because they have one thread ("alone"); the benchmarks print it beside their figures
+RUNS = {"lockstep": 0, "crowded": 0, "alone": 0}
 ADAPTIVE = os.environ.get("LUMINAL_RECIPES_CHAIN_LOCKSTEP", "auto").strip().lower() == "auto"
 
 

@@ -203,7 +203,14 @@ def prepare_copy(ctx: KernelContext) -> Bind:
                 lambda part=part: kernel(src_rows, dst_rows, part.start, part.stop)
                 for part in cpu_threads.split(src_rows.shape[0], 4 * src_rows.shape[1])])
         else:
-            copies = cpu_threads.parallel([copy(d, s) for d, s in _split_pair(dst, src)])
+            pairs = _split_pair(dst, src)
+            copies = cpu_threads.parallel([copy(d, s) for d, s in pairs])
+            if jit.AVAILABLE and not zeros and all(len(_repeat_steps(d, s)) == 1 for d, s in pairs):
+                # the same copies as compiled calls (exact: any dtype, -0.0 kept), described for the chains: a
+                # decoding step's attention output (heads to rows) no longer cuts its chain in two
+                from ..jit.chain import Call, copy_region, tag
+
+                return tag(copies, [Call(copy_region, (d, d, s, False), i) for i, (d, s) in enumerate(pairs)])
 
         def body():
             for z in zeros:
