@@ -255,10 +255,10 @@ def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[]
 
 
 def described(step: Callable[[], None], calls: list[tuple]) -> Callable[[], None]:
-    """``step`` described as one phase of ``(kernel, args, part)`` calls for the CPU backend's chains
-    (``chain.tag``), where numba is in use."""
+    """``step`` described as one phase of ``(kernel, args, part)`` calls - or ``(kernel, args, part, (reads,
+    writes))``: ``chain.Call.access`` - for the CPU backend's chains (``chain.tag``), where numba is in use."""
     if not AVAILABLE:
         return step
     from .chain import Call, tag
 
-    return tag(step, [Call(fn, args, part) for fn, args, part in calls])
+    return tag(step, [Call(fn, args, part, access=rest[0] if rest else None) for fn, args, part, *rest in calls])

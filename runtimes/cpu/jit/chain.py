@@ -68,13 +68,17 @@ class Call(NamedTuple):
     """One call of a compiled (nogil) function: ``fn(*args)``. ``part``: which part of a split kernel (thread
     ``part % T`` runs it), ``None`` for a whole call (thread 0). ``checked``: it returns nonzero on bad input.
     ``blas``: it calls BLAS (``f32_kernels.sgemm_tasks``), which must then run single-threaded: a chain holding
-    such a call runs under ``threads.blas_single_threaded``."""
+    such a call runs under ``threads.blas_single_threaded``. ``access``: ``(reads, writes)``, every array whose
+    memory the call may read and may write (a superset is fine, a missing one is a race); given, the chain puts
+    a barrier before the call only where it touches what another thread touched since the last barrier and one
+    of the two writes it (``_layout``). ``None``: unknown - a barrier wherever the thread changes hands."""
 
     fn: Any
     args: tuple
     part: int | None = None
     checked: bool = False
     blas: bool = False
+    access: tuple | None = None
 
 
 def tag(step: Callable, *phases: Sequence[Call]) -> Callable:
@@ -176,7 +180,8 @@ def region_copy(dst: np.ndarray, flat: np.ndarray, bv) -> Call | None:
     if src is None or src.dtype != dst.dtype or dst.ndim == 0:
         return None
     region = dst[tuple(slice(lo, hi) for lo, hi in box)]
-    return Call(copy_region, (dst, region, src, region.shape != dst.shape))
+    fill = region.shape != dst.shape
+    return Call(copy_region, (dst, region, src, fill), access=((src,), (dst if fill else region,)))
 
 
 @intrinsic
@@ -386,7 +391,7 @@ class _Chain:
         opcodes: dict[tuple, int] = {}
         ints, floats = [], []
         self.ok = False
-        encoded_phases = []  # per phase: (step index, [(opcode, part, int column, float column, checked)])
+        encoded_phases = []  # per phase: (step index, [(opcode, part, int column, float column, checked, spans)])
         for i, phase in flat:
             rows = []
             for call in phase:
@@ -401,7 +406,7 @@ class _Chain:
                     vi += ai
                     vf += af
                 op = opcodes.setdefault((returns, tuple(exprs)), len(opcodes))
-                rows.append((op, call.part, len(ints), len(floats), int(call.checked)))
+                rows.append((op, call.part, len(ints), len(floats), int(call.checked), _spans(call.access)))
                 ints += vi
                 floats += vf
             encoded_phases.append((i, rows))
@@ -465,18 +470,68 @@ class _Chain:
                          "error; run with LUMINAL_RECIPES_CHAIN=0 to see which kernel")
 
 
+def _spans(access: tuple | None) -> tuple[tuple, tuple] | None:
+    """``Call.access`` as byte ranges ``(reads, writes)``, each a tuple of ``(start, end)`` (an array's whole
+    extent, whatever its strides); None where not given."""
+    if access is None:
+        return None
+    out = []
+    for arrays in access:
+        ranges = []
+        for a in arrays:
+            if a is None or a.size == 0:
+                continue
+            lo = hi = a.ctypes.data
+            for n, st in zip(a.shape, a.strides):
+                lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
+            ranges.append((lo, hi + a.itemsize))
+        out.append(tuple(ranges))
+    return out[0], out[1]
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    return any(lo < e and s < hi for lo, hi in a for s, e in b)
+
+
+def _conflicts(calls: list, since: dict, threads: int) -> bool:
+    """Whether a call of this phase must wait for what other threads did since the last barrier (``since``:
+    thread -> the spans of its calls): unknown accesses on either side, or memory one writes and the other reads
+    or writes."""
+    for call in calls:
+        part, spans = call[1], call[5]
+        t = 0 if part is None else part % threads
+        for u, done in since.items():
+            if u == t:
+                continue
+            for other in done:
+                if spans is None or other is None:
+                    return True
+                if _overlap(spans[1], other[0] + other[1]) or _overlap(spans[0], other[1]):
+                    return True
+    return False
+
+
 def _layout(phases: list, threads: int) -> tuple[np.ndarray, list[int]]:
     """The program rows of ``phases`` (``_Chain``'s encoded calls) on ``threads`` threads - each call on thread
-    ``part % threads``, a barrier after a phase where the next one's threads differ - and each row's step."""
+    ``part % threads`` - and each row's step. A barrier goes before a phase where one of its calls needs what
+    another thread did since the last barrier (``_conflicts``: without ``Call.access``, wherever the thread
+    changes hands; with it, only on shared memory that one of them writes: q/k/v or gate/up products reading the
+    same x and writing their own outputs share one run between barriers), and one at the end."""
     rows, row_step = [], []
-    owners = [frozenset(0 if part is None else part % threads for _, part, *_ in calls) for _, calls in phases]
-    for n, (i, calls) in enumerate(phases):
-        for op, part, at_int, at_float, checked in calls:
-            rows.append([op, 0 if part is None else part % threads, at_int, at_float, checked])
-            row_step.append(i)
-        if threads > 1 and (n + 1 == len(phases) or len(owners[n] | owners[n + 1]) > 1):
+    since: dict[int, list] = {}  # per thread, the spans of its calls since the last barrier
+    for i, calls in phases:
+        if threads > 1 and since and _conflicts(calls, since, threads):
             rows.append([BARRIER, 0, 0, 0, 0])
+            row_step.append(row_step[-1])
+            since = {}
+        for op, part, at_int, at_float, checked, spans in calls:
+            t = 0 if part is None else part % threads
+            rows.append([op, t, at_int, at_float, checked])
             row_step.append(i)
+            since.setdefault(t, []).append(spans)
+    if threads > 1 and phases:
+        rows.append([BARRIER, 0, 0, 0, 0])
+        row_step.append(phases[-1][0])
     return np.array(rows, np.int64).reshape(-1, PROGRAM_COLUMNS), row_step
 
 

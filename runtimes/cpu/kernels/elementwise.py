@@ -132,7 +132,8 @@ def _prepare_compiled_expression(ctx: KernelContext, ops: list[Operand], code: E
         for part, boxes in enumerate(_compiled_boxes(out, arrays, len(scratch[regs]))):
             calls = [(code.code, code.consts, table, shape, scratch[regs][part]) for table, shape in boxes]
             runs.append(lambda calls=calls, refs=(out, arrays): [kernel(*call) for call in calls])
-            described += [(kernel, call, part) for call in calls]
+            # what its table's addresses reach: the inputs (read), the output and this part's registers
+            described += [(kernel, call, part, ((*arrays,), (out, scratch[regs][part]))) for call in calls]
         return with_refresh(ops, jit.described(cpu_threads.parallel(runs), described))
 
     return bind

@@ -204,7 +204,11 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
             calls = [(run, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], scratch[x_16[i]], w, target,
                             p.start, p.stop, kind, f16), i) for i, p in enumerate(q_splits)]
             compute = cpu_threads.parallel([lambda args=args: run(*args) for _, args, _ in calls])
-            compute = _described(compute, calls)
+            # what each part touches (chain.Call.access): x, the weight and the f16 table read, its own scratch
+            # and its rows of the output written - so products of one x (q/k/v, gate/up) need no barrier between
+            access = [((x, w, f16), (args[1], args[2], args[3], args[4], target[:, p.start:p.stop]))
+                      for (_, args, _), p in zip(calls, q_splits)]
+            compute = _described(compute, [(*call, a) for call, a in zip(calls, access)])
         elif fused:
             xc, xs = scratch[x_c], scratch[sums]
             special = gj.SPECIALISED.get(kind)
@@ -253,10 +257,12 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
 
 
 def _described(step, *phases):
-    """``step`` described as ``phases`` of ``(kernel, args, part)`` calls for the chains (``jit/chain.py``)."""
+    """``step`` described as ``phases`` of ``(kernel, args, part)`` calls - or ``(kernel, args, part, (reads,
+    writes))``: ``chain.Call.access`` - for the chains (``jit/chain.py``)."""
     from ..jit.chain import Call, tag
 
-    return tag(step, *([Call(fn, args, part) for fn, args, part in phase] for phase in phases))
+    return tag(step, *([Call(fn, args, part, access=rest[0] if rest else None) for fn, args, part, *rest in phase]
+                       for phase in phases))
 
 
 PREPARE = {

@@ -98,5 +98,6 @@ def _few_rows(out: np.ndarray, idx: np.ndarray, src: np.ndarray, src_flat: np.nd
     if jit.AVAILABLE and idx.dtype.kind == "i" and src.dtype == out.dtype and src.shape[1:] == out.shape[1:]:
         from ..jit import chain  # the same copies as one compiled call, for the chains
 
-        body = chain.tag(body, [chain.Call(chain.scatter_rows, (out, idx, src, rows), checked=True)])
+        body = chain.tag(body, [chain.Call(chain.scatter_rows, (out, idx, src, rows), checked=True,
+                                           access=((idx, src), (out,)))])
     return with_refresh(refresh, body)

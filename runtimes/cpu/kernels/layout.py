@@ -210,7 +210,8 @@ def prepare_copy(ctx: KernelContext) -> Bind:
                 # decoding step's attention output (heads to rows) no longer cuts its chain in two
                 from ..jit.chain import Call, copy_region, tag
 
-                return tag(copies, [Call(copy_region, (d, d, s, False), i) for i, (d, s) in enumerate(pairs)])
+                return tag(copies, [Call(copy_region, (d, d, s, False), i, access=((s,), (d,)))
+                                    for i, (d, s) in enumerate(pairs)])
 
         def body():
             for z in zeros:
