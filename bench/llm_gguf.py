@@ -50,6 +50,10 @@ limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS (its idle 
 RECIPE = ROOT / "recipes" / "llama.yaml"
 PROMPT = "What is the capital of France? Answer in one short sentence."
 SIDES = ("ours", "llama.cpp", "transformers")
+# a pause before each side's decode: llama.cpp's OpenMP workers stay runnable (spinning) ~20-30 ms after its call
+# returns (measured here, in this process), which the next side would find taking the cores - our chains read the
+# machine's ready threads to choose lockstep or one thread (runtimes/cpu/jit/chain.py, ``crowded``)
+SETTLE_S = 0.1
 
 
 def smollm2() -> Path:
@@ -208,6 +212,7 @@ def child(args) -> None:
         side.first_token(long_ids)
     for _ in range(args.rounds):
         for name, side in sides.items():
+            time.sleep(SETTLE_S)  # the previous side's idle threads gone back to sleep (see SETTLE_S)
             per, out = side.decode(short, args.tokens)
             figures[name]["decode"].append(per)
             if getattr(side, "chain_runs", None) is not None:
