@@ -74,7 +74,7 @@ class Ours:
         try:
             from luminal_recipes.runtimes.cpu.jit import chain
 
-            self.runs = chain.RUNS
+            self.runs = getattr(chain, "RUNS", None)  # (not counted by older trees)
         except ImportError:  # numba is off: no chains
             self.runs = None
         self.chain_runs = None
