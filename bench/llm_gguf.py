@@ -287,6 +287,8 @@ def main() -> None:
     p.add_argument("--make-files", type=Path, default=None, metavar="DIR",
                    help="make (or reuse) the ~1B Llama-shaped Q4_K_M and Q8_0 files in DIR (bench/make_gguf_1b.py: "
                         "random weights, llama.cpp's converter and quantizer) and run on each of them")
+    p.add_argument("--no-rss", action="store_true", help="leave out the peak RSS processes (decode and first "
+                   "token only)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--rss", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -335,6 +337,8 @@ def bench(args) -> None:
         if res.get("chain_runs"):
             print("our chains per decode round (lockstep / alone, crowded / alone, one thread):",
                   ", ".join(f"{r['lockstep']}/{r['crowded']}/{r['alone']}" for r in res["chain_runs"]))
+    if args.no_rss:
+        return
     print("\npeak RSS (one process per side made the same way, 1 thread; resident at the end, by mapping):")
     rss = {}
     for side in args.sides:
