@@ -168,6 +168,11 @@ def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[sl
     return out
 
 
+# elements up to which a Copy is described for the chains (a decoding step's: ~10^3); a larger one costs more
+# than the Python call a chain saves, and numpy's copy is the faster there
+CHAINED_COPY = 1 << 16
+
+
 def prepare_copy(ctx: KernelContext) -> Bind:
     """``Copy``: one strided copy of the data into the output (no tiling: there are no temporaries to keep in
     cache) and zeros written where the view is padding, instead of gathering the padded operand into scratch
@@ -205,7 +210,8 @@ def prepare_copy(ctx: KernelContext) -> Bind:
         else:
             pairs = _split_pair(dst, src)
             copies = cpu_threads.parallel([copy(d, s) for d, s in pairs])
-            if jit.AVAILABLE and not zeros and all(len(_repeat_steps(d, s)) == 1 for d, s in pairs):
+            if (jit.AVAILABLE and not zeros and dst.size <= CHAINED_COPY
+                    and all(len(_repeat_steps(d, s)) == 1 for d, s in pairs)):
                 # the same copies as compiled calls (exact: any dtype, -0.0 kept), described for the chains: a
                 # decoding step's attention output (heads to rows) no longer cuts its chain in two
                 from ..jit.chain import Call, copy_region, tag
