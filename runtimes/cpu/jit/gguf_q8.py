@@ -4,21 +4,23 @@
 two bytes, ``v = 128 hi + lo`` (hi in [-127, 127], lo in [0, 127]), so that a weight block's byte codes are
 multiplied with it by two byte dot products (``vpdpbusd``, AVX512-VNNI: 4 pairs summed into each int32 lane; on
 AVX2 ``pmaddubsw`` + ``pmaddwd``; generic vector IR elsewhere), ``128 * dot(q, hi) + dot(q, lo)``, exact in int32.
-Signed codes (Q8_0, Q6_K) go through llama.cpp's trick: ``|q|`` times x carrying q's sign. The 8 int32 lanes are
+Q8_0's signed codes are flipped to unsigned (q + 128: one xor) and the 128 sum(v) that adds is taken off inside the
+integer dot (section "Q8_0, two blocks per 512-bit vector"); the K-quants' codes are unsigned. The 8 int32 lanes are
 converted to f32 and accumulated with one fused multiply-add by the block's scale ``d_w * d_x`` (a vector of scales
 for Q6_K's sub-blocks of 16) into vector accumulators, several in turn (independent FMA chains); the minimum /
 offset terms (Q4_0's ``-8``, the ``m`` of Q4_1 and Q4_K) multiply the sum of the rounded x of the block (``xs``),
 as llama.cpp's q8_1 blocks do. The accumulators are summed once per output.
 
-The block loops are LLVM IR. Q4_0, Q4_1 and Q8_0 (``_kernel``: one intrinsic per type; ``_units_*`` decode a
-block into byte codes and scales): each call computes one weight row against 1-4 rows of x (``MR``, 4 accumulators'
-worth); more rows of x (a small batch: prefill) take the same row again, which is in L1 by then: the weight is read
-from memory once per product and decoded once per 4 rows of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with
-8-64 rows). The K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (``_kkernel``, ``_kunits_*``; section below) work 64 code
-bytes at a time on 512-bit vectors, with their scales unpacked by vector integer operations, and take two weight
-rows per pass: rows ``n`` and ``n + h`` (h = half the thread's range), two long sequential streams that share every
-load of x. Two ADJACENT rows at once made a short back-and-forth pattern the hardware prefetchers lost (2.5x slower
-out of cache); the two far-apart streams measured +16% (Q4_K) and +40% (Q6_K) over one row per pass.
+The block loops are LLVM IR. Q4_0 and Q4_1 (``_kernel``: one intrinsic per type; ``_units_*`` decode a block into
+byte codes and scales; Q8_0 has its own loop, ``_q8_kernel``, two blocks per 512-bit vector): each call computes a
+weight row against 1-4 rows of x (``MR``, 4 accumulators' worth); more rows of x (a small batch: prefill) take the
+same row again, which is in L1 by then: the weight is read from memory once per product and decoded once per 4 rows
+of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with 8-64 rows). The K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K
+(``_kkernel``, ``_kunits_*``; section below) work 64 code bytes at a time on 512-bit vectors, with their scales
+unpacked by vector integer operations, and take two weight rows per pass: rows ``n`` and ``n + h`` (h = half the
+thread's range), two long sequential streams that share every load of x. Two ADJACENT rows at once made a short
+back-and-forth pattern the hardware prefetchers lost (2.5x slower out of cache); the two far-apart streams measured
++16% (Q4_K) and +40% (Q6_K) over one row per pass.
 
 The runtime calls ``quant_product``: each thread's part rounds x itself (the same codes on every thread) into its
 own scratch - for a K-quant in the type's *pair order* (``KPAIRS``: the two x-blocks each 64-code vector pairs,
