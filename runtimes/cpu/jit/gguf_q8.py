@@ -1057,7 +1057,7 @@ def _q8_body(builder, mr, nr, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xip, xi
         for r in range(nr):
             a = _ld(builder, wrows[r], builder.add(o, ir.Constant(I64, 2)), _v(I8, 32))
             b = _ld(builder, wrows[r], builder.add(o, ir.Constant(I64, 36)), _v(I8, 32))
-            q.append(builder.xor(_cat(builder, a, b), flip64))
+            q.append(builder.xor(_cat(builder, a, b), flip64) if _Q8_FLIP else _cat(builder, a, b))
             sc.append(_f16s(builder, wrows[r], [o, builder.add(o, ir.Constant(I64, 34))]))
         xo = builder.mul(j, ir.Constant(I64, 128))
         for i in range(mr):
@@ -1067,8 +1067,12 @@ def _q8_body(builder, mr, nr, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xip, xi
             init = builder.shuffle_vector(_ld(builder, irow[i], builder.mul(j, ir.Constant(I64, 8)), _v(I32, 2)),
                                           ir.Constant(_v(I32, 2), [0, 0]), init_at)
             for r in range(nr):
-                hi = _dpbusd64(builder, init, q[r], xh)
-                dot = _dpbusd64(builder, builder.shl(hi, _c(I32, 16, 7)), q[r], xl)
+                if _Q8_FLIP:
+                    hi = _dpbusd64(builder, init, q[r], xh)
+                    dot = _dpbusd64(builder, builder.shl(hi, _c(I32, 16, 7)), q[r], xl)
+                else:  # AVX2's pmaddubsw (int16 pair sums): the sign trick per 256-bit half
+                    dot = _cat(builder, *(_dot(builder, _half_of(builder, q[r], h), True, _half_of(builder, xh, h),
+                                               _half_of(builder, xl, h)) for h in range(2)))
                 sv = builder.shuffle_vector(builder.fmul(sc[r], dx), ir.Constant(_v(FLT, 2), ir.Undefined), spread)
                 a_ = acc[r][i][slot]
                 builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 16)), sv, builder.load(a_)), a_)
@@ -1092,10 +1096,13 @@ def _q8_body(builder, mr, nr, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xip, xi
             s0 = _ld(builder, irow[i], builder.mul(b, ir.Constant(I64, 4)), I32)
             init = builder.insert_element(ir.Constant(_v(I32, 8), [0] * 8), s0, ir.Constant(I32, 0))
             for r in range(nr):
-                q = builder.xor(_ld(builder, wrows[r], builder.add(o, ir.Constant(I64, 2)), _v(I8, 32)), flip32)
+                q = _ld(builder, wrows[r], builder.add(o, ir.Constant(I64, 2)), _v(I8, 32))
                 d = builder.extract_element(_f16s(builder, wrows[r], [o]), ir.Constant(I32, 0))
-                hi = _dpbusd(builder, init, q, xh)
-                dot = _dpbusd(builder, builder.shl(hi, _c(I32, 8, 7)), q, xl)
+                if _Q8_FLIP:
+                    hi = _dpbusd(builder, init, builder.xor(q, flip32), xh)
+                    dot = _dpbusd(builder, builder.shl(hi, _c(I32, 8, 7)), builder.xor(q, flip32), xl)
+                else:
+                    dot = _dot(builder, q, True, xh, xl)
                 t_ = tail[r][i]
                 builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 8)), _splat(builder, builder.fmul(d, dx), 8),
                                    builder.load(t_)), t_)
@@ -1115,6 +1122,9 @@ def _q8_body(builder, mr, nr, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xip, xi
 
 
 _Q8_1, _Q8_2 = _q8_kernel(1), _q8_kernel(NR)
+_Q8_FLIP = _VNNI is not None or not _AVX2  # the flipped codes reach 255: exact in vpdpbusd (int32 sums) and the
+# generic IR, not in AVX2's pmaddubsw (pairs summed to int16 with saturation: 2 * 255 * 127 > 32767), which keeps
+# llama.cpp's |q| and sign-of-x trick (|q| <= 128: 2 * 128 * 127 fits)
 
 
 @_fast
