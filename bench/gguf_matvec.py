@@ -12,6 +12,7 @@ is reused from the 32 MiB L3 between passes. ``--rows 8`` etc. measure the small
     python bench/gguf_matvec.py --old /tmp/gguf_q8_old.py   # a third side: another gguf_q8 module's matmul_q8
     git show main:runtimes/cpu/jit/gguf_q8.py > /tmp/gguf_q8_main.py    # e.g. before / after a change, one run:
     python bench/gguf_matvec.py --old /tmp/gguf_q8_main.py --sets Q8_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K --no-llama
+    python bench/gguf_matvec.py --x8 --sets Q4_K,Q6_K --no-llama   # the 8-bit-x option beside the default 15 bits
 """
 
 from __future__ import annotations
@@ -116,13 +117,13 @@ def f32_product(f16):
     return fn
 
 
-def int_product(module, f16):
+def int_product(module, f16, call="quant_product"):
     def fn(kind, w, x, out):
         m, k = x.shape
         xq = np.empty((m, 2 * k), np.int8) if module.QMAX < 32767 else np.empty((m, k), np.int16)  # older: int16
         xd, xs = np.empty((m, k // 32), np.float32), np.empty((m, k // 32), np.float32)
-        if hasattr(module, "quant_product"):  # the runtime's call: x rounded in the type's order, then the product
-            module.quant_product(x, xq, xd, xs, np.empty((m, k // 16), np.float32), w, out, 0, w.shape[0], kind, f16)
+        if hasattr(module, call):  # the runtime's call: x rounded in the type's order, then the product
+            getattr(module, call)(x, xq, xd, xs, np.empty((m, k // 16), np.float32), w, out, 0, w.shape[0], kind, f16)
             return
         module.quantize(x, xq, xd, xs)
         module.matmul_q8(w, xq, xd, xs, out, 0, w.shape[0], kind, f16)
@@ -138,12 +139,16 @@ def main() -> None:
     ap.add_argument("--no-llama", action="store_true", help="leave llama.cpp out of the SmolLM2 set")
     ap.add_argument("--old", help="a file holding an older gguf_q8 module (quantize, matmul_q8): a third side")
     ap.add_argument("--wall", action="store_true", help="wall-clock time instead of this thread's CPU time")
+    ap.add_argument("--x8", action="store_true", help="a side with the K-quants' x rounded to 8 bits "
+                    "(gguf_q8.quant_product_x8, LUMINAL_RECIPES_GGUF_X_BITS=8)")
     args = ap.parse_args()
     global CLOCK
     if args.wall:
         CLOCK = time.perf_counter
     f16 = gk.f16_table()
-    sides = [("f32", f32_product(f16)), ("int", int_product(gguf_q8, f16))]
+    sides = [("f32", f32_product(f16)), ("int", int_product(gguf_q8, f16, "quant_product15"))]
+    if args.x8:
+        sides.append(("int-x8", int_product(gguf_q8, f16, "quant_product_x8")))
     if args.old:  # imported as a module of the package beside gguf_q8 (its relative imports; numba's cache)
         name = f"{gguf_q8.__package__}.{Path(args.old).stem}"
         spec = importlib.util.spec_from_file_location(name, args.old)

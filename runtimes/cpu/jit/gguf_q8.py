@@ -4,21 +4,23 @@
 two bytes, ``v = 128 hi + lo`` (hi in [-127, 127], lo in [0, 127]), so that a weight block's byte codes are
 multiplied with it by two byte dot products (``vpdpbusd``, AVX512-VNNI: 4 pairs summed into each int32 lane; on
 AVX2 ``pmaddubsw`` + ``pmaddwd``; generic vector IR elsewhere), ``128 * dot(q, hi) + dot(q, lo)``, exact in int32.
-Signed codes (Q8_0, Q6_K) go through llama.cpp's trick: ``|q|`` times x carrying q's sign. The 8 int32 lanes are
+Q8_0's signed codes are flipped to unsigned (q + 128: one xor) and the 128 sum(v) that adds is taken off inside the
+integer dot (section "Q8_0, two blocks per 512-bit vector"); the K-quants' codes are unsigned. The 8 int32 lanes are
 converted to f32 and accumulated with one fused multiply-add by the block's scale ``d_w * d_x`` (a vector of scales
 for Q6_K's sub-blocks of 16) into vector accumulators, several in turn (independent FMA chains); the minimum /
 offset terms (Q4_0's ``-8``, the ``m`` of Q4_1 and Q4_K) multiply the sum of the rounded x of the block (``xs``),
 as llama.cpp's q8_1 blocks do. The accumulators are summed once per output.
 
-The block loops are LLVM IR. Q4_0, Q4_1 and Q8_0 (``_kernel``: one intrinsic per type; ``_units_*`` decode a
-block into byte codes and scales): each call computes one weight row against 1-4 rows of x (``MR``, 4 accumulators'
-worth); more rows of x (a small batch: prefill) take the same row again, which is in L1 by then: the weight is read
-from memory once per product and decoded once per 4 rows of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with
-8-64 rows). The K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K (``_kkernel``, ``_kunits_*``; section below) work 64 code
-bytes at a time on 512-bit vectors, with their scales unpacked by vector integer operations, and take two weight
-rows per pass: rows ``n`` and ``n + h`` (h = half the thread's range), two long sequential streams that share every
-load of x. Two ADJACENT rows at once made a short back-and-forth pattern the hardware prefetchers lost (2.5x slower
-out of cache); the two far-apart streams measured +16% (Q4_K) and +40% (Q6_K) over one row per pass.
+The block loops are LLVM IR. Q4_0 and Q4_1 (``_kernel``: one intrinsic per type; ``_units_*`` decode a block into
+byte codes and scales; Q8_0 has its own loop, ``_q8_kernel``, two blocks per 512-bit vector): each call computes a
+weight row against 1-4 rows of x (``MR``, 4 accumulators' worth); more rows of x (a small batch: prefill) take the
+same row again, which is in L1 by then: the weight is read from memory once per product and decoded once per 4 rows
+of x (compute-bound: ~45-55 GFLOP/s per Zen 4 core with 8-64 rows). The K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K
+(``_kkernel``, ``_kunits_*``; section below) work 64 code bytes at a time on 512-bit vectors, with their scales
+unpacked by vector integer operations, and take two weight rows per pass: rows ``n`` and ``n + h`` (h = half the
+thread's range), two long sequential streams that share every load of x. Two ADJACENT rows at once made a short
+back-and-forth pattern the hardware prefetchers lost (2.5x slower out of cache); the two far-apart streams measured
++16% (Q4_K) and +40% (Q6_K) over one row per pass.
 
 The runtime calls ``quant_product``: each thread's part rounds x itself (the same codes on every thread) into its
 own scratch - for a K-quant in the type's *pair order* (``KPAIRS``: the two x-blocks each 64-code vector pairs,
@@ -34,6 +36,8 @@ per-block scales and of the f32 accumulation.
 """
 
 from __future__ import annotations
+
+import os
 
 import llvmlite.binding as llvm_binding
 import numba
@@ -118,8 +122,12 @@ def _i64(builder, v):
 def _h(builder, base, off, f16):
     """The f16 at byte ``off`` of ``base`` as f32 (exact): ``vcvtph2ps`` where F16C is present (the table's random
     lookups over 256 KiB, a few per block, measured ~12% of a pass over a real model's scales), else the table."""
-    if _F16C:
-        return builder.fpext(builder.bitcast(_ld(builder, base, off, I16), ir.HalfType()), FLT)
+    if _F16C:  # through a zero-extended i32 in a zeroed vector (``vmovd``): a ``vpinsrw`` into whatever register
+        # held the last value would chain every block's conversion to the one before (a false dependency)
+        v = builder.insert_element(ir.Constant(_v(I32, 4), [0] * 4), builder.zext(_ld(builder, base, off, I16), I32),
+                                   ir.Constant(I32, 0))
+        h = builder.fpext(builder.bitcast(v, _v(ir.HalfType(), 8)), _v(FLT, 8))
+        return builder.extract_element(h, ir.Constant(I32, 0))
     bits = builder.zext(_ld(builder, base, off, I16), I64)
     return builder.load(builder.gep(f16, [bits]))
 
@@ -195,13 +203,8 @@ def _units_q4(kind):
     return units
 
 
-def _units_q8_0(builder, w, o, f16):
-    d = _h(builder, w, o, f16)
-    return [(0, _ld(builder, w, builder.add(o, ir.Constant(I64, 2)), _v(I8, 32)), True, d, None)]
-
-
 # kind -> (bytes per block, x-blocks of 32 per block, units)
-TYPES = {0: (18, 1, _units_q4(0)), 1: (20, 1, _units_q4(1)), 4: (34, 1, _units_q8_0)}
+TYPES = {0: (18, 1, _units_q4(0)), 1: (20, 1, _units_q4(1))}  # Q8_0: ``_q8_kernel``
 
 
 def _kernel(kind, nr=1):
@@ -314,9 +317,9 @@ def _body(builder, mr, nr, per, ts, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp,
             builder.store(total, _at(builder, orow, builder.mul(wn[r], outs[1]), FLT))
 
 
-_K = {k: (_kernel(k, 1), _kernel(k, NR)) for k in (0, 1, 4)}
-_K0, _K1, _K4 = (_K[k][0] for k in (0, 1, 4))
-_P0, _P1, _P4 = (_K[k][1] for k in (0, 1, 4))
+_K = {k: (_kernel(k, 1), _kernel(k, NR)) for k in (0, 1)}
+_K0, _K1 = (_K[k][0] for k in (0, 1))
+_P0, _P1 = (_K[k][1] for k in (0, 1))
 
 
 # one compiled product per type (module-level, so that numba caches them on disk): every weight row n0..n1-1
@@ -344,14 +347,9 @@ def product_q4_1(packed, xq, xd, xs, out, n0, n1, f16):
 
 
 @_fast
-def product_q8_0(packed, xq, xd, xs, out, n0, n1, f16):
-    h = (n1 - n0) // NR
-    for j in range(h):
-        for m0 in range(0, xq.shape[0], MR):
-            _P4(packed, n0 + j, h, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
-    for n in range(n0 + h * NR, n1):
-        for m0 in range(0, xq.shape[0], MR):
-            _K4(packed, n, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out, f16)
+def product_q8_0(packed, xq, xd, xs, out, n0, n1, f16):  # on ``quantize``'s x: its pair order made here, per call
+    xp, xi = _pairs_q8_0(xq)
+    paired_q8_0(packed, xp, xd, xi.view(np.float32), out, n0, n1)
 
 
 @_fast
@@ -388,6 +386,42 @@ def _quantize_into(x, xq, xd, xs, x16, dest, sums):
                 hi[j] = np.int8(min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256)) >> 7)
             for j in range(32):
                 lo[j] = np.int8(min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256)) & 127)
+            xd[m, b] = d
+            xs[m, b] = d * F(t0 + t1)
+            if sums:
+                x16[m, 2 * b] = d * F(t0)
+                x16[m, 2 * b + 1] = d * F(t1)
+
+
+QMAX8 = 127.0  # x codes of the 8-bit option (``X_BITS == 8``): one byte, llama.cpp's precision (per 32 here)
+
+
+@_fast
+def _quantize_into8(x, xq, xd, xs, x16, dest, sums):
+    """``_quantize_into`` with 8-bit codes: v = round(x / d), d = max|x| / 127, written where the high bytes go
+    (chunk ``dest[2 j]``; the low bytes' chunks are left as they are: the 8-bit loops never read them)."""
+    xi = x.view(np.int32)
+    buf = np.empty(1, np.int32)
+    fbuf = buf.view(np.float32)
+    for m in range(x.shape[0]):
+        for b in range(x.shape[1] // 32):
+            bits = np.int32(0)
+            for j in range(32):
+                bits = max(bits, xi[m, b * 32 + j] & np.int32(0x7FFFFFFF))
+            buf[0] = bits
+            d = fbuf[0] / F(QMAX8)
+            inv = F(1.0) / d if d > F(0.0) else F(0.0)
+            h0 = 512 * (b // 8) + 32 * dest[2 * (b % 8)]
+            hi = xq[m, h0:h0 + 32]
+            xr = x[m, b * 32:b * 32 + 32]
+            t0 = np.int32(0)
+            t1 = np.int32(0)
+            for j in range(16):
+                t0 += min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-127)), np.int32(127))
+            for j in range(16, 32):
+                t1 += min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-127)), np.int32(127))
+            for j in range(32):
+                hi[j] = np.int8(min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-127)), np.int32(127)))
             xd[m, b] = d
             xs[m, b] = d * F(t0 + t1)
             if sums:
@@ -623,10 +657,11 @@ KTYPES = {5: (84, 16, _kunits_q2_k), 6: (110, 16, _kunits_q3_k), 7: (144, 8, _ku
           9: (210, 16, _kunits_q6_k)}
 
 
-def _kkernel(kind, nr=1):
+def _kkernel(kind, nr=1, x8=False):
     """An intrinsic ``(w, n, gap, xq, xd, xs, x16, m0, mr, out, f16) -> None`` of a K-quant: out[m0 + i, n + r gap]
     = x[m0 + i] . W[n + r gap] for i < mr (1 to ``MR``), r < nr; ``x16`` the sums of x per 16 (``sums16``; read by
-    the types of 16 sub-blocks)."""
+    the types of 16 sub-blocks). ``x8``: x's codes are 8-bit (``_quantize_into8``: the high bytes only, one byte dot
+    product per 64 codes instead of two and a shift)."""
     ts, nsub, units = KTYPES[kind]
 
     @intrinsic
@@ -655,7 +690,7 @@ def _kkernel(kind, nr=1):
                 switch.add_case(ir.Constant(I64, mr), bb)
                 builder.position_at_end(bb)
                 _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs,
-                       f16p, nr, _i64(builder, gapa), kind)
+                       f16p, nr, _i64(builder, gapa), kind, x8)
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
@@ -666,7 +701,7 @@ def _kkernel(kind, nr=1):
 
 
 def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, sums, outp, outs, f16p, nr, gap,
-           kind):
+           kind, x8=False):
     """The IR of ``nr`` weight rows ``nv + r gap`` times ``mr`` rows of x of a K-quant (the x loads shared); x's
     codes in the type's pair order (``pair_layout``)."""
     sp, ss = sums
@@ -709,8 +744,8 @@ def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, x
             for p, (xa, xb, _) in enumerate(decoded[0][2]):
                 assert (xa, xb) == KPAIRS[kind][p], (kind, p)  # the order ``pair_layout`` wrote x in
                 # x in pair order (``pair_layout``): pair p's high bytes, then its low ones, 64 each
-                xh, xl = (_ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 128 * p + part)), _v(I8, 64))
-                          for part in (0, 64))
+                xh = _ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 128 * p)), _v(I8, 64))
+                xl = None if x8 else _ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 128 * p + 64)), _v(I8, 64))
                 if nsub == 8:
                     idx = [xa] * 8 + [xb] * 8
                 else:
@@ -718,7 +753,7 @@ def _kbody(builder, mr, ts, nsub, units, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, x
                 for r in range(nr):
                     q = decoded[r][2][p][2]
                     hi = _dpbusd64(builder, _c(I32, 16, 0), q, xh)
-                    dot = _dpbusd64(builder, builder.shl(hi, _c(I32, 16, 7)), q, xl)
+                    dot = hi if x8 else _dpbusd64(builder, builder.shl(hi, _c(I32, 16, 7)), q, xl)
                     sv = builder.shuffle_vector(sx[r], ir.Constant(sx[r].type, ir.Undefined),
                                                 ir.Constant(_v(I32, 16), idx))
                     a_ = acc[r][i][p % slots]
@@ -847,6 +882,67 @@ def paired_q6_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
             _KK9(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
 
 
+_KX = {k: (_kkernel(k, 1, True), _kkernel(k, KNR, True)) for k in (5, 6, 7, 8, 9)}  # 8-bit x (``X_BITS == 8``)
+_KX5, _KX6, _KX7, _KX8, _KX9 = (_KX[k][0] for k in (5, 6, 7, 8, 9))
+_KY5, _KY6, _KY7, _KY8, _KY9 = (_KX[k][1] for k in (5, 6, 7, 8, 9))
+
+
+# the K-quant loops on 8-bit x (``_quantize_into8``)
+@_fast
+def paired8_q2_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KY5(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KX5(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+@_fast
+def paired8_q3_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KY6(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KX6(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+@_fast
+def paired8_q4_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KY7(packed, n0 + j, h, xp, xd, xs, xs, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KX7(packed, n, 0, xp, xd, xs, xs, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+@_fast
+def paired8_q5_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KY8(packed, n0 + j, h, xp, xd, xs, xs, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KX8(packed, n, 0, xp, xd, xs, xs, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
+@_fast
+def paired8_q6_k(packed, xp, xd, xs, x16, out, n0, n1, f16):
+    h = (n1 - n0) // KNR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _KY9(packed, n0 + j, h, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+    for n in range(n0 + h * KNR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _KX9(packed, n, 0, xp, xd, xs, x16, m0, min(MR, xp.shape[0] - m0), out, f16)
+
+
 # the products on ``quantize``'s x (tests, benchmarks): its sums per 16 and its pair order made here, per call
 @_fast
 def product_q2_k(packed, xq, xd, xs, out, n0, n1, f16):
@@ -879,6 +975,232 @@ def product_q6_k(packed, xq, xd, xs, out, n0, n1, f16):
     paired_q6_k(packed, pair_layout(xq, _ORDER9), xd, xs, x16, out, n0, n1, f16)
 
 
+# ---- Q8_0, two blocks per 512-bit vector -------------------------------------------------------------------------
+# A Q8_0 block is 34 bytes (f16 d, 32 int8 codes): two blocks' codes are one <64 x i8> (two unaligned 32-byte loads)
+# and are made unsigned by flipping their top bit (q + 128, one xor; llama.cpp's |q| and sign trick took three
+# operations per 32 codes); x is in pair order (``_quantize_q8_0``: the high bytes of x-blocks 2 j and 2 j + 1, then
+# their low bytes, 64 each), and the 128 sum(v) the flip adds is taken off inside the integer dot: its high-byte
+# part starts from -sum(v) of each x-block (xs holds -sum(v) as int32; lane 0 of each block's 8 lanes, the others 0),
+# so (init + (q + 128) . xh) 128 + (q + 128) . xl = q . v exactly in int32 (|.| < 2**28). Each block's f16 d is
+# loaded as an i32 (no merge into a register: a ``vpinsrw`` chain through one register serialised the old loop's
+# scale conversions across blocks). An odd last block takes the same steps on 256 bits.
+def _q8_kernel(nr):
+    """An intrinsic ``(w, n, gap, xp, xd, xi, m0, mr, out) -> None``: out[m0 + i, n + r gap] = x[m0 + i] .
+    W[n + r gap] for i < mr (1 to ``MR``), r < nr, x as ``_quantize_q8_0`` wrote it (xi: xs viewed as int32)."""
+
+    @intrinsic
+    def kernel(typingctx, w, n, gap, xp, xd, xi, m0, mr_, out):
+        def codegen(context, builder, sig, args):
+            wa, na, gapa, xpa, xda, xia, m0a, mra, outa = args
+            tw, _, _, txp, txd, txi, _, _, tout = sig.args
+
+            def arr(t, v):
+                a = context.make_array(t)(context, builder, v)
+                return builder.bitcast(a.data, I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides, t.ndim)
+
+            wp, ws = arr(tw, wa)
+            xqp, xqs = arr(txp, xpa)
+            xdp, xds = arr(txd, xda)
+            xip, xis = arr(txi, xia)
+            outp, outs = arr(tout, outa)
+            nv, m0v = _i64(builder, na), _i64(builder, m0a)
+            k_len = cgutils.unpack_tuple(builder, context.make_array(txp)(context, builder, xpa).shape, 2)[1]
+            nblk = builder.sdiv(k_len, ir.Constant(I64, 64))  # 64 bytes of xp per block
+            done = builder.append_basic_block("done")
+            cases = [builder.append_basic_block(f"mr{mr}") for mr in range(1, MR + 1)]
+            switch = builder.switch(_i64(builder, mra), done)
+            for mr, bb in zip(range(1, MR + 1), cases):
+                switch.add_case(ir.Constant(I64, mr), bb)
+                builder.position_at_end(bb)
+                _q8_body(builder, mr, nr, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xip, xis, outp, outs,
+                         _i64(builder, gapa))
+                builder.branch(done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+
+        return types.none(w, n, gap, xp, xd, xi, m0, mr_, out), codegen
+
+    return kernel
+
+
+def _f16s(builder, w, offs):
+    """The f16 at each byte offset of ``offs`` in w, as a <len x float> (each loaded as the low half of an i32 -
+    the byte after a block's d is its first code: never past the row - and converted together, ``vcvtph2ps``)."""
+    n = len(offs)
+    vec = ir.Constant(_v(I32, n), [0] * n)
+    for j, off in enumerate(offs):
+        vec = builder.insert_element(vec, _ld(builder, w, off, I32), ir.Constant(I32, j))
+    halves = builder.shuffle_vector(builder.bitcast(vec, _v(I16, 2 * n)), ir.Constant(_v(I16, 2 * n), ir.Undefined),
+                                    ir.Constant(_v(I32, n), list(range(0, 2 * n, 2))))
+    return builder.fpext(builder.bitcast(halves, _v(ir.HalfType(), n)), _v(FLT, n))
+
+
+def _q8_body(builder, mr, nr, nv, m0v, nblk, wp, ws, xqp, xqs, xdp, xds, xip, xis, outp, outs, gap):
+    wn = [builder.add(nv, builder.mul(gap, ir.Constant(I64, r))) for r in range(nr)]
+    wrows = [builder.gep(wp, [builder.mul(wn[r], ws[0])]) for r in range(nr)]
+
+    def rows_of(p, s):
+        return [builder.gep(p, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), s[0])]) for i in range(mr)]
+
+    xrow, drow, irow = rows_of(xqp, xqs), rows_of(xdp, xds), rows_of(xip, xis)
+    slots = 2 if mr == 1 else 1  # independent FMA chains per output (two pairs of blocks per loop iteration)
+    acc = [[[cgutils.alloca_once_value(builder, _c(FLT, 16, 0.0)) for _ in range(slots)] for _ in range(mr)]
+           for _ in range(nr)]
+    tail = [[cgutils.alloca_once_value(builder, _c(FLT, 8, 0.0)) for _ in range(mr)] for _ in range(nr)]
+    flip64, flip32 = _c(I8, 64, -128), _c(I8, 32, -128)
+    spread = ir.Constant(_v(I32, 16), [0] * 8 + [1] * 8)
+    init_at = ir.Constant(_v(I32, 16), [0] + [2] * 7 + [1] + [2] * 7)  # element 2: the zero vector's
+
+    def pairs(j, slot):  # blocks 2 j and 2 j + 1
+        o = builder.mul(j, ir.Constant(I64, 68))
+        q, sc = [], []
+        for r in range(nr):
+            a = _ld(builder, wrows[r], builder.add(o, ir.Constant(I64, 2)), _v(I8, 32))
+            b = _ld(builder, wrows[r], builder.add(o, ir.Constant(I64, 36)), _v(I8, 32))
+            q.append(builder.xor(_cat(builder, a, b), flip64) if _Q8_FLIP else _cat(builder, a, b))
+            sc.append(_f16s(builder, wrows[r], [o, builder.add(o, ir.Constant(I64, 34))]))
+        xo = builder.mul(j, ir.Constant(I64, 128))
+        for i in range(mr):
+            xh = _ld(builder, xrow[i], xo, _v(I8, 64))
+            xl = _ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 64)), _v(I8, 64))
+            dx = _ld(builder, drow[i], builder.mul(j, ir.Constant(I64, 8)), _v(FLT, 2))
+            init = builder.shuffle_vector(_ld(builder, irow[i], builder.mul(j, ir.Constant(I64, 8)), _v(I32, 2)),
+                                          ir.Constant(_v(I32, 2), [0, 0]), init_at)
+            for r in range(nr):
+                if _Q8_FLIP:
+                    hi = _dpbusd64(builder, init, q[r], xh)
+                    dot = _dpbusd64(builder, builder.shl(hi, _c(I32, 16, 7)), q[r], xl)
+                else:  # AVX2's pmaddubsw (int16 pair sums): the sign trick per 256-bit half
+                    dot = _cat(builder, *(_dot(builder, _half_of(builder, q[r], h), True, _half_of(builder, xh, h),
+                                               _half_of(builder, xl, h)) for h in range(2)))
+                sv = builder.shuffle_vector(builder.fmul(sc[r], dx), ir.Constant(_v(FLT, 2), ir.Undefined), spread)
+                a_ = acc[r][i][slot]
+                builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 16)), sv, builder.load(a_)), a_)
+
+    npair = builder.sdiv(nblk, ir.Constant(I64, 2))
+    two = builder.sdiv(npair, ir.Constant(I64, slots))
+    with cgutils.for_range(builder, two) as loop:
+        for s in range(slots):
+            pairs(builder.add(builder.mul(loop.index, ir.Constant(I64, slots)), ir.Constant(I64, s)), s)
+    if slots > 1:
+        with cgutils.for_range(builder, npair, start=builder.mul(two, ir.Constant(I64, slots))) as loop:
+            pairs(loop.index, 0)
+    with cgutils.for_range(builder, nblk, start=builder.mul(npair, ir.Constant(I64, 2))) as loop:  # odd last block
+        b = loop.index
+        o = builder.mul(b, ir.Constant(I64, 34))
+        xo = builder.mul(b, ir.Constant(I64, 64))
+        for i in range(mr):
+            xh = _ld(builder, xrow[i], xo, _v(I8, 32))
+            xl = _ld(builder, xrow[i], builder.add(xo, ir.Constant(I64, 32)), _v(I8, 32))
+            dx = _ld(builder, drow[i], builder.mul(b, ir.Constant(I64, 4)), FLT)
+            s0 = _ld(builder, irow[i], builder.mul(b, ir.Constant(I64, 4)), I32)
+            init = builder.insert_element(ir.Constant(_v(I32, 8), [0] * 8), s0, ir.Constant(I32, 0))
+            for r in range(nr):
+                q = _ld(builder, wrows[r], builder.add(o, ir.Constant(I64, 2)), _v(I8, 32))
+                d = builder.extract_element(_f16s(builder, wrows[r], [o]), ir.Constant(I32, 0))
+                if _Q8_FLIP:
+                    hi = _dpbusd(builder, init, builder.xor(q, flip32), xh)
+                    dot = _dpbusd(builder, builder.shl(hi, _c(I32, 8, 7)), builder.xor(q, flip32), xl)
+                else:
+                    dot = _dot(builder, q, True, xh, xl)
+                t_ = tail[r][i]
+                builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 8)), _splat(builder, builder.fmul(d, dx), 8),
+                                   builder.load(t_)), t_)
+    red16 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLT, [FLT, _v(FLT, 16)]),
+                                           "llvm.vector.reduce.fadd.v16f32")
+    red8 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(FLT, [FLT, _v(FLT, 8)]),
+                                          "llvm.vector.reduce.fadd.v8f32")
+    for i in range(mr):
+        orow = builder.gep(outp, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), outs[0])])
+        for r in range(nr):
+            vec = builder.load(acc[r][i][0])
+            for slot in range(1, slots):
+                vec = builder.fadd(vec, builder.load(acc[r][i][slot]))
+            t = builder.call(red8, [ir.Constant(FLT, 0.0), builder.load(tail[r][i])], fastmath=("reassoc",))
+            total = builder.call(red16, [t, vec], fastmath=("reassoc",))
+            builder.store(total, _at(builder, orow, builder.mul(wn[r], outs[1]), FLT))
+
+
+_Q8_1, _Q8_2 = _q8_kernel(1), _q8_kernel(NR)
+_Q8_FLIP = _VNNI is not None or not _AVX2  # the flipped codes reach 255: exact in vpdpbusd (int32 sums) and the
+# generic IR, not in AVX2's pmaddubsw (pairs summed to int16 with saturation: 2 * 255 * 127 > 32767), which keeps
+# llama.cpp's |q| and sign-of-x trick (|q| <= 128: 2 * 128 * 127 fits)
+
+
+@_fast
+def _quantize_q8_0(x, xq, xd, xs):
+    """``quantize`` for the Q8_0 loops: the same codes, in pair order (x-blocks 2 j and 2 j + 1: their high bytes,
+    then their low bytes, 64 each, at 128 j; an odd last block as ``quantize`` writes it), xd the steps, and xs
+    (f32 [m, k / 32], written as int32) -sum(v) per x-block."""
+    xi = x.view(np.int32)
+    xsi = xs.view(np.int32)
+    buf = np.empty(1, np.int32)
+    fbuf = buf.view(np.float32)
+    nb = x.shape[1] // 32
+    full = nb - nb % 2
+    for m in range(x.shape[0]):
+        for b in range(nb):
+            bits = np.int32(0)
+            for j in range(32):
+                bits = max(bits, xi[m, b * 32 + j] & np.int32(0x7FFFFFFF))
+            buf[0] = bits
+            d = fbuf[0] / F(QMAX)
+            inv = F(1.0) / d if d > F(0.0) else F(0.0)
+            if b < full:
+                h0 = 128 * (b // 2) + 32 * (b % 2)
+                l0 = h0 + 64
+            else:
+                h0 = 64 * b
+                l0 = h0 + 32
+            hi = xq[m, h0:h0 + 32]
+            lo = xq[m, l0:l0 + 32]
+            xr = x[m, b * 32:b * 32 + 32]
+            t = np.int32(0)
+            for j in range(32):
+                t += min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256))
+            for j in range(32):
+                hi[j] = np.int8(min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256)) >> 7)
+            for j in range(32):
+                lo[j] = np.int8(min(max(np.int32(np.rint(xr[j] * inv)), np.int32(-16256)), np.int32(16256)) & 127)
+            xd[m, b] = d
+            xsi[m, b] = -t
+
+
+@_fast
+def paired_q8_0(packed, xp, xd, xs, out, n0, n1):
+    """Q8_0 rows n0..n1 - 1 on ``_quantize_q8_0``'s x: NR rows far apart per pass, ``MR`` rows of x per call."""
+    xi = xs.view(np.int32)
+    h = (n1 - n0) // NR
+    for j in range(h):
+        for m0 in range(0, xp.shape[0], MR):
+            _Q8_2(packed, n0 + j, h, xp, xd, xi, m0, min(MR, xp.shape[0] - m0), out)
+    for n in range(n0 + h * NR, n1):
+        for m0 in range(0, xp.shape[0], MR):
+            _Q8_1(packed, n, 0, xp, xd, xi, m0, min(MR, xp.shape[0] - m0), out)
+
+
+@_fast
+def _pairs_q8_0(xq):
+    """``quantize``'s xq in ``_quantize_q8_0``'s order, and -sum(v) per x-block (int32)."""
+    m, nb = xq.shape[0], xq.shape[1] // 64
+    xp = np.empty_like(xq)
+    xi = np.empty((m, nb), np.int32)
+    full = nb - nb % 2
+    for i in range(m):
+        for b in range(nb):
+            h0 = 128 * (b // 2) + 32 * (b % 2) if b < full else 64 * b
+            l0 = h0 + 64 if b < full else h0 + 32
+            t = np.int32(0)
+            for j in range(32):
+                hv, lv = xq[i, 64 * b + j], xq[i, 64 * b + 32 + j]
+                xp[i, h0 + j] = hv
+                xp[i, l0 + j] = lv
+                t += np.int32(hv) * np.int32(128) + np.int32(lv)
+            xi[i, b] = -t
+    return xp, xi
+
+
+
 @_fast
 def quant_product(x, xq, xd, xs, x16, packed, out, n0, n1, kind, f16):
     """What the runtime's product step calls on every thread: x rounded into this part's own xq, xd, xs (and
@@ -900,14 +1222,59 @@ def quant_product(x, xq, xd, xs, x16, packed, out, n0, n1, kind, f16):
     elif kind == 5:
         _quantize_into(x, xq, xd, xs, x16, _DEST5, True)
         paired_q2_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 4:
+        _quantize_q8_0(x, xq, xd, xs)
+        paired_q8_0(packed, xq, xd, xs, out, n0, n1)
     else:
         quantize(x, xq, xd, xs)
         if kind == 0:
             product_q4_0(packed, xq, xd, xs, out, n0, n1, f16)
-        elif kind == 1:
-            product_q4_1(packed, xq, xd, xs, out, n0, n1, f16)
         else:
-            product_q8_0(packed, xq, xd, xs, out, n0, n1, f16)
+            product_q4_1(packed, xq, xd, xs, out, n0, n1, f16)
+
+
+@_fast
+def quant_product_x8(x, xq, xd, xs, x16, packed, out, n0, n1, kind, f16):
+    """``quant_product`` with the K-quants' x rounded to 8 bits per block of 32 (``X_BITS == 8``: one byte dot
+    product per 64 codes, ~15% faster loops; x moved by up to max|x_block| / 254 per element instead of / 32512,
+    llama.cpp's precision); the other types as ``quant_product``."""
+    if kind == 7:
+        _quantize_into8(x, xq, xd, xs, x16, _DEST7, False)
+        paired8_q4_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 9:
+        _quantize_into8(x, xq, xd, xs, x16, _DEST9, True)
+        paired8_q6_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 8:
+        _quantize_into8(x, xq, xd, xs, x16, _DEST8, False)
+        paired8_q5_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 6:
+        _quantize_into8(x, xq, xd, xs, x16, _DEST6, True)
+        paired8_q3_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    elif kind == 5:
+        _quantize_into8(x, xq, xd, xs, x16, _DEST5, True)
+        paired8_q2_k(packed, xq, xd, xs, x16, out, n0, n1, f16)
+    else:
+        quant_product15(x, xq, xd, xs, x16, packed, out, n0, n1, kind, f16)
+
+
+X_BITS_ENV = "LUMINAL_RECIPES_GGUF_X_BITS"
+
+
+def x_bits() -> int:
+    """The bits x is rounded to in the K-quants' products: 15 (default: within 1/32512 of each block's max) or 8
+    (``LUMINAL_RECIPES_GGUF_X_BITS=8``: faster, llama.cpp's precision; the greedy ids of a random-weight model may
+    flip against the dense run)."""
+    from luminal_recipes.errors import QuantizationError
+
+    value = os.environ.get(X_BITS_ENV, "").strip() or "15"
+    if value not in ("8", "15"):
+        raise QuantizationError(f"{X_BITS_ENV}={value!r}: the bits x is rounded to in the GGUF K-quant products "
+                                f"are 15 (the default) or 8; set one of these or unset it")
+    return int(value)
+
+
+quant_product15 = quant_product  # the runtime calls ``quant_product``: the one ``x_bits()`` chose at import
+quant_product = quant_product_x8 if x_bits() == 8 else quant_product15
 
 
 # kind (gguf_kernels.KINDS) -> its product ``(packed, xq, xd, xs, out, n0, n1, f16)``; a type added here needs
