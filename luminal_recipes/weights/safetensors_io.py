@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
 from ..files import check_fence, open_regular, parse_json, read_json
@@ -225,6 +224,8 @@ def _corrupt(path: Path, problems: list[str]) -> NoReturn:
 
 def _library_check(path: Path) -> dict[str, str]:
     """Open with the safetensors package too: a second validator, and its reading of ``__metadata__``."""
+    from safetensors import SafetensorError, safe_open  # here: a GGUF checkpoint never loads the library
+
     check_fence(path)  # the library opens the path itself: the same fence as files.open_regular's
     try:
         with safe_open(path, framework="numpy") as f:
