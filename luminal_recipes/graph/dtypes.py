@@ -83,11 +83,12 @@ def _ml_dtypes() -> dict[DType, np.dtype]:
 
 
 def is_float_storage(dtype: np.dtype) -> bool:
-    """Whether numpy ``dtype`` holds one of the graph's float types (ml_dtypes' floats have numpy kind "V");
+    """Whether numpy ``dtype`` holds one of the graph's float types (most of ml_dtypes' floats have numpy kind
+    "V");
     does not import ml_dtypes (an array of its types means it is imported)."""
     if dtype.kind == "f":
         return True
-    return dtype.kind == "V" and "ml_dtypes" in sys.modules and dtype in _ml_dtypes().values()
+    return "ml_dtypes" in sys.modules and dtype in _ml_dtypes().values()
 _BITS = {
     DType.F32: 32, DType.F64: 64, DType.F16: 16, DType.BF16: 16, DType.F8E4M3: 8, DType.F8E5M2: 8, DType.F4E2M1: 4,
     DType.I32: 32, DType.U8: 8, DType.BOOL: 8,
@@ -135,7 +136,7 @@ def to_dtype(x: DType | str | np.dtype) -> DType:
     for d, n in _NUMPY.items():
         if n == npd:
             return d
-    if npd.kind == "V" and "ml_dtypes" in sys.modules:  # an ml_dtypes type (not imported: npd is none of them)
+    if "ml_dtypes" in sys.modules:  # an ml_dtypes type (not imported: npd is none of them)
         for d, n in _ml_dtypes().items():
             if n == npd:
                 return d
