@@ -6,13 +6,21 @@ short-lived allocations stays in the resident set (and in every later peak) for 
 Called after such bursts: parsing a ``tokenizer.json`` with ``tokenizers`` allocates ~190 MiB for the Tekken
 tokenizer, of which ~145 MiB is the parse's scratch, freed when it returns and kept resident until trimmed.
 Elsewhere (not glibc) it does nothing.
+
+``zero(array)`` sets a host array to zeros without touching the pages it never wrote: whole pages are handed back
+(``madvise(MADV_DONTNEED)``: private anonymous memory reads back as zeros, and takes no memory until written
+again). A KV cache planned for a long reply is reset this way before each reply, so that only the rows written
+are resident (SmolLM2's 512-row cache is 22.5 MiB in f32; a short reply writes a few pages of it).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import sys
+
+import numpy as np
 
 _TRIM = None  # libc's malloc_trim, found on first use; False where there is none
 
@@ -34,3 +42,47 @@ def trim() -> bool:
         return False
     _TRIM(0)
     return True
+
+
+_MADVISE = None  # libc's madvise, found on first use; False where there is none
+PAGE = mmap.PAGESIZE
+
+
+def zero(array: np.ndarray) -> None:
+    """``array[...] = 0``; on Linux, the whole pages inside a C-contiguous array that numpy allocated (private
+    anonymous memory: not a file map, not a buffer of another library) are dropped instead of written, so that
+    pages never written stay unallocated and written ones are freed."""
+    flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else None
+    if flat is None or not flat.flags.writeable or not _numpy_owned(array):
+        array[...] = 0
+        return
+    start = flat.ctypes.data
+    first = -start % PAGE  # the first whole page's offset in the array
+    last = (flat.nbytes - first) // PAGE * PAGE + first
+    if last - first < PAGE or not _madvise(start + first, last - first):
+        flat[:] = 0
+        return
+    flat[:first] = 0
+    flat[last:] = 0
+
+
+def _numpy_owned(array: np.ndarray) -> bool:
+    owner = array
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    return owner.base is None and owner.flags.owndata and not isinstance(owner, np.memmap)
+
+
+def _madvise(address: int, length: int) -> bool:
+    global _MADVISE
+    if _MADVISE is None:
+        _MADVISE = False
+        if sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).madvise
+            except (OSError, AttributeError):
+                pass
+            else:
+                fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+                _MADVISE = fn
+    return bool(_MADVISE) and _MADVISE(address, length, mmap.MADV_DONTNEED) == 0

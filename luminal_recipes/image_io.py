@@ -23,7 +23,6 @@ from os import PathLike
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, PngImagePlugin
 
 from luminal_recipes.errors import PipelineError
 from luminal_recipes.files import read_regular
@@ -49,6 +48,8 @@ def load_image(path: str | PathLike, flag: str = "--image") -> np.ndarray:
 
 def decode_image_bytes(data: bytes, where: str) -> np.ndarray:
     """``load_image`` of an image file's bytes (an upload); ``where`` names it in the PipelineError."""
+    from PIL import Image, ImageOps  # here: a text-only run never imports Pillow (3.6 MiB resident)
+
     try:
         with Image.open(io.BytesIO(data)) as opened:
             image = ImageOps.exif_transpose(opened).convert("RGB")
@@ -74,6 +75,8 @@ def fit_image(pixels: np.ndarray, max_area: int, multiple: int) -> np.ndarray:
     (``Flux2ImageProcessor._resize_to_target_area``); both sides floored to a multiple of ``multiple``;
     center-cropped to that (``Flux2ImageProcessor._resize_and_crop`` via ``preprocess(resize_mode="crop")``);
     ``x / 255`` in float32, then ``2 x - 1`` (``pil_to_numpy``, ``normalize``)."""
+    from PIL import Image
+
     image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB")
     width, height = image.size
     if width * height > max_area:
@@ -145,6 +148,8 @@ def write_png(
 
 def encode_png(handle, pixels: np.ndarray, text: Mapping[str, str] | None = None) -> None:
     """``pixels`` ((H, W, 3) uint8) as PNG bytes with ``text`` chunks, written to the binary ``handle``."""
+    from PIL import Image, PngImagePlugin
+
     info = PngImagePlugin.PngInfo()
     for key, value in (text or {}).items():
         info.add_text(key, png_text(value))  # Pillow switches to an iTXt (UTF-8) chunk for text outside Latin-1
@@ -161,6 +166,8 @@ def save_image(
 def read_png(path: str | PathLike) -> tuple[np.ndarray, dict[str, str]]:
     """``(pixels (H, W, 3) uint8, text chunks)`` of a PNG, e.g. one this module wrote (a regular file: a FIFO or
     a device is refused, never read)."""
+    from PIL import Image
+
     data = read_regular(path, "a PNG", MAX_IMAGE_FILE_BYTES, PipelineError)
     try:
         with Image.open(io.BytesIO(data)) as image:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from luminal_recipes import heap
 from luminal_recipes.errors import GraphError, InputError, UnboundDimError
 from luminal_recipes.graph.core import Node
 from luminal_recipes.graph.symbolic import shape_str
@@ -355,6 +356,9 @@ class Executable:
     def set_state(self, name: str, value: np.ndarray | None = None) -> None:
         """Set state ``name`` to ``value`` (zeros when None)."""
         node, buf = self._state(name)
+        if value is None and self.backend.host_arrays and isinstance(buf, np.ndarray):
+            heap.zero(buf)  # pages never written stay unallocated: a cache planned long costs the rows written
+            return
         if value is None:
             value = np.zeros(declared_shape(node, self.dims), node.dtype.np)
         value = np.asarray(value)

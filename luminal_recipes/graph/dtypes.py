@@ -1,5 +1,10 @@
 """Element types of the graph, mapped onto numpy dtypes through ``ml_dtypes``.
 
+``ml_dtypes`` is imported the first time a bf16/fp8/fp4 dtype is asked for (``DType.np``), not with this
+module: its extension's start-up alone keeps ~8 MiB resident (84k Python objects, measured), which a model that
+never holds such a dtype (a GGUF language model: f32, f16, u8, i32) need not pay. An array of an ml_dtypes type
+exists only once ml_dtypes is imported, so ``is_float_storage`` and ``to_dtype`` need not import it to answer.
+
 ``f4e2m1`` is a sub-byte type: in memory two codes share one byte, so its byte size is half its element count.
 Checkpoints store packed FP4 as ``u8`` (see ``ops.quant``); the graph decodes the nibbles with primitive ops.
 ``f64`` is PyTorch's float64 through the torch backend: element-wise ops compute it in f64 on the numpy runtime
@@ -10,8 +15,8 @@ the CUDA backends have no f64 (docs/torch.md: which ops translate float64).
 from __future__ import annotations
 
 import enum
+import sys
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import DTypeError
@@ -31,7 +36,8 @@ class DType(enum.Enum):
 
     @property
     def np(self) -> np.dtype:
-        return _NUMPY[self]
+        found = _NUMPY.get(self)
+        return found if found is not None else _ml_dtypes()[self]
 
     @property
     def bits(self) -> int:
@@ -53,18 +59,36 @@ class DType(enum.Enum):
         return self.value
 
 
+# numpy's own dtypes; the ml_dtypes ones join on first use (``_ml_dtypes``)
 _NUMPY = {
     DType.F32: np.dtype(np.float32),
     DType.F64: np.dtype(np.float64),
     DType.F16: np.dtype(np.float16),
-    DType.BF16: np.dtype(ml_dtypes.bfloat16),
-    DType.F8E4M3: np.dtype(ml_dtypes.float8_e4m3fn),
-    DType.F8E5M2: np.dtype(ml_dtypes.float8_e5m2),
-    DType.F4E2M1: np.dtype(ml_dtypes.float4_e2m1fn),
     DType.I32: np.dtype(np.int32),
     DType.U8: np.dtype(np.uint8),
     DType.BOOL: np.dtype(np.bool_),
 }
+_ML_NAMES = {DType.BF16: "bfloat16", DType.F8E4M3: "float8_e4m3fn", DType.F8E5M2: "float8_e5m2",
+             DType.F4E2M1: "float4_e2m1fn"}
+_ML: dict[DType, np.dtype] = {}
+
+
+def _ml_dtypes() -> dict[DType, np.dtype]:
+    """The graph dtypes numpy has not, as ml_dtypes' numpy dtypes (ml_dtypes imported now, once)."""
+    if not _ML:
+        import ml_dtypes
+
+        _ML.update({d: np.dtype(getattr(ml_dtypes, name)) for d, name in _ML_NAMES.items()})
+    return _ML
+
+
+def is_float_storage(dtype: np.dtype) -> bool:
+    """Whether numpy ``dtype`` holds one of the graph's float types (most of ml_dtypes' floats have numpy kind
+    "V");
+    does not import ml_dtypes (an array of its types means it is imported)."""
+    if dtype.kind == "f":
+        return True
+    return "ml_dtypes" in sys.modules and dtype in _ml_dtypes().values()
 _BITS = {
     DType.F32: 32, DType.F64: 64, DType.F16: 16, DType.BF16: 16, DType.F8E4M3: 8, DType.F8E5M2: 8, DType.F4E2M1: 4,
     DType.I32: 32, DType.U8: 8, DType.BOOL: 8,
@@ -72,8 +96,12 @@ _BITS = {
 _FLOATS = {DType.F32, DType.F64, DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2, DType.F4E2M1}
 
 # The 16 values of the E2M1 (FP4) codes 0..15, as ml_dtypes decodes them: bit 3 = sign, bits 2-1 = exponent
-# (bias 1), bit 0 = mantissa; no inf/nan. The one table every part of the project uses (NVFP4 decoding).
-E2M1_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+# (bias 1), bit 0 = mantissa; no inf/nan. The one table every part of the project uses (NVFP4 decoding); written
+# from the bits so that ml_dtypes is not imported for it (tests/graph/test_dtypes_lazy.py: equal to ml_dtypes').
+_E2M1_CODES = np.arange(16)
+_E2M1_EXP, _E2M1_MAN = (_E2M1_CODES >> 1) & 3, _E2M1_CODES & 1
+E2M1_VALUES = (np.where(_E2M1_CODES & 8, -1.0, 1.0) * np.where(
+    _E2M1_EXP == 0, 0.5 * _E2M1_MAN, 2.0 ** (_E2M1_EXP - 1) * (1 + 0.5 * _E2M1_MAN))).astype(np.float32)
 E2M1_VALUES.flags.writeable = False
 
 # safetensors dtype names -> graph dtypes (the checkpoint loader's vocabulary)
@@ -108,5 +136,9 @@ def to_dtype(x: DType | str | np.dtype) -> DType:
     for d, n in _NUMPY.items():
         if n == npd:
             return d
+    if "ml_dtypes" in sys.modules:  # an ml_dtypes type (not imported: npd is none of them)
+        for d, n in _ml_dtypes().items():
+            if n == npd:
+                return d
     raise DTypeError(f"numpy dtype {npd} has no graph dtype; convert the array to one of "
-                     + ", ".join(str(n) for n in _NUMPY.values()))
+                     + ", ".join(str(d.np) for d in DType))

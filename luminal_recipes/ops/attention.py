@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import GraphError, ShapeError
@@ -119,8 +118,11 @@ def rope_tables(positions: np.ndarray, dim: int, theta: float = 10000.0, style: 
 
 # ---- attention ---------------------------------------------------------------------------------------------------
 def _neg(dtype: DType) -> float:
-    # ml_dtypes.finfo, not np.finfo: numpy's finfo rejects bfloat16
-    return float(ml_dtypes.finfo(np.float32 if dtype.bits < 16 else dtype.np).min)
+    if dtype.bits < 16 or dtype.np.kind == "f":
+        return float(np.finfo(np.float32 if dtype.bits < 16 else dtype.np).min)
+    import ml_dtypes  # ml_dtypes.finfo, not np.finfo: numpy's finfo rejects bfloat16
+
+    return float(ml_dtypes.finfo(dtype.np).min)
 
 
 def attention_mask(

@@ -25,8 +25,16 @@ from luminal_recipes import heap
 from luminal_recipes.errors import CheckpointError, InputError, PipelineError
 from luminal_recipes.files import MAX_JSON_BYTES, fence_of, present, read_json, read_regular_text
 
-from .chat_template import SPECIAL_TOKEN_NAMES, find_chat_templates, render_chat, template_variables
 from .check import check_text
+
+
+def _templates():
+    """``chat_template`` (jinja2 and the bounded sandbox), imported when a template is found or rendered: a
+    process that never renders one (a GGUF model's prompt given as ids, or ``chat=False``) does not pay jinja2's
+    ~2.4 MiB resident."""
+    from . import chat_template
+
+    return chat_template
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,7 @@ def read_tokenizer(folder: str | PathLike, chat_template: str | None = None,
     special = special_tokens(folder, options)
     if "pad_token" not in special and padding.get("pad_token"):
         special["pad_token"] = padding["pad_token"]
-    templates = find_chat_templates(folder, options, processor)
+    templates = _templates().find_chat_templates(folder, options, processor)
     if chat_template is None and templates.templates is None:
         template, template_source = None, None
     else:
@@ -151,7 +159,7 @@ class Tokenizer:
                 "tokenizer_config.json); add the checkpoint's template, or set tokenizer.chat_template in the "
                 "pipeline recipe."
             )
-        return render_chat(self.chat_template, messages, self.special_tokens, self.template_source,
+        return _templates().render_chat(self.chat_template, messages, self.special_tokens, self.template_source,
                            add_generation_prompt, variables=template_args)
 
     def add_special_tokens(self, text: str) -> bool:
@@ -225,7 +233,7 @@ def special_tokens(folder: Path, options: dict) -> dict[str, str]:
         merged.update(read_tokenizer_config(legacy))
     out: dict[str, str] = {}
     for key, value in merged.items():
-        if key in SPECIAL_TOKEN_NAMES or key.endswith("_token"):
+        if key in _templates().SPECIAL_TOKEN_NAMES or key.endswith("_token"):
             text = _token_text(value)
             if text is not None:
                 out[key] = text
@@ -332,7 +340,7 @@ class TextTokenizer:
         if explicit or backend.post_processor is None:
             _bos_eos_post_processor(backend, special, bool(options.get("add_bos_token", False)),
                                     bool(options.get("add_eos_token", False)))
-        templates = find_chat_templates(folder, options, processor=False)
+        templates = _templates().find_chat_templates(folder, options, processor=False)
         template, source = (None, str(folder))
         if chat_template is not None or templates.templates is not None:
             template, source = templates.choose(chat_template)
@@ -369,7 +377,7 @@ class TextTokenizer:
             raise InputError(f"{self.folder}: the checkpoint has no chat template (chat_template.jinja, or "
                              "chat_template in tokenizer_config.json); use --no-chat to encode the prompt as is.")
         variables = dict(variables or {})
-        known = template_variables(self.chat_template, self.template_source) - RESERVED_VARIABLES
+        known = _templates().template_variables(self.chat_template, self.template_source) - RESERVED_VARIABLES
         unknown = sorted(set(variables) - known)
         if unknown:
             reserved = sorted(set(unknown) & RESERVED_VARIABLES)
@@ -380,7 +388,7 @@ class TextTokenizer:
                 + f"; the variables it reads are: {', '.join(sorted(known)) or 'none'}.")
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
             [{"role": "user", "content": prompt}]
-        return render_chat(self.chat_template, messages, self.special_tokens, self.template_source,
+        return _templates().render_chat(self.chat_template, messages, self.special_tokens, self.template_source,
                            add_generation_prompt=True, variables=variables,
                            refused_hint="use --no-chat to encode the prompt without the template, or drop --system")
 

@@ -37,11 +37,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import QuantizationError
-from ..graph.dtypes import E2M1_VALUES
+from ..graph.dtypes import E2M1_VALUES, DType
 
 NVFP4_BLOCK = 16
 FP4_E2M1_MAX = 6.0
@@ -66,7 +65,7 @@ def encode_e2m1(x: np.ndarray) -> np.ndarray:
     """float32 -> E2M1 codes, round to nearest even, saturating at +-6 (ModelOpt's ``_cast_fp4``)."""
     # + 0.0 turns -0.0 into +0.0: ModelOpt takes the sign from ``x < 0``, so an exact -0.0 gets code 0, not 8
     clipped = np.clip(np.asarray(x, dtype=np.float32), -FP4_E2M1_MAX, FP4_E2M1_MAX) + np.float32(0.0)
-    return clipped.astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
+    return clipped.astype(DType.F4E2M1.np).view(np.uint8)
 
 
 def pack_fp4(codes: np.ndarray, order: NibbleOrder = "low_first") -> np.ndarray:
@@ -216,7 +215,7 @@ def nvfp4_block_scales(w: np.ndarray, scale_2: np.float32) -> np.ndarray:
     block_amax = np.max(np.abs(w.reshape(n, k // NVFP4_BLOCK, NVFP4_BLOCK)), axis=-1).astype(np.float32)
     scale = block_amax / (np.float32(FP4_E2M1_MAX) * scale_2)
     scale[scale == 0] = 1.0
-    return np.minimum(scale, np.float32(FP8_E4M3_MAX)).astype(ml_dtypes.float8_e4m3fn)
+    return np.minimum(scale, np.float32(FP8_E4M3_MAX)).astype(DType.F8E4M3.np)
 
 
 def nvfp4_codes(w: np.ndarray, block_scales: np.ndarray, scale_2: np.float32) -> np.ndarray:
@@ -324,7 +323,7 @@ def quantize_fp8(w: np.ndarray, granularity: FP8Granularity = "per_tensor") -> t
     scale = np.asarray(amax / np.float32(FP8_E4M3_MAX), dtype=np.float32)
     scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
     scaled = w.astype(np.float32) / (scale if scale.ndim == 0 else scale[:, None])
-    q = np.clip(scaled, -FP8_E4M3_MAX, FP8_E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+    q = np.clip(scaled, -FP8_E4M3_MAX, FP8_E4M3_MAX).astype(DType.F8E4M3.np)
     return q, scale
 
 

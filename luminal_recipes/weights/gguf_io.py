@@ -28,20 +28,26 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import CheckpointError
 from ..files import open_regular
+from ..graph.dtypes import DType
 from .safetensors_io import TensorInfo, TensorMapping
 
 SUFFIX = ".gguf"
 ARCHITECTURES_FILE = Path(__file__).with_name("gguf_architectures.yaml")
 # the types a GGUF tensor may have here: plain floats (memory-mapped as they are) and the block quantizations
 # gguf.quants dequantizes and the packed path implements; IQ*/TQ* and the rest are refused before any work
-PLAIN_TYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16)}
+PLAIN_TYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": DType.BF16}  # BF16: ml_dtypes, on use
 QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPPORTED_TYPES = (*PLAIN_TYPES, *QUANT_TYPES)
+
+
+def _plain_dtype(name: str) -> np.dtype:
+    """The numpy dtype a plain (not block-quantized) GGUF tensor is viewed as."""
+    found = PLAIN_TYPES[name]
+    return found.np if isinstance(found, DType) else found
 # metadata the tokenizer module reads (luminal_recipes/text/gguf_tokenizer.py); prefixes of descriptive keys
 DESCRIPTIVE_PREFIXES = ("general.",)
 TOKENIZER_PREFIX = "tokenizer."
@@ -241,7 +247,7 @@ class GgufCheckpoint(TensorMapping):
         dequantize = import_gguf().quants.dequantize
         record = self.packed(name)
         if not record.quantized and "subtract_one" not in record.ops:
-            array = np.asarray(record.raw).view(PLAIN_TYPES[record.type_name]).reshape(record.stored_shape)
+            array = np.asarray(record.raw).view(_plain_dtype(record.type_name)).reshape(record.stored_shape)
         else:
             array = dequantize(np.asarray(record.raw), record.qtype).reshape(record.stored_shape)
         for op in record.ops:

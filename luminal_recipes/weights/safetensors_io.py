@@ -17,26 +17,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-import ml_dtypes
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from ..errors import CheckpointError
 from ..files import check_fence, open_regular, parse_json, read_json
 from .formats import LEGACY_FP8_MARKER, comfy_legacy_fp8_renames
 
-# dtype name in a safetensors header -> (bits per element, numpy dtype the bytes are viewed as)
-DTYPES: dict[str, tuple[int, np.dtype]] = {
+# dtype name in a safetensors header -> (bits per element, numpy dtype the bytes are viewed as; a name is one of
+# ml_dtypes' types, imported when such a tensor is read: ``_view_dtype``)
+DTYPES: dict[str, tuple[int, np.dtype | str]] = {
     "BOOL": (8, np.dtype(np.bool_)),
     "U8": (8, np.dtype(np.uint8)),
     "I8": (8, np.dtype(np.int8)),
-    "F8_E4M3": (8, np.dtype(ml_dtypes.float8_e4m3fn)),
-    "F8_E5M2": (8, np.dtype(ml_dtypes.float8_e5m2)),
-    "F8_E8M0": (8, np.dtype(ml_dtypes.float8_e8m0fnu)),
+    "F8_E4M3": (8, "float8_e4m3fn"),
+    "F8_E5M2": (8, "float8_e5m2"),
+    "F8_E8M0": (8, "float8_e8m0fnu"),
     "U16": (16, np.dtype("<u2")),
     "I16": (16, np.dtype("<i2")),
     "F16": (16, np.dtype("<f2")),
-    "BF16": (16, np.dtype(ml_dtypes.bfloat16)),
+    "BF16": (16, "bfloat16"),
     "U32": (32, np.dtype("<u4")),
     "I32": (32, np.dtype("<i4")),
     "F32": (32, np.dtype("<f4")),
@@ -46,6 +45,18 @@ DTYPES: dict[str, tuple[int, np.dtype]] = {
     "C64": (64, np.dtype("<c8")),
     "F4": (4, np.dtype(np.uint8)),  # packed E2M1 pairs; loaded as uint8 with the last dim halved
 }
+
+
+def _view_dtype(name: str) -> np.dtype:
+    """The numpy dtype a tensor of safetensors dtype ``name`` is viewed as."""
+    found = DTYPES[name][1]
+    if isinstance(found, str):
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, found))
+    return found
+
+
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit
 # tensors of one file, counted by the header's objects before it is parsed: a 70 MB header of 1,000,000 one-number
 # tensors took 2.2 GB and 46 s to read; the largest single files published hold tens of thousands
@@ -213,6 +224,8 @@ def _corrupt(path: Path, problems: list[str]) -> NoReturn:
 
 def _library_check(path: Path) -> dict[str, str]:
     """Open with the safetensors package too: a second validator, and its reading of ``__metadata__``."""
+    from safetensors import SafetensorError, safe_open  # here: a GGUF checkpoint never loads the library
+
     check_fence(path)  # the library opens the path itself: the same fence as files.open_regular's
     try:
         with safe_open(path, framework="numpy") as f:
@@ -372,7 +385,7 @@ class Checkpoint(TensorMapping):
         shape = info.shape
         if info.dtype == "F4":
             shape = (*shape[:-1], shape[-1] // 2) if shape else shape
-        return np.asarray(raw).view(DTYPES[info.dtype][1]).reshape(shape)
+        return np.asarray(raw).view(_view_dtype(info.dtype)).reshape(shape)
 
     def _map(self, file: Path) -> np.memmap:
         if file not in self._maps:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from luminal_recipes.graph.dtypes import DType, to_dtype
+from luminal_recipes.graph.dtypes import DType, is_float_storage, to_dtype
 
 UNARY = {"Log2": np.log2, "Exp2": np.exp2, "Exp": np.exp, "Sin": np.sin, "Sqrt": np.sqrt, "Recip": None}
 BINARY = {"Add": np.add, "Mul": np.multiply, "Mod": np.fmod, "LessThan": np.less}
@@ -110,13 +110,10 @@ def _number(tok: str, fail) -> Expr:
 
 
 # ---- typing ---------------------------------------------------------------------------
-_FLOAT_STORAGE = {d.np for d in DType if d.is_float}
-
-
 def _compute_dtype(storage: np.dtype) -> np.dtype:
     if storage == F64:
         return F64  # float64 (PyTorch's, through the torch backend) computes in f64
-    return F32 if storage in _FLOAT_STORAGE or storage.kind == "f" else storage
+    return F32 if is_float_storage(storage) else storage
 
 
 def _scalar(value: float, dtype: np.dtype):

@@ -100,6 +100,27 @@ def test_a_short_run_sizes_the_kv_cache_to_its_bucket_not_the_models_context():
     assert lm._state_bytes(lm.max_context) == 4 * want  # the model's full context would have been 4x this
 
 
+def test_each_reply_starts_from_a_kv_cache_zeroed_by_handing_its_pages_back(monkeypatch):
+    """A reply starts from zeroed states; the reset hands the states' pages back (``heap.zero``) instead of
+    writing zeros over the whole cache planned for prompt + max tokens, so a reply holds the rows it writes
+    (tests/test_heap.py: what that leaves resident)."""
+    from luminal_recipes import heap
+
+    zeroed: list[int] = []
+    zero = heap.zero
+    monkeypatch.setattr(heap, "zero", lambda array: (zeroed.append(array.nbytes), zero(array))[1])
+    lm = LanguageModel(RECIPE, weights=FIXTURES / "tiny-llama-q4_k_m.gguf")
+    first = lm.generate(PROMPT, max_new_tokens=40)
+    states = [buf for _, buf in lm._session.decode._states.values()]
+    assert lm.stats.plans["cache_tokens"] == 64 and sorted(zeroed) == sorted(b.nbytes for b in states)
+    assert all(np.any(b != 0) for b in states)  # the reply's keys and values
+    zeroed.clear()
+    again = lm.generate(PROMPT, max_new_tokens=40)
+    assert again.ids == first.ids and len(zeroed) == len(states)  # reset through heap.zero, same reply
+    lm._reset(lm._session)
+    assert all(not np.any(b) for b in states)
+
+
 def test_unpermuted_rows_are_copied_once_and_their_file_pages_dropped():
     """q/k projections are un-permuted by copying their packed rows; the map's pages they were read from are
     dropped from the process (they would count twice in the resident set: the copy and the file's pages)."""
@@ -118,7 +139,8 @@ def test_unpermuted_rows_are_copied_once_and_their_file_pages_dropped():
 def test_a_gguf_run_imports_none_of_what_it_does_not_use():
     """Loading and running a local GGUF file imports neither ``mistral_common`` (gguf's vocab module would: 30
     MiB), nor huggingface_hub's HTTP stack (14 MiB; a hub source needs it), nor ``scipy.linalg`` (29 MiB: numba's
-    start-up, only for BLAS in jitted code, which no kernel uses); and a run whose plans are in the plan cache
+    start-up, only for BLAS in jitted code, which no kernel uses), nor any of ``UNUSED``; and a run whose plans
+    are in the plan cache
     imports neither egglog nor the compiler's lowering and extraction (a first run compiles: the second process
     of the two here reads the cache). Checked in fresh processes."""
     import ast
@@ -133,14 +155,21 @@ def test_a_gguf_run_imports_none_of_what_it_does_not_use():
         f"lm.generate({PROMPT!r}, max_new_tokens=2)\n"
         "jit.kernels() if jit.AVAILABLE else None  # numba started, when it runs\n"
         "print(sorted(m for m in ('mistral_common', 'huggingface_hub', 'httpx', 'scipy.linalg', 'gguf', 'egglog', "
-        "'luminal_recipes.compiler.lower', 'luminal_recipes.compiler.extract') "
-        "if m in sys.modules))\n")
+        "'luminal_recipes.compiler.lower', 'luminal_recipes.compiler.extract', *UNUSED) "
+        "if m in sys.modules))\n").replace("*UNUSED", ", ".join(map(repr, UNUSED)))
     for run in ("compiles (or reads the cache)", "reads the plan cache"):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         imported = ast.literal_eval(done.stdout.strip().splitlines()[-1])
-        assert not {"mistral_common", "huggingface_hub", "httpx", "scipy.linalg"} & set(imported), (run, imported)
+        assert not {"mistral_common", "huggingface_hub", "httpx", "scipy.linalg", *UNUSED} & set(imported), \
+            (run, imported)
     assert imported == ["gguf"], imported  # the second run: no egglog, no lowering or extraction
+
+
+# imported by nothing a GGUF run of ids uses (docs/quantization-gguf.md, peak RSS): ml_dtypes (no bf16/fp8 dtype
+# in the graph: ~8 MiB), jinja2 (no chat template rendered), safetensors (no .safetensors file), and what numba's
+# start-up imports when installed but no kernel uses: scipy (a version check), cffi, colorama
+UNUSED = ("ml_dtypes", "jinja2", "safetensors", "scipy", "cffi", "colorama")
 
 
 def test_a_vocabulary_is_held_as_one_offset_per_string(tmp_path):

@@ -16,6 +16,8 @@ and a run's first token pays; ``load_all()`` loads (or compiles) every version o
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -47,18 +49,58 @@ def kernels(family: str = "core") -> ModuleType:
     if family not in FAMILIES:
         raise ValueError(f"unknown kernel family {family!r}; one of {FAMILIES}")
     with _LOCK:
-        if _MODULE is None:
-            _numba_without_scipy()
-            from . import code_pages
+        if _MODULE is None or not _STARTED:
+            with _without_optional_imports():
+                if _MODULE is None:
+                    _numba_without_scipy()
+                    from . import code_pages
 
-            code_pages.install()  # LLVM's code pages dropped after each compilation or load from the cache
-            from . import numba_kernels as numpy_jit
+                    code_pages.install()  # LLVM's code pages dropped after each compilation or load from the cache
+                    from . import numba_kernels as numpy_jit
 
-            _MODULE = numpy_jit
-        if not _STARTED:
-            _start(_MODULE)
-            _STARTED = True
+                    _MODULE = numpy_jit
+                if not _STARTED:
+                    _start(_MODULE)
+                    _STARTED = True
     return _MODULE
+
+
+# imported by numba's start-up only when installed, for nothing these kernels use: ``scipy`` (a version check in
+# numba/__init__.py), ``colorama`` (coloured error messages, off by default), ``cffi`` (typing calls of cffi
+# functions from jitted code: ``numba.core.typing.cffi_utils``, at the typing context's first refresh); 3.4 MiB
+# resident together (scipy 1.6, cffi + pycparser 1.4, colorama 0.4), measured
+OPTIONAL_IMPORTS = ("scipy", "colorama", "cffi")
+
+
+class _Hidden(importlib.abc.MetaPathFinder):
+    """Answers "not installed" for ``names``, to the thread that starts numba only (any other thread imports
+    them as usual, and so does every thread once numba has started)."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names, self.thread = names, threading.get_ident()
+
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in self.names and threading.get_ident() == self.thread:
+            raise ModuleNotFoundError(f"{name} is not imported while numba starts (runtimes/cpu/jit)", name=name)
+        return None
+
+
+@contextlib.contextmanager
+def _without_optional_imports():
+    """numba's start-up without ``OPTIONAL_IMPORTS`` (those a process imported before are left alone). numba
+    then keeps no cffi support in this process: a jitted function of the user's that calls a cffi function fails
+    to type (import cffi before the first model runs to keep it)."""
+    import sys
+
+    hidden = _Hidden(tuple(n for n in OPTIONAL_IMPORTS if n not in sys.modules))
+    if not hidden.names or "numba.core.typing.cffi_utils" in sys.modules:
+        yield
+        return
+    sys.meta_path.insert(0, hidden)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(hidden)
 
 
 def _numba_without_scipy() -> None:

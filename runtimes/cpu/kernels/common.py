@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from luminal_recipes.graph.dtypes import DType
+from luminal_recipes.graph.dtypes import is_float_storage
 
 from ...kernels.context import Step
 from .operands import Operand
 
 F32 = np.dtype(np.float32)
-FLOAT_STORAGE = {d.np for d in DType if d.is_float}  # ml_dtypes' floats have numpy kind "V"
 F32_MIN = np.float32(np.finfo(np.float32).min)
 
 
 def is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype in FLOAT_STORAGE
+    return is_float_storage(dtype)  # ml_dtypes' floats have numpy kind "V"
 
 
 def with_refresh(operands: list[Operand], body: Step) -> Step:

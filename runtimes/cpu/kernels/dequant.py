@@ -27,10 +27,9 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-import ml_dtypes
 import numpy as np
 
-from luminal_recipes.graph.dtypes import E2M1_VALUES
+from luminal_recipes.graph.dtypes import E2M1_VALUES, DType
 
 from ...kernels.context import Bind, KernelContext
 from .. import jit
@@ -126,7 +125,7 @@ def _amx_plan(ctx: KernelContext, fmt: str, rows: int, k_in: int, n_out: int):
     """The AMX product's plan (one part per core) and each part's scratch, or None (the bands on BLAS): large
     enough products of an f32-computed layer whose decoded weights are exact in bf16 (``amx.dequant``'s
     tables), where numba and AMX run."""
-    table_fp8 = fmt == "fp8" and np.dtype(ctx.inputs[1].dtype) != np.dtype(ml_dtypes.float8_e4m3fn)
+    table_fp8 = fmt == "fp8" and np.dtype(ctx.inputs[1].dtype) != np.dtype(DType.F8E4M3.np)
     if not jit.AVAILABLE or not amx_dequant.worth_it(rows, k_in, n_out,
                                                      amx_dequant.FP8_MIN_ROWS if table_fp8 else 1):
         return None
@@ -189,7 +188,7 @@ def _prepare_fp8(ctx: KernelContext, n_out: int, k_in: int, tile: int = DEQUANT_
         return run
 
     w_dtype = np.dtype(ctx.inputs[1].dtype)
-    if w_dtype == np.dtype(ml_dtypes.float8_e4m3fn):
+    if w_dtype == np.dtype(DType.F8E4M3.np):
         fmt = amx_dequant.FP8_E4M3
     elif np.isinf(np.arange(256, dtype=np.uint8).view(w_dtype).astype(np.float32)).any():
         fmt = amx_dequant.FP8_INF
