@@ -144,6 +144,11 @@ class ElementwisePlan:
         self.registers: list[np.dtype] = []
         self._free: list[int] = []
         self.instrs: list[_Instr] = []
+        # a subexpression written several times (cos as 1 - 2 sin(x/2) sin(x/2)) is computed once: its register is
+        # kept until its last reader (``_pins``: register -> readers left)
+        self._uses = _repeated(self.tree)
+        self._memo: dict[Expr, tuple] = {}
+        self._pins: dict[int, int] = {}
         self._compile()
 
     # register allocation: a register is freed as soon as its value is consumed (expressions are trees)
@@ -157,6 +162,11 @@ class ElementwisePlan:
 
     def _release(self, operand: tuple) -> None:
         if operand[0] == "reg":
+            left = self._pins.get(operand[1], 1) - 1
+            if left > 0:
+                self._pins[operand[1]] = left
+                return
+            self._pins.pop(operand[1], None)
             self._free.append(operand[1])
 
     def _type(self, operand: tuple) -> np.dtype | None:
@@ -184,7 +194,13 @@ class ElementwisePlan:
             return ("in", e.index)
         if e.op == "const":
             return ("const", e.value)
-        return self._emit(e, final=False)
+        if e in self._memo:
+            return self._memo[e]
+        result = self._emit(e, final=False)
+        if self._uses.get(e, 1) > 1 and result[0] == "reg":
+            self._memo[e] = result
+            self._pins[result[1]] = self._uses[e]
+        return result
 
     def _emit(self, e: Expr, final: bool) -> tuple:
         ops = [self._operand(a) for a in e.args]
@@ -372,6 +388,11 @@ class ElementwiseCode:
         rows = [(OPCODE["Const"], reg, reg, 0, 0) for reg in consts.values()]
         free: list[int] = []
         count = len(consts)
+        # an input or subexpression read several times is loaded or computed once (SiLU's x * sigmoid(x) loads x
+        # once): its register is kept until its last reader
+        uses = _repeated(tree, leaves=True)
+        memo: dict[Expr, int] = {}
+        pins: dict[int, int] = {}
 
         def take() -> int:
             nonlocal count
@@ -383,25 +404,55 @@ class ElementwiseCode:
         def emit(e: Expr) -> tuple[int, bool]:  # (register, whether it is a temporary)
             if e.op == "const":
                 return consts[_bits(e.value)], False
+            if e in memo:
+                return memo[e], True
             if e.op == "in":
                 reg = take()
                 rows.append((OPCODE["Load"], reg, e.index + 1, 0, 0))
-                return reg, True
-            logistic = _logistic(e)
-            op, operands = ("Logistic", logistic) if logistic is not None else (e.op, e.args)
-            args = [emit(a) for a in operands]
-            dest = take()  # never an operand's register: a loop writing what it reads does not vectorise
-            for reg, temporary in args:
-                if temporary:
-                    free.append(reg)
-            regs = [r for r, _ in args] + [0] * (3 - len(args))
-            rows.append((OPCODE[op], dest, regs[0], regs[1], regs[2]))
-            return dest, True
+            else:
+                logistic = _logistic(e)
+                op, operands = ("Logistic", logistic) if logistic is not None else (e.op, e.args)
+                args = [emit(a) for a in operands]
+                reg = take()  # never an operand's register: a loop writing what it reads does not vectorise
+                for r, temporary in args:
+                    if temporary:
+                        release(r)
+                regs = [r for r, _ in args] + [0] * (3 - len(args))
+                rows.append((OPCODE[op], reg, regs[0], regs[1], regs[2]))
+            if uses.get(e, 1) > 1:
+                memo[e] = reg
+                pins[reg] = uses[e]
+            return reg, True
+
+        def release(reg: int) -> None:
+            left = pins.get(reg, 1) - 1
+            if left > 0:
+                pins[reg] = left
+                return
+            pins.pop(reg, None)
+            free.append(reg)
 
         root, _ = emit(tree)
         rows.append((OPCODE["Store"], 0, root, 0, 0))
         value = np.array(list(consts), np.uint32).view(np.float32)
         return ElementwiseCode(np.array(rows, np.int32).reshape(-1, 5), value, max(count, 1))
+
+
+def _repeated(tree: Expr, leaves: bool = False) -> dict[Expr, int]:
+    """How often each subexpression occurring more than once is read (operations; inputs too with ``leaves``):
+    counted where first met, so a repeated subexpression's own parts count once."""
+    counts: dict[Expr, int] = {}
+
+    def walk(e: Expr) -> None:
+        if e.op == "const" or (e.op == "in" and not leaves):
+            return
+        counts[e] = counts.get(e, 0) + 1
+        if counts[e] == 1:
+            for a in e.args:
+                walk(a)
+
+    walk(tree)
+    return {e: n for e, n in counts.items() if n > 1}
 
 
 def _bits(value: float) -> int:

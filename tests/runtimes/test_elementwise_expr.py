@@ -104,3 +104,45 @@ def test_logistic_instruction_gives_the_bits_of_its_four_operations(text, monkey
                 jit.kernels().elementwise_tiles(code.code, code.consts, table, shape, regs)
         outs.append(out)
     assert np.array_equal(outs[0], outs[1], equal_nan=True)
+
+
+def test_a_repeated_subexpression_is_computed_once(monkeypatch):
+    """FLUX.2's float64 RoPE cos tables arrive as 1 - 2 sin(x/2) sin(x/2) with the sine written twice (f64 sin
+    is ~14 ns an element on numpy's path), SiLU's x * sigmoid(x) reads x twice: the numpy plan computes a repeated
+    subexpression once and the compiled code loads a repeated input once, with the bits of evaluating it as
+    written."""
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu.kernels.elementwise import JIT_TILE, _compiled_boxes
+    from luminal_recipes.runtimes.kernels import expression as expr
+
+    rng = np.random.default_rng(3)
+    cos = ("(Cast f32 (Add (Const 1.0) (Mul (Mul (Sin (Mul (Mul (Cast f64 in0) in1) (Const 0.5))) "
+           "(Sin (Mul (Mul (Cast f64 in0) in1) (Const 0.5)))) (Const -2.0))))")
+    x, freq = rng.standard_normal((300, 2)).astype(np.float32) * 40, rng.random((300, 2))
+
+    def plan_output(plan):
+        out = np.empty((300, 2), np.float32)
+        plan.bind(out, [x, freq], [np.empty(plan.tile_elems(out.shape), d) for d in plan.registers])()
+        return out, sum(i.fn is np.sin for i in plan.instrs)
+
+    once = plan_output(ElementwisePlan(cos, [np.float32, np.float64], np.float32))
+    silu = "(Mul (Mul in0 (Recip (Add (Exp (Mul in0 (Const -1.0))) (Const 1.0)))) in1)"
+    code_once = expr.ElementwiseCode.of(silu, [np.float32] * 2, np.float32)
+    monkeypatch.setattr(expr, "_repeated", lambda tree, leaves=False: {})
+    twice = plan_output(ElementwisePlan(cos, [np.float32, np.float64], np.float32))
+    code_twice = expr.ElementwiseCode.of(silu, [np.float32] * 2, np.float32)
+    assert (once[1], twice[1]) == (1, 2) and np.array_equal(once[0], twice[0])
+    loads = [int((c.code[:, 0] == expr.OPCODE["Load"]).sum()) for c in (code_once, code_twice)]
+    assert loads == [2, 3]
+    if not jit.AVAILABLE:
+        return
+    inputs = [(rng.standard_normal((7, 300)) * 10).astype(np.float32)[:, ::2] for _ in range(2)]
+    outs = []
+    for code in (code_once, code_twice):
+        out = np.empty((7, 150), np.float32)
+        regs = np.zeros((code.registers, JIT_TILE), np.float32)
+        for part in _compiled_boxes(out, inputs, 1):
+            for table, shape in part:
+                jit.kernels().elementwise_tiles(code.code, code.consts, table, shape, regs)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1])

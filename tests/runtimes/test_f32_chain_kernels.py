@@ -76,6 +76,26 @@ def test_concatenation_copies_are_exact():
     assert np.array_equal(out, want) and not np.signbit(out[0, 1, 2, 3])  # -0.0 + 0 is +0.0, as the padded sum
 
 
+def test_a_stack_along_a_new_last_axis_is_strided_box_copies(monkeypatch):
+    """diffusers' RoPE rotation, ``stack([-x_imag, x_real], -1)``: each piece fills every second element of the
+    output, so its rows would be single elements; ``f32_kernels.copy_box`` copies along the strided axis instead
+    (described for the chains, exact, on one and two threads)."""
+    from luminal_recipes.runtimes.cpu.jit import f32_kernels
+
+    y = _f32(1, 37, 3, 16)
+    neg = -y[..., 1::2]
+    neg[0, 5, 1, 2] = -0.0
+    for threads in (1, 2):
+        monkeypatch.setattr(cpu_threads, "THREADS", threads)
+        out = np.full((1, 37, 3, 8, 2), np.nan, np.float32)
+        step = layout._compiled_copies([(out[..., 0], neg), (out[..., 1], y[..., 0::2])])
+        assert step is not None
+        assert {call.fn for phase in chain.phases_of(step) for call in phase} == {f32_kernels.copy_box}
+        step()
+        want = np.stack([neg, y[..., 0::2]], axis=-1) + np.float32(0)
+        assert np.array_equal(out, want) and not np.signbit(out[0, 5, 1, 2, 0])
+
+
 def _program(threads: int):
     """A decode-like run of described steps: products (rows, columns, BLAS chunks), a bias add, a concatenation,
     and the arrays they write."""

@@ -16,7 +16,10 @@
   runs it.
 
 - ``copy_rows``: a concatenation's box copies (``x + 0``, as the padded sum computes them), rows of a 3-D box;
-  ``add_rows`` adds a box in place (a product's bias or residual).
+  ``add_rows`` adds a box in place (a product's bias or residual); ``copy_box``: the same copy where the innermost
+  axis is strided in either array (a ``stack`` along a new last axis interleaves its pieces: diffusers' RoPE
+  rotation writes every second element), so the loop runs along that axis instead of one call-sized row per
+  element.
 
 Operands are passed as flat runs of memory (1-D, contiguous) with element offsets and strides, so one compiled
 version serves every layout and the inner loops read contiguous memory.
@@ -169,3 +172,18 @@ def add_rows(dst, dg, src, sg):
             s = src[sa:sa + n2]
             for j in range(n2):
                 d[j] = d[j] + s[j]
+
+
+@_plain
+def copy_box(dst, dg, src, sg):
+    """``dst[a, b, c] = src[a, b, c] + 0`` over a 3-D box of any element strides: ``dg`` = its shape and ``dst``'s
+    three element strides, ``sg`` = ``src``'s three (``copy_rows`` for a box whose rows are strided). Indices
+    are unsigned (the strides are never negative here), so numba checks no wraparound: 3x faster."""
+    n0, n1, n2 = dg[0], dg[1], numba.uint64(dg[2])
+    d2, s2 = numba.uint64(dg[5]), numba.uint64(sg[2])
+    for a in range(n0):
+        for b in range(n1):
+            da = numba.uint64(a * dg[3] + b * dg[4])
+            sa = numba.uint64(a * sg[0] + b * sg[1])
+            for j in range(n2):
+                dst[da + j * d2] = src[sa + j * s2] + F(0.0)

@@ -41,6 +41,7 @@ import numpy as np
 from ...kernels.context import Bind, KernelContext
 from .. import amx, jit
 from .. import threads as cpu_threads
+from . import attention_small
 from .common import F32, F32_MIN, bind_all, view_reshape, with_refresh
 from .operands import operand
 
@@ -183,6 +184,8 @@ def prepare_attention(ctx: KernelContext) -> Bind:
     stackable = s == 1 and plan.slots == 1
     direct = ctx.dtype == F32  # p @ v straight into the output rows
     fused = _fused(ctx, plan, s, d, t, dv)
+    if not fused and attention_small.applies(ctx, s, d, dv):  # 16-dim heads: a compiled kernel, not BLAS
+        return attention_small.prepare(ctx, plan.rows)
     if fused:  # smaller query blocks: the keys are taken in blocks, and k and v are packed once per head and part
         plan = _Plan(ctx, heads, s, min(plan.rows, FUSED_ROWS), t)
     rows = max(plan.rows, heads) if stackable else plan.rows
@@ -435,8 +438,8 @@ def prepare_attention_blocked(ctx: KernelContext) -> Bind:
     ops = _operands(ctx)
     heads = math.prod(batch)
     plan = _Plan(ctx, heads, s, BLOCKED_ROWS, t)
-    if _fused(ctx, plan, s, d, t, dv):
-        return prepare_attention(ctx)  # the fused kernel takes the keys in blocks of its own (the same values)
+    if _fused(ctx, plan, s, d, t, dv) or attention_small.applies(ctx, s, d, dv):
+        return prepare_attention(ctx)  # these kernels take the keys in blocks of their own (the same values)
     scores = plan.scratch((plan.rows, block))
     qscaled = plan.scratch((plan.rows, d))
     vecs = [plan.scratch((plan.rows,)) for _ in range(3)]  # running max, running sum, rescale factor

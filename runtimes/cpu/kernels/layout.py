@@ -95,15 +95,15 @@ def prepare_padded_add(ctx: KernelContext) -> Bind | None:
     return bind
 
 
-def _rows3(dst: np.ndarray, src: np.ndarray) -> tuple | None:
-    """``(dst flat, [n0, n1, n2, d0, d1], src flat, [s0, s1])``: two f32 arrays of one shape as the flat runs they
-    span and a box of at most three axes (theirs, merged where both are one run of memory), the last of unit
-    stride in both (``f32_kernels.copy_rows``' layout); else None."""
+def _merged(dst: np.ndarray, src: np.ndarray) -> list[list[int]] | None:
+    """The axes of two f32 arrays of one shape as ``[n, dst stride, src stride]`` (element strides), unit axes
+    dropped and neighbours merged where both are one run of memory; None for other dtypes, an empty array, or
+    negative or unaligned strides."""
     item = dst.itemsize
     for a in (dst, src):
         if a.dtype != F32 or a.size == 0 or any(st < 0 or st % item for st in a.strides):
             return None
-    merged: list[list[int]] = []  # [n, dst stride, src stride]
+    merged: list[list[int]] = []
     for n, ds, ss in zip(dst.shape, dst.strides, src.strides):
         if n == 1:
             continue
@@ -112,41 +112,72 @@ def _rows3(dst: np.ndarray, src: np.ndarray) -> tuple | None:
             merged[-1] = [merged[-1][0] * n, ds, ss]
         else:
             merged.append([n, ds, ss])
+    return merged
+
+
+def _rows3(dst: np.ndarray, src: np.ndarray) -> tuple | None:
+    """``(dst flat, [n0, n1, n2, d0, d1], src flat, [s0, s1])``: two f32 arrays of one shape as the flat runs they
+    span and a box of at most three axes (theirs, merged where both are one run of memory), the last of unit
+    stride in both (``f32_kernels.copy_rows``' layout); else None."""
+    merged = _merged(dst, src)
+    if merged is None:
+        return None
     if not merged or merged[-1][1:] != [1, 1]:
         merged.append([1, 1, 1])
     if len(merged) > 3:
         return None
-    while len(merged) < 3:
-        merged.insert(0, [1, 0, 0])
+    d_flat, geometry, s_flat, s_strides = _flat_box(dst, src, merged)
+    return d_flat, geometry[:5], s_flat, s_strides[:2]
+
+
+def _box3(dst: np.ndarray, src: np.ndarray) -> tuple | None:
+    """``(dst flat, [n0, n1, n2, d0, d1, d2], src flat, [s0, s1, s2])``: ``_rows3``'s box with the innermost axis
+    strided in either array (``f32_kernels.copy_box``' layout); else None."""
+    merged = _merged(dst, src)
+    if not merged or len(merged) > 3:
+        return None
+    return _flat_box(dst, src, merged)
+
+
+def _flat_box(dst: np.ndarray, src: np.ndarray, merged: list[list[int]]) -> tuple:
+    """``(dst flat, [n0, n1, n2, d0, d1, d2], src flat, [s0, s1, s2])`` of the box ``merged`` (at most three
+    axes, padded in front to three)."""
+    item = dst.itemsize
+    merged = [[1, 0, 0]] * (3 - len(merged)) + merged
     flats = []
     for a, col in ((dst, 1), (src, 2)):
         span = 1 + sum((row[0] - 1) * row[col] for row in merged)
         flats.append(np.lib.stride_tricks.as_strided(a, (span,), (item,), writeable=a is dst))
-    shape = [row[0] for row in merged]
-    return flats[0], shape + [merged[0][1], merged[1][1]], flats[1], [merged[0][2], merged[1][2]]
+    return (flats[0], [row[0] for row in merged] + [row[1] for row in merged], flats[1],
+            [row[2] for row in merged])
 
 
 def _compiled_copies(pairs: list[tuple[np.ndarray, np.ndarray]]):
-    """One step copying each ``(dst, src)`` (``dst = src + 0``) by ``f32_kernels.copy_rows``, the parts of each
+    """One step copying each ``(dst, src)`` (``dst = src + 0``) by ``f32_kernels.copy_rows`` (``copy_box`` where
+    the rows would be single elements: the innermost axis strided), the parts of each
     pair (``_split_pair``) split over the cores and described for the chains; None where numba is off or a pair
     is not f32 rows of the same merged shape."""
     if not jit.AVAILABLE:
         return None
     from ..jit import f32_kernels
 
-    kernel = f32_kernels.copy_rows
     phases = []
     for dst, src in pairs:
         calls = []
         for i, (d, s) in enumerate(_split_pair(dst, src)):
-            rows = _rows3(d, np.broadcast_to(s, d.shape))
+            s = np.broadcast_to(s, d.shape)
+            kernel, rows = f32_kernels.copy_rows, _rows3(d, s)
+            box = _box3(d, s) if rows is not None and rows[1][2] == 1 else None
+            if box is not None:  # rows of one element (the innermost axis strided): the strided loop instead
+                kernel, rows = f32_kernels.copy_box, box
             if rows is None:
                 return None
             d_flat, d_geometry, s_flat, s_strides = rows
             calls.append((kernel, (d_flat, np.array(d_geometry, np.int64), s_flat, np.array(s_strides, np.int64)),
                           i))
         phases.append(calls)
-    steps = [cpu_threads.parallel([lambda args=args: kernel(*args) for _, args, _ in calls]) for calls in phases]
+    steps = [cpu_threads.parallel([lambda kernel=kernel, args=args: kernel(*args) for kernel, args, _ in calls])
+             for calls in phases]
 
     def body():
         for step in steps:

@@ -1,0 +1,103 @@
+"""The tiny FLUX.2 forward (bench/torch_backend.py's ``flux2``) through torch.compile(backend="luminal") with this
+branch's CPU changes (A) and with them patched out (B), beside inductor, in turns in one process (process CPU time
+and wall time per call, medians and per-round ratios). The changes, each switched off by a monkeypatch before B is
+compiled (B's kernels are prepared under it):
+
+- ``concat``: a stack along a new last axis copied along its strided axis (``layout._box3``, ``copy_box``);
+- ``cse``: a repeated subexpression of an Elementwise computed once (``expression._repeated``);
+- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``).
+
+Each side compiles its own function: Dynamo caches compiled graphs on the code object, so two compiles of
+``model.forward`` itself (even after ``torch._dynamo.reset()``) would both run the graph compiled last.
+
+    python bench/torch_flux2_ab.py --threads 1 --rounds 21 [--off concat,cse,attn16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from luminal_recipes.openblas_spin import limit_openblas_spin
+
+limit_openblas_spin()
+BENCH = Path(__file__).resolve().parent
+
+
+def side_function(model, name: str):
+    def side(*args, **kwargs):
+        return model.forward(*args, **kwargs)
+
+    side.__code__ = side.__code__.replace(co_name=f"side_{name}")  # a code object of its own
+    return side
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--off", default="concat,cse,attn16", help="the changes patched out of side B")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("LUMINAL_RECIPES_CACHE", tempfile.mkdtemp(prefix="luminal-flux2-ab-"))
+    sys.path.insert(0, str(BENCH))
+    import torch_backend as tb
+    from flux2_transformer_cpu import blas_threads
+
+    threads = blas_threads(args.threads)
+    import torch
+
+    from luminal_recipes.runtimes.cpu.kernels import attention_small, layout
+    from luminal_recipes.runtimes.kernels import expression
+
+    torch.set_num_threads(threads)
+    patches = {"concat": (layout, "_box3", lambda *a, **k: None),
+               "cse": (expression, "_repeated", lambda *a, **k: {}),
+               "attn16": (attention_small, "applies", lambda *a, **k: False)}
+    off = [name for name in args.off.split(",") if name]
+    model, call, _ = tb.WORKLOADS["flux2"](torch)
+    sides, outputs = {}, {}
+    with torch.no_grad():
+        sides["A"] = call(torch.compile(side_function(model, "A"), backend="luminal"))
+        saved = {name: getattr(patches[name][0], patches[name][1]) for name in off}
+        for name in off:
+            setattr(patches[name][0], patches[name][1], patches[name][2])
+        sides["B"] = call(torch.compile(side_function(model, "B"), backend="luminal"))
+        for _ in range(7):  # B's kernels are prepared (and its chains captured) while the patches hold
+            outputs["B"] = sides["B"]()
+        for name in off:
+            setattr(patches[name][0], patches[name][1], saved[name])
+        sides["inductor"] = call(torch.compile(side_function(model, "inductor")))
+        for side in ("A", "inductor"):
+            for _ in range(7):
+                outputs[side] = sides[side]()
+        eager = call(model.forward)()
+        wall = {k: [] for k in sides}
+        cpu = {k: [] for k in sides}
+        for _ in range(args.rounds):
+            for k, fn in sides.items():
+                c0, t0 = time.process_time(), time.perf_counter()
+                fn()
+                wall[k].append(time.perf_counter() - t0)
+                cpu[k].append(time.process_time() - c0)
+    print(f"flux2 A/B ({threads} threads, {args.rounds} rounds; B without: {', '.join(off)}; load average "
+          f"{os.getloadavg()[0]:.2f})")
+    for k in sides:
+        print(f"  {k:9s} wall median {statistics.median(wall[k]) * 1e3:6.1f} ms (min {min(wall[k]) * 1e3:6.1f})  "
+              f"cpu median {statistics.median(cpu[k]) * 1e3:6.1f} ms (min {min(cpu[k]) * 1e3:6.1f})")
+    for a, b in (("A", "B"), ("A", "inductor"), ("B", "inductor")):
+        rc = [x / y for x, y in zip(cpu[a], cpu[b])]
+        rw = [x / y for x, y in zip(wall[a], wall[b])]
+        print(f"  {a}/{b}: cpu {statistics.median(rc):.3f}x (rounds {min(rc):.2f}-{max(rc):.2f})  "
+              f"wall {statistics.median(rw):.3f}x (rounds {min(rw):.2f}-{max(rw):.2f})")
+    for k in sides:
+        print(f"  max |{k} - eager| = {(outputs[k].double() - eager.double()).abs().max().item():.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
