@@ -29,15 +29,12 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba.core import types
-from numba.extending import intrinsic
 
 from .disk_cache import install as _install_cache_locator
 
 _install_cache_locator()  # the kernels below compile in numba_kernels' helpers (the atomic add)
 
-from .numba_kernels import _fetch_add  # noqa: E402 - after the cache locator
+from .numba_kernels import _fetch_add, _sgemm32, _sgemm64  # noqa: E402 - after the cache locator
 
 F = np.float32
 _fast = numba.njit(fastmath={"reassoc", "contract"}, cache=True, nogil=True, error_model="numpy")
@@ -81,37 +78,6 @@ def cols_product(x, x0, xs, b, b0, bs, out, o0, os_, m, k, n0, n1):
                 o[c] += xv * row[c]
 
 
-def _sgemm_intrinsic(int_bits: int):
-    """``cblas_sgemm(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)`` through the function at ``fn``
-    (an address), integers ``int_bits`` wide (an ILP64 or LP64 BLAS); matrices by address, ``ta``/``tb`` the
-    CBLAS codes (111: no transpose, 112: transpose)."""
-
-    @intrinsic
-    def sgemm(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
-        sig = types.none(*([types.int64] * 12))
-
-        def codegen(context, builder, signature, args):
-            i32, ix, f32 = ir.IntType(32), ir.IntType(int_bits), ir.FloatType()
-            ptr = f32.as_pointer()
-            fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, ix, ix, ix, f32, ptr, ix, ptr, ix, f32, ptr, ix])
-            callee = builder.inttoptr(args[0], fnty.as_pointer())
-            ta_, tb_, m_, n_, k_, a_, lda_, b_, ldb_, c_, ldc_ = args[1:]
-
-            def width(v):
-                return v if int_bits == 64 else builder.trunc(v, ix)
-
-            builder.call(callee, [ir.Constant(i32, 101), builder.trunc(ta_, i32), builder.trunc(tb_, i32),
-                                  width(m_), width(n_), width(k_), ir.Constant(f32, 1.0), builder.inttoptr(a_, ptr),
-                                  width(lda_), builder.inttoptr(b_, ptr), width(ldb_), ir.Constant(f32, 0.0),
-                                  builder.inttoptr(c_, ptr), width(ldc_)])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return sgemm
-
-
-_sgemm64, _sgemm32 = _sgemm_intrinsic(64), _sgemm_intrinsic(32)
 # per task (a chunk of the product): byte offsets of its a, b and c from the operands' addresses, and m, n, k
 TASK_COLUMNS = 6
 

@@ -972,24 +972,25 @@ def _fetch_add(typingctx, address, value):
 
 
 def _sgemm_intrinsic(int_bits: int):
-    """``cblas_sgemm(RowMajor, NoTrans, NoTrans, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)`` through the function at
-    ``fn`` (an address), its integer arguments ``int_bits`` wide (ILP64 or LP64 BLAS); matrices by address."""
+    """``cblas_sgemm(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)`` through the function at ``fn``
+    (an address), integers ``int_bits`` wide (an ILP64 or LP64 BLAS); matrices by address, ``ta``/``tb`` the
+    CBLAS codes (111: no transpose, 112: transpose)."""
 
     @intrinsic
-    def sgemm(typingctx, fn, m, n, k, a, lda, b, ldb, c, ldc):
-        sig = types.none(*([types.int64] * 10))
+    def sgemm(typingctx, fn, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
+        sig = types.none(*([types.int64] * 12))
 
         def codegen(context, builder, signature, args):
             i32, ix, f32 = ir.IntType(32), ir.IntType(int_bits), ir.FloatType()
             ptr = f32.as_pointer()
             fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, ix, ix, ix, f32, ptr, ix, ptr, ix, f32, ptr, ix])
             callee = builder.inttoptr(args[0], fnty.as_pointer())
-            m_, n_, k_, a_, lda_, b_, ldb_, c_, ldc_ = args[1:]
+            ta_, tb_, m_, n_, k_, a_, lda_, b_, ldb_, c_, ldc_ = args[1:]
 
             def width(v):
                 return v if int_bits == 64 else builder.trunc(v, ix)
 
-            builder.call(callee, [ir.Constant(i32, 101), ir.Constant(i32, 111), ir.Constant(i32, 111),
+            builder.call(callee, [ir.Constant(i32, 101), builder.trunc(ta_, i32), builder.trunc(tb_, i32),
                                   width(m_), width(n_), width(k_), ir.Constant(f32, 1.0), builder.inttoptr(a_, ptr),
                                   width(lda_), builder.inttoptr(b_, ptr), width(ldb_), ir.Constant(f32, 0.0),
                                   builder.inttoptr(c_, ptr), width(ldc_)])
@@ -1049,9 +1050,9 @@ def winograd_bands(x, wa, ws, u, bias, out, v, m, bands, counter, tw, top, left,
         n = (t1 - t0) * tw
         for p in range(16):
             if ilp64:
-                _sgemm64(sgemm, no, n, nc, ua + p * su, nc, va + p * sv, ldb, ma + p * sm, ldc)
+                _sgemm64(sgemm, 111, 111, no, n, nc, ua + p * su, nc, va + p * sv, ldb, ma + p * sm, ldc)
             else:
-                _sgemm32(sgemm, no, n, nc, ua + p * su, nc, va + p * sv, ldb, ma + p * sm, ldc)
+                _sgemm32(sgemm, 111, 111, no, n, nc, ua + p * su, nc, va + p * sv, ldb, ma + p * sm, ldc)
         winograd_output(m, bias, out[i], t0, t1, tw)
 
 
