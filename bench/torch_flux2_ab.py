@@ -5,7 +5,9 @@ compiled (B's kernels are prepared under it):
 
 - ``concat``: a stack along a new last axis copied along its strided axis (``layout._box3``, ``copy_box``);
 - ``cse``: a repeated subexpression of an Elementwise computed once (``expression._repeated``);
-- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``).
+- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``);
+- ``chain16``: that attention described for the CPU chains (``attention_small._describe``), so that on two
+  threads it runs inside a lockstep chain rather than between chains.
 
 Each side compiles its own function: Dynamo caches compiled graphs on the code object, so two compiles of
 ``model.forward`` itself (even after ``torch._dynamo.reset()``) would both run the graph compiled last.
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     patches = {"concat": (layout, "_box3", lambda *a, **k: None),
                "cse": (expression, "_repeated", lambda *a, **k: {}),
-               "attn16": (attention_small, "applies", lambda *a, **k: False)}
+               "attn16": (attention_small, "applies", lambda *a, **k: False),
+               "chain16": (attention_small, "_describe", lambda *a, **k: None)}
     off = [name for name in args.off.split(",") if name]
     model, call, _ = tb.WORKLOADS["flux2"](torch)
     sides, outputs = {}, {}
