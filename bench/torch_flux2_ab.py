@@ -5,9 +5,9 @@ compiled (B's kernels are prepared under it):
 
 - ``concat``: a stack along a new last axis copied along its strided axis (``layout._box3``, ``copy_box``);
 - ``cse``: a repeated subexpression of an Elementwise computed once (``expression._repeated``);
-- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``);
-- ``chain16``: that attention described for the CPU chains (``attention_small._describe``), so that on two
-  threads it runs inside a lockstep chain rather than between chains.
+- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``).
+
+``--min-part N`` prepares side A's kernels with ``threads.MIN_PART = N`` (finer parts for the chains' two threads).
 
 Each side compiles its own function: Dynamo caches compiled graphs on the code object, so two compiles of
 ``model.forward`` itself (even after ``torch._dynamo.reset()``) would both run the graph compiled last.
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--off", default="concat,cse,attn16", help="the changes patched out of side B")
+    parser.add_argument("--min-part", type=int, default=None,
+                        help="side A's kernels prepared with this threads.MIN_PART (elements a part at least)")
     args = parser.parse_args(argv)
     os.environ.setdefault("LUMINAL_RECIPES_CACHE", tempfile.mkdtemp(prefix="luminal-flux2-ab-"))
     sys.path.insert(0, str(BENCH))
@@ -59,13 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     patches = {"concat": (layout, "_box3", lambda *a, **k: None),
                "cse": (expression, "_repeated", lambda *a, **k: {}),
-               "attn16": (attention_small, "applies", lambda *a, **k: False),
-               "chain16": (attention_small, "_describe", lambda *a, **k: None)}
+               "attn16": (attention_small, "applies", lambda *a, **k: False)}
     off = [name for name in args.off.split(",") if name]
     model, call, _ = tb.WORKLOADS["flux2"](torch)
     sides, outputs = {}, {}
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+
     with torch.no_grad():
         sides["A"] = call(torch.compile(side_function(model, "A"), backend="luminal"))
+        if args.min_part is not None:  # A's kernels prepared (and chains captured) under it
+            default_part, cpu_threads.MIN_PART = cpu_threads.MIN_PART, args.min_part
+            for _ in range(7):
+                outputs["A"] = sides["A"]()
+            cpu_threads.MIN_PART = default_part
         saved = {name: getattr(patches[name][0], patches[name][1]) for name in off}
         for name in off:
             setattr(patches[name][0], patches[name][1], patches[name][2])

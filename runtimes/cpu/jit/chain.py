@@ -54,9 +54,6 @@ ENV = "LUMINAL_RECIPES_CHAIN"
 # handing a chain to the pool's workers costs a wake-up (20-50 us), which a few split products do not repay (a
 # decode program whose attention runs as BLAS products, between the chains, has one or two per chain)
 MIN_SPLIT_PHASES = 8
-# ... unless one split phase does this much work (``Call.work``, multiply-adds or the like: ~0.1-0.2 ms on a core
-# here), which pays for the hand-off on its own (FLUX.2's attention over 1088 tokens: ~10^8 in one phase)
-SPLIT_WORK = 1 << 22
 SPINS = 2000  # barrier reads (with the pause hint, ~20-40 ns each here) before a waiting thread yields its core
 _STRIDE = 8  # int64 flags one cache line apart
 COUNT, GEN, ERR, ABORT = 0, _STRIDE, 2 * _STRIDE, 3 * _STRIDE
@@ -74,9 +71,7 @@ class Call(NamedTuple):
     such a call runs under ``threads.blas_single_threaded``. ``access``: ``(reads, writes)``, every array whose
     memory the call may read and may write (a superset is fine, a missing one is a race); given, the chain puts
     a barrier before the call only where it touches what another thread touched since the last barrier and one
-    of the two writes it (``_layout``). ``None``: unknown - a barrier wherever the thread changes hands.
-    ``work``: about how many multiply-adds (or element operations) the call does, where that is large; a split
-    phase whose calls add up to ``SPLIT_WORK`` runs the chain on every thread however few its split phases."""
+    of the two writes it (``_layout``). ``None``: unknown - a barrier wherever the thread changes hands."""
 
     fn: Any
     args: tuple
@@ -84,7 +79,6 @@ class Call(NamedTuple):
     checked: bool = False
     blas: bool = False
     access: tuple | None = None
-    work: int = 0
 
 
 def tag(step: Callable, *phases: Sequence[Call]) -> Callable:
@@ -390,9 +384,7 @@ class _Chain:
 
     def __init__(self, steps: list[Callable], threads: int):
         flat = [(i, phase) for i, s in enumerate(steps) for phase in phases_of(s)]
-        split = [phase for _, phase in flat if len(_threads_of(phase, threads)) > 1]
-        if threads > 1 and len(split) < MIN_SPLIT_PHASES and not any(sum(c.work for c in phase) >= SPLIT_WORK
-                                                                     for phase in split):
+        if threads > 1 and sum(len(_threads_of(phase, threads)) > 1 for _, phase in flat) < MIN_SPLIT_PHASES:
             threads = 1  # too few split kernels to pay for the hand-off: every part on the calling thread
         self.steps, self.threads = steps, threads
         self.flags = np.zeros(4 * _STRIDE, np.int64)
@@ -421,12 +413,6 @@ class _Chain:
         # the program on ``threads`` threads (lockstep), and on the calling thread alone: the same calls in the
         # same order with the same parts (the same bits), for a machine whose other jobs leave too few cores
         self.layouts = {t: _layout(encoded_phases, t) for t in {1, threads}}
-        # on the calling thread alone (``crowded``), a heavy split step (``SPLIT_WORK``) runs as it does outside
-        # a chain - its own parts on the kernels' pool, whose load-adaptive hand-off uses a core the other jobs
-        # leave free -, the rows around it as segments of the one-thread program
-        heavy = {i for i, phase in flat if threads > 1 and len(_threads_of(phase, threads)) > 1
-                 and sum(c.work for c in phase) >= SPLIT_WORK}
-        self.segments = _segments(self.layouts[1][1], heavy)
         self.ints = np.array(ints or [0], np.int64).reshape(1, -1)
         self.floats = np.array(floats or [0.0], np.float64).reshape(1, -1)
         self.keep = [c.args for s in steps for phase in phases_of(s) for c in phase]  # what the tables point into
@@ -461,18 +447,8 @@ class _Chain:
         if self.threads == 1 or crowded(self.threads):
             RUNS["crowded" if self.threads > 1 else "alone"] += 1
             self.used = 1
-            if self.segments is None:
-                if self.run_fn(0, *self.args[1]):
-                    self._failed()
-                return
-            program, *rest = self.args[1]
-            for first, end, step in self.segments:
-                if step is not None:
-                    with np.errstate(all="ignore"):
-                        self.steps[step]()
-                elif self.run_fn(0, program[first:end], *rest):
-                    self.flags[ERR] += first  # the row in the whole program
-                    self._failed()
+            if self.run_fn(0, *self.args[1]):
+                self._failed()
             return
         RUNS["lockstep"] += 1
         self.used = self.threads
@@ -492,21 +468,6 @@ class _Chain:
 
         raise InputError("a compiled kernel refused its input in a chained step, which then ran on its own without "
                          "error; run with LUMINAL_RECIPES_CHAIN=0 to see which kernel")
-
-
-def _segments(row_step: list[int], heavy: set[int]) -> list[tuple[int, int, int | None]] | None:
-    """The one-thread program's rows (``row_step``: each row's step) as ``(first, end, None)`` runs of rows and
-    ``(first, end, step)`` for each step of ``heavy``, in order; None where no step is heavy."""
-    if not heavy:
-        return None
-    out: list[tuple[int, int, int | None]] = []
-    for r, i in enumerate(row_step):
-        key = i if i in heavy else None
-        if out and out[-1][2] == key and (key is None or out[-1][2] == i):
-            out[-1] = (out[-1][0], r + 1, key)
-        else:
-            out.append((r, r + 1, key))
-    return out
 
 
 def _spans(access: tuple | None) -> tuple[tuple, tuple] | None:

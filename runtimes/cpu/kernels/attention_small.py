@@ -76,32 +76,6 @@ def prepare(ctx: KernelContext, rows: int) -> Bind:
             held[:] = [-1] * slots  # new operands every run
             step()
 
-        if t > 0:
-            _describe(body, kernel, (q, k, v, o), tasks, slots, buffers, scale)
         return with_refresh(ops, body)
 
     return bind
-
-
-def _describe(body, kernel, arrays, tasks, parts, buffers, scale) -> None:
-    """Tag ``body`` for the CPU chains (``jit/chain.py``): the tasks cut into ``parts`` contiguous shares (part
-    ``p`` on thread ``p % T``), each a run of ``attention16`` calls on that part's own scratch, packing a head's
-    keys and values at the first of its tasks in the share. Each call declares what it reads (its query rows,
-    the head's keys and values, its scratch) and writes (its output rows, its scratch), so the chain puts barriers
-    only where a neighbouring step shares memory with it. Every row is computed on its own, so the chained
-    calls give the same bits as the claimed tasks ``body`` runs."""
-    from ..jit.chain import Call, tag
-
-    q, k, v, o = arrays
-    t = k.shape[1]
-    calls = []
-    for part in range(parts):
-        held = -1
-        for head, first, end in tasks[len(tasks) * part // parts:len(tasks) * (part + 1) // parts]:
-            scratch = buffers[part]
-            reads = (q[head, first:end], k[head], v[head], *scratch)
-            writes = (o[head, first:end], *scratch)
-            calls.append(Call(kernel, (q, k, v, o, head, first, end, held != head, scale, *scratch), part,
-                              access=(reads, writes), work=(end - first) * t * 2 * HEAD_DIM))
-            held = head
-    tag(body, calls)
