@@ -7,6 +7,8 @@ compiled (B's kernels are prepared under it):
 - ``cse``: a repeated subexpression of an Elementwise computed once (``expression._repeated``);
 - ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``).
 
+``--min-part N`` prepares side A's kernels with ``threads.MIN_PART = N`` (finer parts for the chains' two threads).
+
 Each side compiles its own function: Dynamo caches compiled graphs on the code object, so two compiles of
 ``model.forward`` itself (even after ``torch._dynamo.reset()``) would both run the graph compiled last.
 
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--off", default="concat,cse,attn16", help="the changes patched out of side B")
+    parser.add_argument("--min-part", type=int, default=None,
+                        help="side A's kernels prepared with this threads.MIN_PART (elements a part at least)")
     args = parser.parse_args(argv)
     os.environ.setdefault("LUMINAL_RECIPES_CACHE", tempfile.mkdtemp(prefix="luminal-flux2-ab-"))
     sys.path.insert(0, str(BENCH))
@@ -61,8 +65,15 @@ def main(argv: list[str] | None = None) -> int:
     off = [name for name in args.off.split(",") if name]
     model, call, _ = tb.WORKLOADS["flux2"](torch)
     sides, outputs = {}, {}
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+
     with torch.no_grad():
         sides["A"] = call(torch.compile(side_function(model, "A"), backend="luminal"))
+        if args.min_part is not None:  # A's kernels prepared (and chains captured) under it
+            default_part, cpu_threads.MIN_PART = cpu_threads.MIN_PART, args.min_part
+            for _ in range(7):
+                outputs["A"] = sides["A"]()
+            cpu_threads.MIN_PART = default_part
         saved = {name: getattr(patches[name][0], patches[name][1]) for name in off}
         for name in off:
             setattr(patches[name][0], patches[name][1], patches[name][2])
