@@ -13,9 +13,9 @@ PyTorch's CPU flash kernel reaches). Here a head's keys and values are transpose
   sum and the 16 output sums as vector accumulators; the output row is the sums divided by the total.
 
 Measured on the 2-core Zen 4 (AVX-512) at 4 heads x 1088 tokens, 1 thread, alternated in one process: ~10% less
-CPU time than the BLAS path (5.79 vs 6.38 ms), about PyTorch's flash kernel (5.90 ms). Results are those of softmax attention in f32 up to the order of the sums (fixed by the compiled
-code: the same on every call, whatever the thread count or the task boundaries, since every row is computed on
-its own).
+CPU time than the BLAS path (5.79 vs 6.38 ms), about PyTorch's flash kernel (5.90 ms).
+Results are those of softmax attention in f32 up to the order of the sums (fixed by the compiled code:
+the same on every call, whatever the thread count or the task boundaries, since every row is computed on its own).
 """
 
 from __future__ import annotations
