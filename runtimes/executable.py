@@ -507,7 +507,10 @@ class Executable:
         warm = getattr(self.backend, "warm", None)
         if warm is None or not self._graphs or self.streamer is not None:
             return
-        warm([*self._steps, *(_copy_step(self.backend, buf, value) for buf, value in self._write_back)])
+        try:
+            warm([*self._steps, *(_copy_step(self.backend, buf, value) for buf, value in self._write_back)])
+        except GraphCaptureError:  # said (once) where the recording itself is tried
+            return
 
     def _capture(self):
         steps = [*self._steps, *(_copy_step(self.backend, buf, value) for buf, value in self._write_back)]
