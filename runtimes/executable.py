@@ -500,6 +500,18 @@ class Executable:
         for buf, value in self._write_back:
             self.backend.copy(buf, value)
 
+    def warm(self) -> None:
+        """Load now what recording this binding's steps as a device graph will load (``backend.warm``: the CPU
+        backend's chains), where the backend has it: a caller that binds before reading its weights moves those
+        loads ahead of them. Runs nothing."""
+        warm = getattr(self.backend, "warm", None)
+        if warm is None or not self._graphs or self.streamer is not None:
+            return
+        try:
+            warm([*self._steps, *(_copy_step(self.backend, buf, value) for buf, value in self._write_back)])
+        except GraphCaptureError:  # said (once) where the recording itself is tried
+            return
+
     def _capture(self):
         steps = [*self._steps, *(_copy_step(self.backend, buf, value) for buf, value in self._write_back)]
         try:

@@ -99,6 +99,16 @@ class NumpyBackend:
 
         return chain.capture(steps, threads.THREADS)
 
+    def warm(self, steps) -> None:
+        """Load now what recording ``steps`` as chains will load (``jit/chain.py``, ``warm``); nothing where
+        chains are off."""
+        if not self.graphs:
+            return
+        from . import threads
+        from .jit import chain
+
+        chain.warm(steps, threads.THREADS)
+
     def memory_held(self) -> None:
         return None  # host memory: the pipeline measures the process's resident set instead
 

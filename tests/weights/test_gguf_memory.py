@@ -232,3 +232,58 @@ def test_llvm_code_pages_are_handed_back_after_each_compilation():
     assert code_pages.RELEASED[0] > before
     resident = code_pages.resident_kib(ranges)
     assert resident < 4096, resident  # a compilation runs tens of MiB of it; kept, they stayed resident
+
+
+def test_the_decoding_loops_chains_are_loaded_before_the_first_run_reads_the_weights(monkeypatch):
+    """Each load from numba's disk cache faults ~10 MiB of LLVM's loading code back in until the lock is let go
+    (``code_pages.py``); the decoding loop's chains, recorded at its fifth step, used to load their interpreters
+    and kernel entries after every weight page had been read - on top of the run's resident set, SmolLM2's peak.
+    ``LanguageModel`` now works them out when it loads the programs (``Executable.warm``, ``chain.warm``): the
+    first ``chain.capture`` comes before any run, the later one finds its interpreters loaded, and the reply is
+    the same as without it."""
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.executable import Executable
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba not in use: no chains")
+    from luminal_recipes.runtimes.cpu.jit import chain
+
+    if not chain.enabled():
+        pytest.skip("chains are off")
+    path = FIXTURES / "tiny-llama-tied-q4_1.gguf"
+    events: list[str] = []
+    capture, run, interpreter = chain.capture, Executable.run, chain._interpreter
+
+    def capturing(steps, threads):
+        events.append("capture")
+        return capture(steps, threads)
+
+    def running(self, *args, **kwargs):
+        events.append("run")
+        return run(self, *args, **kwargs)
+
+    def interpreting(opcodes):
+        known = len(chain._MEMO)
+        out = interpreter(opcodes)
+        events.append("interpreter" if len(chain._MEMO) == known else "interpreter loaded")
+        return out
+
+    monkeypatch.setattr(chain, "capture", capturing)
+    monkeypatch.setattr(chain, "_interpreter", interpreting)
+    monkeypatch.setattr(Executable, "run", running)
+    lm = LanguageModel(RECIPE, weights=path)
+    for role in ("decode", "prefill"):
+        lm._program(role)  # compiled first (or from the plan cache): the search's own timing runs left out
+    events.clear()
+    before = chain.WARMED[0]
+    reply = lm.generate(PROMPT, max_new_tokens=8)
+    assert chain.WARMED[0] == before + 1  # the decode program's binding, once
+    assert len(reply.ids) >= 6 and events.count("capture") == 2, events  # warmed, then recorded at step five
+    assert events[0] == "capture" and "run" in events, events  # worked out before the prefill's run
+    first_run = events.index("run")
+    assert any(e.startswith("interpreter") for e in events[:first_run]), events
+    assert "interpreter loaded" not in events[first_run:], events  # the recording found them loaded
+
+    monkeypatch.setattr(Executable, "warm", lambda self: None)  # as before: the same reply
+    same = LanguageModel(RECIPE, weights=path).generate(PROMPT, max_new_tokens=8)
+    assert same.ids == reply.ids

@@ -269,6 +269,12 @@ class LanguageModel:
             decode = self.runtime.load(self._program("decode"), self.model.load_weight, self._dims(1, cache, cache))
             prefill = self.runtime.load(self._program("prefill"), decode.weights,
                                         self._dims(pbucket, pbucket, cache), states_from=decode)
+            # what the decoding loop's chains load (recorded at its fifth step, when every weight page has been
+            # read) loaded now: each load's LLVM pages then come and go below the run's peak. Bound first at the
+            # dims of the reply's first step: a KV window shorter than the cache is a strided view, and the
+            # chains' copies are loaded for the layout most of a reply runs
+            decode.bind(self._dims(1, bucket(prompt_len + 1, cache), cache))
+            decode.warm()
             self._session = session = _Session(cache, decode, prefill, pbucket)
             self.stats.load_s += time.perf_counter() - t0
         elif prompt_len > session.prefill_len:

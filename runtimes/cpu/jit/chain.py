@@ -373,6 +373,24 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
     return replay
 
 
+def warm(steps: Sequence[Callable], threads: int) -> int:
+    """Load now, under one hold of numba's compiler lock, what ``capture(steps, threads)`` will load when a
+    decoding loop records its chains at its fifth run: the kernels' entries for the chains' argument types and
+    the generated interpreters (``capture``'s work, its program thrown away; the later capture finds them loaded
+    and loads nothing). Each load from numba's disk cache runs LLVM's loading code, whose pages (~10 MiB) stay
+    resident until the lock is let go (``code_pages.py``): loaded before a model's first run has read its
+    weights, they come and go below the process's peak instead of on top of it. Nothing runs; what later runs
+    is unchanged, bit for bit. Returns how many kernel entries and interpreters were worked out."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    before = len(_MEMO) + len(_ENTRIES)
+    with global_compiler_lock:  # one hold: LLVM's pages released once, after all of it
+        capture(steps, threads)
+    WARMED[0] += 1
+    return len(_MEMO) + len(_ENTRIES) - before
+
+
+WARMED = [0]  # calls of ``warm`` (tests)
 BARRIER = -1
 PROGRAM_COLUMNS = 5  # per row: opcode (BARRIER: a barrier), thread, first int column, first float column, checked
 
@@ -420,6 +438,9 @@ class _Chain:
         self.run_fn = _interpreter(sorted(opcodes, key=opcodes.get))
         self.args = {t: (program, self.ints, self.floats, self.flags, t, SPINS)
                      for t, (program, _) in self.layouts.items()}
+        sig = tuple(numba.typeof(a) for a in (0, *self.args[1]))  # loaded now, not at its first run (``warm``)
+        if sig not in self.run_fn.overloads:
+            self.run_fn.compile(sig)
         self.parts = [functools.partial(self._part, t) for t in range(threads)]
         self.used = 1  # the thread count of the last run (its program's rows name a failed call)
         self.ok = True
