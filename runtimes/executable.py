@@ -20,6 +20,16 @@ On a backend with device graphs (``backend.graphs``: CUDA), the second run at a 
 graph (``backend.capture``) and later runs replay it; steps that cannot be recorded (streamed weights, a kernel the
 device refuses to capture) run one by one, with a one-line notice. The numpy backend records runs of compiled
 kernel calls as chains (``cpu/jit/chain.py``) at the run ``backend.capture_after`` names, without notices.
+
+Re-binding keeps the last ``BINDINGS`` bindings of an executable (keyed by their dims, least recently used
+dropped first): each one's bound steps, plan, input and output slots, and its recorded graph or chains with its run
+count. Returning to dims bound before (a prompt length seen before, a batch of 1 after a batch of 2, the decode
+loop's attended-prefix buckets of the next reply) restores them without preparing, planning or recording again. The
+weights, constants, states (KV caches) and the arena are the executable's, shared by every binding, never copied;
+runs are one at a time, and no binding keeps values in the arena from one run to the next (inputs are copied in each
+run, scratch and activations are written before they are read), so bindings may overlap in it. A binding belongs to
+the arena it was bound in: when a larger plan replaces the arena, the bindings into the old one are dropped with it,
+so one arena is held at a time.
 """
 
 from __future__ import annotations
@@ -170,6 +180,18 @@ class TransferStats:
     rebinds: int = 0  # re-bindings to other dims (``Executable.bind``), their total seconds, and the arenas they
     rebind_seconds: float = 0.0  # had to allocate (none when loaded for the largest dims)
     arena_allocations: int = 0
+    rebinds_cached: int = 0  # re-bindings that restored a binding kept from before (no plan, nothing recorded)
+    replays: int = 0  # runs that replayed a recorded device graph or chains
+
+
+BINDINGS = 8  # bindings an executable keeps (its current one included): the decode loop's attended-prefix buckets
+# of a 16k cache (64 .. 16384: 9, the current one among them) or a few prompt lengths; each kept binding holds its
+# bound steps and recording, not arrays (a few hundred KiB for SmolLM2-135M's prefill: docs/quantization-gguf.md)
+
+# what one binding is: restored together by ``bind`` (``_bind`` sets every one of them)
+_BINDING_FIELDS = ("dims", "plan", "_replay", "_launches", "_inputs", "_steps", "_step_nodes", "_labels",
+                   "_instances", "_outputs", "_input_specs", "_input_names", "_output_views", "_write_back",
+                   "_memory")
 
 
 class Executable:
@@ -178,7 +200,8 @@ class Executable:
     Loaded for ``dims`` (e.g. a size bucket: the largest lengths it will see), it can be re-bound to other dims
     (``bind``, or ``run(..., dims=)``) without loading again: the weights, constants, states and arena stay; the
     kernels are prepared and the memory planned for the new dims, and the steps are bound to new slots of the same
-    arena (a new arena only if the new plan needs more than the loaded one).
+    arena (a new arena only if the new plan needs more than the loaded one). The last ``BINDINGS`` bindings are
+    kept: going back to dims bound before restores their steps and recording as they were.
     """
 
     def __init__(self, runtime: BackendRuntime, program: Program, weights, dims: dict[str, int],
@@ -195,6 +218,7 @@ class Executable:
         self._graphs = bool(getattr(runtime.backend, "graphs", False))
         self._capture_after = int(getattr(runtime.backend, "capture_after", 1))  # runs of a binding before it
         self._replay = None
+        self._bindings: dict[tuple, tuple] = {}  # dims -> (arena, the binding's fields), least recently used first
         backend = self.backend
         if states_from is not None and states_from.backend is not backend:
             raise InputError("states are shared only between executables of one runtime (one device)")
@@ -252,6 +276,17 @@ class Executable:
         if dims == self.dims:
             return
         t0 = time.perf_counter()
+        self._keep_binding()
+        kept = self._bindings.get(_dims_key(dims))
+        if kept is not None and kept[0] is self.arena:
+            for name, value in zip(_BINDING_FIELDS, kept[1], strict=True):
+                setattr(self, name, value)
+            self._bindings[_dims_key(dims)] = self._bindings.pop(_dims_key(dims))  # the most recently used now
+            self._staged = []
+            self.stats.rebinds += 1
+            self.stats.rebinds_cached += 1
+            self.stats.rebind_seconds += time.perf_counter() - t0
+            return
         for nid, buf in self._fixed.items():
             node = self._by_id[nid]
             kind = node.attr("kind") if node.op == "Input" else None
@@ -266,10 +301,20 @@ class Executable:
         prepared, plan = self._plan(dims)
         if plan.arena_bytes > self.arena.nbytes:  # not expected when loaded for the largest dims of a bucket
             self.arena = self.backend.allocate(plan.arena_bytes)
+            self._bindings.clear()  # they point into the old arena: dropped with it (one arena held at a time)
             self.stats.arena_allocations += 1
         self._bind(dims, prepared, plan)
+        self._keep_binding()
+        while len(self._bindings) > BINDINGS:
+            del self._bindings[next(iter(self._bindings))]  # the least recently used
         self.stats.rebinds += 1
         self.stats.rebind_seconds += time.perf_counter() - t0
+
+    def _keep_binding(self) -> None:
+        """Keep the current binding (its recording and run count as they are now) under its dims."""
+        key = _dims_key(self.dims)
+        self._bindings.pop(key, None)
+        self._bindings[key] = (self.arena, tuple(getattr(self, name) for name in _BINDING_FIELDS))
 
     def _bind(self, dims: dict[str, int], prepared: dict, plan: MemoryPlan) -> None:
         """Every activation slot, kernel step, input and output at ``dims``."""
@@ -377,6 +422,7 @@ class Executable:
             self.streamer.close()
         self._closed = True
         self._replay = None
+        self._bindings.clear()
         self._steps, self._labels, self._write_back, self._staged = [], [], [], []
         self._inputs, self._outputs = {}, {}
         self._input_specs, self._output_views = [], {}
@@ -492,6 +538,7 @@ class Executable:
             self._replay = self._capture()
         self._launches += 1
         if self._replay is not None:
+            self.stats.replays += 1
             self._replay()
             return
         with np.errstate(all="ignore"):
@@ -540,6 +587,10 @@ class Executable:
         if self.backend.host_arrays:
             self.stats.bytes_out += out.nbytes
         return out
+
+
+def _dims_key(dims: Mapping[str, int]) -> tuple:
+    return tuple(sorted(dims.items()))
 
 
 def _shared_state(other: Executable, node: Node, nbytes: int) -> Array:
