@@ -21,9 +21,9 @@ graph (``backend.capture``) and later runs replay it; steps that cannot be recor
 device refuses to capture) run one by one, with a one-line notice. The numpy backend records runs of compiled
 kernel calls as chains (``cpu/jit/chain.py``) at the run ``backend.capture_after`` names, without notices.
 
-Re-binding keeps the last ``BINDINGS`` bindings of an executable (keyed by their dims, least recently used
-dropped first): each one's bound steps, plan, input and output slots, and its recorded graph or chains with its run
-count. Returning to dims bound before (a prompt length seen before, a batch of 1 after a batch of 2, the decode
+Re-binding keeps the last ``BINDINGS`` bindings of an executable that ran (keyed by their dims, the least recently
+used dropped first): each one's bound steps, plan, input and output slots, and its recorded graph or chains with its
+run count. Returning to dims bound before (a prompt length seen before, a batch of 1 after a batch of 2, the decode
 loop's attended-prefix buckets of the next reply) restores them without preparing, planning or recording again. The
 weights, constants, states (KV caches) and the arena are the executable's, shared by every binding, never copied;
 runs are one at a time, and no binding keeps values in the arena from one run to the next (inputs are copied in each
@@ -184,9 +184,9 @@ class TransferStats:
     replays: int = 0  # runs that replayed a recorded device graph or chains
 
 
-BINDINGS = 8  # bindings an executable keeps (its current one included): the decode loop's attended-prefix buckets
-# of a 16k cache (64 .. 16384: 9, the current one among them) or a few prompt lengths; each kept binding holds its
-# bound steps and recording, not arrays (a few hundred KiB for SmolLM2-135M's prefill: docs/quantization-gguf.md)
+BINDINGS = 4  # bindings an executable keeps, its current one included (1: none kept); a binding is kept when it is
+# left after running at least once. Each holds its bound steps and recording - Python objects and array views, no
+# array data: 3.5-6 MiB for SmolLM2-135M's 30 layers (docs/quantization-gguf.md, "Kept bindings")
 
 # what one binding is: restored together by ``bind`` (``_bind`` sets every one of them)
 _BINDING_FIELDS = ("dims", "plan", "_replay", "_launches", "_inputs", "_steps", "_step_nodes", "_labels",
@@ -218,7 +218,9 @@ class Executable:
         self._graphs = bool(getattr(runtime.backend, "graphs", False))
         self._capture_after = int(getattr(runtime.backend, "capture_after", 1))  # runs of a binding before it
         self._replay = None
-        self._bindings: dict[tuple, tuple] = {}  # dims -> (arena, the binding's fields), least recently used first
+        # the other bindings kept (not the current one): dims -> (arena, the binding's fields), least recently left
+        # first
+        self._bindings: dict[tuple, tuple] = {}
         backend = self.backend
         if states_from is not None and states_from.backend is not backend:
             raise InputError("states are shared only between executables of one runtime (one device)")
@@ -276,17 +278,31 @@ class Executable:
         if dims == self.dims:
             return
         t0 = time.perf_counter()
-        self._keep_binding()
-        kept = self._bindings.get(_dims_key(dims))
-        if kept is not None and kept[0] is self.arena:
+        kept = self._bindings.pop(_dims_key(dims), None)
+        if kept is None or kept[0] is not self.arena:
+            kept = None
+            self._check_fixed(dims)
+            prepared, plan = self._plan(dims)
+        if self._launches:  # kept only if it ran: a binding left unrun (loaded for a bucket, bound away at once)
+            self._bindings[_dims_key(self.dims)] = (self.arena, tuple(getattr(self, f) for f in _BINDING_FIELDS))
+        if kept is not None:
             for name, value in zip(_BINDING_FIELDS, kept[1], strict=True):
                 setattr(self, name, value)
-            self._bindings[_dims_key(dims)] = self._bindings.pop(_dims_key(dims))  # the most recently used now
             self._staged = []
-            self.stats.rebinds += 1
             self.stats.rebinds_cached += 1
-            self.stats.rebind_seconds += time.perf_counter() - t0
-            return
+        else:
+            if plan.arena_bytes > self.arena.nbytes:  # not expected when loaded for the largest dims of a bucket
+                self.arena = self.backend.allocate(plan.arena_bytes)
+                self._bindings.clear()  # they point into the old arena: dropped with it (one arena held at a time)
+                self.stats.arena_allocations += 1
+            self._bind(dims, prepared, plan)
+        while len(self._bindings) > max(0, BINDINGS - 1):  # the current one besides them: the oldest left go
+            del self._bindings[next(iter(self._bindings))]
+        self.stats.rebinds += 1
+        self.stats.rebind_seconds += time.perf_counter() - t0
+
+    def _check_fixed(self, dims: dict[str, int]) -> None:
+        """Weights and states keep their shapes at ``dims``, and an Iota is no longer than loaded."""
         for nid, buf in self._fixed.items():
             node = self._by_id[nid]
             kind = node.attr("kind") if node.op == "Input" else None
@@ -298,23 +314,6 @@ class Executable:
                 raise UnboundDimError(
                     f"Iota #{nid} of length {shape_str(node.shape)} = {declared_shape(node, dims)[0]} exceeds the "
                     f"{buf.size} it was loaded for (dims {self.loaded_dims}); load the program for a larger bucket")
-        prepared, plan = self._plan(dims)
-        if plan.arena_bytes > self.arena.nbytes:  # not expected when loaded for the largest dims of a bucket
-            self.arena = self.backend.allocate(plan.arena_bytes)
-            self._bindings.clear()  # they point into the old arena: dropped with it (one arena held at a time)
-            self.stats.arena_allocations += 1
-        self._bind(dims, prepared, plan)
-        self._keep_binding()
-        while len(self._bindings) > BINDINGS:
-            del self._bindings[next(iter(self._bindings))]  # the least recently used
-        self.stats.rebinds += 1
-        self.stats.rebind_seconds += time.perf_counter() - t0
-
-    def _keep_binding(self) -> None:
-        """Keep the current binding (its recording and run count as they are now) under its dims."""
-        key = _dims_key(self.dims)
-        self._bindings.pop(key, None)
-        self._bindings[key] = (self.arena, tuple(getattr(self, name) for name in _BINDING_FIELDS))
 
     def _bind(self, dims: dict[str, int], prepared: dict, plan: MemoryPlan) -> None:
         """Every activation slot, kernel step, input and output at ``dims``."""

@@ -85,13 +85,14 @@ def test_going_back_replays_the_recorded_chains_bit_for_bit(lm, monkeypatch):
     for _ in range(past):
         assert np.array_equal(_run(lm, exe, 24), ref[24])
     assert exe.replaying and exe.stats.replays == 2 and exe._replay.chains >= 1
+    assert not exe._bindings  # the binding loaded for 40 tokens never ran: not kept
     recorded, steps = exe._replay, exe._steps
-    assert np.array_equal(_run(lm, exe, 40), ref[40])  # the loaded binding (kept), run once: its steps one by one
-    assert not exe.replaying and exe.stats.replays == 2
+    assert np.array_equal(_run(lm, exe, 40), ref[40])  # planned again, its steps one by one
+    assert not exe.replaying and exe.stats.replays == 2 and len(exe._bindings) == 1
     back = _run(lm, exe, 24)  # back: the recording restored, replayed at once, nothing planned again
     assert exe._replay is recorded and exe._steps is steps and exe.stats.replays == 3
     assert np.array_equal(back, ref[24])
-    assert exe.plans == 1 and exe.stats.rebinds == 3 and exe.stats.rebinds_cached == 2
+    assert exe.plans == 2 and exe.stats.rebinds == 3 and exe.stats.rebinds_cached == 1
     exe.close()
     assert not exe._bindings
 
@@ -103,8 +104,8 @@ def test_alternating_dims_replay_on_both_sides(lm, monkeypatch):
     for _ in range(rounds):
         for n in (17, 33):
             assert np.array_equal(_run(lm, exe, n), ref[n]), n
-    assert exe.plans == 1  # 17's binding, once; 33's is the loaded one
-    assert exe.stats.rebinds == 2 * rounds and exe.stats.rebinds_cached == 2 * rounds - 1
+    assert exe.plans == 2  # each length once (the loaded binding was left before it ran)
+    assert exe.stats.rebinds == 2 * rounds and exe.stats.rebinds_cached == 2 * rounds - 2
     assert exe.stats.replays == 2 * (rounds - NumpyBackend.capture_after)  # each recorded at its fifth run
     exe.close()
 
@@ -115,9 +116,9 @@ def test_a_larger_arena_drops_the_bindings_into_the_old_one(lm, monkeypatch):
     for n in (3, 5):
         assert np.array_equal(_run(lm, exe, n), ref[n])
     old = weakref.ref(exe.arena.base)
-    assert len(exe._bindings) == 3
+    assert len(exe._bindings) == 1  # 3 (5 is the current one)
     assert np.array_equal(_run(lm, exe, 60), ref[60])  # 60 tokens need a larger arena
-    assert exe.stats.arena_allocations == 1 and list(exe._bindings) == [executable._dims_key(exe.dims)]
+    assert exe.stats.arena_allocations == 1 and not exe._bindings
     gc.collect()
     assert old() is None, "a dropped binding kept the old arena alive"
     for n in (3, 5):  # planned again, in the new arena
@@ -131,11 +132,18 @@ def test_the_kept_bindings_are_bounded_least_recently_used_first(lm, monkeypatch
     exe = _prefill(lm, 64, True, monkeypatch)
     for n in (10, 11, 12, 13):
         _run(lm, exe, n)
-    assert [dict(key)["seq"] for key in exe._bindings] == [11, 12, 13]  # 64 and then 10 dropped
-    _run(lm, exe, 11)  # kept: not planned, now the most recently used
+    assert [dict(key)["seq"] for key in exe._bindings] == [11, 12]  # and 13, the current one; 10 dropped
     plans = exe.plans
-    _run(lm, exe, 10)
-    assert exe.plans == plans + 1 and [dict(key)["seq"] for key in exe._bindings] == [13, 11, 10]
+    _run(lm, exe, 11)  # kept: not planned
+    assert exe.plans == plans and [dict(key)["seq"] for key in exe._bindings] == [12, 13]
+    _run(lm, exe, 10)  # dropped: planned again, and 12 goes
+    assert exe.plans == plans + 1 and [dict(key)["seq"] for key in exe._bindings] == [13, 11]
+    exe.close()
+    monkeypatch.setattr(executable, "BINDINGS", 1)  # none kept besides the current one
+    exe = _prefill(lm, 64, True, monkeypatch)
+    for n in (10, 11, 10):
+        _run(lm, exe, n)
+    assert not exe._bindings and exe.plans == 3 and exe.stats.rebinds_cached == 0
     exe.close()
 
 
