@@ -174,3 +174,13 @@ def test_qwen3_forward_after_a_reset_searches_nothing(assert_close):
     assert second[instrument.PLAN_CACHE_HIT] >= 1
     with torch.no_grad():
         assert_close("model", logits, float64_twin(model)(ids).logits)
+
+
+def test_cache_clear_removes_the_translations():
+    from luminal_recipes.compiler import cache
+
+    torch.manual_seed(6)
+    _compile_and_run(Mlp().eval(), torch.randn(3, 8))
+    assert len(list(translation_cache.folder().glob("*.json"))) == 1
+    removed, _ = cache.clear()
+    assert removed == 2 and not list(translation_cache.folder().glob("*.json"))  # the plan and the translation
