@@ -24,6 +24,7 @@ waited for a core, so its ratios are the steadier ones (with 2 threads it is the
 
     python bench/torch_backend.py                             # all workloads, 3 rounds
     python bench/torch_backend.py --workloads flux2 --repeats 5 --threads 2
+    python bench/torch_backend.py --plan-cache DIR --start ours   # one side's start in a new process
 """
 
 from __future__ import annotations
@@ -186,6 +187,19 @@ def bench(name: str, repeats: int) -> None:
         print(f"  max |{side} - eager| = {diff:.3g}")
 
 
+def start(name: str, side: str) -> None:
+    """One side's compile and first call, the first in this process (``--start``): with ``--plan-cache`` of an
+    earlier run, the start of a model run again in a new process."""
+    import torch
+
+    model, call, prepare = WORKLOADS[name](torch)
+    with torch.no_grad():
+        fn = torch.compile(model.forward, backend="luminal" if side == "ours" else "inductor")
+        seconds, _ = timed(call(fn), prepare)
+    print(f"{name}: {side} compile+first call in a new process {seconds:.2f} s (load average "
+          f"{os.getloadavg()[0]:.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
@@ -194,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="threads for every side (default: numpy's BLAS threads, normally the CPU count)")
     parser.add_argument("--plan-cache", type=Path, default=None,
                         help="plan cache folder (default: a fresh temporary one, so the compile time is cold)")
+    parser.add_argument("--start", choices=("ours", "inductor"), default=None,
+                        help="only time this side's compile and first call in this process (see start())")
     args = parser.parse_args(argv)
     os.environ["LUMINAL_RECIPES_CACHE"] = str(args.plan_cache or tempfile.mkdtemp(prefix="luminal-torch-bench-"))
     sys.path.insert(0, str(BENCH))
@@ -204,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(threads)
     for name in args.workloads.split(","):
-        bench(name.strip(), args.repeats)
+        if args.start:
+            start(name.strip(), args.start)
+        else:
+            bench(name.strip(), args.repeats)
     return 0
 
 

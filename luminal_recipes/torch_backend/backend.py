@@ -13,6 +13,12 @@ from .compiled import CompiledGraph, Options
 
 
 def decompositions() -> dict:
+    return dict(_decompositions())
+
+
+@functools.lru_cache(maxsize=1)
+def _decompositions() -> dict:
+    """PyTorch's core ATen decompositions minus ``KEEP`` (built once: ~0.1 s, on every compile before)."""
     from torch._decomp import core_aten_decompositions
 
     from .optable import KEEP
@@ -65,7 +71,7 @@ def torch_backend(runtime: str | None = None, max_memory: int | str | None = Non
         return gm.forward
 
     lower = aot_autograd(fw_compiler=functools.partial(inference, training=True), inference_compiler=inference,
-                         bw_compiler=backward, decompositions=decompositions())
+                         bw_compiler=backward, decompositions=decompositions)  # built when AOTAutograd runs
 
     def backend(gm: torch.fx.GraphModule, example_inputs):
         """AOTAutograd's lowering and the translation, or both read from the translation cache (a Dynamo graph
