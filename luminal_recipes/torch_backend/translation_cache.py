@@ -8,7 +8,8 @@ input of the plan cache) is stored under a key of the Dynamo graph, and a hit bu
 it directly; the plan cache then supplies the program, so a warm start searches nothing and traces nothing twice.
 
 Key: the Dynamo graph's generated code, each placeholder's source and static marking, each example input's
-type, dtype, shape (symbolic sizes by their expression), strides and ``requires_grad``, grad mode, the backend's
+type, dtype, shape (symbolic sizes by their expression), strides and ``requires_grad``, grad, inference and
+autocast modes, the shape environment's state (guards, replacements, the symbols' ranges), the backend's
 options, and the versions of torch and this package with a hash of the translator's own source files
 (``torch_backend/*.py``, ``ops/*.py``, the graph serialiser) - so editing the op table invalidates every entry.
 
@@ -129,7 +130,11 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs, options) -> str | None:
     parts = {
         "code": gm.code,
         "inputs": inputs,
-        "grad": torch.is_grad_enabled(),
+        "grad": [torch.is_grad_enabled(), torch.is_inference_mode_enabled()],
+        "autocast": [str(torch.get_autocast_dtype(d)) if torch.is_autocast_enabled(d) else None
+                     for d in ("cpu", "cuda")],
+        # the symbols' ranges and the guards so far: lowering may decide by a range without adding a guard
+        "shape_env": shape_state(example_inputs),
         "options": [options.runtime, options.max_memory, options.compute_dtype],
         "versions": [torch.__version__, _version(), _source_hash()],
     }
