@@ -12,9 +12,9 @@ Workloads (random weights, float32):
 
 Each side is compiled by its first call (the compile time printed: Dynamo + AOTAutograd + our search and load,
 with a cold plan cache, then once more with the plan cache warm; inductor's with its own on-disk caches as they
-are: warm after a first run; then both once more after ``torch._dynamo.reset()``, "after reset": the start of a
-model compiled before, as in a second process, where both sides skip AOTAutograd's lowering), then the sides
-run in turns (ours, eager, inductor; ``--repeats`` rounds) on
+are: warm after a first run; then each side after its own ``torch._dynamo.reset()``, twice, in both orders, "after
+reset": the start of a model compiled before, as in a second process, where both sides skip AOTAutograd's
+lowering), then the sides run in turns (ours, eager, inductor; ``--repeats`` rounds) on
 the same threads (torch.set_num_threads = our kernels' and numpy BLAS's threads), so a slow phase of a shared
 machine falls on all of them alike. The median per side and the ratios ours/eager and ours/inductor are
 printed, with each round's ratio range. Outputs are compared (max abs difference to eager) to show all
@@ -131,6 +131,8 @@ def timed(fn, prepare, cpu: list | None = None):
 def bench(name: str, repeats: int) -> None:
     import torch
 
+    from luminal_recipes import instrument
+
     model, call, prepare = WORKLOADS[name](torch)
     sides = {"eager": model.forward}
     compile_s = {}
@@ -145,12 +147,26 @@ def bench(name: str, repeats: int) -> None:
         # ours once more on a fresh Dynamo state: the plan cache is warm now
         torch._dynamo.reset()
         warm = torch.compile(model.forward, backend="luminal")
+        before = instrument.snapshot()
         compile_s["ours (warm plan cache)"], _ = timed(call(warm), prepare)
+        moved = instrument.snapshot() - before
+        hits = (f"translations read {moved['torch_translation_hit']}, plans read {moved[instrument.PLAN_CACHE_HIT]}, "
+                f"searches {moved[instrument.SEARCH]}")
+        # each side again after its own reset, in both orders (a second trace of the same code in a process is
+        # cheaper for Dynamo, whichever backend asked first): a model compiled before, as in a new process
+        after = {"ours": [], "inductor": []}
+        for order in (("ours", "inductor"), ("inductor", "ours")):
+            for side in order:
+                torch._dynamo.reset()
+                fn = torch.compile(model.forward, backend="luminal" if side == "ours" else "inductor")
+                after[side].append(timed(call(fn), prepare)[0])
+        for side, seconds in after.items():
+            compile_s[f"{side} (after reset)"] = statistics.mean(seconds)
         torch._dynamo.reset()
         sides["ours"] = torch.compile(model.forward, backend="luminal")
         sides["inductor"] = torch.compile(model.forward, backend="inductor")
-        for side in ("ours", "inductor"):  # both sides again after a reset: from their caches, side by side
-            compile_s[f"{side} (after reset)"], _ = timed(call(sides[side]), prepare)
+        for side in ("ours", "inductor"):  # recompiles from the caches, outside the timing
+            timed(call(sides[side]), prepare)
         # the CPU runtime records its chains at the fifth run of a binding (NumpyBackend.capture_after), which
         # compiles the generated chain interpreters with numba: seconds, cold in a fresh plan cache folder (their
         # numba cache lives there). Outside the timing, as inductor's compilation is; reported with the compiles
@@ -170,7 +186,9 @@ def bench(name: str, repeats: int) -> None:
     print(f"\n{name}  (torch {torch.__version__}, {torch.get_num_threads()} threads, {repeats} rounds)")
     print(f"  (load average {os.getloadavg()[0]:.2f})")
     for side, seconds in compile_s.items():
-        print(f"  compile+first call  {side:<26} {seconds:8.2f} s")
+        rounds = f"  ({' / '.join(f'{t:.2f}' for t in after[side.split()[0]])} s)" if "after reset" in side else ""
+        print(f"  compile+first call  {side:<26} {seconds:8.2f} s{rounds}")
+    print(f"  ours (warm plan cache): {hits}")
     for side in ("ours", "eager", "inductor"):
         print(f"  run (median)        {side:<24} {med[side] * 1e3:8.1f} ms")
     for ref in ("eager", "inductor"):
