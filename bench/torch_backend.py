@@ -12,7 +12,9 @@ Workloads (random weights, float32):
 
 Each side is compiled by its first call (the compile time printed: Dynamo + AOTAutograd + our search and load,
 with a cold plan cache, then once more with the plan cache warm; inductor's with its own on-disk caches as they
-are: warm after a first run), then the sides run in turns (ours, eager, inductor; ``--repeats`` rounds) on
+are: warm after a first run; then each side after its own ``torch._dynamo.reset()``, twice, in both orders, "after
+reset": the start of a model compiled before, as in a second process, where both sides skip AOTAutograd's
+lowering), then the sides run in turns (ours, eager, inductor; ``--repeats`` rounds) on
 the same threads (torch.set_num_threads = our kernels' and numpy BLAS's threads), so a slow phase of a shared
 machine falls on all of them alike. The median per side and the ratios ours/eager and ours/inductor are
 printed, with each round's ratio range. Outputs are compared (max abs difference to eager) to show all
@@ -22,6 +24,7 @@ waited for a core, so its ratios are the steadier ones (with 2 threads it is the
 
     python bench/torch_backend.py                             # all workloads, 3 rounds
     python bench/torch_backend.py --workloads flux2 --repeats 5 --threads 2
+    python bench/torch_backend.py --plan-cache DIR --start ours   # one side's start in a new process
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ def timed(fn, prepare, cpu: list | None = None):
 def bench(name: str, repeats: int) -> None:
     import torch
 
+    from luminal_recipes import instrument
+
     model, call, prepare = WORKLOADS[name](torch)
     sides = {"eager": model.forward}
     compile_s = {}
@@ -142,7 +147,21 @@ def bench(name: str, repeats: int) -> None:
         # ours once more on a fresh Dynamo state: the plan cache is warm now
         torch._dynamo.reset()
         warm = torch.compile(model.forward, backend="luminal")
+        before = instrument.snapshot()
         compile_s["ours (warm plan cache)"], _ = timed(call(warm), prepare)
+        moved = instrument.snapshot() - before
+        hits = (f"translations read {moved['torch_translation_hit']}, plans read {moved[instrument.PLAN_CACHE_HIT]}, "
+                f"searches {moved[instrument.SEARCH]}")
+        # each side again after its own reset, in both orders (a second trace of the same code in a process is
+        # cheaper for Dynamo, whichever backend asked first): a model compiled before, as in a new process
+        after = {"ours": [], "inductor": []}
+        for order in (("ours", "inductor"), ("inductor", "ours")):
+            for side in order:
+                torch._dynamo.reset()
+                fn = torch.compile(model.forward, backend="luminal" if side == "ours" else "inductor")
+                after[side].append(timed(call(fn), prepare)[0])
+        for side, seconds in after.items():
+            compile_s[f"{side} (after reset)"] = statistics.mean(seconds)
         torch._dynamo.reset()
         sides["ours"] = torch.compile(model.forward, backend="luminal")
         sides["inductor"] = torch.compile(model.forward, backend="inductor")
@@ -165,8 +184,11 @@ def bench(name: str, repeats: int) -> None:
     med = {side: statistics.median(v) for side, v in times.items()}
     cpu_med = {side: statistics.median(v) for side, v in cpu.items()}
     print(f"\n{name}  (torch {torch.__version__}, {torch.get_num_threads()} threads, {repeats} rounds)")
+    print(f"  (load average {os.getloadavg()[0]:.2f})")
     for side, seconds in compile_s.items():
-        print(f"  compile+first call  {side:<24} {seconds:8.2f} s")
+        rounds = f"  ({' / '.join(f'{t:.2f}' for t in after[side.split()[0]])} s)" if "after reset" in side else ""
+        print(f"  compile+first call  {side:<26} {seconds:8.2f} s{rounds}")
+    print(f"  ours (warm plan cache): {hits}")
     for side in ("ours", "eager", "inductor"):
         print(f"  run (median)        {side:<24} {med[side] * 1e3:8.1f} ms")
     for ref in ("eager", "inductor"):
@@ -183,6 +205,19 @@ def bench(name: str, repeats: int) -> None:
         print(f"  max |{side} - eager| = {diff:.3g}")
 
 
+def start(name: str, side: str) -> None:
+    """One side's compile and first call, the first in this process (``--start``): with ``--plan-cache`` of an
+    earlier run, the start of a model run again in a new process."""
+    import torch
+
+    model, call, prepare = WORKLOADS[name](torch)
+    with torch.no_grad():
+        fn = torch.compile(model.forward, backend="luminal" if side == "ours" else "inductor")
+        seconds, _ = timed(call(fn), prepare)
+    print(f"{name}: {side} compile+first call in a new process {seconds:.2f} s (load average "
+          f"{os.getloadavg()[0]:.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
@@ -191,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="threads for every side (default: numpy's BLAS threads, normally the CPU count)")
     parser.add_argument("--plan-cache", type=Path, default=None,
                         help="plan cache folder (default: a fresh temporary one, so the compile time is cold)")
+    parser.add_argument("--start", choices=("ours", "inductor"), default=None,
+                        help="only time this side's compile and first call in this process (see start())")
     args = parser.parse_args(argv)
     os.environ["LUMINAL_RECIPES_CACHE"] = str(args.plan_cache or tempfile.mkdtemp(prefix="luminal-torch-bench-"))
     sys.path.insert(0, str(BENCH))
@@ -201,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(threads)
     for name in args.workloads.split(","):
-        bench(name.strip(), args.repeats)
+        if args.start:
+            start(name.strip(), args.start)
+        else:
+            bench(name.strip(), args.repeats)
     return 0
 
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 os.environ["LUMINAL_RECIPES_CACHE"] = tempfile.mkdtemp(prefix="luminal-rope-ab-")
+os.environ["LUMINAL_TORCH_TRANSLATION_CACHE"] = "0"  # the sides patch the translator: each lowers its own graph
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import torch_backend as tb  # noqa: E402

@@ -87,11 +87,13 @@ def entries(directory: Path | None = None) -> list[Path]:
 
 
 def clear(directory: Path | None = None) -> tuple[int, int]:
-    """Remove the cache's own files (``entries``) and the stale temporary files of the compiled CUDA modules kept
-    beside it (``cuda/``, ``cuda/emu/``); returns (files removed, bytes freed)."""
+    """Remove the cache's own files (``entries``, and the torch backend's in ``torch/``) and the stale temporary
+    files of the compiled CUDA modules kept beside it (``cuda/``, ``cuda/emu/``); returns (files removed, bytes
+    freed)."""
     directory = cache_dir() if directory is None else directory
     removed = freed = 0
-    for path in entries(directory):
+    # ``torch/``: the torch backend's translations (``luminal_recipes/torch_backend/translation_cache.py``)
+    for path in entries(directory) + entries(directory / "torch"):
         try:
             size = path.stat().st_size
             path.unlink()

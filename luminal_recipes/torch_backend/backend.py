@@ -5,11 +5,20 @@ translated and compiled (``fallback.compile_fx``). Registered as ``backend="lumi
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import InputError
-from .compiled import Options
+from . import translation_cache
+from .compiled import CompiledGraph, Options
 
 
 def decompositions() -> dict:
+    return dict(_decompositions())
+
+
+@functools.lru_cache(maxsize=1)
+def _decompositions() -> dict:
+    """PyTorch's core ATen decompositions minus ``KEEP`` (built once: ~0.1 s, on every compile before)."""
     from torch._decomp import core_aten_decompositions
 
     from .optable import KEEP
@@ -48,17 +57,45 @@ def torch_backend(runtime: str | None = None, max_memory: int | str | None = Non
             raise InputError(f"torch_backend: unknown runtime {runtime!r}; available: {', '.join(runtime_names())}")
     options = Options(runtime, _parse_memory(max_memory), None if compute_dtype == "f32" else compute_dtype)
 
-    def inference(gm: torch.fx.GraphModule, example_inputs):
+    record: dict = {}  # what the compile in progress lowered (read by ``backend`` to store its translation)
+
+    def inference(gm: torch.fx.GraphModule, example_inputs, training: bool = False):
         ctx = TracingContext.try_get()
         meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
         static = set(getattr(meta, "static_input_indices", None) or ())
-        return compile_fx(gm, static, options)
+        compiled = compile_fx(gm, static, options)
+        record.update(aten=gm, meta=meta, compiled=compiled, training=training)
+        return compiled
 
     def backward(gm, example_inputs):  # training: the backward pass runs in eager PyTorch
         return gm.forward
 
-    return aot_autograd(fw_compiler=inference, inference_compiler=inference, bw_compiler=backward,
-                        decompositions=decompositions())
+    lower = aot_autograd(fw_compiler=functools.partial(inference, training=True), inference_compiler=inference,
+                         bw_compiler=backward, decompositions=decompositions)  # built when AOTAutograd runs
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        """AOTAutograd's lowering and the translation, or both read from the translation cache (a Dynamo graph
+        compiled before: ``translation_cache``)."""
+        key = translation_cache.graph_key(gm, example_inputs, options) if translation_cache.enabled() else None
+        if key is not None:
+            cached = translation_cache.load(key)
+            if cached is not None:
+                return torch._dynamo.disable(CompiledGraph(cached, options), reason="luminal compiled graph")
+        before = translation_cache.shape_state(example_inputs) if key is not None else None
+        record.clear()
+        try:
+            compiled = lower(gm, example_inputs)
+            done = dict(record)
+        finally:
+            record.clear()
+        if key is not None and isinstance(done.get("compiled"), CompiledGraph) and not done["training"] \
+                and translation_cache.passes_through(done["aten"], translation_cache.traced_inputs(gm, example_inputs),
+                                                     done["meta"]) \
+                and translation_cache.shape_state(example_inputs) == before:
+            translation_cache.store(key, done["compiled"].translation)
+        return compiled
+
+    return backend
 
 
 def luminal(gm, example_inputs, options: dict | None = None):

@@ -66,7 +66,7 @@ class CompiledGraph:
         for spec in self.translation.outputs:
             if spec[0] == "tensor":
                 _, name, dtype, shape = spec
-                want = tuple(int(d) if not isinstance(d, torch.SymInt) else out[name].shape[i]
+                want = tuple(out[name].shape[i] if d is None or isinstance(d, torch.SymInt) else int(d)
                              for i, d in enumerate(shape))
                 results.append(to_torch(out[name], dtype, want))
             elif spec[0] == "arg":
