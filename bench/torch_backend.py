@@ -114,6 +114,10 @@ WORKLOADS = {"flux2": flux2_workload, "qwen3-prefill": qwen3_prefill_workload, "
 
 
 CAPTURE_RUNS = 5  # calls of each side before the timed rounds, past the CPU runtime's chain capture
+# calls of a side in each turn before its timed call: after a call, PyTorch's OpenMP threads (libgomp) spin on
+# for milliseconds (measured 3-4 ms of a core after a 2-thread op), so the side timed right after eager or
+# inductor found one core taken; each side's timed call now follows a call of its own, as in a model's loop
+UNTIMED_CALLS = 1
 
 
 def timed(fn, prepare, cpu: list | None = None):
@@ -179,6 +183,8 @@ def bench(name: str, repeats: int) -> None:
         cpu = {side: [] for side in times}
         for _ in range(repeats):
             for side in times:
+                for _ in range(UNTIMED_CALLS):
+                    timed(call(sides[side]), prepare)
                 seconds, _ = timed(call(sides[side]), prepare, cpu[side])
                 times[side].append(seconds)
     med = {side: statistics.median(v) for side, v in times.items()}
@@ -228,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="plan cache folder (default: a fresh temporary one, so the compile time is cold)")
     parser.add_argument("--start", choices=("ours", "inductor"), default=None,
                         help="only time this side's compile and first call in this process (see start())")
+    parser.add_argument("--untimed", type=int, default=UNTIMED_CALLS,
+                        help="calls of a side before its timed call in each turn (0: the sides back to back)")
     args = parser.parse_args(argv)
+    globals()["UNTIMED_CALLS"] = max(0, args.untimed)
     os.environ["LUMINAL_RECIPES_CACHE"] = str(args.plan_cache or tempfile.mkdtemp(prefix="luminal-torch-bench-"))
     sys.path.insert(0, str(BENCH))
     from flux2_transformer_cpu import blas_threads
