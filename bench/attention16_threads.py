@@ -1,0 +1,133 @@
+"""The 16-dim attention kernel alone (``jit/attention_small.py``) on the tiny FLUX.2 transformer's shape (4 heads x
+1088 tokens, token-major views of a fused projection), on 1 and 2 threads, in turns in one process: the per-core
+parts (``attention16_part``: one compiled call per core over 32-row tasks, the core's own range first) against
+the kernel before them (a Python call of ``attention16`` per (head, ~363-row block) task, ``threads.claimed``).
+Beside them, whether the machine gave this process two cores: two compiled busy loops on two threads against
+one (a ratio near 1.0: two cores; near 2.0: other jobs hold one - each shell session is its own scheduling
+group, so ``nice`` elsewhere does not hand the core back).
+
+    python bench/attention16_threads.py --rounds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from luminal_recipes.runtimes.cpu import jit
+from luminal_recipes.runtimes.cpu import threads as cpu_threads
+
+H, S, D = 4, 1088, 16
+
+
+def two_cores() -> float:
+    """Two threads' busy loops over one's, wall time (1.0: two free cores)."""
+    import numba
+
+    @numba.njit(nogil=True)
+    def busy(n):
+        s = 0.0
+        for i in range(n):
+            s += (i * 1.0) ** 0.5
+        return s
+
+    busy(10)
+    t0 = time.perf_counter()
+    busy(10_000_000)
+    one = time.perf_counter() - t0
+    workers = [threading.Thread(target=busy, args=(10_000_000,)) for _ in range(2)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return (time.perf_counter() - t0) / one
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=60)
+    args = parser.parse_args(argv)
+    jit.kernels()
+    from luminal_recipes.runtimes.cpu.jit import attention_small as kernels
+
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal((S, 3, H, D)).astype(np.float32)
+    q, k, v = (qkv[:, i].transpose(1, 0, 2) for i in range(3))
+    scale = np.float32(0.25)
+
+    def scratch(slots):
+        return [[np.zeros(shape, np.float32) for shape in ((D, S), (D, S), (4, S), (4, D))] for _ in range(slots)]
+
+    def claimed(slots, blocks=3):  # the kernel before (12 tasks of ~363 rows here)
+        out = np.zeros((H, S, D), np.float32)
+        bounds = [S * i // blocks for i in range(blocks + 1)]
+        tasks = [(h, bounds[b], bounds[b + 1]) for h in range(H) for b in range(blocks)]
+        bufs, held = scratch(slots), [-1] * slots
+
+        def task(slot, j):
+            h, first, end = tasks[j]
+            kernels.attention16(q, k, v, out, h, first, end, held[slot] != h, scale, *bufs[slot])
+            held[slot] = h
+
+        step = cpu_threads.claimed(len(tasks), slots, task)
+
+        def run():
+            held[:] = [-1] * slots
+            step()
+
+        return run, out
+
+    def parts(slots, rows=32):  # attention_small.prepare's tables
+        out = np.zeros((H, S, D), np.float32)
+        blocks = -(-S // rows)
+        bounds = [S * i // blocks for i in range(blocks + 1)]
+        tasks = np.array([(h, bounds[b], bounds[b + 1]) for h in range(H) for b in range(blocks)], np.int64)
+        starts = np.array([len(tasks) * i // slots for i in range(slots)], np.int64)
+        ends = np.array([len(tasks) * (i + 1) // slots for i in range(slots)], np.int64)
+        counters = np.zeros(slots * kernels.STRIDE, np.int64)
+        bufs = scratch(slots)
+        calls = [functools.partial(kernels.attention16_part, q, k, v, out, tasks, counters, ends, slot, scale,
+                                   *bufs[slot]) for slot in range(slots)]
+
+        def run():
+            counters[::kernels.STRIDE] = starts
+            cpu_threads.run_parts(calls)
+
+        return run, out
+
+    cpu_threads.THREADS = max(2, cpu_threads.THREADS)
+    sides = {"claimed, 1 thread": claimed(1), "parts, 1 thread": parts(1),
+             "claimed, 2 threads": claimed(2), "parts, 2 threads": parts(2)}
+    for run, _ in sides.values():
+        for _ in range(5):
+            run()
+    first = next(iter(sides.values()))[1]
+    assert all(np.array_equal(first, out) for _, out in sides.values())  # the same bits on every schedule
+    wall = {name: [] for name in sides}
+    cores = two_cores()
+    for _ in range(args.rounds):
+        for name, (run, _) in sides.items():
+            t0 = time.perf_counter()
+            run()
+            wall[name].append(time.perf_counter() - t0)
+    cores = (cores + two_cores()) / 2
+    print(f"attention 4 x 1088 x 16, {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}; two threads' "
+          f"busy loops {cores:.2f}x one's (1.0: two free cores)")
+    for name, w in wall.items():
+        print(f"  {name:20s} wall median {statistics.median(w) * 1e3:6.2f} ms (min {min(w) * 1e3:6.2f})")
+    for a, b in (("parts, 2 threads", "claimed, 2 threads"), ("parts, 1 thread", "claimed, 1 thread"),
+                 ("parts, 2 threads", "parts, 1 thread")):
+        r = [x / y for x, y in zip(wall[a], wall[b])]
+        print(f"  {a} / {b}: {statistics.median(r):.3f}x (rounds {min(r):.2f}-{max(r):.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
