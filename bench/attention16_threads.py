@@ -1,18 +1,17 @@
 """The 16-dim attention kernel alone (``jit/attention_small.py``) on the tiny FLUX.2 transformer's shape (4 heads x
-1088 tokens, token-major views of a fused projection), on 1 and 2 threads, in turns in one process: the per-core
-parts (``attention16_part``: one compiled call per core over 32-row tasks, the core's own range first) against
-the kernel before them (a Python call of ``attention16`` per (head, ~363-row block) task, ``threads.claimed``).
-Beside them, whether the machine gave this process two cores: two compiled busy loops on two threads against
-one (a ratio near 1.0: two cores; near 2.0: other jobs hold one - each shell session is its own scheduling
-group, so ``nice`` elsewhere does not hand the core back).
+1088 tokens, token-major views of a fused projection), on 1 and 2 threads, in turns in one process, as
+``kernels/attention_small.py`` runs it (a Python call of ``attention16`` per (head, block of query rows) task,
+taken in turn by the parts, ``threads.claimed``) with 3 blocks a head (what the plan makes for this shape) and
+17 (64-row tasks). Beside them, whether the machine gave this process two cores: two compiled busy loops on two
+threads against one (a ratio near 1.0: two cores; near 2.0: other jobs hold one - each shell session is its own
+scheduling group, so ``nice`` elsewhere does not hand the core back).
 
-    python bench/attention16_threads.py --rounds 60
+    python bench/attention16_threads.py --rounds 80
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import threading
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     def scratch(slots):
         return [[np.zeros(shape, np.float32) for shape in ((D, S), (D, S), (4, S), (4, D))] for _ in range(slots)]
 
-    def claimed(slots, blocks=3):  # the kernel before (12 tasks of ~363 rows here)
+    def claimed(slots, blocks):  # attention_small.prepare's tasks: 3 blocks a head here (12 tasks of ~363 rows)
         out = np.zeros((H, S, D), np.float32)
         bounds = [S * i // blocks for i in range(blocks + 1)]
         tasks = [(h, bounds[b], bounds[b + 1]) for h in range(H) for b in range(blocks)]
@@ -84,27 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return run, out
 
-    def parts(slots, rows=32):  # attention_small.prepare's tables
-        out = np.zeros((H, S, D), np.float32)
-        blocks = -(-S // rows)
-        bounds = [S * i // blocks for i in range(blocks + 1)]
-        tasks = np.array([(h, bounds[b], bounds[b + 1]) for h in range(H) for b in range(blocks)], np.int64)
-        starts = np.array([len(tasks) * i // slots for i in range(slots)], np.int64)
-        ends = np.array([len(tasks) * (i + 1) // slots for i in range(slots)], np.int64)
-        counters = np.zeros(slots * kernels.STRIDE, np.int64)
-        bufs = scratch(slots)
-        calls = [functools.partial(kernels.attention16_part, q, k, v, out, tasks, counters, ends, slot, scale,
-                                   *bufs[slot]) for slot in range(slots)]
-
-        def run():
-            counters[::kernels.STRIDE] = starts
-            cpu_threads.run_parts(calls)
-
-        return run, out
-
     cpu_threads.THREADS = max(2, cpu_threads.THREADS)
-    sides = {"claimed, 1 thread": claimed(1), "parts, 1 thread": parts(1),
-             "claimed, 2 threads": claimed(2), "parts, 2 threads": parts(2)}
+    sides = {f"{blocks} blocks, {n} thread{'s' * (n > 1)}": claimed(n, blocks) for blocks in (3, 17) for n in (1, 2)}
     for run, _ in sides.values():
         for _ in range(5):
             run()
@@ -121,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"attention 4 x 1088 x 16, {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}; two threads' "
           f"busy loops {cores:.2f}x one's (1.0: two free cores)")
     for name, w in wall.items():
-        print(f"  {name:20s} wall median {statistics.median(w) * 1e3:6.2f} ms (min {min(w) * 1e3:6.2f})")
-    for a, b in (("parts, 2 threads", "claimed, 2 threads"), ("parts, 1 thread", "claimed, 1 thread"),
-                 ("parts, 2 threads", "parts, 1 thread")):
+        print(f"  {name:22s} wall median {statistics.median(w) * 1e3:6.2f} ms (min {min(w) * 1e3:6.2f})")
+    for a, b in (("3 blocks, 2 threads", "3 blocks, 1 thread"), ("17 blocks, 2 threads", "17 blocks, 1 thread"),
+                 ("17 blocks, 2 threads", "3 blocks, 2 threads")):
         r = [x / y for x, y in zip(wall[a], wall[b])]
         print(f"  {a} / {b}: {statistics.median(r):.3f}x (rounds {min(r):.2f}-{max(r):.2f})")
     return 0

@@ -5,9 +5,7 @@ compiled (B's kernels are prepared under it):
 
 - ``concat``: a stack along a new last axis copied along its strided axis (``layout._box3``, ``copy_box``);
 - ``cse``: a repeated subexpression of an Elementwise computed once (``expression._repeated``);
-- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``);
-- ``attnpart``: that attention's one compiled call per core over 32-row tasks (``attention16_part``), replaced by
-  the kernel before it (``claimed_attention16``: a Python call per (head, block of ~363 rows) task).
+- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``).
 
 ``--min-part N`` prepares side A's kernels with ``threads.MIN_PART = N`` (finer parts for the chains' two threads).
 
@@ -34,55 +32,6 @@ from luminal_recipes.openblas_spin import limit_openblas_spin
 
 limit_openblas_spin()
 BENCH = Path(__file__).resolve().parent
-
-
-def claimed_attention16(ctx, rows):
-    """``attention_small.prepare`` before ``attention16_part`` (2026-12-04): (head, query block) tasks of
-    ``rows`` rows, each a Python call of ``attention16`` on the part that claims it (``threads.claimed``)."""
-    import math
-
-    import numpy as np
-
-    from luminal_recipes.runtimes.cpu import threads as cpu_threads
-    from luminal_recipes.runtimes.cpu.kernels import attention_small as small
-    from luminal_recipes.runtimes.cpu.kernels.common import F32, bind_all, with_refresh
-    from luminal_recipes.runtimes.cpu.kernels.operands import operand
-
-    batch, (s, dv) = tuple(ctx.shape[:-2]), ctx.shape[-2:]
-    t = ctx.inputs[1].view.shape[-2]
-    heads, hd = math.prod(batch), small.HEAD_DIM
-    scale = np.float32(ctx.node.attr("scale", 1.0))
-    ops = [operand(ctx, i, dtype=F32, shape=(heads, n, hd)) for i, n in enumerate((s, t, t))]
-    blocks = max(1, -(-s // max(1, rows)))
-    bounds = [s * i // blocks for i in range(blocks + 1)]
-    tasks = [(h, bounds[b], bounds[b + 1]) for h in range(heads) for b in range(blocks) if bounds[b + 1] > bounds[b]]
-    slots = max(1, min(cpu_threads.THREADS, len(tasks)))
-    per_slot = [[ctx.scratch.add(shape, F32) for shape in ((hd, t), (hd, t), (4, t), (4, hd))] for _ in range(slots)]
-
-    def bind(out, flats, scratch):
-        q, k, v = bind_all(ops, flats, scratch)
-        o = out.reshape((heads, s, dv))
-        kernel = small._kernels().attention16
-        buffers = [[scratch[i] for i in part] for part in per_slot]
-        held = [-1] * slots
-
-        def task(slot, j):
-            head, first, end = tasks[j]
-            kernel(q, k, v, o, head, first, end, held[slot] != head, scale, *buffers[slot])
-            held[slot] = head
-
-        step = cpu_threads.claimed(len(tasks), slots, task)
-
-        def body():
-            if t == 0:
-                out.fill(0)
-                return
-            held[:] = [-1] * slots
-            step()
-
-        return with_refresh(ops, body)
-
-    return bind
 
 
 def side_function(model, name: str):
@@ -117,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     patches = {"concat": (layout, "_box3", lambda *a, **k: None),
                "cse": (expression, "_repeated", lambda *a, **k: {}),
-               "attn16": (attention_small, "applies", lambda *a, **k: False),
-               "attnpart": (attention_small, "prepare", claimed_attention16)}
+               "attn16": (attention_small, "applies", lambda *a, **k: False)}
     off = [name for name in args.off.split(",") if name]
     model, call, _ = tb.WORKLOADS["flux2"](torch)
     sides, outputs = {}, {}

@@ -25,14 +25,12 @@ import numpy as np
 
 from .disk_cache import install as _install_cache_locator
 from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors, row_max_vec
-from .spin import atomic_load, compare_exchange
 
 _install_cache_locator()  # before the kernels: their cache goes stale with numba_kernels's helpers
 
 F = np.float32
 HEAD_DIM = 16
 GROUP = 4  # query rows whose scores one pass over the keys computes
-STRIDE = 8  # int64 counters a cache line apart (``attention16_part``)
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy")
 _rows = numba.njit(fastmath={"contract"}, **_FLAGS)
 # sums that LLVM may reorder, so that it vectorises them: a function of its own (flags are per function; the
@@ -163,35 +161,3 @@ def attention16(q, k, v, out, head, first, end, pack, scale, kt, vt, sc, qs):
         for i in range(rows):
             row = sc[i, :t]
             weighted_row16(row, row_max_vec(row), vt, t, out[head, r + i])
-
-
-@_inline
-def _take(counters, index):
-    """``counters[index] += 1`` atomically; the value before."""
-    while True:
-        j = atomic_load(counters, index)
-        if compare_exchange(counters, index, j, j + 1):
-            return j
-
-
-@_rows
-def attention16_part(q, k, v, out, tasks, counters, ends, slot, scale, kt, vt, sc, qs):
-    """One core's share of a call: the tasks ``tasks [n, 3]`` (head, first row, end row; head-major) cut into
-    ``len(ends)`` contiguous ranges, range ``r`` ending before task ``ends[r]`` and its next task untaken at
-    ``counters[r * STRIDE]`` (the caller sets it to the range's first task). Part ``slot`` takes the tasks of
-    its own range first, one at a time through the counter, then those left in the other ranges (a part that
-    started late, or whose core the OS gave less time, leaves them to the others), so every task is run once,
-    by one part, in one call without the GIL. The head's transposed keys and values are packed into this
-    part's ``kt``, ``vt`` only when its task changes heads (a range's tasks are consecutive rows of a few
-    heads: about one pack per head and part). Each row's result does not depend on which part computes it."""
-    ranges = ends.shape[0]
-    held = -1
-    for i in range(ranges):
-        r = (slot + i) % ranges
-        while True:
-            j = _take(counters, r * STRIDE)
-            if j >= ends[r]:
-                break
-            head = tasks[j, 0]
-            attention16(q, k, v, out, head, tasks[j, 1], tasks[j, 2], held != head, scale, kt, vt, sc, qs)
-            held = head

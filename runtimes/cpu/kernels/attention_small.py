@@ -1,6 +1,5 @@
-"""Attention over heads of 16 dims, without BLAS: ``jit/attention_small.py``'s compiled kernel over tasks of a
-head's query rows (``TASK_ROWS`` at most), one compiled call per core taking its own range of tasks, then any
-the other cores have left (``attention16_part``).
+"""Attention over heads of 16 dims, without BLAS: ``jit/attention_small.py``'s compiled kernel, a (head, block of
+query rows) per call, the blocks taken by the cores in turn.
 
 ``Attention`` and ``AttentionBlocked`` (``kernels/attention.py``) come here where their BLAS products would be
 inefficient and the compiled kernel applies: numba in use, q, k and v f32 with 16 dims per head, no bias, several
@@ -11,7 +10,6 @@ holds a ``(S, T)`` block: scratch is the head's transposed keys and values and f
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -23,7 +21,6 @@ from .common import F32, bind_all, with_refresh
 from .operands import operand
 
 HEAD_DIM = 16  # jit/attention_small.py's kernel is written out for these head dims (q, k and v alike)
-TASK_ROWS = 32  # query rows a task at most: a core left waiting at a call's end waits for at most one (~50 us)
 MIN_QUERY_ROWS = 4  # fewer query rows: decoding, whose kernel stacks heads (attention._shared_kv_rows)
 
 
@@ -44,41 +41,40 @@ def applies(ctx: KernelContext, s: int, d: int, dv: int) -> bool:
 
 
 def prepare(ctx: KernelContext, rows: int) -> Bind:
-    """The kernel over tasks of at most ``rows`` (and ``TASK_ROWS``) query rows of one head: the tasks, in head
-    order, cut into one contiguous range per core; each core's part is one compiled call
-    (``attention16_part``) that takes its own range's tasks, then what the other parts have not yet taken."""
+    """The kernel over query blocks of at most ``rows`` rows (``attention._Plan``'s blocks: a dozen tasks or
+    more where heads are few, so that each core gets several)."""
     batch, (s, dv) = tuple(ctx.shape[:-2]), ctx.shape[-2:]
     t = ctx.inputs[1].view.shape[-2]
     heads = math.prod(batch)
     scale = np.float32(ctx.node.attr("scale", 1.0))
     ops = [operand(ctx, i, dtype=F32, shape=(heads, n, HEAD_DIM)) for i, n in enumerate((s, t, t))]
-    per_task = max(1, min(rows, TASK_ROWS))
-    blocks = max(1, -(-s // per_task))
+    blocks = max(1, -(-s // max(1, rows)))
     bounds = [s * i // blocks for i in range(blocks + 1)]
-    tasks = np.array([(h, bounds[b], bounds[b + 1]) for h in range(heads) for b in range(blocks)
-                      if bounds[b + 1] > bounds[b]], dtype=np.int64).reshape(-1, 3)
+    tasks = [(h, bounds[b], bounds[b + 1]) for h in range(heads) for b in range(blocks) if bounds[b + 1] > bounds[b]]
     slots = max(1, min(cpu_threads.THREADS, len(tasks)))
-    starts = np.array([len(tasks) * i // slots for i in range(slots)], dtype=np.int64)
-    ends = np.array([len(tasks) * (i + 1) // slots for i in range(slots)], dtype=np.int64)
     per_slot = [[ctx.scratch.add(shape, F32) for shape in ((HEAD_DIM, t), (HEAD_DIM, t), (4, t), (4, HEAD_DIM))]
                 for _ in range(slots)]
 
     def bind(out, flats, scratch):
         q, k, v = bind_all(ops, flats, scratch)
         o = out.reshape((heads, s, dv))
-        kernel = _kernels()
-        stride = kernel.STRIDE
-        counters = np.zeros(slots * stride, np.int64)  # per range, its next task (a cache line each)
+        kernel = _kernels().attention16
         buffers = [[scratch[i] for i in part] for part in per_slot]
-        parts = [functools.partial(kernel.attention16_part, q, k, v, o, tasks, counters, ends, slot, scale,
-                                   *buffers[slot]) for slot in range(slots)]
+        held = [-1] * slots  # the head whose keys and values a part's scratch holds transposed
+
+        def task(slot, j):
+            head, first, end = tasks[j]
+            kernel(q, k, v, o, head, first, end, held[slot] != head, scale, *buffers[slot])
+            held[slot] = head
+
+        step = cpu_threads.claimed(len(tasks), slots, task)
 
         def body():
             if t == 0:
                 out.fill(0)
                 return
-            counters[::stride] = starts
-            cpu_threads.run_parts(parts)
+            held[:] = [-1] * slots  # new operands every run
+            step()
 
         return with_refresh(ops, body)
 
