@@ -14,7 +14,8 @@ Each side is compiled by its first call (the compile time printed: Dynamo + AOTA
 with a cold plan cache, then once more with the plan cache warm; inductor's with its own on-disk caches as they
 are: warm after a first run; then each side after its own ``torch._dynamo.reset()``, twice, in both orders, "after
 reset": the start of a model compiled before, as in a second process, where both sides skip AOTAutograd's
-lowering), then the sides run in turns (ours, eager, inductor; ``--repeats`` rounds) on
+lowering), then the sides run in turns (ours, eager, inductor; ``--repeats`` rounds; in its turn each side is
+called ``--untimed`` times before its timed call: PyTorch's OpenMP threads spin on after a call) on
 the same threads (torch.set_num_threads = our kernels' and numpy BLAS's threads), so a slow phase of a shared
 machine falls on all of them alike. The median per side and the ratios ours/eager and ours/inductor are
 printed, with each round's ratio range. Outputs are compared (max abs difference to eager) to show all
