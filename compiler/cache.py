@@ -251,6 +251,40 @@ def entry_limit(graph: Graph | None) -> int:
     return MAX_ENTRY_BYTES + 2 * data
 
 
+def read_signed(path: Path, info: os.stat_result, limit: int, secret: bytes, fmt: str, version: int,
+                what: str) -> dict:
+    """The JSON of the entry file ``path`` (``info``: its stat) once it proves to be ours: a regular file (checked
+    again on the open file) of at most ``limit`` bytes, never read past it, of format ``fmt`` at ``version``, whose
+    HMAC under ``secret`` matches. Raises ValueError saying why not, OSError when it cannot be read. Every signed
+    cache (plans, the torch backend's translations) reads through here."""
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("it is not a regular file")
+    if info.st_size > limit:
+        raise ValueError(f"it is {info.st_size} bytes, more than the {limit} such an entry may be")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise ValueError("it is not a regular file")
+        raw = handle.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError(f"it is more than the {limit} bytes such an entry may be")
+    data = json.loads(raw.decode("utf-8"))  # nesting past the recursion limit: RecursionError, untrusted
+    if not isinstance(data, dict) or data.get("format") != fmt or data.get("version") != version:
+        got = data.get("version") if isinstance(data, dict) else None
+        raise ValueError(f"not a version {version} {what} (version {got!r})")
+    if not isinstance(data.get("checksum"), str) or \
+            not hmac.compare_digest(data["checksum"], _checksum(data, secret)):
+        raise ValueError("its content does not match its checksum (edited, damaged, or written under another key)")
+    return data
+
+
+def signed(entry: dict, secret: bytes) -> str:
+    """``entry`` as the JSON text of a signed cache file: its checksum covers exactly what a reader will see."""
+    entry = json.loads(json.dumps(entry, default=str))
+    entry["checksum"] = _checksum(entry, secret)
+    return json.dumps(entry)
+
+
 # ---- the store ---------------------------------------------------------------------------------------------
 def load(key: str, graph: Graph | None = None, dims: dict | None = None,
          kernels=None) -> tuple[Program, dict] | None:
@@ -275,30 +309,12 @@ def load(key: str, graph: Graph | None = None, dims: dict | None = None,
     if secret is None:
         return None
     try:
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("it is not a regular file")
-        if info.st_size > limit:
-            raise ValueError(f"it is {info.st_size} bytes, more than the {limit} an entry of this graph may be")
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-            with os.fdopen(fd, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                    raise ValueError("it is not a regular file")
-                raw = handle.read(limit + 1)
+            data = read_signed(path, info, limit, secret, FORMAT, VERSION, "plan entry")
         except OSError as exc:  # e.g. a folder without read permission
             _warn_once(directory, f"cannot read the plan cache entry {path} ({exc.strerror or exc}); compiling "
                                   f"without the cache. Set LUMINAL_RECIPES_CACHE to a usable folder.")
             return None
-        if len(raw) > limit:
-            raise ValueError(f"it is more than the {limit} bytes an entry of this graph may be")
-        data = json.loads(raw.decode("utf-8"))  # nesting past the recursion limit: RecursionError, a miss
-        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
-            got = data.get("version") if isinstance(data, dict) else None
-            raise ValueError(f"not a version {VERSION} plan entry (version {got!r})")
-        if not isinstance(data.get("checksum"), str) or \
-                not hmac.compare_digest(data["checksum"], _checksum(data, secret)):
-            raise ValueError("its content does not match its checksum (edited, damaged, or written under another "
-                             "key)")
         report = data.get("report", {})
         if not isinstance(report, dict):
             raise ValueError("its report is not a mapping")
@@ -319,10 +335,8 @@ def store(key: str, program: Program, report: dict) -> Path | None:
     secret = _usable_key(directory)
     if secret is None:
         return None
-    entry = {"format": FORMAT, "version": VERSION, "program": program_to_json(program), "report": report}
-    entry = json.loads(json.dumps(entry, default=str))  # the checksum covers exactly what a reader will see
-    entry["checksum"] = _checksum(entry, secret)
-    text = json.dumps(entry)
+    text = signed({"format": FORMAT, "version": VERSION, "program": program_to_json(program), "report": report},
+                  secret)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfiles.create_temp(path, 0o666)

@@ -28,10 +28,8 @@ an entry that fails its check is a miss (a warning, then recompiled and replaced
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
-import stat
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -243,11 +241,6 @@ def _from_entry(data: dict) -> Translation:
     return Translation(graph, placeholders, outputs, inputs, dict(data["ops"]), bool(data["single"]))
 
 
-def _checksum(entry: dict, secret: bytes) -> str:
-    body = {k: v for k, v in entry.items() if k != "checksum"}
-    return hmac.new(secret, json.dumps(body, sort_keys=True).encode(), hashlib.sha256).hexdigest()
-
-
 def _secret() -> bytes | None:
     from ..compiler.cache import _usable_key
 
@@ -255,6 +248,8 @@ def _secret() -> bytes | None:
 
 
 def load(key: str) -> Translation | None:
+    from ..compiler.cache import read_signed
+
     path = folder() / f"{key}.json"
     try:
         info = os.stat(path)
@@ -263,19 +258,8 @@ def load(key: str) -> Translation | None:
     secret = _secret()
     if secret is None:
         return None
-    try:
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ENTRY_BYTES:
-            raise ValueError("not a regular file of at most 64 MiB")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(fd, "rb") as handle:
-            raw = handle.read(MAX_ENTRY_BYTES + 1)
-        data = json.loads(raw.decode("utf-8"))
-        if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
-            raise ValueError(f"not a version {VERSION} torch translation entry")
-        if not isinstance(data.get("checksum"), str) or \
-                not hmac.compare_digest(data["checksum"], _checksum(data, secret)):
-            raise ValueError("its content does not match its checksum (edited, damaged, or written under another "
-                             "key)")
+    try:  # the plan cache's checks (``compiler.cache.read_signed``), then this entry's own content
+        data = read_signed(path, info, MAX_ENTRY_BYTES, secret, FORMAT, VERSION, "torch translation entry")
         translation = _from_entry(data["translation"])
     except Exception as exc:  # an entry that cannot be trusted is recompiled, never used
         reason = " ".join(str(exc).split())[:300]
@@ -287,16 +271,16 @@ def load(key: str) -> Translation | None:
 
 
 def store(key: str, translation: Translation) -> Path | None:
+    from ..compiler.cache import signed
+
     secret = _secret()
     if secret is None:
         return None
-    entry = {"format": FORMAT, "version": VERSION, "translation": _to_entry(translation)}
-    entry = json.loads(json.dumps(entry))  # the checksum covers exactly what a reader will see
-    entry["checksum"] = _checksum(entry, secret)
+    text = signed({"format": FORMAT, "version": VERSION, "translation": _to_entry(translation)}, secret)
     path = folder() / f"{key}.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tempfiles.write_atomic(path, json.dumps(entry).encode())
+        tempfiles.write_atomic(path, text.encode())
     except OSError as exc:  # the plan cache warns about an unusable folder; this one stays quiet
         warnings.warn(f"cannot write the torch translation cache entry {path} ({exc.strerror or exc}); the next "
                       f"compile of this graph lowers it again", stacklevel=2)
