@@ -94,6 +94,7 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     kernels = set(runtime.capabilities()) if runtime is not None else set(REGISTRY)
     key = cache.plan_key(graph, runtime_name, device, dims, {
         "budget": budget_bytes, "kernels": sorted(kernels), "assembly": ASSEMBLY,
+        "target": getattr(runtime, "target", None),  # a plan's memory figures depend on the kernels' path
         "options": {k: v for k, v in asdict(options).items() if k != "use_cache"},
         **plan_fingerprints(runtime, options.families),  # rule texts, kernel registry, kernel implementations
     })

@@ -11,7 +11,9 @@ recipes' ``configs:`` folders), and the option lists of the CLI's commands read 
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -83,9 +85,31 @@ def _options(command: str) -> str:
     return "\n".join(rows) + "\n"
 
 
-BLOCKS: dict[str, Callable[[], str]] = {
+# The memory tables are the CPU path without AMX (``LUMINAL_RECIPES_AMX=0``, what a CPU without AMX takes): the AMX
+# products' packing scratch adds ~3 MiB to a stage's activations, so the same docs would read stale on the other kind
+# of CPU. Planned in a child process: the path is decided when the runtime is imported.
+PLANNED_PATH = {"LUMINAL_RECIPES_AMX": "0"}
+
+
+def _planned(name: str) -> Callable[[], str]:
+    def block() -> str:
+        env = {**os.environ, **PLANNED_PATH}
+        env.pop("LUMINAL_RECIPES_ISA", None)
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--print", name], env=env, cwd=ROOT,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"planning block '{name}' failed:\n{done.stderr[-4000:]}")
+        return done.stdout
+
+    return block
+
+
+PLANNERS: dict[str, Callable[[], str]] = {
     "memory-flux2-dev": flux2_dev_memory,
     "memory-flux2-klein": flux2_klein_memory,
+}
+BLOCKS: dict[str, Callable[[], str]] = {
+    **{name: _planned(name) for name in PLANNERS},
     "cli-run-options": lambda: _options("run"),
     "cli-chat-options": lambda: _options("chat"),
 }
@@ -118,6 +142,9 @@ def update(check: bool, names: set[str] | None = None) -> list[str]:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--print"]:  # a child of ``_planned``: one memory table, on the path it was started with
+        sys.stdout.write(PLANNERS[sys.argv[2]]())
+        sys.exit(0)
     check = "--check" in sys.argv[1:]
     chosen = {a for a in sys.argv[1:] if not a.startswith("--")} or None
     stale = update(check, chosen)

@@ -73,6 +73,11 @@ class BackendRuntime(RuntimeBase):
     def capabilities(self) -> set[str]:
         return {op for op in REGISTRY if op in self.backend.kernels or op in SOURCES}
 
+    @property
+    def target(self) -> str | None:
+        """What the backend's kernels are built for, where it has a choice (the CPU's instruction-set path)."""
+        return getattr(self.backend, "target", None)
+
     def capacity(self) -> int:
         """The default memory budget of this runtime's device (bytes)."""
         return self.backend.capacity()

@@ -48,6 +48,12 @@ class NumpyBackend:
     capture_after = 4
 
     @property
+    def target(self) -> str:
+        """The instruction-set path the kernels take (``isa.check``): part of the plan cache's key, as a kernel's
+        scratch (AMX packing) and so the plan's memory figures differ between paths."""
+        return isa.check()
+
+    @property
     def graphs(self) -> bool:
         """Captured "graphs" are chains of compiled kernel calls (``jit/chain.py``): where numba runs, unless
         ``LUMINAL_RECIPES_CHAIN=0``."""

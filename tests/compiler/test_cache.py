@@ -60,6 +60,21 @@ def test_a_timed_search_is_cached_under_its_key(runtime, private_cache, monkeypa
     assert len(list(private_cache.glob("*.json"))) == 1
 
 
+def test_a_plan_is_cached_per_instruction_set_path(runtime, private_cache, monkeypatch):
+    """The CPU's path (AMX, AVX-512, ...) is part of the key: a kernel's scratch (AMX packing) and so the plan's
+    memory figures differ between paths, and `LUMINAL_RECIPES_AMX=0` must not read a plan made with AMX."""
+    if runtime.target == "numpy":
+        pytest.skip("numba is not installed: the numpy path is the only one")
+    first = compile_graph(small_graph(), runtime, options=OPTS)
+    monkeypatch.setenv("LUMINAL_RECIPES_ISA", "numpy")
+    assert runtime.target == "numpy"
+    other = compile_graph(small_graph(), runtime, options=OPTS)
+    assert (first.report["cache"], other.report["cache"]) == ("miss", "miss")
+    assert len(list(private_cache.glob("*.json"))) == 2
+    monkeypatch.delenv("LUMINAL_RECIPES_ISA")
+    assert compile_graph(small_graph(), runtime, options=OPTS).report["cache"] == "hit"
+
+
 def test_key_separates_graphs_names_dims_runtimes_and_budgets(runtime):
     keys = {
         cache.plan_key(small_graph(), "numpy", "cpu", {}, {}),
