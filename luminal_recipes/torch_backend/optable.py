@@ -218,6 +218,27 @@ def masked_fill(cx, x, mask, value):
     return ops.where(_to(mask, DType.BOOL).broadcast_to(shape), _lift(cx, value, dtype, shape), _to(x, dtype))
 
 
+def _isnan(x: Tensor) -> Tensor:
+    """NaN is the one value neither below +inf nor above -inf (every comparison with it is false)."""
+    inf = x.graph.constant(math.inf, x.dtype).broadcast_to(x.shape)
+    return ops.logical_and(ops.logical_not(x < inf), ops.logical_not(-inf < x))
+
+
+def _ordered(a: Tensor, b: Tensor) -> Tensor:
+    return ops.logical_not(ops.logical_or(_isnan(a), _isnan(b)))
+
+
+# The op library composes <=, >=, == and != from "<" alone (``not b < a``...), which reads NaN as equal to
+# everything: torch's NaN <= x, NaN >= x and NaN == x are false (and NaN != x true), so float comparisons also
+# ask that neither operand is NaN (``nan_to_num``, ``x != x`` and masks built from ``==`` depend on it).
+def _le(a, b):
+    return ops.logical_and(ops.less_equal(a, b), _ordered(a, b)) if a.dtype.is_float else ops.less_equal(a, b)
+
+
+def _eq(a, b):
+    return ops.logical_and(ops.equal(a, b), _ordered(a, b)) if a.dtype.is_float else ops.equal(a, b)
+
+
 def _compare(fn):
     def entry(cx, a, b):
         shape = cx.out_shape()
@@ -228,9 +249,14 @@ def _compare(fn):
     return entry
 
 
-for _name, _f in [("lt", ops.less), ("le", ops.less_equal), ("gt", ops.greater), ("ge", ops.greater_equal),
-                  ("eq", ops.equal), ("ne", ops.not_equal)]:
+for _name, _f in [("lt", ops.less), ("le", _le), ("gt", ops.greater), ("ge", lambda a, b: _le(b, a)),
+                  ("eq", _eq), ("ne", lambda a, b: ops.logical_not(_eq(a, b)))]:
     OPS[getattr(aten, _name).Tensor] = OPS[getattr(aten, _name).Scalar] = _compare(_f)
+
+
+@op(aten.isnan.default)
+def isnan(cx, x):
+    return _isnan(x) if x.dtype.is_float else cx.g.constant(0, DType.BOOL).broadcast_to(cx.out_shape())
 
 
 @op(aten.logical_not.default, aten.bitwise_not.default)
@@ -475,6 +501,25 @@ def argmax(cx, x, dim=None, keepdim=False):
     return out.reshape(cx.out_shape())
 
 
+@op(aten.cumsum.default)
+def cumsum(cx, x, dim, dtype=None):
+    """A prefix sum in log2(n) steps (Hillis-Steele: add the sum so far shifted by 1, 2, 4... positions, zeros
+    shifted in): exact on integers (transformers' packed-sequence check runs ``cumsum`` over position ids); on floats
+    each output is a sum of its prefix in another order than torch's sequential one (log2(n) roundings deep)."""
+    x = _to(x, cx.out_dtype())
+    if x.ndim == 0:
+        return x
+    dim = dim % x.ndim
+    n = x.shape[dim]
+    if not isinstance(n, int):
+        raise Unsupported("aten.cumsum.default", "a symbolic length (the number of steps depends on it)")
+    k = 1
+    while k < n:
+        x = x + x.slice(dim, 0, n - k).pad(dim, k, 0)
+        k *= 2
+    return x
+
+
 # ---- linear algebra --------------------------------------------------------------------------------------------
 @op(aten.mm.default, aten.bmm.default)
 def mm(cx, a, b):
@@ -541,9 +586,13 @@ def batch_norm(cx, x, weight, bias, running_mean, running_var, momentum, eps):
 
 @op(aten.convolution.default)
 def convolution(cx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed or groups != 1 or any(d != 1 for d in dilation) or x.ndim != 4:
+    if transposed or groups != 1 or any(d != 1 for d in dilation) or x.ndim not in (3, 4):
         raise Unsupported("aten.convolution.default", f"{'transposed ' if transposed else ''}groups={groups} "
-                          f"dilation={list(dilation)} rank {x.ndim} (2-D, groups 1, dilation 1 are translated)")
+                          f"dilation={list(dilation)} rank {x.ndim} (1-D and 2-D, groups 1, dilation 1 are "
+                          f"translated)")
+    if x.ndim == 3:  # a 1-D convolution is a 2-D one over a height of 1 (Whisper's and Wav2Vec2's front ends)
+        out = ops.conv2d(x.unsqueeze(2), weight.unsqueeze(2), bias, (1, stride[0]), (0, padding[0]))
+        return out.squeeze(2)
     return ops.conv2d(x, weight, bias, tuple(stride), tuple(padding))
 
 
@@ -619,8 +668,6 @@ def index(cx, x, indices):
     if any(indices[i].dtype == DType.BOOL for i in given):
         raise Unsupported("aten.index.Tensor", "a boolean mask (its result's shape depends on the values)")
     sizes = [x.shape[i] for i in given]
-    if not all(isinstance(n, int) for n in sizes):
-        raise Unsupported("aten.index.Tensor", "indexing a symbolic axis")
     out_shape = cx.out_shape()
     adjacent = given == list(range(given[0], given[-1] + 1))
     rest = [i for i in range(x.ndim) if i not in given]
@@ -629,13 +676,13 @@ def index(cx, x, indices):
     flat = None
     for axis, n in zip(given, sizes):
         idx = _to(indices[axis], DType.I32)
-        idx = idx + _to(idx < 0, DType.I32) * n  # negative indices count from the end
+        idx = idx + _to(idx < 0, DType.I32) * _dim_value(cx, n, idx.shape)  # negative indices count from the end
         idx = idx.broadcast_to(bshape)
-        flat = idx if flat is None else flat * n + idx
+        flat = idx if flat is None else flat * _dim_value(cx, n, bshape) + idx
     table = x.permute(given + rest)
     total = 1
     for n in sizes:
-        total *= n
+        total = sym.mul(total, n)
     table = table.reshape((total,) + tuple(table.shape[len(given):]))
     rows = gather(table, flat)  # [*bshape, *rest axes]
     if adjacent and given[0] > 0:  # the indexed block goes back where its axes were
@@ -643,6 +690,39 @@ def index(cx, x, indices):
         perm = list(range(nb, nb + k)) + list(range(nb)) + list(range(nb + k, rows.ndim))
         rows = rows.permute(perm)
     return rows
+
+
+@op(aten.gather.default)
+def gather_(cx, x, dim, index, sparse_grad=False):
+    """``torch.gather``: ``out[..., j, ...] = x[..., index[..., j, ...], ...]`` along ``dim``, every other axis at
+    the output's own position. One Gather over ``x`` flattened, at the flat offsets of those coordinates."""
+    if x.ndim == 0:
+        return x
+    dim = dim % x.ndim
+    shape = cx.out_shape()
+    n = x.shape[dim]
+    idx = _to(index, DType.I32)
+    flat, stride = None, 1
+    for axis in range(x.ndim - 1, -1, -1):
+        if axis == dim:
+            coord = idx + _to(idx < 0, DType.I32) * _dim_value(cx, n, shape)  # negative ones count from the end
+        else:
+            ones = [1] * x.ndim
+            ones[axis] = shape[axis]
+            coord = cx.g.iota(shape[axis]).reshape(ones).broadcast_to(shape)
+        term = coord if isinstance(stride, int) and stride == 1 else coord * _dim_value(cx, stride, shape)
+        flat = term if flat is None else flat + term
+        stride = sym.mul(stride, x.shape[axis])
+    return gather(x.reshape((stride,)), flat)
+
+
+def _dim_value(cx, d, shape) -> Tensor:
+    """A size as an i32 tensor broadcast to ``shape``: a constant, or for a symbolic size the last value of an
+    ``Iota`` of that length, plus one (the runtime binds the symbol)."""
+    if isinstance(d, int):
+        return cx.g.constant(d, DType.I32).broadcast_to(shape)
+    last = cx.g.iota(d).slice(0, sym.add(d, -1), d).reshape(()) + 1
+    return last.broadcast_to(shape)
 
 
 def _same_length(x: Tensor, t) -> Tensor:

@@ -1,0 +1,124 @@
+"""Regressions from a sweep of models the other tests do not meet (GPT-2, BERT, Mistral, Phi, Gemma, T5, ViT, CLIP,
+Whisper, Wav2Vec2 and modules of many ATen ops, tiny and random, against eager PyTorch): NaN in comparisons (a wrong
+result before), and ops the sweep's models fell back on: ``cumsum`` (transformers' packed-sequence check in every
+causal LM called without a cache or mask), ``gather`` (BERT's token types), 1-D convolutions (Whisper, Wav2Vec2)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch_twins import float64_twin  # noqa: E402  (tests/torch_backend/torch_twins.py)
+
+from luminal_recipes.torch_backend.fallback import LuminalFallbackWarning  # noqa: E402
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _whole(fn, *args):
+    """``torch.compile(fn, backend="luminal")(*args)`` with any fallback an error."""
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", LuminalFallbackWarning)
+        return torch.compile(fn, backend="luminal")(*args)
+
+
+def test_comparisons_with_nan_are_false_as_in_torch():
+    """<=, >=, == were composed from "<" alone and read NaN as equal to everything (``nan_to_num`` put +inf's
+    replacement where the NaN was)."""
+    x = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 1.5, -2.0, 3.0, NAN])
+    y = torch.tensor([1.0, INF, NAN, -0.0, 0.0, 1.5, -1.0, NAN, NAN])
+
+    def f(x, y):
+        return (torch.stack([x < y, x <= y, x > y, x >= y, x == y, x != y, x == 1.5, x != 3.0, x >= 0, x <= 0,
+                             x.isnan(), x != x]),
+                torch.nan_to_num(x, 0.0, 5.0, -5.0), x.masked_fill(x != x, 0.0))
+
+    for got, want in zip(_whole(f, x, y), f(x, y)):
+        assert got.dtype == want.dtype
+        assert torch.equal(got, want), (got, want)
+
+
+def test_cumsum_is_exact_on_integers_and_close_on_floats(assert_close):
+    def f(x, i):
+        return torch.cumsum(x, 1), x.cumsum(-1), (x > 0).cumsum(0), i.cumsum(1), (i != 1).cumsum(-1)
+
+    for n in (1, 2, 7, 33):
+        torch._dynamo.reset()  # static lengths each (a second length would retrace it symbolic: next test)
+        x = torch.randn(3, n, generator=torch.Generator().manual_seed(n))
+        i = torch.randint(-50, 50, (2, n), generator=torch.Generator().manual_seed(n))
+        got = _whole(f, x, i)
+        want = f(x.double(), i)
+        for g, w in zip(got, want):
+            if w.dtype.is_floating_point:
+                assert_close("model", g, w)
+            else:
+                assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+def test_cumsum_over_a_symbolic_length_falls_back_with_a_notice():
+    fn = torch.compile(lambda x: torch.cumsum(x, 1), backend="luminal", dynamic=True)
+    x = torch.randn(2, 6)
+    with torch.no_grad(), pytest.warns(LuminalFallbackWarning, match=r"aten\.cumsum\.default is not translated "
+                                       r"\(a symbolic length"):
+        got = fn(x)
+    assert torch.equal(got, torch.cumsum(x, 1))
+
+
+def test_gather_selects_the_same_values():
+    def f(x, i, j, k):
+        return torch.gather(x, 1, i), torch.gather(x, 0, j), torch.gather(x, -1, k), \
+            torch.gather(x[:1].expand(3, 5, 4), 1, i)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 4, generator=g)
+    args = (x, torch.randint(0, 5, (3, 2, 4), generator=g), torch.randint(0, 3, (2, 5, 3), generator=g),
+            torch.randint(0, 4, (3, 5, 7), generator=g))
+    for got, want in zip(_whole(f, *args), f(*args)):
+        assert torch.equal(got, want)
+
+
+def test_conv1d_matches_eager_in_float64(assert_close):
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Conv1d(4, 8, 3, padding=1), torch.nn.GELU(),
+                                torch.nn.Conv1d(8, 6, 5, stride=2, padding=2), torch.nn.Conv1d(6, 3, 1)).eval()
+    x = torch.randn(2, 4, 11)
+    assert_close("model", _whole(model, x), float64_twin(model)(x.double()))
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_causal_lm_without_cache_translates_whole(assert_close):
+    """A tiny MistralForCausalLM called with ``use_cache=False`` and no mask: transformers' packed-sequence check
+    (``cumsum`` over the position ids) used to split the graph."""
+    torch.manual_seed(6)
+    config = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.MistralForCausalLM(config).eval()
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(6))
+    got = _whole(lambda i: model(i, use_cache=False).logits, ids)
+    assert_close("model", got, float64_twin(model)(ids, use_cache=False).logits)
+
+
+def test_bert_and_whisper_encoder_translate_whole(assert_close):
+    torch.manual_seed(7)
+    bert = transformers.BertModel(transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64)).eval()
+    ids = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    got = _whole(lambda i, m: bert(i, m).last_hidden_state, ids, mask)
+    assert_close("model", got, float64_twin(bert)(ids, mask).last_hidden_state)
+
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    whisper = WhisperEncoder(transformers.WhisperConfig(
+        num_mel_bins=8, d_model=32, encoder_layers=2, encoder_attention_heads=4, encoder_ffn_dim=64,
+        max_source_positions=16)).eval()
+    mel = torch.randn(2, 8, 32)
+    got = _whole(lambda m: whisper(m).last_hidden_state, mel)
+    assert_close("model", got, float64_twin(whisper)(mel.double()).last_hidden_state)
