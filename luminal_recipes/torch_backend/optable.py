@@ -182,6 +182,23 @@ def pow_scalar(cx, base, x):
     return ops.exp2(_to(x, cx.out_dtype()) * math.log2(base))
 
 
+@op(aten.leaky_relu.default)
+def leaky_relu(cx, x, slope=0.01):
+    x = _to(x, cx.out_dtype())
+    return ops.where(x > x.graph.constant(0.0, x.dtype).broadcast_to(x.shape), x, x * slope)
+
+
+@op(aten.clamp.Tensor)
+def clamp_tensor(cx, x, lo=None, hi=None):
+    shape, dtype = cx.out_shape(), cx.out_dtype()
+    x = _lift(cx, x, dtype, shape)
+    if lo is not None:
+        x = ops.maximum(x, _lift(cx, lo, dtype, shape))
+    if hi is not None:
+        x = ops.minimum(x, _lift(cx, hi, dtype, shape))
+    return x
+
+
 @op(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
 def clamp(cx, x, lo=None, hi=None):
     name = str(cx.node.target)
@@ -266,6 +283,15 @@ def logical_not(cx, x):
     return ops.logical_not(_to(x, DType.BOOL))
 
 
+@op(aten.logical_xor.default, aten.bitwise_xor.Tensor)
+def logical_xor(cx, a, b):
+    name = str(cx.node.target)
+    if name.startswith("aten.bitwise") and (a.dtype != DType.BOOL or b.dtype != DType.BOOL):
+        raise Unsupported(name, "integer operands")
+    shape = cx.out_shape()
+    return ops.not_equal(_to(a, DType.BOOL).broadcast_to(shape), _to(b, DType.BOOL).broadcast_to(shape))
+
+
 @op(aten.logical_and.default, aten.bitwise_and.Tensor, aten.logical_or.default, aten.bitwise_or.Tensor)
 def logical_binary(cx, a, b):
     name = str(cx.node.target)
@@ -308,6 +334,13 @@ def full(cx, size, value, dtype=None, layout=None, device=None, pin_memory=None)
 @op(aten.full_like.default)
 def full_like(cx, x, value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     return cx.g.constant(value, cx.out_dtype()).broadcast_to(cx.out_shape())
+
+
+@op(aten.empty_permuted.default, aten.empty.memory_format)
+def empty(cx, size, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """Uninitialised memory may hold anything: zeros (``empty_like(x).fill_(v)`` then overwrites them)."""
+    _check_device(cx, device)
+    return cx.g.constant(0, cx.out_dtype()).broadcast_to(cx.out_shape())
 
 
 @op(aten.scalar_tensor.default)
@@ -473,6 +506,20 @@ def amin(cx, x, dims=(), keepdim=False):
     return ops.min(x, _axes(x, dims), keepdim)
 
 
+@op(aten.linalg_vector_norm.default)
+def vector_norm(cx, x, ord=2, dim=None, keepdim=False, dtype=None):
+    """``(sum |x|^ord)^(1/ord)`` for ord 1 and 2 (``F.normalize``, ``x.norm(dim=...)``), the max for inf."""
+    x = _to(x, cx.out_dtype())
+    axes = _axes(x, dim)
+    if ord == 2:
+        return ops.sqrt(ops.sum(x * x, axes, keepdim))
+    if ord == 1:
+        return ops.sum(ops.abs(x), axes, keepdim)
+    if ord == math.inf:
+        return ops.max(ops.abs(x), axes, keepdim)
+    raise Unsupported("aten.linalg_vector_norm.default", f"ord={ord} (1, 2 and inf are translated)")
+
+
 @op(aten.var.correction)
 def var(cx, x, dims=None, correction=None, keepdim=False):
     c = 1 if correction is None else correction
@@ -491,14 +538,38 @@ def all_(cx, x, dims=None, keepdim=False):
     return _to(out, DType.BOOL).reshape(cx.out_shape())
 
 
-@op(aten.argmax.default)
+def _argmax(x: Tensor, dim: int) -> Tensor:
+    """torch's argmax: the first maximum, where a NaN counts as the maximum (the first NaN wins). ``ops.argmax``
+    matches the maximum by equality, which no element meets when the maximum is NaN."""
+    if not x.dtype.is_float:
+        return ops.argmax(_to(x, DType.I32), dim)
+    nan = _isnan(x)
+    first_nan = ops.argmax(_to(nan, DType.I32), dim)
+    clean = ops.argmax(ops.where(nan, -math.inf, x), dim)
+    return ops.where(_to(ops.max(_to(nan, DType.I32), [dim % x.ndim]), DType.BOOL), first_nan, clean)
+
+
+@op(aten.argmax.default, aten.argmin.default)
 def argmax(cx, x, dim=None, keepdim=False):
+    name = str(cx.node.target)
     if dim is None:
         x, dim = x.reshape(-1) if all(isinstance(d, int) for d in x.shape) else None, 0
         if x is None:
-            raise Unsupported("aten.argmax.default", "flattened argmax of a symbolic shape")
-    out = ops.argmax(x, dim)
-    return out.reshape(cx.out_shape())
+            raise Unsupported(name, "flattened argmax of a symbolic shape")
+    if "argmin" in name:
+        x = -x if x.dtype.is_float else -_to(x, DType.I32)  # the first minimum (NaN first, as torch)
+    return _argmax(x, dim).reshape(cx.out_shape())
+
+
+@op(aten.max.dim, aten.min.dim)
+def max_dim(cx, x, dim, keepdim=False):
+    """``(values, indices)`` along ``dim``: the maximum (NaN if any, as torch) and the first index holding it."""
+    low = "min" in str(cx.node.target)
+    y = x if x.dtype.is_float else _to(x, DType.I32)  # bool and u8 reduce as i32
+    y = -y if low else y
+    values = ops.max(y, [dim % x.ndim], keepdim)
+    values = _to(-values if low else values, x.dtype)
+    return values.reshape(cx.out_shape(0)), _argmax(y, dim).reshape(cx.out_shape(1))
 
 
 @op(aten.cumsum.default)
@@ -624,8 +695,12 @@ def avg_pool2d(cx, x, kernel, stride=(), padding=0, ceil_mode=False, count_inclu
     kh, kw = (kernel * 2)[:2] if len(kernel) == 1 else kernel
     stride = stride or (kh, kw)
     sh, sw = (stride * 2)[:2] if len(stride) == 1 else stride
-    if padding not in (0, [0], [0, 0], (0, 0)) or ceil_mode or divisor is not None:
-        raise Unsupported("aten.avg_pool2d.default", "padding, ceil_mode or divisor_override")
+    padding = padding if isinstance(padding, (list, tuple)) else [padding]
+    ph, pw = (list(padding) * 2)[:2] if len(padding) == 1 else padding
+    if (ph or pw) and not count_include_pad or ceil_mode or divisor is not None:
+        raise Unsupported("aten.avg_pool2d.default", "count_include_pad=False, ceil_mode or divisor_override")
+    if ph or pw:  # padded zeros count in the mean (materialised: strided windows cannot read a padded view)
+        x = x.pad(2, ph, ph).pad(3, pw, pw).contiguous()
     n, c, h, w = cx.out_shape()
     out = None
     for i in range(kh):

@@ -122,3 +122,44 @@ def test_bert_and_whisper_encoder_translate_whole(assert_close):
     mel = torch.randn(2, 8, 32)
     got = _whole(lambda m: whisper(m).last_hidden_state, mel)
     assert_close("model", got, float64_twin(whisper)(mel.double()).last_hidden_state)
+
+
+def test_argmax_argmin_and_max_dim_pick_nan_first_as_torch():
+    """``ops.argmax`` finds the maximum by equality, which no element meets when the maximum is NaN; torch counts
+    a NaN as the maximum (and the minimum). Called 7 times: the CPU runtime records its chains at the fifth run."""
+    x = torch.tensor([[1.0, NAN, 3.0, NAN], [2.0, INF, -INF, 2.0], [-1.0, -1.0, -3.0, -3.0]])
+
+    def f(x):
+        return (x.argmax(-1), x.argmin(-1), x.argmax(0), *x.max(-1), *x.min(0, keepdim=True), x.argmax(),
+                *(x > 1).max(-1), *x.nan_to_num(0, 9, -9).long().min(-1))
+
+    fn = torch.compile(f, backend="luminal")
+    want = f(x)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", LuminalFallbackWarning)
+        for _ in range(7):
+            got = fn(x)
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype and torch.equal(g.nan_to_num(7.0), w.nan_to_num(7.0)), (g, w)
+                assert torch.equal(g.isnan(), w.isnan()) if w.is_floating_point() else True
+
+
+class Layers(torch.nn.Module):
+    """Ops the sweep's models and modules fell back on, added to the table."""
+
+    def forward(self, x, lo):
+        n = torch.nn.functional
+        return (x.norm(dim=-1), n.normalize(x, dim=-1), torch.linalg.vector_norm(x, 1, -1),
+                torch.linalg.vector_norm(x, float("inf"), (0, 1)), n.leaky_relu(x, 0.2), torch.clamp(x, min=lo),
+                torch.clamp(x, lo, lo + 1), ((x > 0) ^ (x > 0.5)).float(), torch.empty_like(x).fill_(2.0) * x,
+                n.avg_pool2d(x.view(1, 2, 3, 8), 3, 1, 1), n.avg_pool2d(x.view(1, 2, 3, 8), 2, 2, 1),
+                torch.cumsum(x, -1), x.argmin(-1), x.max(0).values)
+
+
+def test_added_ops_match_eager_in_float64(assert_close):
+    x, lo = torch.randn(6, 8), torch.randn(8)
+    for got, want in zip(_whole(Layers(), x, lo), Layers()(x.double(), lo.double())):
+        if want.dtype.is_floating_point:
+            assert_close("model", got, want)
+        else:
+            assert torch.equal(got, want)
