@@ -657,14 +657,43 @@ def batch_norm(cx, x, weight, bias, running_mean, running_var, momentum, eps):
 
 @op(aten.convolution.default)
 def convolution(cx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed or groups != 1 or any(d != 1 for d in dilation) or x.ndim not in (3, 4):
-        raise Unsupported("aten.convolution.default", f"{'transposed ' if transposed else ''}groups={groups} "
-                          f"dilation={list(dilation)} rank {x.ndim} (1-D and 2-D, groups 1, dilation 1 are "
-                          f"translated)")
+    if transposed or x.ndim not in (3, 4):
+        raise Unsupported("aten.convolution.default", f"{'transposed ' if transposed else ''}rank {x.ndim} (1-D "
+                          f"and 2-D, not transposed, are translated)")
     if x.ndim == 3:  # a 1-D convolution is a 2-D one over a height of 1 (Whisper's and Wav2Vec2's front ends)
-        out = ops.conv2d(x.unsqueeze(2), weight.unsqueeze(2), bias, (1, stride[0]), (0, padding[0]))
+        out = convolution(cx, x.unsqueeze(2), weight.unsqueeze(2), bias, (1, stride[0]), (0, padding[0]),
+                          (1, dilation[0]), False, (0, 0), groups)
         return out.squeeze(2)
-    return ops.conv2d(x, weight, bias, tuple(stride), tuple(padding))
+    if groups == 1 and all(d == 1 for d in dilation):
+        return ops.conv2d(x, weight, bias, tuple(stride), tuple(padding))
+    return _grouped_conv2d(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups)
+
+
+def _grouped_conv2d(x, weight, bias, stride, padding, dilation, groups) -> Tensor:
+    """Grouped and dilated convolutions (depthwise ones in MobileNets, Wav2Vec2's positional one): the windows
+    as one strided view ``[N, G, C/G, kh, kw, Ho, Wo]`` (dilation is the kernel axes' stride), a batched matmul per
+    group with the weight ``[G, O/G, C/G * kh * kw]``."""
+    from ..graph import View
+
+    n, c, h, w = x.shape
+    o, cg, kh, kw = weight.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    if not all(isinstance(d, int) for d in (n, c, h, w)):
+        raise Unsupported("aten.convolution.default", "a grouped or dilated convolution of a symbolic shape")
+    if ph or pw:
+        x = x.pad(2, ph, ph).pad(3, pw, pw)
+    x = x.contiguous()
+    hp, wp = h + 2 * ph, w + 2 * pw
+    ho, wo = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    st = x.view.strides
+    view = View((n, groups, cg, kh, kw, ho, wo),
+                (st[0], st[1] * cg, st[1], st[2] * dh, st[3] * dw, st[2] * sh, st[3] * sw), x.view.offset)
+    cols = x._with_view(view).contiguous().reshape(n, groups, cg * kh * kw, ho * wo)
+    w2 = _to(weight, x.dtype).reshape(groups, o // groups, cg * kh * kw).unsqueeze(0)
+    out = ops.matmul(w2.broadcast_to((n, groups, o // groups, cg * kh * kw)), cols).reshape(n, o, ho, wo)
+    if bias is not None:
+        out = out + _to(bias, x.dtype).reshape(1, o, 1, 1).broadcast_to(out.shape)
+    return out
 
 
 @op(aten.max_pool2d_with_indices.default)
@@ -834,12 +863,21 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         else:
             mask = ops.where(allowed.broadcast_to(mask.shape[:2] + (s, t)), _to(mask, q.dtype).broadcast_to(
                 mask.shape[:2] + (s, t)), -math.inf)
+    seen = None
     if mask is not None:
         while mask.ndim < 4:
             mask = mask.unsqueeze(0)
         if mask.dtype != DType.BOOL:
             mask = _to(mask, q.dtype)
+        if attn_mask is not None:  # does each query see any key (torch's causal mask always shows key 0)
+            allowed = mask if mask.dtype == DType.BOOL else -math.inf < mask
+            seen = _to(ops.max(_to(allowed, DType.I32), [3], True), DType.BOOL)
     out = ops.scaled_dot_product_attention(q, k, v, mask=mask, scale=scale)
+    if seen is not None:
+        # a query whose keys are all masked (left padding in a batch) gets zeros, as torch's SDPA gives it; the
+        # composition's softmax over no key is NaN there, which later layers would read through masked keys
+        # (0 * NaN) into every row of that sequence
+        out = ops.where(seen.broadcast_to(out.shape[:3] + (1,)).broadcast_to(out.shape), out, 0.0)
     return _to(out, cx.out_dtype(0) if isinstance(cx.val(), (tuple, list)) else cx.out_dtype())
 
 

@@ -163,3 +163,18 @@ def test_added_ops_match_eager_in_float64(assert_close):
             assert_close("model", got, want)
         else:
             assert torch.equal(got, want)
+
+
+def test_grouped_and_dilated_convolutions_match_eager_in_float64(assert_close):
+    """Depthwise (MobileNet), grouped (Wav2Vec2's positional conv, 1-D) and dilated convolutions fell back."""
+    torch.manual_seed(8)
+    convs = [torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Conv2d(8, 16, 3, stride=2, padding=1,
+                                                                               groups=4, bias=False),
+             torch.nn.Conv2d(16, 6, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 3), groups=2)]
+    image = torch.nn.Sequential(*convs).eval()
+    x = torch.randn(2, 8, 9, 10)
+    assert_close("model", _whole(image, x), float64_twin(image)(x.double()))
+    signal = torch.nn.Sequential(torch.nn.Conv1d(16, 16, 8, padding=4, groups=4),
+                                 torch.nn.Conv1d(16, 4, 3, stride=2, dilation=2)).eval()
+    s = torch.randn(2, 16, 13)
+    assert_close("model", _whole(signal, s), float64_twin(signal)(s.double()))
