@@ -772,6 +772,11 @@ def index(cx, x, indices):
     if any(indices[i].dtype == DType.BOOL for i in given):
         raise Unsupported("aten.index.Tensor", "a boolean mask (its result's shape depends on the values)")
     sizes = [x.shape[i] for i in given]
+    if not all(isinstance(n, int) for n in sizes):
+        # index values made from one symbol (an ``arange`` over the KV length) may read an axis sized by another
+        # that equals it only at run time (the mask's length): the plan's timing runs bind each symbol to its own
+        # size bucket, and the Gather would read past the table there
+        raise Unsupported("aten.index.Tensor", "indexing a symbolic axis")
     out_shape = cx.out_shape()
     adjacent = given == list(range(given[0], given[-1] + 1))
     rest = [i for i in range(x.ndim) if i not in given]
@@ -786,7 +791,7 @@ def index(cx, x, indices):
     table = x.permute(given + rest)
     total = 1
     for n in sizes:
-        total = sym.mul(total, n)
+        total *= n
     table = table.reshape((total,) + tuple(table.shape[len(given):]))
     rows = gather(table, flat)  # [*bshape, *rest axes]
     if adjacent and given[0] > 0:  # the indexed block goes back where its axes were
@@ -806,6 +811,8 @@ def gather_(cx, x, dim, index, sparse_grad=False):
     shape = cx.out_shape()
     n = x.shape[dim]
     idx = _to(index, DType.I32)
+    if not all(isinstance(d, int) for d in x.shape):  # as for aten.index.Tensor
+        raise Unsupported("aten.gather.default", "gathering from a tensor of a symbolic shape")
     flat, stride = None, 1
     for axis in range(x.ndim - 1, -1, -1):
         if axis == dim:
@@ -820,13 +827,8 @@ def gather_(cx, x, dim, index, sparse_grad=False):
     return gather(x.reshape((stride,)), flat)
 
 
-def _dim_value(cx, d, shape) -> Tensor:
-    """A size as an i32 tensor broadcast to ``shape``: a constant, or for a symbolic size the last value of an
-    ``Iota`` of that length, plus one (the runtime binds the symbol)."""
-    if isinstance(d, int):
-        return cx.g.constant(d, DType.I32).broadcast_to(shape)
-    last = cx.g.iota(d).slice(0, sym.add(d, -1), d).reshape(()) + 1
-    return last.broadcast_to(shape)
+def _dim_value(cx, d: int, shape) -> Tensor:
+    return cx.g.constant(d, DType.I32).broadcast_to(shape)
 
 
 def _same_length(x: Tensor, t) -> Tensor:
