@@ -678,8 +678,8 @@ def _grouped_conv2d(x, weight, bias, stride, padding, dilation, groups) -> Tenso
     n, c, h, w = x.shape
     o, cg, kh, kw = weight.shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    if not all(isinstance(d, int) for d in (n, c, h, w)):
-        raise Unsupported("aten.convolution.default", "a grouped or dilated convolution of a symbolic shape")
+    if not all(isinstance(d, int) for d in (c, h, w)):  # a symbolic batch is fine
+        raise Unsupported("aten.convolution.default", "a grouped or dilated convolution of a symbolic size")
     if ph or pw:
         x = x.pad(2, ph, ph).pad(3, pw, pw)
     x = x.contiguous()

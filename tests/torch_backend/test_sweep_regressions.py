@@ -174,7 +174,45 @@ def test_grouped_and_dilated_convolutions_match_eager_in_float64(assert_close):
     image = torch.nn.Sequential(*convs).eval()
     x = torch.randn(2, 8, 9, 10)
     assert_close("model", _whole(image, x), float64_twin(image)(x.double()))
+    x3 = torch.randn(3, 8, 9, 10)  # another batch size: Dynamo retraces with the batch symbolic
+    assert_close("model", _whole(image, x3), float64_twin(image)(x3.double()))
+    torch._dynamo.reset()
     signal = torch.nn.Sequential(torch.nn.Conv1d(16, 16, 8, padding=4, groups=4),
                                  torch.nn.Conv1d(16, 4, 3, stride=2, dilation=2)).eval()
     s = torch.randn(2, 16, 13)
     assert_close("model", _whole(signal, s), float64_twin(signal)(s.double()))
+
+
+def test_a_query_with_every_key_masked_gets_zeros_as_in_torch():
+    """The composition's softmax over no key gave NaN; a later layer read it through the masked keys (0 * NaN)
+    into every row of that sequence."""
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, h, 5, 8, generator=g) for h in (4, 2, 2))
+    keep = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    keep[1, :, :, :2] = False  # the first two queries of sequence 1 see no key
+    bias = torch.zeros(2, 1, 5, 5).masked_fill(~keep, float("-inf"))
+
+    def f(q, k, v, keep, bias):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return sdpa(q, k, v, attn_mask=keep, enable_gqa=True), sdpa(q, k, v, attn_mask=bias, enable_gqa=True)
+
+    for got, want in zip(_whole(f, q, k, v, keep, bias), f(q, k, v, keep, bias)):
+        assert not got.isnan().any() and torch.equal(got[1, :, :2], want[1, :, :2])
+        assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_left_padded_batch_generates_eager_ids():
+    """Greedy ``generate`` over a batch with left padding, the forward compiled: the padded sequence's ids were
+    wrong (NaN logits) for Llama-family models."""
+    torch.manual_seed(10)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(1, 64, (2, 5), generator=torch.Generator().manual_seed(10))
+    mask = torch.ones_like(prompt)
+    mask[1, :2] = 0
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    with torch.no_grad():
+        want = model.generate(prompt, **kwargs)
+        model.forward = torch.compile(model.forward, backend="luminal")
+        assert model.generate(prompt, **kwargs).tolist() == want.tolist()
