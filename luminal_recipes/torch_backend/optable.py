@@ -188,6 +188,11 @@ def leaky_relu(cx, x, slope=0.01):
     return ops.where(x > x.graph.constant(0.0, x.dtype).broadcast_to(x.shape), x, x * slope)
 
 
+@op(aten.hardtanh.default)
+def hardtanh(cx, x, lo=-1.0, hi=1.0):  # ReLU6 (MobileNets) is hardtanh(0, 6)
+    return ops.clamp(_to(x, cx.out_dtype()), lo, hi)
+
+
 @op(aten.clamp.Tensor)
 def clamp_tensor(cx, x, lo=None, hi=None):
     shape, dtype = cx.out_shape(), cx.out_dtype()

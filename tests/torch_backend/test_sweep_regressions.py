@@ -150,7 +150,8 @@ class Layers(torch.nn.Module):
     def forward(self, x, lo):
         n = torch.nn.functional
         return (x.norm(dim=-1), n.normalize(x, dim=-1), torch.linalg.vector_norm(x, 1, -1),
-                torch.linalg.vector_norm(x, float("inf"), (0, 1)), n.leaky_relu(x, 0.2), torch.clamp(x, min=lo),
+                torch.linalg.vector_norm(x, float("inf"), (0, 1)), n.leaky_relu(x, 0.2), n.relu6(x * 4),
+                n.hardtanh(x, -0.5, 0.7), torch.clamp(x, min=lo),
                 torch.clamp(x, lo, lo + 1), ((x > 0) ^ (x > 0.5)).float(), torch.empty_like(x).fill_(2.0) * x,
                 n.avg_pool2d(x.view(1, 2, 3, 8), 3, 1, 1), n.avg_pool2d(x.view(1, 2, 3, 8), 2, 2, 1),
                 torch.cumsum(x, -1), x.argmin(-1), x.max(0).values)
