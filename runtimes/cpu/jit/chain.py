@@ -11,7 +11,9 @@ byte strides; scalars) - run by a generated ``numba.njit(nogil=True)`` interpret
 The interpreter rebuilds each array from the table (``_view``) and calls the kernel's own machine code at its
 address (``_call``, numba's calling convention): nothing is compiled or linked again, so a model needs one small
 interpreter (compiled once, then cached on disk) whatever its depth, and every kernel runs the very code it runs
-when called from Python. Steps without a description (numpy, BLAS, host work) run as they are, between chains.
+when called from Python (all the chains of one capture share one interpreter, with the union of their opcodes:
+one compile, not one per chain). Steps without a description (numpy, BLAS, host work) run as they are, between
+chains.
 
 On ``THREADS`` = T > 1 every thread runs the chain at once (the caller and T - 1 pool workers, ``threads.run_parts``:
 one hand-off per chain rather than one per kernel), each calling the parts it owns, with a barrier row after a
