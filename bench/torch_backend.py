@@ -220,8 +220,9 @@ def start(name: str, side: str) -> None:
     model, call, prepare = WORKLOADS[name](torch)
     with torch.no_grad():
         fn = torch.compile(model.forward, backend="luminal" if side == "ours" else "inductor")
-        seconds, _ = timed(call(fn), prepare)
-    print(f"{name}: {side} compile+first call in a new process {seconds:.2f} s (load average "
+        cpu: list = []
+        seconds, _ = timed(call(fn), prepare, cpu)
+    print(f"{name}: {side} compile+first call in a new process {seconds:.2f} s, CPU {cpu[0]:.2f} s (load average "
           f"{os.getloadavg()[0]:.2f})")
 
 

@@ -104,6 +104,18 @@ E2M1_VALUES = (np.where(_E2M1_CODES & 8, -1.0, 1.0) * np.where(
     _E2M1_EXP == 0, 0.5 * _E2M1_MAN, 2.0 ** (_E2M1_EXP - 1) * (1 + 0.5 * _E2M1_MAN))).astype(np.float32)
 E2M1_VALUES.flags.writeable = False
 
+# The 256 values of the E4M3 (``float8_e4m3fn``) bytes, as ml_dtypes decodes them: bit 7 = sign, bits 6-3 =
+# exponent (bias 7; 0: subnormal), bits 2-0 = mantissa; no inf, nan at 0x7f and 0xff. From the bits, so that the
+# CPU runtime's start-up check of the NVFP4 product (``amx/dequant.py``) imports no ml_dtypes (its import: ~0.55 s
+# of CPU in every process on a CPU with AMX). tests/graph/test_dtypes_lazy.py: equal to ml_dtypes'.
+_E4M3_CODES = np.arange(256)
+_E4M3_EXP, _E4M3_MAN = (_E4M3_CODES >> 3) & 15, _E4M3_CODES & 7
+E4M3_VALUES = np.copysign(np.where(
+    (_E4M3_EXP == 15) & (_E4M3_MAN == 7), np.nan,
+    np.where(_E4M3_EXP == 0, 2.0 ** -6 * _E4M3_MAN / 8, 2.0 ** (_E4M3_EXP - 7) * (1 + _E4M3_MAN / 8))),
+    np.where(_E4M3_CODES & 128, -1.0, 1.0)).astype(np.float32)
+E4M3_VALUES.flags.writeable = False
+
 # safetensors dtype names -> graph dtypes (the checkpoint loader's vocabulary)
 SAFETENSORS_NAMES = {
     "F32": DType.F32, "F16": DType.F16, "BF16": DType.BF16, "F8_E4M3": DType.F8E4M3, "F8_E5M2": DType.F8E5M2,

@@ -5,7 +5,8 @@ the next call re-binds instead of computing with the old values."""
 
 from __future__ import annotations
 
-import ml_dtypes
+import sys
+
 import numpy as np
 import torch
 
@@ -27,7 +28,7 @@ def to_numpy(t: torch.Tensor, dtype: DType, what: str) -> np.ndarray:
             raise InputError(f"{what} holds int64 values beyond the int32 range the graph computes in")
         return t.contiguous().numpy().astype(np.int32)
     if t.dtype == torch.bfloat16:
-        array = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        array = t.contiguous().view(torch.int16).numpy().view(DType.BF16.np)  # (ml_dtypes imported now)
     else:
         array = t.contiguous().numpy()
     return array if array.dtype == dtype.np else array.astype(dtype.np)
@@ -35,7 +36,9 @@ def to_numpy(t: torch.Tensor, dtype: DType, what: str) -> np.ndarray:
 
 def to_torch(array: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
     array = np.asarray(array)
-    if array.dtype == ml_dtypes.bfloat16:
+    # ml_dtypes is imported only where a bf16 tensor was seen (its import: ~0.55 s of CPU, in every cold start of
+    # a float32 model before): without it there is no bf16 array
+    if "ml_dtypes" in sys.modules and array.dtype == DType.BF16.np:
         array = array.astype(np.float32)
     out = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
     return out.reshape(tuple(int(d) for d in shape)) if tuple(out.shape) != tuple(int(d) for d in shape) else out

@@ -186,3 +186,65 @@ def test_crowded_from_ready_threads(monkeypatch):
     assert not decide(1)  # back when the others have left
     monkeypatch.setattr(chain, "ADAPTIVE", False)
     assert not decide(6)  # LUMINAL_RECIPES_CHAIN_LOCKSTEP other than auto: never
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_chains_of_a_capture_share_one_interpreter(monkeypatch, threads):
+    """Chains with different argument layouts (a copy of 2-d rows; a checked row scatter and a 1-d copy), split
+    by a step that is not described: one interpreter for both - the union of their opcodes, one numba compile
+    per capture rather than one per chain - and the replay is still the steps run one by one, bit for bit."""
+    monkeypatch.setattr(chain, "MIN_SPLIT_PHASES", 1)
+    monkeypatch.setattr(chain, "crowded", lambda threads: False)
+    x = RNG.standard_normal((8, 16)).astype(np.float32)
+    a, b = np.zeros_like(x), np.zeros_like(x)
+    table = np.zeros((4, 3), np.float32)
+    idx = np.array([2], np.int32)
+    row = RNG.standard_normal((1, 3)).astype(np.float32)
+    flat, flat_copy = np.zeros(12, np.float32), np.zeros(12, np.float32)
+
+    def plain():  # not described: the two chains' border
+        flat[...] = table.reshape(-1) + 1
+
+    def scatter():
+        table[int(idx[0])] = row[0]
+
+    def copy_flat():
+        flat_copy[...] = flat
+
+    steps = [_copy_step(a, x, True), _copy_step(b, a, True), plain,
+             chain.tag(scatter, [chain.Call(chain.scatter_rows, (table, idx, row, 4), checked=True)]),
+             chain.tag(copy_flat, [chain.Call(chain.copy_region, (flat_copy, flat_copy, flat, False))])]
+    outputs = (a, b, table, flat, flat_copy)
+    for step in steps:
+        step()
+    want = [o.copy() for o in outputs]
+    made, asked = [], []
+    init, interpreter = chain._Chain.__init__, chain._interpreter
+
+    def recording(self, steps, threads):
+        init(self, steps, threads)
+        made.append(self)
+
+    def interpreting(opcodes):
+        asked.append(list(opcodes))
+        return interpreter(opcodes)
+
+    monkeypatch.setattr(chain._Chain, "__init__", recording)
+    monkeypatch.setattr(chain, "_interpreter", interpreting)
+    replay = chain.capture(steps, threads)
+    assert replay is not None and replay.chains == 2 and replay.launches == 3
+    assert len(asked) == 1 and len(made) == 2, asked  # one interpreter for the capture
+    union = asked[0]
+    assert set(made[0].opcodes) != set(made[1].opcodes) and set(union) == set(made[0].opcodes + made[1].opcodes)
+    assert made[0].run_fn is made[1].run_fn
+    for c in made:  # every program's opcodes renumbered into the union
+        for program, _ in c.layouts.values():
+            ops = program[:, 0][program[:, 0] != chain.BARRIER]
+            assert {union[op] for op in ops} == set(c.opcodes)
+    for _ in range(2):
+        for o in outputs:
+            o.fill(np.nan)
+        table.fill(0)  # read before it is written: as it was
+        replay()
+        for got, expected in zip(outputs, want):
+            assert np.array_equal(got, expected), "chained != step by step"

@@ -88,3 +88,26 @@ def test_runtime_kernels_are_stamped_with_their_helpers():
     assert helpers(amx_gemm) == set()  # numba's own stamp covers it
     kernel = amx_attention.task
     assert type(kernel._cache._impl._locator).__name__ == "HelpersStampLocator"
+
+
+def test_relative_imports_are_read_as_python_reads_them_without_ast():
+    """The helpers are found with a pattern, not ``ast.parse`` (which fails when two threads parse at once on
+    CPython 3.11: the jit warm-up thread while Dynamo traces): on every file of the project it finds exactly the
+    relative imports the AST has, and it never calls ``ast.parse``."""
+    import ast
+    from unittest import mock
+
+    from luminal_recipes.runtimes.cpu.jit import disk_cache
+
+    files = [p for p in ROOT.rglob("*.py") if ".venv" not in p.parts]
+    assert len(files) > 100
+    for path in files:
+        text = path.read_text()
+        want = sorted((n.level, n.module or "", [a.name for a in n.names]) for n in ast.walk(ast.parse(text))
+                      if isinstance(n, ast.ImportFrom) and n.level >= 1)
+        assert sorted(disk_cache.relative_imports(text)) == want, path
+    sample = "from .a import (x,  # why\n    y as z)\nfrom .. import amx\n  from ...b.c import d as e, f\n"
+    assert disk_cache.relative_imports(sample) == [(1, "a", ["x", "y"]), (2, "", ["amx"]), (3, "b.c", ["d", "f"])]
+    disk_cache._numba_imports.cache_clear()
+    with mock.patch.object(ast, "parse", side_effect=AssertionError("ast.parse called")):
+        assert disk_cache.helper_files(ROOT / "runtimes" / "cpu" / "amx" / "attention.py")

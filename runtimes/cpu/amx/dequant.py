@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from luminal_recipes.graph.dtypes import E2M1_VALUES
+from luminal_recipes.graph.dtypes import E2M1_VALUES, E4M3_VALUES
 
 from .. import amx
 
@@ -77,7 +77,11 @@ def nvfp4_table(layout: str, scale_dtype: np.dtype) -> np.ndarray | None:
     """uint32[65536]: the VNNI word of a packed E2M1 byte times its block scale, at ``scale byte << 8 | byte``
     (ModelOpt: element 0 in the low nibble; comfy: in the high one). The products are those of ``ops.quant``
     (``e2m1 * f32(scale)``), each exactly a bf16."""
-    scales = np.arange(256, dtype=np.uint8).view(scale_dtype).astype(np.float32)
+    return _nvfp4_words(layout, np.arange(256, dtype=np.uint8).view(scale_dtype).astype(np.float32))
+
+
+def _nvfp4_words(layout: str, scales: np.ndarray) -> np.ndarray | None:
+    """``nvfp4_table`` for the scale bytes' values ``scales`` (float32[256])."""
     codes = np.arange(256)
     first, second = (codes & 15, codes >> 4) if layout == "modelopt" else (codes >> 4, codes & 15)
     with np.errstate(invalid="ignore"):
@@ -207,20 +211,20 @@ def _check_kernels() -> bool:
     if not amx.ready():
         return False
     try:
-        import ml_dtypes
-
         rng = np.random.default_rng(0)
         m, k, n = 40, 80, 50
         x = rng.standard_normal((m, k)).astype(np.float32)
         packed = rng.integers(0, 256, (n, k // 2)).astype(np.uint8)
-        scales = (rng.random((n, k // 16)) + 0.5).astype(ml_dtypes.float8_e4m3fn)
-        table = nvfp4_table("modelopt", np.dtype(ml_dtypes.float8_e4m3fn))
-        weight = Weight(NVFP4, table, packed, scales.view(np.uint8), np.full(1, 0.37, np.float32), n)
+        # E4M3 scale bytes of values in [0.5, 1.5), decoded from their bits (no ml_dtypes: ``E4M3_VALUES``)
+        codes = rng.choice(np.flatnonzero((E4M3_VALUES >= 0.5) & (E4M3_VALUES < 1.5)), (n, k // 16)).astype(np.uint8)
+        scales = E4M3_VALUES[codes]
+        table = _nvfp4_words("modelopt", E4M3_VALUES)
+        weight = Weight(NVFP4, table, packed, codes, np.full(1, 0.37, np.float32), n)
         p = plan(m, k, n, 1)
         out = np.full((m, n), np.nan, np.float32)
         done = product(p, x, weight, out, [[amx.aligned_empty(sh, d) for sh, d in p.scratch_shapes]])()
         lo, hi = E2M1_VALUES[packed & 15], E2M1_VALUES[packed >> 4]
-        dense = np.stack([lo, hi], -1).reshape(n, k) * np.repeat(scales.astype(np.float32), 16, axis=1) * 0.37
+        dense = np.stack([lo, hi], -1).reshape(n, k) * np.repeat(scales, 16, axis=1) * 0.37
         return done and bool(np.allclose(out, x @ dense.T, rtol=1e-5, atol=1e-4))
     except Exception:  # noqa: BLE001 - any failure to compile or run means: use BLAS
         return False

@@ -11,7 +11,9 @@ byte strides; scalars) - run by a generated ``numba.njit(nogil=True)`` interpret
 The interpreter rebuilds each array from the table (``_view``) and calls the kernel's own machine code at its
 address (``_call``, numba's calling convention): nothing is compiled or linked again, so a model needs one small
 interpreter (compiled once, then cached on disk) whatever its depth, and every kernel runs the very code it runs
-when called from Python. Steps without a description (numpy, BLAS, host work) run as they are, between chains.
+when called from Python (all the chains of one capture share one interpreter, with the union of their opcodes:
+one compile, not one per chain). Steps without a description (numpy, BLAS, host work) run as they are, between
+chains.
 
 On ``THREADS`` = T > 1 every thread runs the chain at once (the caller and T - 1 pool workers, ``threads.run_parts``:
 one hand-off per chain rather than one per kernel), each calling the parts it owns, with a barrier row after a
@@ -349,18 +351,28 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
             items.append(step)
     if not any(isinstance(it, list) and len(it) > 1 for it in items):
         return None
-    program: list[Callable[[], None]] = []
-    chains = lockstep = 0
+    program: list = []
+    made: list[_Chain] = []
     for it in items:
         chain = _Chain(it, threads) if isinstance(it, list) and len(it) > 1 else None
         if chain is not None and chain.ok:
-            program.append(chain.run)
-            chains += 1
-            lockstep += chain.threads > 1
+            program.append(chain)
+            made.append(chain)
         else:
             program.extend(it if isinstance(it, list) else [it])
-    if not chains:
+    if not made:
         return None
+    # one interpreter for all the chains of this capture, with the union of their opcodes: one numba compile
+    # (~0.4 s each, cold) instead of one per distinct opcode set (the tiny FLUX.2 transformer's 10 chains had 8)
+    union: dict[tuple, int] = {}
+    for chain in made:
+        for op in chain.opcodes:
+            union.setdefault(op, len(union))
+    run_fn = _interpreter(list(union))
+    for chain in made:
+        chain.finish(run_fn, union)
+    chains, lockstep = len(made), sum(chain.threads > 1 for chain in made)
+    program = [step.run if isinstance(step, _Chain) else step for step in program]
     program = tuple(program)
 
     def replay() -> None:
@@ -435,15 +447,27 @@ class _Chain:
         self.floats = np.array(floats or [0.0], np.float64).reshape(1, -1)
         self.keep = [c.args for s in steps for phase in phases_of(s) for c in phase]  # what the tables point into
         self.blas = any(c.blas for s in steps for phase in phases_of(s) for c in phase)
-        self.run_fn = _interpreter(sorted(opcodes, key=opcodes.get))
-        self.args = {t: (program, self.ints, self.floats, self.flags, t, SPINS)
-                     for t, (program, _) in self.layouts.items()}
-        sig = tuple(numba.typeof(a) for a in (0, *self.args[1]))  # loaded now, not at its first run (``warm``)
-        if sig not in self.run_fn.overloads:
-            self.run_fn.compile(sig)
+        self.opcodes = sorted(opcodes, key=opcodes.get)  # this chain's argument layouts, by its programs' opcodes
+        self.run_fn = None  # ``finish``: the capture's interpreter
         self.parts = [functools.partial(self._part, t) for t in range(threads)]
         self.used = 1  # the thread count of the last run (its program's rows name a failed call)
         self.ok = True
+
+    def finish(self, run_fn, union: dict[tuple, int]) -> None:
+        """Run by ``run_fn``, the interpreter of ``union`` (every opcode of the capture, numbered): the programs'
+        opcodes renumbered to the union's, compiled (or loaded) for the programs' types now, not at a first run
+        (``warm``)."""
+        index = np.array([union[op] for op in self.opcodes] or [0], np.int64)
+        for program, _ in self.layouts.values():
+            ops = program[:, 0]
+            calls = ops != BARRIER
+            ops[calls] = index[ops[calls]]
+        self.run_fn = run_fn
+        self.args = {t: (program, self.ints, self.floats, self.flags, t, SPINS)
+                     for t, (program, _) in self.layouts.items()}
+        sig = tuple(numba.typeof(a) for a in (0, *self.args[1]))
+        if sig not in run_fn.overloads:
+            run_fn.compile(sig)
 
     def _part(self, t: int) -> int:
         try:

@@ -16,9 +16,9 @@ before numba 0.61): where that is missing, ``install()`` does nothing and numba'
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
+import re
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent  # the CPU backend's package (runtimes/cpu)
@@ -38,21 +38,36 @@ def _module_file(package: Path, dotted: str) -> Path | None:
     return None
 
 
+# ``from .a.b import (x, y as z)``: its dots, its module, its names. Read with a pattern, not ``ast.parse``: this
+# runs on the jit warm-up thread, and CPython 3.11's AST constructor keeps its recursion depth per interpreter, so
+# two threads parsing at once (Dynamo tracing a model on the main thread) fail with "SystemError: AST constructor
+# recursion depth mismatch" (seen 2026-12-04: the warm-up died, the AMX kernels were left unloaded and a warm
+# start's output differed in its last bits; or the main thread's parse raised)
+_RELATIVE_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.MULTILINE)
+
+
+def relative_imports(text: str) -> list[tuple[int, str, list[str]]]:
+    """Every relative ``from`` import of a module's source at the start of a line: (level, module - "" for
+    ``from .. import x`` -, the names imported)."""
+    out = []
+    for dots, module, names in _RELATIVE_IMPORT.findall(text):
+        names = re.sub(r"#[^\n]*", "", names).strip().strip("()").replace("\\", " ")
+        out.append((len(dots), module, [n.split()[0] for n in names.split(",") if n.split()]))
+    return out
+
+
 @functools.cache
 def _numba_imports(path: Path) -> tuple[Path, ...]:
     """The files of this package (the CPU backend, ``HERE``) that ``path`` imports with a relative import
     (``from .name import ...``, ``from ..jit.numba_kernels import ...``, ``from .. import amx``) and that define
     numba code (kernels, inlined helpers or intrinsics)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.ImportFrom) and node.level >= 1):
-            continue
+    for level, module, names in relative_imports(path.read_text()):
         package = path.parent
-        for _ in range(node.level - 1):
+        for _ in range(level - 1):
             package = package.parent
-        modules = [node.module] if node.module else [alias.name for alias in node.names]
-        for module in modules:
-            dep = _module_file(package, module)
+        for name in [module] if module else names:
+            dep = _module_file(package, name)
             if (dep is not None and dep.is_relative_to(HERE) and dep != Path(__file__).resolve()
                     and _defines_numba_code(dep.read_text())):
                 found.append(dep)
