@@ -2,10 +2,10 @@
 
 Each block is decoded into its integer codes (as f32) and one or two coefficients per sub-block: the value of
 element ``e`` of sub-block ``s`` is ``a[s] * q[e]`` (``+ c[s]`` for the types with a minimum: Q4_1, Q5_1, Q2_K,
-Q4_K, Q5_K, where ``c = m`` or ``-(dmin * m)``; IQ4_NL and IQ4_XS's codes are their table's values). ``a`` and ``c`` are computed with the products in
-``graph.gguf_blocks``' order, so ``dequant_rows`` (compiled without fast-math flags: no FMA contraction, no
-reordering) gives exactly ``gguf_blocks.dequantize``'s values (``x - y`` and ``x + (-y)`` are the same IEEE
-operation).
+Q4_K, Q5_K, where ``c = m`` or ``-(dmin * m)``; IQ4_NL and IQ4_XS's codes are their table's values). ``a`` and
+``c`` are computed with the products in ``graph.gguf_blocks``' order, so ``dequant_rows`` (compiled without
+fast-math flags: no FMA contraction, no reordering) gives exactly ``gguf_blocks.dequantize``'s values (``x - y``
+and ``x + (-y)`` are the same IEEE operation).
 
 ``matmul_rows`` reads every packed block once and uses it for all rows of x: per sub-block ``a * sum(x q) + c *
 sum(x)`` (the sums of x per sub-block computed once per product), with the sums reassociated so that LLVM
