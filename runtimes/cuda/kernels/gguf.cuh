@@ -25,10 +25,12 @@ LR_DEV void lr_gguf_k_scale_min(const unsigned char* s, int j, int* sc, int* mn)
   }
 }
 
-// IQ4_NL / IQ4_XS: the value of a 4-bit code (ggml-common.h's kvalues_iq4nl)
+// IQ4_NL / IQ4_XS: the value of a 4-bit code (ggml-common.h's kvalues_iq4nl {-127, -104, -83, -65, -49, -35, -22,
+// -10, 1, 13, 25, 38, 53, 69, 89, 113}), its 16 bytes packed in two 64-bit constants (a local array would be a
+// stack frame: tests/runtimes/test_cuda_nvrtc.py)
 LR_DEV float lr_gguf_iq4(int code) {
-  const signed char kv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-  return (float)kv[code & 15];
+  const unsigned long long w = (code & 8) ? 0x7159453526190d01ULL : 0xf6eaddcfbfad9881ULL;
+  return (float)(signed char)(unsigned char)(w >> (8 * (code & 7)));
 }
 
 LR_DEV float lr_gguf_value(int kind, const unsigned char* b, int e) {
