@@ -1,8 +1,7 @@
 """IQ4_NL and IQ4_XS files quantized by llama.cpp (its non-linear 4-bit types: codes index a 16-value table; IQ4_XS
 adds 6-bit sub-block scales) run packed, against transformers' GGUF loader (gguf-py's dequantization) in float64.
-No integer product for them: a prompt's products are exact decoding into bands
-+ BLAS, a decoding step's ``gguf_more.matmul_iq4`` (f32), so only the order of the f32 sums differs from the
-reference."""
+No integer product for them: a prompt's products are exact decoding into bands + BLAS, a decoding step's
+``gguf_more.matmul_iq4`` (f32), so only the order of the f32 sums differs from the reference."""
 
 from __future__ import annotations
 
