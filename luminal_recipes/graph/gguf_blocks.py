@@ -22,12 +22,14 @@ QTYPES: dict[str, tuple[int, int, int]] = {
     "F32": (0, 1, 4), "F16": (1, 1, 2), "BF16": (30, 1, 2),
     "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24), "Q8_0": (8, 32, 34),
     "Q2_K": (10, QK_K, 84), "Q3_K": (11, QK_K, 110), "Q4_K": (12, QK_K, 144), "Q5_K": (13, QK_K, 176),
-    "Q6_K": (14, QK_K, 210),
+    "Q6_K": (14, QK_K, 210), "IQ4_NL": (20, 32, 18), "IQ4_XS": (23, QK_K, 136),
 }
 BY_ID = {tid: name for name, (tid, _, _) in QTYPES.items()}
 # byte offsets of the f16 scales (d, and dmin or m) inside a block of each quantized type
 SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q2_K": (80, 82),
-                 "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+                 "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+# IQ4_NL / IQ4_XS: the 4-bit codes index this non-linear table (ggml-common.h's kvalues_iq4nl)
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)
 
 
 def block_size(qtype: str) -> int:
@@ -78,6 +80,15 @@ def q3_k_scales(scales: np.ndarray) -> np.ndarray:
     lo = (scales[:, :8].reshape(n, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(n, 16)
     hi = (scales[:, 8:].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(n, 16)
     sc = (lo & np.uint8(15)) | ((hi & np.uint8(3)) << np.uint8(4))
+    return (sc.astype(np.int8) - np.int8(32)).astype(np.float32)
+
+
+def iq4_xs_scales(scales: np.ndarray) -> np.ndarray:
+    """IQ4_XS: the eight 6-bit sub-block scales (``scales_h`` u16 then ``scales_l`` 4 bytes), as f32 (minus 32)."""
+    n = scales.shape[0]
+    hi = np.ascontiguousarray(scales[:, :2]).view(np.uint16).reshape(n, 1) >> (2 * np.arange(8, dtype=np.uint16))
+    lo = (scales[:, 2:6].reshape(n, 4, 1) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2)).reshape(n, 8)
+    sc = (lo & np.uint8(15)) | ((hi.astype(np.uint8) & np.uint8(3)) << np.uint8(4))
     return (sc.astype(np.int8) - np.int8(32)).astype(np.float32)
 
 
@@ -141,6 +152,12 @@ def _decode_blocks(qtype: str, b: np.ndarray) -> np.ndarray:
               & np.uint8(3)).reshape(n, -1, 32)
         q = ((lo | (hi << np.uint8(4))).astype(np.int8) - np.int8(32)).reshape(n, 16, 16).astype(np.float32)
         return (dl * q).reshape(n, QK_K)
+    if qtype == "IQ4_NL":  # d, 16 bytes of table indices (low nibbles first)
+        return _f16(b[:, :2]) * KVALUES_IQ4NL[_nibbles(b[:, 2:], n, 16)].astype(np.float32)
+    if qtype == "IQ4_XS":  # d, scales_h (u16: 2 bits per sub-block), scales_l (4 bytes: 4 bits), 8 x 16 bytes
+        dl = (_f16(b[:, :2]) * iq4_xs_scales(b[:, 2:8])).reshape(n, 8, 1)
+        q = KVALUES_IQ4NL[_nibbles(b[:, 8:], n, 16)].astype(np.float32)
+        return (dl * q.reshape(n, 8, 32)).reshape(n, QK_K)
     raise ValueError(f"unknown GGUF quantization type {qtype!r}; known: {', '.join(QTYPES)}")
 
 

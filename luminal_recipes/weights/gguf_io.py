@@ -9,7 +9,8 @@ converter undone (q/k rows un-permuted, GPT-2's Conv1D weights transposed back, 
 each architecture maps is data: ``gguf_architectures.yaml`` beside this file, never per-model code.
 
 Every metadata key that could change the output is honoured or refused (see the YAML's header); the tensor types
-are checked before any work (IQ*/TQ* and types this reader does not dequantize are refused, naming the tensor).
+are checked before any work (IQ* but IQ4_NL/IQ4_XS, TQ* and types this reader does not dequantize are refused, naming
+the tensor).
 The file is opened through ``files.open_regular`` (a regular file, inside the fence of a checkpoint a recipe
 names) and memory-mapped: nothing is read until a tensor is loaded. Quantized tensors are dequantized at load
 with ``gguf.quants.dequantize``; :meth:`GgufCheckpoint.packed` gives, per tensor, the packed bytes as stored
@@ -38,9 +39,10 @@ from .safetensors_io import TensorInfo, TensorMapping
 SUFFIX = ".gguf"
 ARCHITECTURES_FILE = Path(__file__).with_name("gguf_architectures.yaml")
 # the types a GGUF tensor may have here: plain floats (memory-mapped as they are) and the block quantizations
-# gguf.quants dequantizes and the packed path implements; IQ*/TQ* and the rest are refused before any work
+# gguf.quants dequantizes and the packed path implements (IQ4_NL and IQ4_XS of the IQ types); the other IQ*, TQ* and
+# the rest are refused before any work
 PLAIN_TYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": DType.BF16}  # BF16: ml_dtypes, on use
-QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 SUPPORTED_TYPES = (*PLAIN_TYPES, *QUANT_TYPES)
 
 

@@ -20,7 +20,7 @@ from .gemm import Matrix, matmul_desc
 from .plan import IN, OUT, SCRATCH, Gemm, IndexCheck, Launch, NodePlan, grid_1d
 
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8,
-         "Q6_K": 9, "F16": 10, "BF16": 11, "F32": 12}
+         "Q6_K": 9, "F16": 10, "BF16": 11, "F32": 12, "IQ4_NL": 13, "IQ4_XS": 14}
 
 
 def _nodes():

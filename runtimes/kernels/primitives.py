@@ -74,7 +74,8 @@ def _specs() -> list[KernelSpec]:
                                     attrs=lambda literals, views: {"qtype": literals["qtype"]})},
                    "x u8 [..., row_bytes] (whole blocks per row); out [..., K] = the decoded values "
                    "(graph.gguf_blocks), computed in f32, converted to the node's dtype",
-                   {"qtype": "the GGUF block type: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K"},
+                   {"qtype": "the GGUF block type: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K "
+                             "IQ4_NL IQ4_XS"},
                    cost=_dequant, primitive=True),
         KernelSpec("Constant", REFERENCE, {"Const": Ctor("dtype:String value:f64"),
                                            "ConstArr": Ctor("node:i64 values:String")},

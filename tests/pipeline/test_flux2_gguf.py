@@ -265,10 +265,10 @@ def test_unknown_and_unimplemented_quant_types_are_refused(tmp_path):
     at = tensor.field.offset + sum(p.nbytes for p in parts[:-2])  # the type: the part before the data offset
     data = bytearray(GGUF.read_bytes())
     assert int(np.frombuffer(bytes(data[at:at + 4]), "<u4")[0]) == int(tensor.tensor_type)
-    data[at:at + 4] = np.uint32(gguf.GGMLQuantizationType.IQ4_XS).tobytes()
+    data[at:at + 4] = np.uint32(gguf.GGMLQuantizationType.IQ3_S).tobytes()
     iq = tmp_path / "iq.gguf"
     iq.write_bytes(bytes(data))
-    refused(run(checkpoint_folder(tmp_path / "a", iq)), "'double_blocks.0.img_mlp.0.weight' (IQ4_XS)", "Q4_K")
+    refused(run(checkpoint_folder(tmp_path / "a", iq)), "'double_blocks.0.img_mlp.0.weight' (IQ3_S)", "Q4_K")
     data[at:at + 4] = np.uint32(250).tobytes()
     unknown = tmp_path / "unknown.gguf"
     unknown.write_bytes(bytes(data))
@@ -294,7 +294,7 @@ def test_gguf_quantization_block_must_say_what_it_reads():
 
     assert QuantizationSpec(format="gguf", architecture="flux", type="Q4_K").type == "Q4_K"
     for bad in ({"format": "gguf", "type": "Q4_K"}, {"format": "gguf", "architecture": "flux"},
-                {"format": "gguf", "architecture": "flux", "type": "IQ4_XS"},
+                {"format": "gguf", "architecture": "flux", "type": "IQ2_XS"},
                 {"format": "gguf", "architecture": "flux", "type": "BF16"},
                 {"format": "fp8", "type": "Q4_K"}):
         with pytest.raises(ValidationError, match="gguf"):

@@ -65,7 +65,7 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
     """Hot kernels at FLUX.2-dev sizes (bf16): modulation LayerNorm over 3072, QK RMSNorm over 128-wide heads (alone,
     and with its weight and the rotation of pairs by f32 tables), a GELU-style Elementwise, softmax over 4608 keys
     with a bias (chunked attention), attention at head dim 128,
-    fp8 and nvfp4 weight decoders for K = 3072, GGUF Q4_K/Q6_K/Q8_0
+    fp8 and nvfp4 weight decoders for K = 3072, GGUF Q4_K/Q6_K/Q8_0/IQ4_NL/IQ4_XS
     decoders, the VAE's 3x3 im2col and GroupNorm + SiLU at 512 channels."""
     g = Graph()
     x = g.input("x", (4608, 3072), "bf16")
@@ -84,6 +84,7 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
     # GGUF blocks: a Q4_K and a Q6_K weight for K = 3072, a Q8_0 embedding table
     wq4, wq6 = g.weight("wq4", (3072, 12 * 144), "u8"), g.weight("wq6", (3072, 12 * 210), "u8")
     table, ids = g.weight("table", (1000, 96 * 34), "u8"), g.input("ids", (16,), "i32")
+    wnl, wxs = g.weight("wnl", (3072, 96 * 18), "u8"), g.weight("wxs", (3072, 12 * 136), "u8")  # IQ4_NL, IQ4_XS
     f = Fused(g)
     outs = {
         "ln": f.add("LayerNorm", [x], (4608, 3072), "bf16", eps=1e-6),
@@ -104,6 +105,9 @@ def dev_size_programs() -> list[tuple[Program, dict]]:
                           in_features=3072),
         "gguf_q6k": f.add("Dequant", [wq6], (3072, 3072), "f32", qtype="Q6_K"),
         "gguf_gather": f.add("GatherDequant", [table, ids], (16, 3072), "f32", qtype="Q8_0"),
+        "gguf_iq4nl": f.add("DequantMatMulGGUF", [x, wnl], (4608, 3072), "bf16", qtype="IQ4_NL", out_features=3072,
+                            in_features=3072),
+        "gguf_iq4xs": f.add("Dequant", [wxs], (3072, 3072), "f32", qtype="IQ4_XS"),
         "conv": f.add("Conv2d", [img, cw], (1, 512, 128, 128), "bf16", stride=1),
         "group_norm_silu": f.add("GroupNorm", [groups, gw, gw], (1, 512, 128, 128), "bf16", eps=1e-6, act="silu"),
     }

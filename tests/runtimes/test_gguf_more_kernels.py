@@ -1,7 +1,7 @@
-"""The fused dequant products of ``runtimes/cpu/jit/gguf_more.py`` (Q5_0, Q5_1, Q2_K, Q3_K, F16, BF16): against
-llama.cpp's gguf-py decoding (``gguf.quants.dequantize``) and an f64 product, called directly (every row count of
-the fused path, rows split as the cores split them) and through a compiled ``DequantMatMulGGUF``; F16/BF16
-conversion bit for bit on every finite half."""
+"""The fused dequant products of ``runtimes/cpu/jit/gguf_more.py`` (Q5_0, Q5_1, Q2_K, Q3_K, F16, BF16, IQ4_NL,
+IQ4_XS): against llama.cpp's gguf-py decoding (``gguf.quants.dequantize``) and an f64 product, called directly (every
+row count of the fused path, rows split as the cores split them) and through a compiled ``DequantMatMulGGUF``;
+F16/BF16 conversion bit for bit on every finite half."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _product(raw: np.ndarray, x: np.ndarray, qtype: str, parts: int = 1) -> np.n
 
 
 def test_every_type_without_its_own_loop_has_one_now():
-    assert set(MORE) == {"Q5_0", "Q5_1", "Q2_K", "Q3_K", "F16", "BF16"}
+    assert set(MORE) == {"Q5_0", "Q5_1", "Q2_K", "Q3_K", "F16", "BF16", "IQ4_NL", "IQ4_XS"}
     for qtype in MORE:
         assert gk.SPECIALISED[gk.KINDS[qtype]] is gguf_more.SPECIALISED[gk.KINDS[qtype]]
 

@@ -1,6 +1,6 @@
 """GGUF files run packed end to end: tiny Llamas quantized by llama.cpp's own quantizer (Q4_1, Q8_0, Q4_K_M:
-Q4_K and Q6_K blocks; ``tests/fixtures/gguf_quant/make_quant_fixtures.py``) keep their weights as the file's bytes,
-decoded inside the products and the embedding lookup, and generate exactly the greedy ids of the
+Q4_K and Q6_K blocks; IQ4_NL, IQ4_XS; ``tests/fixtures/gguf_quant/make_quant_fixtures.py``) keep their weights as
+the file's bytes, decoded inside the products and the embedding lookup, and generate exactly the greedy ids of the
 dequantize-at-load path (``LUMINAL_RECIPES_GGUF=dense``)."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ gguf = pytest.importorskip("gguf")
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "gguf_quant"
-FILES = ["tiny-llama-q4_1.gguf", "tiny-llama-q8_0.gguf", "tiny-llama-q4_k_m.gguf"]
+FILES = ["tiny-llama-q4_1.gguf", "tiny-llama-q8_0.gguf", "tiny-llama-q4_k_m.gguf", "tiny-llama-iq4_nl.gguf",
+         "tiny-llama-iq4_xs.gguf"]
 PROMPT = [1, 17, 250, 33, 901, 5, 77, 412, 9, 640, 18, 3]
 
 
@@ -27,8 +28,8 @@ def _records(name: str):
 
 
 def test_llama_cpp_quantized_blocks_decode_bit_for_bit():
-    """Every block llama.cpp's quantizer wrote (Q4_1, Q8_0, Q4_K, Q6_K) decodes to gguf-py's values, in numpy and
-    in the compiled decoder."""
+    """Every block llama.cpp's quantizer wrote (Q4_1, Q8_0, Q4_K, Q6_K, IQ4_NL, IQ4_XS) decodes to gguf-py's
+    values, in numpy and in the compiled decoder."""
     from luminal_recipes.runtimes.cpu.jit import gguf_kernels as gguf_jit
     from luminal_recipes.runtimes.cpu.kernels import gguf as numpy_gguf
 
@@ -47,7 +48,7 @@ def test_llama_cpp_quantized_blocks_decode_bit_for_bit():
             kind, bs, ts, sl, nsub, has_c = numpy_gguf.layout(qtype, want.shape[1])
             gguf_jit.dequant_any(raw, out, kind, bs, ts, sl, nsub, has_c, table)
             assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), (name, record.name)
-    assert seen == {"Q4_1", "Q8_0", "Q4_K", "Q6_K"}
+    assert seen == {"Q4_1", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"}
 
 
 def _generate(name: str):

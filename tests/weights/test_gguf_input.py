@@ -111,16 +111,19 @@ def test_llama3_rope_factors_of_the_wrong_length_are_refused(tmp_path):
 
 @pytest.mark.usefixtures("no_work")
 def test_unsupported_quant_type_is_refused_naming_tensor_and_type(tmp_path):
-    reader = gguf.GGUFReader(LLAMA)
+    # IQ4_NL and IQ4_XS run (tests/runtimes/test_gguf_iq4_logits.py); the other IQ* types (blocks of 256: the
+    # IQ4_XS file's rows of 256) are refused
+    source = FIXTURES.parent / "gguf_quant" / "tiny-llama-iq4_xs.gguf"
+    reader = gguf.GGUFReader(source)
     tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
     parts = tensor.field.parts
     at = tensor.field.offset + sum(p.nbytes for p in parts[:-2])  # the type: the part before the data offset
-    data = bytearray(LLAMA.read_bytes())
+    data = bytearray(source.read_bytes())
     assert int(np.frombuffer(bytes(data[at:at + 4]), "<u4")[0]) == int(tensor.tensor_type)
-    data[at:at + 4] = np.uint32(gguf.GGMLQuantizationType.IQ4_NL).tobytes()
+    data[at:at + 4] = np.uint32(gguf.GGMLQuantizationType.IQ2_XS).tobytes()
     iq = tmp_path / "iq.gguf"
     iq.write_bytes(bytes(data))
-    refused(run(iq), "'blk.0.ffn_up.weight' (IQ4_NL)", "Q4_K")
+    refused(run(iq), "'blk.0.ffn_up.weight' (IQ2_XS)", "Q4_K")
     data[at:at + 4] = np.uint32(250).tobytes()  # a type no gguf knows
     unknown = tmp_path / "unknown.gguf"
     unknown.write_bytes(bytes(data))

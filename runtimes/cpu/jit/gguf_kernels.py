@@ -2,10 +2,10 @@
 
 Each block is decoded into its integer codes (as f32) and one or two coefficients per sub-block: the value of
 element ``e`` of sub-block ``s`` is ``a[s] * q[e]`` (``+ c[s]`` for the types with a minimum: Q4_1, Q5_1, Q2_K,
-Q4_K, Q5_K, where ``c = m`` or ``-(dmin * m)``). ``a`` and ``c`` are computed with the products in
-``graph.gguf_blocks``' order, so ``dequant_rows`` (compiled without fast-math flags: no FMA contraction, no
-reordering) gives exactly ``gguf_blocks.dequantize``'s values (``x - y`` and ``x + (-y)`` are the same IEEE
-operation).
+Q4_K, Q5_K, where ``c = m`` or ``-(dmin * m)``; IQ4_NL and IQ4_XS's codes are their table's values). ``a`` and
+``c`` are computed with the products in ``graph.gguf_blocks``' order, so ``dequant_rows`` (compiled without
+fast-math flags: no FMA contraction, no reordering) gives exactly ``gguf_blocks.dequantize``'s values (``x - y``
+and ``x + (-y)`` are the same IEEE operation).
 
 ``matmul_rows`` reads every packed block once and uses it for all rows of x: per sub-block ``a * sum(x q) + c *
 sum(x)`` (the sums of x per sub-block computed once per product), with the sums reassociated so that LLVM
@@ -17,14 +17,18 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from luminal_recipes.graph import gguf_blocks
+
 F = np.float32
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8,
-         "Q6_K": 9, "F16": 10, "BF16": 11, "F32": 12}
+         "Q6_K": 9, "F16": 10, "BF16": 11, "F32": 12, "IQ4_NL": 13, "IQ4_XS": 14}
 FLOAT_BLOCK = 32  # float rows (F16, BF16, F32) are walked in blocks of this many elements when K allows
 # kind -> (elements per sub-block, sub-blocks per block, has a minimum term)
 LAYOUT = {0: (32, 1, False), 1: (32, 1, True), 2: (32, 1, False), 3: (32, 1, True), 4: (32, 1, False),
           5: (16, 16, True), 6: (16, 16, False), 7: (32, 8, True), 8: (32, 8, True), 9: (16, 16, False),
-          10: (FLOAT_BLOCK, 1, False), 11: (FLOAT_BLOCK, 1, False), 12: (FLOAT_BLOCK, 1, False)}
+          10: (FLOAT_BLOCK, 1, False), 11: (FLOAT_BLOCK, 1, False), 12: (FLOAT_BLOCK, 1, False),
+          13: (32, 1, False), 14: (32, 8, False)}
+KVALUES_IQ4NL = gguf_blocks.KVALUES_IQ4NL.astype(np.float32)  # the IQ4 codes' values (exact in f32)
 
 _exact = numba.njit(cache=True, nogil=True, error_model="numpy")
 _inline = numba.njit(cache=True, inline="always", error_model="numpy")
@@ -140,6 +144,22 @@ def decode_block(kind, row, o, fb, f16, q, a, c):
                     low = (np.int64(row[o + h * 64 + lo]) >> (4 * nib)) & 15
                     hi = (np.int64(row[o + 128 + h * 32 + (e % 32)]) >> (2 * ((e % 128) // 32))) & 3
                     q[e] = F((low | (hi << 4)) - 32)
+    elif kind == 13:  # IQ4_NL: d, 16 bytes of table indices (low nibbles first)
+        a[0] = _h(row, o, f16)
+        for j in range(16):
+            b = np.int64(row[o + 2 + j])
+            q[j] = KVALUES_IQ4NL[b & 15]
+            q[j + 16] = KVALUES_IQ4NL[b >> 4]
+    elif kind == 14:  # IQ4_XS: d, scales_h (u16), scales_l[4], 8 sub-blocks of 16 bytes of table indices
+        d = _h(row, o, f16)
+        sh = np.int64(row[o + 2]) | (np.int64(row[o + 3]) << 8)
+        for s in range(8):
+            lo = (np.int64(row[o + 4 + s // 2]) >> (4 * (s % 2))) & 15
+            a[s] = d * F((lo | (((sh >> (2 * s)) & 3) << 4)) - 32)
+            for j in range(16):
+                b = np.int64(row[o + 8 + s * 16 + j])
+                q[s * 32 + j] = KVALUES_IQ4NL[b & 15]
+                q[s * 32 + 16 + j] = KVALUES_IQ4NL[b >> 4]
     elif kind == 10:  # F16
         a[0] = F(1.0)
         for j in range(fb):
@@ -170,7 +190,7 @@ def dequant_rows(packed, out, kind, bs, ts, sl, nsub, has_c, f16):
         for blk in range(nb):
             decode_block(kind, row, blk * ts, bs, f16, q, a, c)
             base = blk * bs
-            if kind >= 10:  # floats: the values themselves (1 * v would turn a signalling NaN quiet)
+            if 10 <= kind <= 12:  # floats: the values themselves (1 * v would turn a signalling NaN quiet)
                 for j in range(bs):
                     dst[base + j] = q[j]
             elif has_c:

@@ -1,5 +1,6 @@
 """Fused dequant + product loops (numba) for the GGUF types ``gguf_kernels``' own loops do not cover: Q5_0, Q5_1,
-Q2_K, Q3_K, F16 and BF16 (Q5_K shares ``gguf_kernels``' Q4_K loop: a loop of its own here measured no faster).
+Q2_K, Q3_K, F16, BF16, IQ4_NL and IQ4_XS (Q5_K shares ``gguf_kernels``' Q4_K loop: a loop of its own here measured
+no faster).
 
 Same contract as ``gguf_kernels.SPECIALISED``: ``kernel(packed, x, xs, out, n0, n1, kind, f16)`` computes ``out[:,
 n] = x @ dequant(packed[n])`` for the weight rows ``n0 .. n1-1`` (the caller splits the rows over the cores), with
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+
+from luminal_recipes.graph import gguf_blocks
 
 F = np.float32
 U = np.uint32
@@ -166,5 +169,48 @@ def matmul_f16(packed, x, xs, out, n0, n1, kind, f16):
             out[m, n] = s
 
 
+KVALUES_IQ4NL = gguf_blocks.KVALUES_IQ4NL.astype(np.float32)  # the IQ4 codes' values (exact in f32)
+
+
+@_fast
+def matmul_iq4(packed, x, xs, out, n0, n1, kind, f16):
+    """IQ4_NL (kind 13: d, 16 bytes per 32) / IQ4_XS (kind 14: d, scales_h, scales_l[4], 128 bytes per 256; 8
+    sub-blocks of 32 with 6-bit scales minus 32): each weight row decoded once into an f32 scratch (the table's
+    value times the sub-block's d or d * scale: ``gguf_blocks``' values), then one vectorised dot per row of x."""
+    k = x.shape[1]
+    vals = np.empty(k, np.float32)
+    nb = k // (32 if kind == 13 else 256)
+    low, four = np.uint8(15), np.uint8(4)
+    for n in range(n0, n1):
+        row = packed[n]
+        for blk in range(nb):
+            if kind == 13:
+                o = blk * 18
+                d = _half(row, o, f16)
+                for j in range(16):
+                    b = row[o + 2 + j]
+                    vals[blk * 32 + j] = d * KVALUES_IQ4NL[b & low]
+                    vals[blk * 32 + 16 + j] = d * KVALUES_IQ4NL[b >> four]
+            else:
+                o = blk * 136
+                d = _half(row, o, f16)
+                sh = np.int64(row[o + 2]) | (np.int64(row[o + 3]) << 8)
+                for s in range(8):
+                    lo = (np.int64(row[o + 4 + s // 2]) >> (4 * (s % 2))) & 15
+                    dl = d * F((lo | (((sh >> (2 * s)) & 3) << 4)) - 32)
+                    base = blk * 256 + s * 32
+                    for j in range(16):
+                        b = row[o + 8 + s * 16 + j]
+                        vals[base + j] = dl * KVALUES_IQ4NL[b & low]
+                        vals[base + 16 + j] = dl * KVALUES_IQ4NL[b >> four]
+        for m in range(x.shape[0]):
+            xm = x[m]
+            acc = F(0.0)
+            for j in range(k):
+                acc += xm[j] * vals[j]
+            out[m, n] = acc
+
+
 # kind (gguf_kernels.KINDS) -> loop; registered into gguf_kernels.SPECIALISED
-SPECIALISED = {2: matmul_q5, 3: matmul_q5, 5: matmul_q2_k, 6: matmul_q3_k, 10: matmul_f16, 11: matmul_f16}
+SPECIALISED = {2: matmul_q5, 3: matmul_q5, 5: matmul_q2_k, 6: matmul_q3_k, 10: matmul_f16, 11: matmul_f16,
+               13: matmul_iq4, 14: matmul_iq4}

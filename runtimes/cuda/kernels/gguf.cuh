@@ -1,6 +1,7 @@
 // GGUF block types (graph.gguf_blocks): element e of the block at `b`, decoded as gguf-py decodes it (the products in
 // its order; NVRTC runs with --fmad=false and cuda-emu with -ffp-contract=off, so the bits are the same).
-// kind: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0, 5 Q2_K, 6 Q3_K, 7 Q4_K, 8 Q5_K, 9 Q6_K, 10 F16, 11 BF16, 12 F32
+// kind: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0, 5 Q2_K, 6 Q3_K, 7 Q4_K, 8 Q5_K, 9 Q6_K, 10 F16, 11 BF16, 12 F32,
+// 13 IQ4_NL, 14 IQ4_XS
 // (float kinds: `b` is the element itself, e = 0).
 
 LR_DEV float lr_gguf_h(const unsigned char* p) {
@@ -22,6 +23,14 @@ LR_DEV void lr_gguf_k_scale_min(const unsigned char* s, int j, int* sc, int* mn)
     *sc = (s[j + 4] & 15) | ((s[j - 4] >> 2) & 0x30);
     *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
   }
+}
+
+// IQ4_NL / IQ4_XS: the value of a 4-bit code (ggml-common.h's kvalues_iq4nl {-127, -104, -83, -65, -49, -35, -22,
+// -10, 1, 13, 25, 38, 53, 69, 89, 113}), its 16 bytes packed in two 64-bit constants (a local array would be a
+// stack frame: tests/runtimes/test_cuda_nvrtc.py)
+LR_DEV float lr_gguf_iq4(int code) {
+  const unsigned long long w = (code & 8) ? 0x7159453526190d01ULL : 0xf6eaddcfbfad9881ULL;
+  return (float)(signed char)(unsigned char)(w >> (8 * (code & 7)));
 }
 
 LR_DEV float lr_gguf_value(int kind, const unsigned char* b, int e) {
@@ -72,6 +81,15 @@ LR_DEV float lr_gguf_value(int kind, const unsigned char* b, int e) {
       const int low = (b[(e / 128) * 64 + e % 64] >> (4 * ((e % 128) / 64))) & 15;
       const int hi = (b[128 + (e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
       return dl * (float)((low | (hi << 4)) - 32);
+    }
+    case 13:  // IQ4_NL: d, 16 bytes of table indices (low nibbles first)
+      return lr_gguf_h(b) * lr_gguf_iq4(e < 16 ? b[2 + e] : (b[2 + e - 16] >> 4));
+    case 14: {  // IQ4_XS: d, scales_h (u16), scales_l[4], 8 sub-blocks of 16 bytes of table indices
+      const int s = e / 32, l = e % 32;
+      const int lo = (b[4 + s / 2] >> (4 * (s % 2))) & 15;
+      const int hi = (((int)b[2] | ((int)b[3] << 8)) >> (2 * s)) & 3;
+      const float dl = lr_gguf_h(b) * (float)((lo | (hi << 4)) - 32);
+      return dl * lr_gguf_iq4(l < 16 ? b[8 + s * 16 + l] : (b[8 + s * 16 + l - 16] >> 4));
     }
     case 10:
       return lr_gguf_h(b);
