@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="side B's chains captured with this threads.CHAIN_MIN_PART")
     parser.add_argument("--chain-min-part-a", type=int, default=None,
                         help="side A's chains captured with this threads.CHAIN_MIN_PART")
+    parser.add_argument("--no-inductor", action="store_true",
+                        help="A and B only: inductor's OpenMP threads spin on after its turn, and chains that sample "
+                             "the machine's load (chain.crowded) then run alone")
     parser.add_argument("--untimed", type=int, default=1,
                         help="calls of a side before its timed call in each turn (torch_backend.UNTIMED_CALLS)")
     args = parser.parse_args(argv)
@@ -99,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in off:
             setattr(patches[name][0], patches[name][1], saved[name])
         cpu_threads.CHAIN_MIN_PART = default_chain_part
-        sides["inductor"] = call(torch.compile(side_function(model, "inductor")))
-        for side in ("A", "inductor"):
+        if not args.no_inductor:
+            sides["inductor"] = call(torch.compile(side_function(model, "inductor")))
+        for side in sides:
             for _ in range(7):
                 outputs[side] = sides[side]()
         eager = call(model.forward)()
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     for k in sides:
         print(f"  {k:9s} wall median {statistics.median(wall[k]) * 1e3:6.1f} ms (min {min(wall[k]) * 1e3:6.1f})  "
               f"cpu median {statistics.median(cpu[k]) * 1e3:6.1f} ms (min {min(cpu[k]) * 1e3:6.1f})")
-    for a, b in (("A", "B"), ("A", "inductor"), ("B", "inductor")):
+    for a, b in (("A", "B"), ("A", "inductor"), ("B", "inductor"))[:1 if args.no_inductor else 3]:
         rc = [x / y for x, y in zip(cpu[a], cpu[b])]
         rw = [x / y for x, y in zip(wall[a], wall[b])]
         print(f"  {a}/{b}: cpu {statistics.median(rc):.3f}x (rounds {min(rc):.2f}-{max(rc):.2f})  "
