@@ -8,6 +8,9 @@ compiled (B's kernels are prepared under it):
 - ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``).
 
 ``--min-part N`` prepares side A's kernels with ``threads.MIN_PART = N`` (finer parts for the chains' two threads).
+``--chain-min-part N`` captures side B's chains with ``threads.CHAIN_MIN_PART = N`` (A: the default, or
+``--chain-min-part-a``); ``--chain-min-part 65536`` (= ``MIN_PART``) gives B the kernels' own parts in its chains,
+as before chains re-cut them (``chain.finer``). ``--off ''`` patches nothing else out of B.
 
 Each turn calls its side once untimed before the timed call (``--untimed``): inductor's OpenMP threads spin on
 after its call (libgomp) and would take a core from the side timed next (``bench/torch_backend.py``).
@@ -49,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--off", default="concat,cse,attn16", help="the changes patched out of side B")
     parser.add_argument("--min-part", type=int, default=None,
                         help="side A's kernels prepared with this threads.MIN_PART (elements a part at least)")
+    parser.add_argument("--chain-min-part", type=int, default=None,
+                        help="side B's chains captured with this threads.CHAIN_MIN_PART")
+    parser.add_argument("--chain-min-part-a", type=int, default=None,
+                        help="side A's chains captured with this threads.CHAIN_MIN_PART")
+    parser.add_argument("--no-inductor", action="store_true",
+                        help="A and B only: inductor's OpenMP threads spin on after its turn, and chains that sample "
+                             "the machine's load (chain.crowded) then run alone")
     parser.add_argument("--untimed", type=int, default=1,
                         help="calls of a side before its timed call in each turn (torch_backend.UNTIMED_CALLS)")
     args = parser.parse_args(argv)
@@ -74,21 +84,27 @@ def main(argv: list[str] | None = None) -> int:
 
     with torch.no_grad():
         sides["A"] = call(torch.compile(side_function(model, "A"), backend="luminal"))
-        if args.min_part is not None:  # A's kernels prepared (and chains captured) under it
-            default_part, cpu_threads.MIN_PART = cpu_threads.MIN_PART, args.min_part
+        default_part, default_chain_part = cpu_threads.MIN_PART, cpu_threads.CHAIN_MIN_PART
+        if args.min_part is not None or args.chain_min_part_a is not None:  # A's kernels prepared (and chains
+            cpu_threads.MIN_PART = args.min_part or default_part  # captured) under them
+            cpu_threads.CHAIN_MIN_PART = args.chain_min_part_a or default_chain_part
             for _ in range(7):
                 outputs["A"] = sides["A"]()
-            cpu_threads.MIN_PART = default_part
+            cpu_threads.MIN_PART, cpu_threads.CHAIN_MIN_PART = default_part, default_chain_part
         saved = {name: getattr(patches[name][0], patches[name][1]) for name in off}
         for name in off:
             setattr(patches[name][0], patches[name][1], patches[name][2])
+        if args.chain_min_part is not None:
+            cpu_threads.CHAIN_MIN_PART = args.chain_min_part
         sides["B"] = call(torch.compile(side_function(model, "B"), backend="luminal"))
         for _ in range(7):  # B's kernels are prepared (and its chains captured) while the patches hold
             outputs["B"] = sides["B"]()
         for name in off:
             setattr(patches[name][0], patches[name][1], saved[name])
-        sides["inductor"] = call(torch.compile(side_function(model, "inductor")))
-        for side in ("A", "inductor"):
+        cpu_threads.CHAIN_MIN_PART = default_chain_part
+        if not args.no_inductor:
+            sides["inductor"] = call(torch.compile(side_function(model, "inductor")))
+        for side in sides:
             for _ in range(7):
                 outputs[side] = sides[side]()
         eager = call(model.forward)()
@@ -102,16 +118,20 @@ def main(argv: list[str] | None = None) -> int:
                 fn()
                 wall[k].append(time.perf_counter() - t0)
                 cpu[k].append(time.process_time() - c0)
-    print(f"flux2 A/B ({threads} threads, {args.rounds} rounds; B without: {', '.join(off)}; load average "
-          f"{os.getloadavg()[0]:.2f})")
+    from luminal_recipes.runtimes.cpu.jit import chain
+
+    print(f"flux2 A/B ({threads} threads, {args.rounds} rounds; B without: {', '.join(off)}; B's chain part "
+          f"{args.chain_min_part or default_chain_part}; load average {os.getloadavg()[0]:.2f}; chain runs "
+          f"{chain.RUNS})")
     for k in sides:
         print(f"  {k:9s} wall median {statistics.median(wall[k]) * 1e3:6.1f} ms (min {min(wall[k]) * 1e3:6.1f})  "
               f"cpu median {statistics.median(cpu[k]) * 1e3:6.1f} ms (min {min(cpu[k]) * 1e3:6.1f})")
-    for a, b in (("A", "B"), ("A", "inductor"), ("B", "inductor")):
+    for a, b in (("A", "B"), ("A", "inductor"), ("B", "inductor"))[:1 if args.no_inductor else 3]:
         rc = [x / y for x, y in zip(cpu[a], cpu[b])]
         rw = [x / y for x, y in zip(wall[a], wall[b])]
         print(f"  {a}/{b}: cpu {statistics.median(rc):.3f}x (rounds {min(rc):.2f}-{max(rc):.2f})  "
               f"wall {statistics.median(rw):.3f}x (rounds {min(rw):.2f}-{max(rw):.2f})")
+    print(f"  max |A - B| = {(outputs['A'].double() - outputs['B'].double()).abs().max().item():.3g}")
     for k in sides:
         print(f"  max |{k} - eager| = {(outputs[k].double() - eager.double()).abs().max().item():.3g}")
     return 0

@@ -40,6 +40,9 @@ def _cpu_count() -> int:
 THREADS = max(1, int(os.environ.get("LUMINAL_RECIPES_THREADS", "0") or 0)) if os.environ.get(
     "LUMINAL_RECIPES_THREADS") else _cpu_count()
 MIN_PART = 1 << 16  # elements per part at least: smaller parts are not worth a thread hand-off (20-50 us)
+# elements per part at least for the kernels of a chain that runs on every thread in lockstep (``jit/chain.py``):
+# there a part costs no hand-off, only a spin barrier (~1 us), so parts this small pay (``finer_parts``)
+CHAIN_MIN_PART = max(1, int(os.environ.get("LUMINAL_RECIPES_CHAIN_MIN_PART", "0") or 0) or 1 << 13)
 
 
 class _Task:
@@ -379,10 +382,40 @@ def run_parts(parts: Sequence[Part]) -> None:
     _POOL.run(parts)
 
 
+_FINER = threading.local()  # ``finer_parts``' size, on the thread that set it
+
+
+class finer_parts:  # noqa: N801 - used as a function: ``with finer_parts(n):``
+    """``with finer_parts(n):`` kernels cut their work into parts of at least ``n`` elements inside (where that
+    is below their own minimum: ``min_part``), on this thread only. For re-describing a kernel's parts when a
+    chain that runs in lockstep is captured (``jit.described``'s ``redescribe``): the kernel as a step keeps its
+    own parts."""
+
+    __slots__ = ("size", "before")
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __enter__(self) -> None:
+        self.before = getattr(_FINER, "size", None)
+        _FINER.size = self.size
+
+    def __exit__(self, *exc) -> None:
+        _FINER.size = self.before
+
+
+def min_part(default: int | None = None) -> int:
+    """Elements a part holds at least: ``default`` (``MIN_PART`` when None), or less inside ``finer_parts``."""
+    size = MIN_PART if default is None else default
+    finer = getattr(_FINER, "size", None)
+    return size if finer is None else min(size, finer)
+
+
 def part_count(items: int, elements: int) -> int:
     """How many parts ``items`` independent pieces of work, ``elements`` elements in all, are worth: at most
-    ``THREADS`` and ``items``, at least ``MIN_PART`` elements each (so 1 for a whole below ``2 * MIN_PART``)."""
-    return max(1, min(THREADS, items, elements // MIN_PART))
+    ``THREADS`` and ``items``, at least ``MIN_PART`` elements each (so 1 for a whole below ``2 * MIN_PART``;
+    ``finer_parts`` inside a chain's capture)."""
+    return max(1, min(THREADS, items, elements // min_part()))
 
 
 def split(n: int, elements_per_item: int = 1) -> list[slice]:

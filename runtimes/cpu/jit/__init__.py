@@ -285,22 +285,30 @@ def _warm() -> None:
 
 def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[], None]:
     """A step calling ``kernel(*row_parts, *scalars)`` on one part of the rows (axis 0 of every array) per
-    core."""
+    core (each row computed on its own: any cut gives the same bits)."""
     n = arrays[0].shape[0]
     width = arrays[0].size // max(n, 1)
-    bound, calls = [], []  # the row slices are made once, here
-    for i, sl in enumerate(split(n, width)):
-        views = tuple(a[sl] for a in arrays)
-        bound.append(lambda views=views: kernel(*views, *scalars))
-        calls.append((kernel, (*views, *scalars), i))
-    return described(parallel(bound), calls)
+
+    def describe():  # the row slices are made once per description, here
+        return [(kernel, (*(a[sl] for a in arrays), *scalars), i) for i, sl in enumerate(split(n, width))]
+
+    calls = describe()
+    bound = [lambda args=args: kernel(*args) for _, args, _ in calls]
+    return described(parallel(bound), calls, redescribe=describe)
 
 
-def described(step: Callable[[], None], calls: list[tuple]) -> Callable[[], None]:
+def described(step: Callable[[], None], calls: list[tuple],
+              redescribe: Callable[[], list[tuple]] | None = None) -> Callable[[], None]:
     """``step`` described as one phase of ``(kernel, args, part)`` calls - or ``(kernel, args, part, (reads,
-    writes))``: ``chain.Call.access`` - for the CPU backend's chains (``chain.tag``), where numba is in use."""
+    writes))``: ``chain.Call.access`` - for the CPU backend's chains (``chain.tag``), where numba is in use.
+    ``redescribe``: the same calls made again, for a chain's finer parts (``chain.finer``: it calls this inside
+    ``threads.finer_parts``)."""
     if not AVAILABLE:
         return step
     from .chain import Call, tag
 
-    return tag(step, [Call(fn, args, part, access=rest[0] if rest else None) for fn, args, part, *rest in calls])
+    def phase(calls):
+        return [Call(fn, args, part, access=rest[0] if rest else None) for fn, args, part, *rest in calls]
+
+    again = None if redescribe is None else lambda: [phase(redescribe())]
+    return tag(step, phase(calls), redescribe=again)

@@ -83,11 +83,12 @@ class Call(NamedTuple):
     access: tuple | None = None
 
 
-def tag(step: Callable, *phases: Sequence[Call]) -> Callable:
+def tag(step: Callable, *phases: Sequence[Call], redescribe: Callable[[], Sequence] | None = None) -> Callable:
     """Describe ``step`` as ``phases`` (each a sequence of calls that may run at once) and return it. Calls of
-    functions that are not module-level numba dispatchers leave the step undescribed (run from Python)."""
+    functions that are not module-level numba dispatchers leave the step undescribed (run from Python).
+    ``redescribe``: phases of the same work with its parts cut again under ``threads.finer_parts`` (``finer``)."""
     phases = tuple(tuple(phase) for phase in phases if phase)
-    if phases and all(hasattr(call.fn, "overloads") and describable(call.args) for phase in phases for call in phase):
+    if phases and _chainable(phases):
         try:
             step.chain = phases
         except AttributeError:  # a builtin or bound method: wrapped
@@ -97,18 +98,46 @@ def tag(step: Callable, *phases: Sequence[Call]) -> Callable:
                 inner()
 
             step.chain = phases
+        if redescribe is not None:
+            step.rechain = redescribe
     return step
+
+
+def _chainable(phases: tuple) -> bool:
+    return all(hasattr(call.fn, "overloads") and describable(call.args) for phase in phases for call in phase)
 
 
 def phases_of(step: Callable) -> tuple | None:
     return getattr(step, "chain", None)
 
 
+def finer(step: Callable, size: int) -> tuple | None:
+    """``step``'s phases with its kernels' parts of ``size`` elements at least (``threads.finer_parts``), for a
+    chain run on every thread in lockstep, where a part costs a barrier rather than a hand-off; its own phases
+    where it cannot describe itself again (``tag``'s ``redescribe``). A kernel's parts are independent (the
+    element-wise passes, copies, rows of a norm, columns of a product): the same values, bit for bit, however
+    its work is cut."""
+    redescribe = getattr(step, "rechain", None)
+    if redescribe is None:
+        return phases_of(step)
+    from .. import threads as cpu_threads
+
+    with cpu_threads.finer_parts(size):
+        phases = tuple(tuple(phase) for phase in redescribe() if phase)
+    return phases if phases and _chainable(phases) else phases_of(step)
+
+
 def combine(step: Callable, *parts: Callable) -> Callable:
     """Tag ``step`` with the phases of ``parts`` run in order, where every one of them is described."""
     described = [phases_of(p) for p in parts]
     if all(d is not None for d in described):
-        return tag(step, *(phase for d in described for phase in d))
+        redescribe = None
+        if any(hasattr(p, "rechain") for p in parts):
+            def redescribe():  # (called inside ``finer_parts``: each part described again at that size)
+                return tuple(phase for p in parts for phase in (p.rechain() if hasattr(p, "rechain")
+                                                                 else phases_of(p)))
+
+        return tag(step, *(phase for d in described for phase in d), redescribe=redescribe)
     return step
 
 
@@ -413,9 +442,14 @@ class _Chain:
     checked), barriers between phases where threads change hands."""
 
     def __init__(self, steps: list[Callable], threads: int):
-        flat = [(i, phase) for i, s in enumerate(steps) for phase in phases_of(s)]
-        if threads > 1 and sum(len(_threads_of(phase, threads)) > 1 for _, phase in flat) < MIN_SPLIT_PHASES:
-            threads = 1  # too few split kernels to pay for the hand-off: every part on the calling thread
+        described = [phases_of(s) for s in steps]
+        if threads > 1:  # parts cut finer where the chain runs in lockstep (``finer``): no hand-off per kernel
+            fine = [finer(s, _min_part()) for s in steps]
+            if _split_phases(fine, threads) >= MIN_SPLIT_PHASES:
+                described = fine
+            else:
+                threads = 1  # too few split kernels to pay for the hand-off: every part on the calling thread
+        flat = [(i, phase) for i, phases in enumerate(described) for phase in phases]
         self.steps, self.threads = steps, threads
         self.flags = np.zeros(4 * _STRIDE, np.int64)
         opcodes: dict[tuple, int] = {}
@@ -445,8 +479,8 @@ class _Chain:
         self.layouts = {t: _layout(encoded_phases, t) for t in {1, threads}}
         self.ints = np.array(ints or [0], np.int64).reshape(1, -1)
         self.floats = np.array(floats or [0.0], np.float64).reshape(1, -1)
-        self.keep = [c.args for s in steps for phase in phases_of(s) for c in phase]  # what the tables point into
-        self.blas = any(c.blas for s in steps for phase in phases_of(s) for c in phase)
+        self.keep = [c.args for _, phase in flat for c in phase]  # what the tables point into
+        self.blas = any(c.blas for _, phase in flat for c in phase)
         self.opcodes = sorted(opcodes, key=opcodes.get)  # this chain's argument layouts, by its programs' opcodes
         self.run_fn = None  # ``finish``: the capture's interpreter
         self.parts = [functools.partial(self._part, t) for t in range(threads)]
@@ -636,6 +670,17 @@ def _lockstep_pool():
 
 def _threads_of(phase: tuple, threads: int) -> frozenset[int]:
     return frozenset(0 if c.part is None else c.part % threads for c in phase)
+
+
+def _split_phases(described: list[tuple], threads: int) -> int:
+    """How many phases of a chain's steps run on more than one thread."""
+    return sum(len(_threads_of(phase, threads)) > 1 for phases in described for phase in phases)
+
+
+def _min_part() -> int:
+    from .. import threads as cpu_threads
+
+    return cpu_threads.CHAIN_MIN_PART
 
 
 def _source(opcodes: list[tuple]) -> str:

@@ -128,13 +128,19 @@ def _prepare_compiled_expression(ctx: KernelContext, ops: list[Operand], code: E
     def bind(out, flats, scratch):
         arrays = bind_all(ops, flats, scratch)
         kernel = jit.kernels().elementwise_tiles
-        runs, described = [], []
-        for part, boxes in enumerate(_compiled_boxes(out, arrays, len(scratch[regs]))):
-            calls = [(code.code, code.consts, table, shape, scratch[regs][part]) for table, shape in boxes]
-            runs.append(lambda calls=calls, refs=(out, arrays): [kernel(*call) for call in calls])
-            # what its table's addresses reach: the inputs (read), the output and this part's registers
-            described += [(kernel, call, part, ((*arrays,), (out, scratch[regs][part]))) for call in calls]
-        return with_refresh(ops, jit.described(cpu_threads.parallel(runs), described))
+
+        def describe():  # per part its calls, and those calls described for the chains
+            runs, described = [], []
+            for part, boxes in enumerate(_compiled_boxes(out, arrays, len(scratch[regs]))):
+                calls = [(code.code, code.consts, table, shape, scratch[regs][part]) for table, shape in boxes]
+                runs.append(lambda calls=calls, refs=(out, arrays): [kernel(*call) for call in calls])
+                # what its table's addresses reach: the inputs (read), the output and this part's registers
+                described += [(kernel, call, part, ((*arrays,), (out, scratch[regs][part]))) for call in calls]
+            return runs, described
+
+        runs, described = describe()
+        step = jit.described(cpu_threads.parallel(runs), described, redescribe=lambda: describe()[1])
+        return with_refresh(ops, step)
 
     return bind
 
@@ -197,7 +203,7 @@ def _compiled_boxes(out: np.ndarray, inputs: list[np.ndarray],
 
 def _parts(n: int, elements_per_item: int, most: int) -> list[slice]:
     """``range(n)`` in at most ``most`` near-equal parts of at least ``JIT_PART_ELEMS`` elements each."""
-    count = max(1, min(most, n, n * elements_per_item // JIT_PART_ELEMS))
+    count = max(1, min(most, n, n * elements_per_item // cpu_threads.min_part(JIT_PART_ELEMS)))
     return [slice(n * i // count, n * (i + 1) // count) for i in range(count)]
 
 

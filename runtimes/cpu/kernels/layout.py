@@ -161,21 +161,27 @@ def _compiled_copies(pairs: list[tuple[np.ndarray, np.ndarray]]):
         return None
     from ..jit import f32_kernels
 
-    phases = []
-    for dst, src in pairs:
-        calls = []
-        for i, (d, s) in enumerate(_split_pair(dst, src)):
-            s = np.broadcast_to(s, d.shape)
-            kernel, rows = f32_kernels.copy_rows, _rows3(d, s)
-            box = _box3(d, s) if rows is not None and rows[1][2] == 1 else None
-            if box is not None:  # rows of one element (the innermost axis strided): the strided loop instead
-                kernel, rows = f32_kernels.copy_box, box
-            if rows is None:
-                return None
-            d_flat, d_geometry, s_flat, s_strides = rows
-            calls.append((kernel, (d_flat, np.array(d_geometry, np.int64), s_flat, np.array(s_strides, np.int64)),
-                          i))
-        phases.append(calls)
+    def describe():  # per pair its calls, one per part (``_split_pair``); None where a part has no such call
+        phases = []
+        for dst, src in pairs:
+            calls = []
+            for i, (d, s) in enumerate(_split_pair(dst, src)):
+                s = np.broadcast_to(s, d.shape)
+                kernel, rows = f32_kernels.copy_rows, _rows3(d, s)
+                box = _box3(d, s) if rows is not None and rows[1][2] == 1 else None
+                if box is not None:  # rows of one element (the innermost axis strided): the strided loop instead
+                    kernel, rows = f32_kernels.copy_box, box
+                if rows is None:
+                    return None
+                d_flat, d_geometry, s_flat, s_strides = rows
+                calls.append((kernel, (d_flat, np.array(d_geometry, np.int64), s_flat,
+                                       np.array(s_strides, np.int64)), i))
+            phases.append(calls)
+        return phases
+
+    phases = describe()
+    if phases is None:
+        return None
     steps = [cpu_threads.parallel([lambda kernel=kernel, args=args: kernel(*args) for kernel, args, _ in calls])
              for calls in phases]
 
@@ -185,7 +191,11 @@ def _compiled_copies(pairs: list[tuple[np.ndarray, np.ndarray]]):
 
     from ..jit.chain import Call, tag
 
-    return tag(body, *([Call(fn, args, part) for fn, args, part in calls] for calls in phases))
+    def tagged(phases):
+        return [[Call(fn, args, part) for fn, args, part in calls] for calls in phases or ()]
+
+    # a copy is exact whatever its cut: described again for a chain's finer parts (``chain.finer``)
+    return tag(body, *tagged(phases), redescribe=lambda: tagged(describe()))
 
 
 def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[slice, ...]]:
@@ -247,8 +257,11 @@ def prepare_copy(ctx: KernelContext) -> Bind:
                 # decoding step's attention output (heads to rows) no longer cuts its chain in two
                 from ..jit.chain import Call, copy_region, tag
 
-                return tag(copies, [Call(copy_region, (d, d, s, False), i, access=((s,), (d,)))
-                                    for i, (d, s) in enumerate(pairs)])
+                def describe():  # (again for a chain's finer parts: ``chain.finer``)
+                    return [[Call(copy_region, (d, d, s, False), i, access=((s,), (d,)))
+                             for i, (d, s) in enumerate(_split_pair(dst, src))]]
+
+                return tag(copies, *describe(), redescribe=describe)
 
         def body():
             for z in zeros:

@@ -186,10 +186,13 @@ def _rows_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray, name: st
     m, n = dst.shape
     k = left.shape[1]
     (xf, (xs, _)), (wf, (ws, _)), (of, (os_, _)) = x, w, o
-    calls = [(kernel, (xf, 0, xs, wf, 0, ws, of, 0, os_, m, k, part.start, part.stop), i)
-             for i, part in enumerate(cpu_threads.split(n, k * m))]
+    def describe():  # each output's sum in one fixed order whatever the columns' cut: again for a chain's parts
+        return [(kernel, (xf, 0, xs, wf, 0, ws, of, 0, os_, m, k, part.start, part.stop), i)
+                for i, part in enumerate(cpu_threads.split(n, k * m))]
+
+    calls = describe()
     parts = [lambda args=args: kernel(*args) for _, args, _ in calls]
-    return jit.described(cpu_threads.parallel(parts), calls)
+    return jit.described(cpu_threads.parallel(parts), calls, redescribe=describe)
 
 
 def _compiled_add(target: np.ndarray, bias: np.ndarray) -> Step | None:

@@ -90,18 +90,22 @@ def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, scalars) -> Bind:
         x = op.bind(flats[0], scratch).transpose(order)  # at least 3 axes: two always merge into [rows, N]
         o = out.transpose(order)
         args = scalars(flats) if callable(scalars) else scalars
-        chunks = []
-        for index in np.ndindex(*x.shape[:-2]):
-            xb, ob = x[index], o[index]
-            start = bv.offset + sum(i * st for i, st in zip(index, strides))
-            for sl in cpu_threads.split(xb.shape[0], xb.shape[1]):
-                if flat_kernel is None:
-                    chunks.append((xb[sl], ob[sl]))
-                else:
-                    chunks.append((flats[0], start + sl.start * strides[-2], strides[-2], ob[sl]))
         fn = getattr(jit.kernels(), flat_kernel or kernel)
-        count = cpu_threads.part_count(len(chunks), math.prod(x.shape))  # the whole's size decides, not a block's
-        return _parallel_chunks(fn, chunks, count, lambda i: args)
+
+        def chunks_in_parts():  # (each row computed on its own: any cut gives the same bits)
+            chunks = []
+            for index in np.ndindex(*x.shape[:-2]):
+                xb, ob = x[index], o[index]
+                start = bv.offset + sum(i * st for i, st in zip(index, strides))
+                for sl in cpu_threads.split(xb.shape[0], xb.shape[1]):
+                    if flat_kernel is None:
+                        chunks.append((xb[sl], ob[sl]))
+                    else:
+                        chunks.append((flats[0], start + sl.start * strides[-2], strides[-2], ob[sl]))
+            # the whole's size decides, not a block's
+            return chunks, cpu_threads.part_count(len(chunks), math.prod(x.shape))
+
+        return _parallel_chunks(fn, chunks_in_parts, lambda i: args)
 
     return bind
 
@@ -118,11 +122,19 @@ def _row_chunks(fn, chunks: list[tuple], scalars: tuple) -> Step:
     return run
 
 
-def _parallel_chunks(fn, chunks: list[tuple], count: int, scalars: Callable[[int], tuple]) -> Step:
-    """The chunks in ``count`` parts (part i's scalars ``scalars(i)``), described for the chains."""
-    groups = [chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count] for i in range(count)]
-    step = cpu_threads.parallel(_row_chunks(fn, g, scalars(i)) for i, g in enumerate(groups))
-    return jit.described(step, [(fn, (*args, *scalars(i)), i) for i, g in enumerate(groups) for args in g])
+def _parallel_chunks(fn, chunks_in_parts: Callable[[], tuple[list[tuple], int]],
+                     scalars: Callable[[int], tuple]) -> Step:
+    """The chunks in parts (``chunks_in_parts()``: the chunks and how many parts; part i's scalars
+    ``scalars(i)``), described for the chains (and described again for a chain's finer parts)."""
+    def groups():
+        chunks, count = chunks_in_parts()
+        return [chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count] for i in range(count)]
+
+    def describe():
+        return [(fn, (*args, *scalars(i)), i) for i, g in enumerate(groups()) for args in g]
+
+    step = cpu_threads.parallel(_row_chunks(fn, g, scalars(i)) for i, g in enumerate(groups()))
+    return jit.described(step, describe(), redescribe=describe)
 
 
 def prepare_softmax(ctx: KernelContext) -> Bind:
@@ -332,16 +344,19 @@ def _prepare_compiled_rope(ctx: KernelContext, xs, d: int, w_at: int, tables, in
         x, cos, sin = (_read_only(flats[i]) for i in (0, 2, 3))
         scale = _read_only(flats[1][w_at : w_at + d])
         out3 = out.reshape(-1, xs[-2], d)
-        chunks = []
-        for b, index in enumerate(np.ndindex(*lead)):
-            for sl in cpu_threads.split(xs[-2], d):
-                x0, c0, s0 = (v.offset + sum(i * st for i, st in zip(index, v.strides)) + sl.start * v.strides[-2]
-                              for v in (bv, cv, sv))
-                chunks.append((x, x0, bv.strides[-2], out3[b, sl], scale, cos, c0, cv.strides[-2],
-                               sin, s0, sv.strides[-2]))
+        def chunks_in_parts():  # (each row computed on its own: any cut gives the same bits)
+            chunks = []
+            for b, index in enumerate(np.ndindex(*lead)):
+                for sl in cpu_threads.split(xs[-2], d):
+                    x0, c0, s0 = (v.offset + sum(i * st for i, st in zip(index, v.strides))
+                                  + sl.start * v.strides[-2] for v in (bv, cv, sv))
+                    chunks.append((x, x0, bv.strides[-2], out3[b, sl], scale, cos, c0, cv.strides[-2],
+                                   sin, s0, sv.strides[-2]))
+            # the whole's size decides, not a head's
+            return chunks, cpu_threads.part_count(len(chunks), math.prod(xs))
+
         fn = jit.kernels().rms_norm_rope_rows
-        count = cpu_threads.part_count(len(chunks), math.prod(xs))  # the whole's size decides, not a head's
-        return _parallel_chunks(fn, chunks, count, lambda i: (inv_n, eps, scratch[work][i]))
+        return _parallel_chunks(fn, chunks_in_parts, lambda i: (inv_n, eps, scratch[work][i]))
 
     return bind
 
