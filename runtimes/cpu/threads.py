@@ -40,9 +40,10 @@ def _cpu_count() -> int:
 THREADS = max(1, int(os.environ.get("LUMINAL_RECIPES_THREADS", "0") or 0)) if os.environ.get(
     "LUMINAL_RECIPES_THREADS") else _cpu_count()
 MIN_PART = 1 << 16  # elements per part at least: smaller parts are not worth a thread hand-off (20-50 us)
-# elements per part at least for the kernels of a chain that runs on every thread in lockstep (``jit/chain.py``):
-# there a part costs no hand-off, only a spin barrier (~1 us), so parts this small pay (``finer_parts``)
-CHAIN_MIN_PART = max(1, int(os.environ.get("LUMINAL_RECIPES_CHAIN_MIN_PART", "0") or 0) or 1 << 13)
+# elements per part at least for the kernels of a chain that runs on every thread in lockstep (``jit/chain.py``,
+# ``finer_parts``): there a part costs a spin barrier (~1 us), not a hand-off. Opt-in (default: MIN_PART, the
+# kernels' own parts): 8192 measured 1.04x wall, 1.08x CPU on the tiny FLUX.2 forward, 2 quiet threads (docs/torch.md)
+CHAIN_MIN_PART = max(1, int(os.environ.get("LUMINAL_RECIPES_CHAIN_MIN_PART", "0") or 0) or MIN_PART)
 
 
 class _Task:
