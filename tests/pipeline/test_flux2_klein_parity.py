@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checkpoint_files import files
 from diffusers import Flux2KleinPipeline
 from diffusers.utils import load_image as diffusers_load_image
 from PIL import Image
@@ -187,9 +188,6 @@ def test_memory_plan_covers_the_stages_that_run(case):
 
 
 def test_committed_checkpoint_is_what_the_script_writes(maker, tmp_path):
-    def files(folder: Path) -> dict[str, bytes]:
-        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
     assert files(maker.build(tmp_path / "distilled", "distilled")) == files(DISTILLED)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from checkpoint_files import files
 from diffusers import Flux2Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,10 +27,6 @@ def script():
     spec.loader.exec_module(module)
     yield module
     del sys.modules[spec.name]
-
-
-def files(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_layout_and_size():
