@@ -117,11 +117,11 @@ def finer(step: Callable, size: int) -> tuple | None:
     where it cannot describe itself again (``tag``'s ``redescribe``). A kernel's parts are independent (the
     element-wise passes, copies, rows of a norm, columns of a product): the same values, bit for bit, however
     its work is cut."""
-    redescribe = getattr(step, "rechain", None)
-    if redescribe is None:
-        return phases_of(step)
     from .. import threads as cpu_threads
 
+    redescribe = getattr(step, "rechain", None)
+    if redescribe is None or size >= cpu_threads.min_part():  # no finer than its own parts: nothing to redo
+        return phases_of(step)
     with cpu_threads.finer_parts(size):
         phases = tuple(tuple(phase) for phase in redescribe() if phase)
     return phases if phases and _chainable(phases) else phases_of(step)

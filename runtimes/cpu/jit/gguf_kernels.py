@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from luminal_recipes.graph import gguf_blocks
+from .gguf_more import KVALUES_IQ4NL  # the IQ4 codes' values in f32
 
 F = np.float32
 KINDS = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "Q2_K": 5, "Q3_K": 6, "Q4_K": 7, "Q5_K": 8,
@@ -28,7 +28,6 @@ LAYOUT = {0: (32, 1, False), 1: (32, 1, True), 2: (32, 1, False), 3: (32, 1, Tru
           5: (16, 16, True), 6: (16, 16, False), 7: (32, 8, True), 8: (32, 8, True), 9: (16, 16, False),
           10: (FLOAT_BLOCK, 1, False), 11: (FLOAT_BLOCK, 1, False), 12: (FLOAT_BLOCK, 1, False),
           13: (32, 1, False), 14: (32, 8, False)}
-KVALUES_IQ4NL = gguf_blocks.KVALUES_IQ4NL.astype(np.float32)  # the IQ4 codes' values (exact in f32)
 
 _exact = numba.njit(cache=True, nogil=True, error_model="numpy")
 _inline = numba.njit(cache=True, inline="always", error_model="numpy")
