@@ -531,7 +531,9 @@ class Pipeline:
             if self.progress and stage.loop is None:
                 self.progress(stage.name, 1, 1)
             report.stage_seconds[stage.name] = time.perf_counter() - t0
-            report.rss[stage.name] = {"rss_at_start_bytes": start, "max_rss_bytes": peak_rss.peak(),
+            # a stage's peak is at least what it started with: Linux's RSS counters are cached per thread (synced
+            # every 64 faults), so VmRSS read at the start can exceed the high-water mark read at the end
+            report.rss[stage.name] = {"rss_at_start_bytes": start, "max_rss_bytes": max(peak_rss.peak(), start or 0),
                                       "per_stage": measured}
         return report
 
