@@ -6,9 +6,10 @@
   the weight, each row read once from memory and dotted with every row of ``x`` from the cache. Such a product is
   bound by memory bandwidth; OpenBLAS's ``sgemv`` read weights at about half the rate of this loop here (Zen 4:
   ~15 vs ~30 GB/s on one core). It reads ``ROWS`` (12) weight rows at once, each with its own accumulator: twelve
-  streams through memory rather than one. A model's weights are torch's or numpy's memory in 4 KiB pages, where
-  a core's hardware prefetcher stops at every page's end; one row at a time read them at ~11 GB/s on the Intel
-  Xeon of bench/README.md (PyTorch's MKL ~12.7), twelve at ~14 (its one-core reading rate on 2 MiB pages: ~18).
+  streams through memory rather than one. A torch model's weights lie in 4 KiB pages (numpy asks Linux for huge
+  pages on large arrays, torch does not), where a core's hardware prefetcher stops at every page's end: on the
+  Intel Xeon of bench/README.md one row at a time read them at 10.6-13.0 GB/s (PyTorch's MKL 11.9-12.8), twelve
+  at 13.1-14.4 (``bench/decode_matvec.py``; one stream over 2 MiB pages: ~18.5).
   The dot products are reassociated (``fastmath`` reassoc: LLVM vectorises them); row ``n`` is always dotted in
   the same lane of a group aligned at a multiple of ``ROWS`` (a group cut by a part's ends reads the rows
   around it again and writes only its own), so an output does not depend on how the rows ``n`` are split over
