@@ -47,6 +47,33 @@ def test_few_rows_products_match_numpy(assert_close, monkeypatch, m, right_rows)
     assert_close("matmul", out, x.astype(np.float64) @ right.astype(np.float64))
 
 
+@pytest.mark.parametrize("m, k, n", [(1, 768, 302), (3, 37, 29), (8, 130, 11)])
+def test_rows_product_bits_do_not_depend_on_the_columns_cut(assert_close, m, k, n):
+    """``rows_product`` reads its weight ``ROWS`` rows at a time: any cut of the output's columns (parts of one or
+    two threads, a chain's finer parts) gives the bits of one call over all of them, and a part writes its own
+    columns only."""
+    from luminal_recipes.runtimes.cpu.jit import f32_kernels
+
+    x, w = _f32(m, k + 3), _f32(n, k + 1)  # rows of wider buffers
+    whole = np.full((m, n + 2), np.nan, np.float32)
+
+    def run(out, lo, hi):
+        f32_kernels.rows_product(x.reshape(-1), 0, k + 3, w.reshape(-1), 0, k + 1, out.reshape(-1), 0, n + 2, m, k,
+                                 lo, hi)
+
+    run(whole, 0, n)
+    assert np.isnan(whole[:, n:]).all()
+    assert_close("matmul", whole[:, :n], x[:, :k].astype(np.float64) @ w[:, :k].T.astype(np.float64))
+    rows = f32_kernels.ROWS
+    for cuts in ([0, 1, n], [0, rows - 1, rows + 1, n], [0, n // 2, n], [*range(0, n, 5), n]):
+        cuts = sorted({min(c, n) for c in cuts})
+        got = np.full_like(whole, np.nan)
+        for lo, hi in zip(cuts, cuts[1:]):
+            run(got, lo, hi)
+            assert np.isnan(got[:, hi:]).all(), "a part wrote past its columns"
+        assert np.array_equal(got, whole, equal_nan=True), f"cut {cuts} changed the bits"
+
+
 def test_larger_products_are_blas_chunks_on_several_threads(assert_close, monkeypatch):
     if cblas.sgemm() is None:
         pytest.skip("numpy's BLAS is not OpenBLAS: no cblas_sgemm address")

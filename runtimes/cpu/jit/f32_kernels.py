@@ -5,9 +5,15 @@
   (``out[m, n] = x[m] . w[n]``, the layout of a ``Linear``'s ``[out, in]`` weight read as ``w^T``): one pass over
   the weight, each row read once from memory and dotted with every row of ``x`` from the cache. Such a product is
   bound by memory bandwidth; OpenBLAS's ``sgemv`` read weights at about half the rate of this loop here (Zen 4:
-  ~15 vs ~30 GB/s on one core). The dot products are reassociated (``fastmath`` reassoc: LLVM vectorises them),
-  each in the compiled code's fixed order, so an output does not depend on how the rows ``n`` are split over the
-  cores.
+  ~15 vs ~30 GB/s on one core). It reads ``ROWS`` (12) weight rows at once, each with its own accumulator: twelve
+  streams through memory rather than one. A torch model's weights lie in 4 KiB pages (numpy asks Linux for huge
+  pages on large arrays, torch does not), where a core's hardware prefetcher stops at every page's end: on the
+  Intel Xeon of bench/README.md one row at a time read them at 10.6-13.0 GB/s (PyTorch's MKL 11.9-12.8), twelve
+  at 13.1-14.4 (``bench/decode_matvec.py``; one stream over 2 MiB pages: ~18.5).
+  The dot products are reassociated (``fastmath`` reassoc: LLVM vectorises them); row ``n`` is always dotted in
+  the same lane of a group aligned at a multiple of ``ROWS`` (a group cut by a part's ends reads the rows
+  around it again and writes only its own), so an output does not depend on how the rows ``n`` are split over
+  the cores.
 - ``cols_product``: the same for a right operand stored row by row (``[k, N]``, unit stride along N).
 - ``sgemm_tasks``: a larger product cut into chunks (``tasks``: rows or columns of the output), each one
   single-threaded ``cblas_sgemm`` call of numpy's own OpenBLAS at its address (``..cblas``); every core calls it
@@ -42,20 +48,72 @@ _contract = numba.njit(fastmath={"contract"}, cache=True, nogil=True, error_mode
 _plain = numba.njit(cache=True, nogil=True, error_model="numpy")
 
 
+ROWS = 12  # weight rows a rows_product group reads at once (AVX2's 16 vector registers hold their 12 sums)
+
+
+@_plain
+def _row(w, a, p, d, ws, k):
+    """Row ``p`` of a group at ``a`` (``w``'s rows ``ws`` apart), or its row ``d`` where ``p > d``: a slice (indices
+    from 0, no wraparound check, so the dot products vectorise)."""
+    b = a + min(p, d) * ws
+    return w[b:b + k]
+
+
+@_plain
+def _put(out, o, p, lo, hi, s):
+    """``out[o + p] = s`` where lane ``p`` is one of the part's rows (``lo <= p < hi``)."""
+    if lo <= p < hi:
+        out[o + p] = s
+
+
 @_fast
 def rows_product(x, x0, xs, w, w0, ws, out, o0, os_, m, k, n0, n1):
     """``out[o0 + i*os_ + n] = sum_j x[x0 + i*xs + j] * w[w0 + n*ws + j]`` for rows ``i < m`` and ``n0 <= n <
-    n1``: ``x`` [m, k] and ``w`` [N, k] row by row (unit stride along k), ``out`` [m, N] (unit stride along N)."""
-    for n in range(n0, n1):
-        wa = w0 + n * ws
-        wn = w[wa:wa + k]
+    n1``: ``x`` [m, k] and ``w`` [N, k] row by row (unit stride along k), ``out`` [m, N] (unit stride along N).
+    Groups of ``ROWS`` rows start at multiples of ``ROWS`` (rows past ``n1 - 1`` read row ``n1 - 1`` again):
+    each row's sum is computed in its own lane (``n % ROWS``) of the same code whatever ``n0`` and ``n1``."""
+    last = n1 - 1
+    for g in range(n0 - n0 % ROWS, n1, ROWS):
+        a = w0 + g * ws
+        d = last - g  # rows past the end read the last row again
+        r0, r1, r2, r3 = _row(w, a, 0, d, ws, k), _row(w, a, 1, d, ws, k), _row(w, a, 2, d, ws, k), \
+            _row(w, a, 3, d, ws, k)
+        r4, r5, r6, r7 = _row(w, a, 4, d, ws, k), _row(w, a, 5, d, ws, k), _row(w, a, 6, d, ws, k), \
+            _row(w, a, 7, d, ws, k)
+        r8, r9, r10, r11 = _row(w, a, 8, d, ws, k), _row(w, a, 9, d, ws, k), _row(w, a, 10, d, ws, k), \
+            _row(w, a, 11, d, ws, k)
         for i in range(m):
             xa = x0 + i * xs
             xm = x[xa:xa + k]
-            s = F(0.0)
-            for j in range(k):  # (slices: indices from 0, no wraparound check, so the loop vectorises)
-                s += xm[j] * wn[j]
-            out[o0 + i * os_ + n] = s
+            s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = s8 = s9 = s10 = s11 = F(0.0)
+            for j in range(k):
+                v = xm[j]
+                s0 += v * r0[j]
+                s1 += v * r1[j]
+                s2 += v * r2[j]
+                s3 += v * r3[j]
+                s4 += v * r4[j]
+                s5 += v * r5[j]
+                s6 += v * r6[j]
+                s7 += v * r7[j]
+                s8 += v * r8[j]
+                s9 += v * r9[j]
+                s10 += v * r10[j]
+                s11 += v * r11[j]
+            o = o0 + i * os_ + g
+            lo, hi = n0 - g, n1 - g  # this part's rows only (a tuple indexed by lane here cost 25% in the cache)
+            _put(out, o, 0, lo, hi, s0)
+            _put(out, o, 1, lo, hi, s1)
+            _put(out, o, 2, lo, hi, s2)
+            _put(out, o, 3, lo, hi, s3)
+            _put(out, o, 4, lo, hi, s4)
+            _put(out, o, 5, lo, hi, s5)
+            _put(out, o, 6, lo, hi, s6)
+            _put(out, o, 7, lo, hi, s7)
+            _put(out, o, 8, lo, hi, s8)
+            _put(out, o, 9, lo, hi, s9)
+            _put(out, o, 10, lo, hi, s10)
+            _put(out, o, 11, lo, hi, s11)
 
 
 @_contract

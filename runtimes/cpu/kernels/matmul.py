@@ -186,9 +186,12 @@ def _rows_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray, name: st
     m, n = dst.shape
     k = left.shape[1]
     (xf, (xs, _)), (wf, (ws, _)), (of, (os_, _)) = x, w, o
+    align = f32_kernels.ROWS if name == "rows_product" else 1  # its groups of rows: none read by two parts
+
     def describe():  # each output's sum in one fixed order whatever the columns' cut: again for a chain's parts
-        return [(kernel, (xf, 0, xs, wf, 0, ws, of, 0, os_, m, k, part.start, part.stop), i)
-                for i, part in enumerate(cpu_threads.split(n, k * m))]
+        cuts = sorted({min(n, -(-part.start // align) * align) for part in cpu_threads.split(n, k * m)} | {n})
+        return [(kernel, (xf, 0, xs, wf, 0, ws, of, 0, os_, m, k, lo, hi), i)
+                for i, (lo, hi) in enumerate(zip(cuts, cuts[1:]))]
 
     calls = describe()
     parts = [lambda args=args: kernel(*args) for _, args, _ in calls]
