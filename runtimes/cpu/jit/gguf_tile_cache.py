@@ -50,12 +50,21 @@ def _owner(array: np.ndarray):
     return root if base is None else base
 
 
+def _writable(array: np.ndarray) -> bool:
+    """Whether the memory under ``array`` may be written through some array: the flag of the array at the end of
+    its base chain (the runtime reads weights through read-only views of writable buffers alike)."""
+    from ...file_pages import owner
+
+    root, _ = owner(array)
+    return root is None or array.flags.writeable or root.flags.writeable
+
+
 def tiles_for(w: np.ndarray, kind: int) -> np.ndarray | None:
     """The tiles of ``w`` (uint8 [n, row bytes], GGUF rows of ``kind``), made now or found from an earlier bind;
     None where this weight keeps the per-row loops (no VNNI-512, under one tile, writable, or an owner that cannot
     be watched)."""
     if (not gguf_tiles.AVAILABLE or kind not in gguf_tiles.KINDS or w.ndim != 2 or w.shape[0] < gguf_tiles.TILE
-            or w.flags.writeable or not w.flags.c_contiguous):
+            or not w.flags.c_contiguous or _writable(w)):
         return None
     key = (w.ctypes.data, w.nbytes, kind, w.shape)
     tiles = _TILES.get(key)
