@@ -37,6 +37,8 @@ scales' products and of the accumulation in another order).
 
 from __future__ import annotations
 
+import os
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -53,7 +55,8 @@ KINDS = (0, 1, 4)  # Q4_0, Q4_1, Q8_0
 BLOCK_BYTES = {0: 18, 1: 20, 4: 34}  # GGUF bytes per block of 32, per row
 CODES = {0: 256, 1: 256, 4: 512}  # tile bytes of codes per block
 SCALES = {0: 32, 1: 64, 4: 32}  # tile bytes of f16 scales per block (d; Q4_1 also m)
-AVAILABLE = q8._VNNI512 is not None and q8._F16C
+ENV = "LUMINAL_RECIPES_GGUF_TILES"  # "0": every product on gguf_q8's per-row loops (an A/B switch, read at import)
+AVAILABLE = q8._VNNI512 is not None and q8._F16C and os.environ.get(ENV, "").strip() != "0"
 
 _fast = numba.njit(fastmath={"reassoc", "contract"}, cache=True, nogil=True, error_model="numpy")
 
@@ -85,29 +88,33 @@ def _halves(builder, base, off):
     return builder.fpext(h, _v(FLT, 16))
 
 
-def _tile_body(builder, kind, mr, tp, nblk, xrow, drow, srow, orow):
-    """The IR of one tile (base ``tp``) times ``mr`` rows of x; stores 16 floats per row of x at ``orow[i]``."""
+def _tile_body(builder, kind, mr, tps, nblk, xrow, drow, srow, orows):
+    """The IR of one pass: the tiles at ``tps`` (one or two bases) times ``mr`` rows of x; stores 16 floats per
+    tile and row of x at ``orows[tile][i]``."""
     codes_at = ir.Constant(I64, CODES[kind])
     d_base = builder.mul(nblk, codes_at)
     m_base = builder.add(d_base, builder.mul(nblk, ir.Constant(I64, 32)))
     zero_f = _c(FLT, 16, 0.0)
     zero_i = _c(I32, 16, 0)
-    acc = [cgutils.alloca_once_value(builder, zero_f) for _ in range(mr)]
-    macc = [cgutils.alloca_once_value(builder, zero_f) for _ in range(mr)]
-    split = mr == 1  # two chains per byte half (low / high groups) for one row of x: vpdpbusd's latency
+    nt = len(tps)
+    acc = [[cgutils.alloca_once_value(builder, zero_f) for _ in range(mr)] for _ in range(nt)]
+    macc = [[cgutils.alloca_once_value(builder, zero_f) for _ in range(mr)] for _ in range(nt)]
+    split = mr * nt == 1  # two chains per byte half (low / high groups) for one row of x: vpdpbusd's latency
     with cgutils.for_range(builder, nblk) as loop:
         b = loop.index
         co = builder.mul(b, codes_at)
-        if kind == 4:
-            groups = [_ld(builder, tp, builder.add(co, ir.Constant(I64, 64 * g)), _v(I8, 64))
-                      for g in range(8)]
-        else:
-            raw = [_ld(builder, tp, builder.add(co, ir.Constant(I64, 64 * v)), _v(I8, 64)) for v in range(4)]
-            groups = ([builder.and_(w, _c(I8, 64, 15)) for w in raw]
-                      + [builder.lshr(w, _c(I8, 64, 4)) for w in raw])
         so = builder.mul(b, ir.Constant(I64, 32))
-        dw = _halves(builder, tp, builder.add(d_base, so))
-        mw = _halves(builder, tp, builder.add(m_base, so)) if kind == 1 else None
+        groups, dws, mws = [], [], []
+        for tp in tps:
+            if kind == 4:
+                groups.append([_ld(builder, tp, builder.add(co, ir.Constant(I64, 64 * g)), _v(I8, 64))
+                               for g in range(8)])
+            else:
+                raw = [_ld(builder, tp, builder.add(co, ir.Constant(I64, 64 * v)), _v(I8, 64)) for v in range(4)]
+                groups.append([builder.and_(w, _c(I8, 64, 15)) for w in raw]
+                              + [builder.lshr(w, _c(I8, 64, 4)) for w in raw])
+            dws.append(_halves(builder, tp, builder.add(d_base, so)))
+            mws.append(_halves(builder, tp, builder.add(m_base, so)) if kind == 1 else None)
         xo = builder.mul(b, ir.Constant(I64, 64))
         fo = builder.mul(b, ir.Constant(I64, 4))
         for i in range(mr):
@@ -115,43 +122,47 @@ def _tile_body(builder, kind, mr, tp, nblk, xrow, drow, srow, orow):
                 init = builder.bitcast(_bcast(builder, srow[i], fo), _v(I32, 16))
             else:
                 init = zero_i
-            hi = [init, zero_i] if split else [init]
-            lo = [zero_i, zero_i] if split else [zero_i]
+            hi = [[init, zero_i] if split else [init] for _ in range(nt)]
+            lo = [[zero_i, zero_i] if split else [zero_i] for _ in range(nt)]
             for g in range(8):
                 c = g // 4 if split else 0
-                hi[c] = _dp(builder, hi[c], groups[g], _bcast(builder, xrow[i], builder.add(xo, ir.Constant(I64, 4 * g))))
-                lo[c] = _dp(builder, lo[c], groups[g],
-                            _bcast(builder, xrow[i], builder.add(xo, ir.Constant(I64, 32 + 4 * g))))
-            h = hi[0] if len(hi) == 1 else builder.add(hi[0], hi[1])
-            lsum = lo[0] if len(lo) == 1 else builder.add(lo[0], lo[1])
-            dot = builder.add(builder.shl(h, _c(I32, 16, 7)), lsum)
-            dx = _ld(builder, drow[i], fo, FLT)
-            sv = builder.fmul(dw, _fsplat(builder, dx))
-            builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 16)), sv, builder.load(acc[i])), acc[i])
+                xh = _bcast(builder, xrow[i], builder.add(xo, ir.Constant(I64, 4 * g)))
+                xl = _bcast(builder, xrow[i], builder.add(xo, ir.Constant(I64, 32 + 4 * g)))
+                for t in range(nt):
+                    hi[t][c] = _dp(builder, hi[t][c], groups[t][g], xh)
+                    lo[t][c] = _dp(builder, lo[t][c], groups[t][g], xl)
+            dx = _fsplat(builder, _ld(builder, drow[i], fo, FLT))
             if kind != 4:
                 xs = _ld(builder, srow[i], fo, FLT)
-                if kind == 0:
-                    coef, term = dw, _fsplat(builder, builder.fmul(xs, ir.Constant(FLT, -8.0)))
-                else:
-                    coef, term = mw, _fsplat(builder, xs)
-                builder.store(_fma(builder, coef, term, builder.load(macc[i])), macc[i])
-    for i in range(mr):
-        total = builder.load(acc[i])
-        if kind != 4:
-            total = builder.fadd(total, builder.load(macc[i]))
-        builder.store(total, builder.bitcast(orow[i], _v(FLT, 16).as_pointer()), align=4)
+                term = _fsplat(builder, builder.fmul(xs, ir.Constant(FLT, -8.0)) if kind == 0 else xs)
+            for t in range(nt):
+                h = hi[t][0] if len(hi[t]) == 1 else builder.add(hi[t][0], hi[t][1])
+                lsum = lo[t][0] if len(lo[t]) == 1 else builder.add(lo[t][0], lo[t][1])
+                dot = builder.add(builder.shl(h, _c(I32, 16, 7)), lsum)
+                sv = builder.fmul(dws[t], dx)
+                a_ = acc[t][i]
+                builder.store(_fma(builder, builder.sitofp(dot, _v(FLT, 16)), sv, builder.load(a_)), a_)
+                if kind != 4:  # Q4_0: d_w (-8 xs); Q4_1: m_w xs
+                    m_ = macc[t][i]
+                    builder.store(_fma(builder, dws[t] if kind == 0 else mws[t], term, builder.load(m_)), m_)
+    for t in range(nt):
+        for i in range(mr):
+            total = builder.load(acc[t][i])
+            if kind != 4:
+                total = builder.fadd(total, builder.load(macc[t][i]))
+            builder.store(total, builder.bitcast(orows[t][i], _v(FLT, 16).as_pointer()), align=4)
 
 
-def _tile_kernel(kind):
-    """An intrinsic ``(tiles, t, xq, xd, xs, m0, mr, out) -> None``: out[m0 + i, 16 t + r] = x[m0 + i] . W[16 t + r]
-    for r < 16, i < mr (1 to ``MR``); x as ``gguf_q8.quantize`` wrote it (Q8_0: xs holds -sum(v) as int32 bits);
-    out's rows contiguous (stride 4 bytes along n)."""
+def _tile_kernel(kind, nt=1):
+    """An intrinsic ``(tiles, t, gap, xq, xd, xs, m0, mr, out) -> None``: out[m0 + i, 16 u + r] = x[m0 + i] .
+    W[16 u + r] for the tiles u = t + j gap (j < nt), r < 16, i < mr (1 to ``MR``); x as ``gguf_q8.quantize``
+    wrote it (Q8_0: xs holds -sum(v) as int32 bits); out's rows contiguous (stride 4 bytes along n)."""
 
     @intrinsic
-    def kernel(typingctx, tiles, t, xq, xd, xs, m0, mr_, out):
+    def kernel(typingctx, tiles, t, gap, xq, xd, xs, m0, mr_, out):
         def codegen(context, builder, sig, args):
-            ta, tt, xqa, xda, xsa, m0a, mra, outa = args
-            tty, _, txq, txd, txs, _, _, tout = sig.args
+            ta, tt, gapa, xqa, xda, xsa, m0a, mra, outa = args
+            tty, _, _, txq, txd, txs, _, _, tout = sig.args
 
             def arr(ty, v):
                 a = context.make_array(ty)(context, builder, v)
@@ -165,10 +176,10 @@ def _tile_kernel(kind):
             m0v = _i64(builder, m0a)
             k_len = cgutils.unpack_tuple(builder, context.make_array(txq)(context, builder, xqa).shape, 2)[1]
             nblk = builder.sdiv(k_len, ir.Constant(I64, 64))  # xq holds 64 bytes per block of 32
-            tv = _i64(builder, tt)
             tbytes = builder.mul(nblk, ir.Constant(I64, CODES[kind] + SCALES[kind]))
-            tile = builder.gep(tp, [builder.mul(tv, tbytes)])
-            ncol = builder.mul(tv, ir.Constant(I64, TILE))
+            units = [builder.add(_i64(builder, tt), builder.mul(_i64(builder, gapa), ir.Constant(I64, j)))
+                     for j in range(nt)]
+            tbases = [builder.gep(tp, [builder.mul(u, tbytes)]) for u in units]
             done = builder.append_basic_block("done")
             cases = [builder.append_basic_block(f"mr{mr}") for mr in range(1, MR + 1)]
             switch = builder.switch(_i64(builder, mra), done)
@@ -180,42 +191,58 @@ def _tile_kernel(kind):
                     return [builder.gep(p, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), s[0])])
                             for i in range(mr)]
 
-                orow = [builder.gep(r, [builder.mul(ncol, outs[1])]) for r in rows(outp, outs)]
-                _tile_body(builder, kind, mr, tile, nblk, rows(xqp, xqs), rows(xdp, xds), rows(xsp, xss), orow)
+                orows = [[builder.gep(r, [builder.mul(builder.mul(u, ir.Constant(I64, TILE)), outs[1])])
+                          for r in rows(outp, outs)] for u in units]
+                _tile_body(builder, kind, mr, tbases, nblk, rows(xqp, xqs), rows(xdp, xds), rows(xsp, xss), orows)
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
 
-        return types.none(tiles, t, xq, xd, xs, m0, mr_, out), codegen
+        return types.none(tiles, t, gap, xq, xd, xs, m0, mr_, out), codegen
 
     return kernel
 
 
+NT = 2  # tiles per pass of one row of x (decoding): tiles t and t + half the range, two streams far apart
 if AVAILABLE:
-    _T0, _T1, _T4 = (_tile_kernel(k) for k in KINDS)
+    _T = {k: (_tile_kernel(k, 1), _tile_kernel(k, NT)) for k in KINDS}
+    _T0, _P0 = _T[0]
+    _T1, _P1 = _T[1]
+    _T4, _P4 = _T[4]
 else:  # never called (``AVAILABLE`` gates every caller); stubs keep the module importable
-    _T0 = _T1 = _T4 = None
+    _T0 = _P0 = _T1 = _P1 = _T4 = _P4 = None
 
 
+# tiles t0..t1 - 1: one row of x takes NT tiles far apart per pass; more rows take one tile per pass, ``MR``
+# rows of x at a time (the tile stays in L1 between its passes)
 @_fast
 def tiles_q4_0(tiles, xq, xd, xs, out, t0, t1):
-    for t in range(t0, t1):
+    h = (t1 - t0) // NT if xq.shape[0] == 1 else 0
+    for j in range(h):
+        _P0(tiles, t0 + j, h, xq, xd, xs, 0, 1, out)
+    for t in range(t0 + h * NT, t1):
         for m0 in range(0, xq.shape[0], MR):
-            _T0(tiles, t, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out)
+            _T0(tiles, t, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out)
 
 
 @_fast
 def tiles_q4_1(tiles, xq, xd, xs, out, t0, t1):
-    for t in range(t0, t1):
+    h = (t1 - t0) // NT if xq.shape[0] == 1 else 0
+    for j in range(h):
+        _P1(tiles, t0 + j, h, xq, xd, xs, 0, 1, out)
+    for t in range(t0 + h * NT, t1):
         for m0 in range(0, xq.shape[0], MR):
-            _T1(tiles, t, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out)
+            _T1(tiles, t, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out)
 
 
 @_fast
 def tiles_q8_0(tiles, xq, xd, xs, out, t0, t1):
-    for t in range(t0, t1):
+    h = (t1 - t0) // NT if xq.shape[0] == 1 else 0
+    for j in range(h):
+        _P4(tiles, t0 + j, h, xq, xd, xs, 0, 1, out)
+    for t in range(t0 + h * NT, t1):
         for m0 in range(0, xq.shape[0], MR):
-            _T4(tiles, t, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out)
+            _T4(tiles, t, 0, xq, xd, xs, m0, min(MR, xq.shape[0] - m0), out)
 
 
 @_fast
