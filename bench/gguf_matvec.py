@@ -13,6 +13,11 @@ is reused from the 32 MiB L3 between passes. ``--rows 8`` etc. measure the small
     git show main:runtimes/cpu/jit/gguf_q8.py > /tmp/gguf_q8_main.py    # e.g. before / after a change, one run:
     python bench/gguf_matvec.py --old /tmp/gguf_q8_main.py --sets Q8_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K --no-llama
     python bench/gguf_matvec.py --x8 --sets Q4_K,Q6_K --no-llama   # the 8-bit-x option beside the default 15 bits
+
+Side ``tiles`` (sets of Q4_0 / Q4_1 / Q8_0 only, on hosts with AVX512-VNNI): ``gguf_tiles``' products on the
+weights repacked into tiles of 16 rows, each matrix repacked in the untimed warm-up run (the runtime repacks once,
+at bind time), rows past the last whole tile on ``gguf_q8``'s loops, as the runtime runs them. With ``--old`` the
+third side is main's per-row loops (``int`` is this tree's).
 """
 
 from __future__ import annotations

@@ -23,10 +23,20 @@ Layout (``repack``; a tile of 16 rows is ``nblk`` blocks of 32 elements; tiles o
 - Q4_1 only: the 16 rows' f16 ``m`` of every block, likewise.
 
 Per block and row of x: the 8 groups' codes times x's high bytes and, separately, its low bytes (two int32 chains
-each - low and high nibble groups - for one row of x: the ``vpdpbusd`` latency), ``(hi << 7) + lo`` exact, then
-``acc += f32(dot) * (d_w * d_x)`` and the offset term (Q4_0: ``d_w * (-8 xs)``; Q4_1: ``m_w * xs``; xs = d_x sum(v))
-in a second accumulator. One to ``MR`` rows of x share each loaded weight vector (a small batch); more rows take the
-tile again (in L1: a tile of a row of 2048 elements is 20-35 KiB).
+each - low and high nibble groups - for one tile and one row of x: the ``vpdpbusd`` latency), ``(hi << 7) + lo``
+exact, then ``acc += f32(dot) * (d_w * d_x)`` and the offset term (Q4_0: ``d_w * (-8 xs)``; Q4_1: ``m_w * xs``;
+xs = d_x sum(v)) in a second accumulator. Decoding (one row of x) takes two tiles per pass, t and t + half the
+part's range (``NT``: two streams far apart sharing each broadcast of x; +8% out of cache over one tile per pass,
+as ``gguf_q8``'s NR rows); a small batch takes one tile per pass and one to ``MR`` rows of x sharing each loaded
+weight vector, more rows the tile again (in L1: a tile of a row of 2048 elements is 20-35 KiB).
+
+Measured on the 2-core Intel Xeon (AVX512-VNNI, AMX) of issue 23 (bench/README.md, "GGUF products on tiles"):
+with the weight in L2 the tiled loops run ~3x ``gguf_q8``'s (Q4_1 ~30-37 GB/s of packed weight vs ~11), out of
+cache ~+40% (Q4_1 7.1-7.5 GB/s vs 5.1) and ~+25% (Q8_0 ~10.6 vs 8.3-9.3); software prefetch (512 B to 8 KiB
+ahead) gained nothing.
+
+The runtime (``kernels/gguf.py``) repacks each weight once, at its first bind (``gguf_tile_cache``: kept per
+read-only buffer, the file's pages then released), and cuts the threads' parts at whole tiles.
 
 Rows past the last whole tile (``n % 16``) stay on ``gguf_q8``'s per-row loops over the original buffer; so do
 hosts whose numba target lacks avx512vnni + avx512bw (``AVAILABLE``).

@@ -11,7 +11,9 @@ With numba (``runtimes/cpu/jit/gguf_kernels.py``):
   of 32 and the blocks' byte codes are dotted with it in integers (``gguf_q8``, llama.cpp's scheme with 15-bit
   rather than 8-bit x), the output rows split over the cores, each part rounding x itself into its own scratch
   (``gguf_q8.quant_product``: one call, one chain phase per product); each weight row is read from memory once and
-  decoded once per 4 rows of x. Other types, up to ``FUSED_ROWS`` rows: one pass over the packed weight
+  decoded once per 4 rows of x. Q4_0, Q4_1 and Q8_0 on AVX512-VNNI hosts: on the weight repacked into tiles of 16
+  rows (``gguf_tiles``, made once per read-only buffer at the first bind: ``gguf_tile_cache``), the parts cut at
+  whole tiles. Other types, up to ``FUSED_ROWS`` rows: one pass over the packed weight
   in f32, each block decoded once and used for every row of x (``gguf_jit.matmul_rows`` or the type's own loops);
 - more rows (a prompt): bands of weight rows decoded into an f32 scratch (``BAND`` elements) on every core, each
   band one BLAS product, so a long prompt runs at the speed of the dense product (compute-bound).
