@@ -57,7 +57,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import gguf_q8 as q8
-from .gguf_q8 import FLT, I8, I16, I32, I64, _at, _c, _fma, _i64, _ld, _v
+from .gguf_q8 import FLT, I8, I16, I32, I64, _c, _fma, _i64, _ld, _v
 
 TILE = 16  # weight rows per tile: the 16 int32 lanes of a 512-bit vpdpbusd
 MR = 4  # rows of x per pass (each loaded weight vector shared by them)
@@ -197,7 +197,7 @@ def _tile_kernel(kind, nt=1):
                 switch.add_case(ir.Constant(I64, mr), bb)
                 builder.position_at_end(bb)
 
-                def rows(p, s):
+                def rows(p, s, mr=mr):
                     return [builder.gep(p, [builder.mul(builder.add(m0v, ir.Constant(I64, i)), s[0])])
                             for i in range(mr)]
 
