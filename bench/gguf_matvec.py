@@ -13,6 +13,11 @@ is reused from the 32 MiB L3 between passes. ``--rows 8`` etc. measure the small
     git show main:runtimes/cpu/jit/gguf_q8.py > /tmp/gguf_q8_main.py    # e.g. before / after a change, one run:
     python bench/gguf_matvec.py --old /tmp/gguf_q8_main.py --sets Q8_0,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K --no-llama
     python bench/gguf_matvec.py --x8 --sets Q4_K,Q6_K --no-llama   # the 8-bit-x option beside the default 15 bits
+
+Side ``tiles`` (sets of Q4_0 / Q4_1 / Q8_0 only, on hosts with AVX512-VNNI): ``gguf_tiles``' products on the
+weights repacked into tiles of 16 rows, each matrix repacked in the untimed warm-up run (the runtime repacks once,
+at bind time), rows past the last whole tile on ``gguf_q8``'s loops, as the runtime runs them. With ``--old`` the
+third side is main's per-row loops (``int`` is this tree's).
 """
 
 from __future__ import annotations
@@ -131,6 +136,27 @@ def int_product(module, f16, call="quant_product"):
     return fn
 
 
+def tile_product(f16):
+    """The tiled products (``gguf_tiles``: Q4_0, Q4_1, Q8_0 on AVX512-VNNI): each matrix repacked into tiles of 16
+    rows on its first call (the untimed warm-up run; the runtime repacks once at bind time), rows past the last
+    whole tile on gguf_q8's loops, as the runtime does."""
+    from luminal_recipes.runtimes.cpu.jit import gguf_tiles
+
+    repacked = {}
+
+    def fn(kind, w, x, out):
+        tiles = repacked.get(id(w))
+        if tiles is None:
+            tiles = repacked[id(w)] = gguf_tiles.repack(w, kind)
+        m, k = x.shape
+        xq = np.empty((m, 2 * k), np.int8)
+        xd, xs = np.empty((m, k // 32), np.float32), np.empty((m, k // 32), np.float32)
+        nt = w.shape[0] // gguf_tiles.TILE
+        gguf_tiles.quant_tiles(x, xq, xd, xs, tiles, w, out, 0, nt, nt * gguf_tiles.TILE, kind, f16)
+    fn.has = lambda kind: gguf_tiles.AVAILABLE and kind in gguf_tiles.KINDS
+    return fn
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=1)
@@ -147,6 +173,7 @@ def main() -> None:
         CLOCK = time.perf_counter
     f16 = gk.f16_table()
     sides = [("f32", f32_product(f16)), ("int", int_product(gguf_q8, f16, "quant_product15"))]
+    sides.append(("tiles", tile_product(f16)))  # where the host has it and the set is all Q4_0 / Q4_1 / Q8_0
     if args.x8:
         sides.append(("int-x8", int_product(gguf_q8, f16, "quant_product_x8")))
     if args.old:  # imported as a module of the package beside gguf_q8 (its relative imports; numba's cache)

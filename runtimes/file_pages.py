@@ -33,11 +33,24 @@ class FileSpan:
     length: int
 
 
+def owner(array: np.ndarray) -> tuple[np.ndarray, object]:
+    """(the last array, the object after it) at the end of ``array``'s base chain: what owns its memory (an
+    ``mmap.mmap`` under a ``numpy.memmap``, or None after an array owning its data). Followed through the holder
+    ``numpy.lib.stride_tricks.as_strided`` leaves (an object with ``__array_interface__`` and ``base``: the
+    runtime's operand views are made so)."""
+    root, base = None, array
+    while True:
+        if isinstance(base, np.ndarray):
+            root, base = base, base.base
+        elif hasattr(base, "__array_interface__") and isinstance(getattr(base, "base", None), np.ndarray):
+            base = base.base
+        else:
+            return root, base
+
+
 def file_span(array: np.ndarray) -> FileSpan | None:
     """The whole pages of the file mapping that ``array`` reads, or None when it is not file-backed."""
-    root, base = None, array
-    while isinstance(base, np.ndarray):
-        root, base = base, base.base
+    root, base = owner(array)
     if not isinstance(base, mmap.mmap) or not isinstance(root, np.memmap) or root.filename is None:
         return None
     lo, hi = np.lib.array_utils.byte_bounds(array)

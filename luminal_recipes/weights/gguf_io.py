@@ -267,6 +267,8 @@ class GgufCheckpoint(TensorMapping):
         they stay in the page cache and a later read maps them back). Else they stay resident beside the copy, so
         the bytes count twice in the resident set: ~8 MiB of SmolLM2-135M's, ~110 MiB of a 1B Q8_0 file's."""
         out = np.ascontiguousarray(raw[order])
+        out.flags.writeable = False  # a weight, as the file's own read-only pages are (the runtime's GGUF tiles
+        # are kept per read-only buffer: runtimes/cpu/jit/gguf_tile_cache.py)
         _drop_pages(self.reader.data, raw)
         return out
 

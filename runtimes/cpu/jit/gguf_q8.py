@@ -27,6 +27,10 @@ own scratch - for a K-quant in the type's *pair order* (``KPAIRS``: the two x-bl
 high bytes then low, contiguous, so each is one 64-byte load) - and computes its rows, one call: a product is one
 phase of a chain (``chain.py``), with no barrier between the rounding and the product.
 
+On hosts with AVX512-VNNI (512-bit) the runtime runs Q4_0, Q4_1 and Q8_0 on weights repacked into tiles of 16
+rows instead (``gguf_tiles.py``: the same integers, no per-row reductions or scale broadcasts); the per-row loops
+here take the rows past the last whole tile, writable weights and other hosts.
+
 Why two bytes and not llama.cpp's one: 8-bit x flipped greedy ids of a random-weight test model against the dense
 run; the second byte costs one more byte dot product per block (x stays in L1; the weight's bytes dominate).
 

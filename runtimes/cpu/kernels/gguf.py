@@ -11,7 +11,9 @@ With numba (``runtimes/cpu/jit/gguf_kernels.py``):
   of 32 and the blocks' byte codes are dotted with it in integers (``gguf_q8``, llama.cpp's scheme with 15-bit
   rather than 8-bit x), the output rows split over the cores, each part rounding x itself into its own scratch
   (``gguf_q8.quant_product``: one call, one chain phase per product); each weight row is read from memory once and
-  decoded once per 4 rows of x. Other types, up to ``FUSED_ROWS`` rows: one pass over the packed weight
+  decoded once per 4 rows of x. Q4_0, Q4_1 and Q8_0 on AVX512-VNNI hosts: on the weight repacked into tiles of 16
+  rows (``gguf_tiles``, made once per read-only buffer at the first bind: ``gguf_tile_cache``), the parts cut at
+  whole tiles. Other types, up to ``FUSED_ROWS`` rows: one pass over the packed weight
   in f32, each block decoded once and used for every row of x (``gguf_jit.matmul_rows`` or the type's own loops);
 - more rows (a prompt): bands of weight rows decoded into an f32 scratch (``BAND`` elements) on every core, each
   band one BLAS product, so a long prompt runs at the speed of the dense product (compute-bound).
@@ -183,7 +185,15 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
     if fused:
         if integer:  # x rounded to integers per block of 32 by every part for itself (its own scratch: one phase,
             # no barrier between the rounding and the product), integer dot products (gguf_q8.py)
-            q_splits = cpu_threads.split(n_out, k_in * max(rows, 1))
+            from ..jit import gguf_tiles
+
+            tileable = gguf_tiles.AVAILABLE and kind in gguf_tiles.KINDS and n_out >= gguf_tiles.TILE
+            if tileable:  # parts of whole tiles of 16 rows (gguf_tiles.py); the rows past the last tile: the last
+                n_tiles = n_out // gguf_tiles.TILE
+                q_splits = [slice(p.start * gguf_tiles.TILE, n_out if p.stop == n_tiles else p.stop * gguf_tiles.TILE)
+                            for p in cpu_threads.split(n_tiles, gguf_tiles.TILE * k_in * max(rows, 1))]
+            else:
+                q_splits = cpu_threads.split(n_out, k_in * max(rows, 1))
             x_q = [ctx.scratch.add((rows, 2 * k_in), np.int8) for _ in q_splits]
             x_d = [ctx.scratch.add((rows, k_in // 32), F32) for _ in q_splits]
             x_s = [ctx.scratch.add((rows, k_in // 32), F32) for _ in q_splits]
@@ -200,13 +210,22 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
         x, w = bind_all([x_op, w_op], flats, scratch)
         target = out.reshape(rows, n_out) if acc is None else scratch[acc]
         if fused and integer:
-            run = gguf_q8.quant_product
-            calls = [(run, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], scratch[x_16[i]], w, target,
-                            p.start, p.stop, kind, f16), i) for i, p in enumerate(q_splits)]
+            tiles = _tiles(w, kind, w_op, target) if tileable else None
+            if tiles is not None:  # part i: its tiles, and the rows past the last whole tile where it has them
+                run = gguf_tiles.quant_tiles
+                calls = [(run, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], tiles, w, target,
+                                p.start // gguf_tiles.TILE, p.stop // gguf_tiles.TILE,
+                                p.stop // gguf_tiles.TILE * gguf_tiles.TILE if p.stop == n_out else n_out, kind, f16),
+                          i) for i, p in enumerate(q_splits)]
+            else:
+                run = gguf_q8.quant_product
+                calls = [(run, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], scratch[x_16[i]], w, target,
+                                p.start, p.stop, kind, f16), i) for i, p in enumerate(q_splits)]
             compute = cpu_threads.parallel([lambda args=args: run(*args) for _, args, _ in calls])
             # what each part touches (chain.Call.access): x, the weight and the f16 table read, its own scratch
             # and its rows of the output written - so products of one x (q/k/v, gate/up) need no barrier between
-            access = [((x, w, f16), (args[1], args[2], args[3], args[4], target[:, p.start:p.stop]))
+            reads = (x, w, f16) if tiles is None else (x, tiles, w, f16)
+            access = [(reads, (*args[1:4], *(() if tiles is not None else args[4:5]), target[:, p.start:p.stop]))
                       for (_, args, _), p in zip(calls, q_splits)]
             compute = _described(compute, [(*call, a) for call, a in zip(calls, access)])
         elif fused:
@@ -254,6 +273,17 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
         return with_refresh([x_op, w_op], body)
 
     return bind
+
+
+def _tiles(w, kind, w_op, target):
+    """The weight's tiles of 16 rows (``gguf_tile_cache``: repacked once per buffer, at the first bind), or None
+    where the per-row loops run: the weight read through a scratch copy (refreshed every step), output rows not
+    contiguous, or a weight the cache does not tile (writable, ...)."""
+    from ..jit import gguf_tile_cache
+
+    if w_op.refresh is not None or target.strides[1] != target.itemsize:
+        return None
+    return gguf_tile_cache.tiles_for(w, kind)
 
 
 def _described(step, *phases):
