@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = np.float32(0.25)
 
     def scratch(slots):
-        return [[np.zeros(shape, np.float32) for shape in ((D, S), (D, S), (4, S), (4, D))] for _ in range(slots)]
+        return [[np.zeros(shape, np.float32) for shape in ((D, S), (S, D), (4, S), (4, D))] for _ in range(slots)]
 
     def claimed(slots, blocks):  # attention_small.prepare's tasks: 3 blocks a head here (12 tasks of ~363 rows)
         out = np.zeros((H, S, D), np.float32)

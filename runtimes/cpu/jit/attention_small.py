@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .disk_cache import install as _install_cache_locator
 from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors, row_max_vec
@@ -29,6 +32,8 @@ from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors, row_max
 _install_cache_locator()  # before the kernels: their cache goes stale with numba_kernels's helpers
 
 F = np.float32
+I8, I32, I64, FLT = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+V16 = ir.VectorType(FLT, 16)  # one value row
 HEAD_DIM = 16
 GROUP = 4  # query rows whose scores one pass over the keys computes
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy")
@@ -95,53 +100,71 @@ def scores16x4(qs, kt, sc, t):
 
 
 @_sum
-def weighted_row16(p, m, vt, t, out):
-    """``out[:16] = sum_j e^(p[j] - m) vt[:, j] / sum_j e^(p[j] - m)`` over ``j < t``, ``vt [16, T]`` the values
-    transposed: one pass over the row computing each exponential once, their sum and the 16 weighted sums
-    in vector accumulators (reassociated: the order of the additions is the compiled code's, the same on every
-    call)."""
+def exp_row_sum(p, m, t):
+    """``p[j] = e^(p[j] - m)`` in place for ``j < t`` (one vectorised pass); returns their sum (reassociated: the
+    order of the additions is the compiled code's, the same on every call)."""
     _wide_vectors()
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = aa = ab = ac = ad = ae = af = total = F(0.0)
+    total = F(0.0)
     for j in range(t):
         e = exp_shift(p[j] - m)
+        p[j] = e
         total += e
-        a0 += e * vt[0, j]
-        a1 += e * vt[1, j]
-        a2 += e * vt[2, j]
-        a3 += e * vt[3, j]
-        a4 += e * vt[4, j]
-        a5 += e * vt[5, j]
-        a6 += e * vt[6, j]
-        a7 += e * vt[7, j]
-        a8 += e * vt[8, j]
-        a9 += e * vt[9, j]
-        aa += e * vt[10, j]
-        ab += e * vt[11, j]
-        ac += e * vt[12, j]
-        ad += e * vt[13, j]
-        ae += e * vt[14, j]
-        af += e * vt[15, j]
-    inv = F(1.0) / total
-    out[0] = a0 * inv
-    out[1] = a1 * inv
-    out[2] = a2 * inv
-    out[3] = a3 * inv
-    out[4] = a4 * inv
-    out[5] = a5 * inv
-    out[6] = a6 * inv
-    out[7] = a7 * inv
-    out[8] = a8 * inv
-    out[9] = a9 * inv
-    out[10] = aa * inv
-    out[11] = ab * inv
-    out[12] = ac * inv
-    out[13] = ad * inv
-    out[14] = ae * inv
-    out[15] = af * inv
+    return total
+
+
+def _splat(builder, value, n):
+    vec = builder.insert_element(ir.Constant(ir.VectorType(value.type, n), ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(vec, ir.Constant(ir.VectorType(value.type, n), ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+@intrinsic
+def weighted16x4(typingctx, e, vr, t, sums):
+    """``sums[r, :16] = sum_j e[r, j] vr[j, :16]`` over ``j < t`` for the 4 rows of ``e``, ``vr [T, 16]`` the
+    values as rows (each row's stride 16): LLVM IR, one 16-lane vector per value row, loaded once for the four
+    rows, times each row's weight broadcast, into 8 accumulators (4 rows x even/odd keys: independent chains
+    of fused multiply-adds, so that the FMA's latency does not bound the loop), the two halves added at the
+    end. The order of the additions is fixed by this code (the same on every call, on any CPU: 16 lanes are
+    one AVX-512 register, two AVX2 ones)."""
+    def codegen(context, builder, sig, args):
+        def base(ty, value):
+            a = context.make_array(ty)(context, builder, value)
+            return builder.bitcast(a.data, I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides, ty.ndim)
+
+        ep, es = base(sig.args[0], args[0])
+        vp, vs = base(sig.args[1], args[1])
+        sp, ss = base(sig.args[3], args[3])
+        t_ = args[2] if args[2].type.width == 64 else builder.sext(args[2], I64)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16, [V16] * 3), "llvm.fma.v16f32")
+        acc = [[cgutils.alloca_once_value(builder, ir.Constant(V16, [0.0] * 16)) for _ in range(GROUP)]
+               for _ in range(2)]
+        rows = [builder.gep(ep, [builder.mul(es[0], ir.Constant(I64, r))]) for r in range(GROUP)]
+
+        def key(j, half):
+            v = builder.load(builder.bitcast(builder.gep(vp, [builder.mul(j, vs[0])]), V16.as_pointer()), align=4)
+            for r in range(GROUP):
+                at = builder.gep(rows[r], [builder.mul(j, es[1])])
+                w = _splat(builder, builder.load(builder.bitcast(at, FLT.as_pointer())), 16)
+                builder.store(builder.call(fma, [w, v, builder.load(acc[half][r])]), acc[half][r])
+
+        pairs = builder.sdiv(t_, ir.Constant(I64, 2))
+        with cgutils.for_range(builder, pairs) as loop:
+            j = builder.mul(loop.index, ir.Constant(I64, 2))
+            key(j, 0)
+            key(builder.add(j, ir.Constant(I64, 1)), 1)
+        with cgutils.for_range(builder, t_, start=builder.mul(pairs, ir.Constant(I64, 2))) as loop:  # an odd t's last
+            key(loop.index, 0)
+        for r in range(GROUP):
+            total = builder.fadd(builder.load(acc[0][r]), builder.load(acc[1][r]))
+            at = builder.gep(sp, [builder.mul(ss[0], ir.Constant(I64, r))])
+            builder.store(total, builder.bitcast(at, V16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(e, vr, t, sums), codegen
 
 
 @_rows
-def attention16(q, k, v, out, head, first, end, pack, scale, kt, vt, sc, qs):
+def attention16(q, k, v, out, head, first, end, pack, scale, kt, vr, sc, qs):
     """Rows ``first:end`` of head ``head``: ``out[head, i] = softmax((q[head, i] * scale) k[head]^T) v[head]`` for
     ``q [H, S, 16]``, ``k``, ``v [H, T, 16]``, ``out [H, S, 16]`` (any strides). ``kt``, ``vt [16, T]`` hold the
     head's keys and values transposed: written first when ``pack`` (a caller that ran the same head last, on
@@ -151,13 +174,19 @@ def attention16(q, k, v, out, head, first, end, pack, scale, kt, vt, sc, qs):
         for j in range(t):
             for d in range(HEAD_DIM):
                 kt[d, j] = k[head, j, d]
-                vt[d, j] = v[head, j, d]
+                vr[j, d] = v[head, j, d]
     for r in range(first, end, GROUP):
         rows = min(GROUP, end - r)
         for i in range(GROUP):
             for d in range(HEAD_DIM):
                 qs[i, d] = q[head, r + i, d] * scale if i < rows else F(0.0)
         scores16x4(qs, kt, sc, t)
+        t0 = exp_row_sum(sc[0], row_max_vec(sc[0, :t]), t)
+        t1 = exp_row_sum(sc[1], row_max_vec(sc[1, :t]), t)
+        t2 = exp_row_sum(sc[2], row_max_vec(sc[2, :t]), t)
+        t3 = exp_row_sum(sc[3], row_max_vec(sc[3, :t]), t)
+        weighted16x4(sc, vr, t, qs)  # the group's queries are no longer needed: qs takes its weighted sums
         for i in range(rows):
-            row = sc[i, :t]
-            weighted_row16(row, row_max_vec(row), vt, t, out[head, r + i])
+            inv = F(1.0) / (t0 if i == 0 else t1 if i == 1 else t2 if i == 2 else t3)
+            for d in range(HEAD_DIM):
+                out[head, r + i, d] = qs[i, d] * inv

@@ -52,7 +52,7 @@ def prepare(ctx: KernelContext, rows: int) -> Bind:
     bounds = [s * i // blocks for i in range(blocks + 1)]
     tasks = [(h, bounds[b], bounds[b + 1]) for h in range(heads) for b in range(blocks) if bounds[b + 1] > bounds[b]]
     slots = max(1, min(cpu_threads.THREADS, len(tasks)))
-    per_slot = [[ctx.scratch.add(shape, F32) for shape in ((HEAD_DIM, t), (HEAD_DIM, t), (4, t), (4, HEAD_DIM))]
+    per_slot = [[ctx.scratch.add(shape, F32) for shape in ((HEAD_DIM, t), (t, HEAD_DIM), (4, t), (4, HEAD_DIM))]
                 for _ in range(slots)]
 
     def bind(out, flats, scratch):
