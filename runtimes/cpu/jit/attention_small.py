@@ -27,12 +27,12 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .disk_cache import install as _install_cache_locator
-from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors, row_max_vec
+from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors
 
 _install_cache_locator()  # before the kernels: their cache goes stale with numba_kernels's helpers
 
 F = np.float32
-I8, I32, I64, FLT = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+I1, I8, I32, I64, FLT = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 V16 = ir.VectorType(FLT, 16)  # one value row
 HEAD_DIM = 16
 GROUP = 4  # query rows whose scores one pass over the keys computes
@@ -63,42 +63,6 @@ def exp_shift(x):
     return y if x > EXP_LOW else F(0.0)
 
 
-@_rows
-def scores16x4(qs, kt, sc, t):
-    """``sc[r, :t] = qs[r] kt[:, :t]`` for the 4 rows of ``qs [4, 16]`` against ``kt [16, T]`` (the keys
-    transposed): each key vector of ``kt`` is loaded once for the four rows, whose 64 query values stay in
-    registers; each score is the sum over d = 0..15 in that order (fused multiply-adds)."""
-    _wide_vectors()
-    q00, q01, q02, q03 = qs[0, 0], qs[0, 1], qs[0, 2], qs[0, 3]
-    q04, q05, q06, q07 = qs[0, 4], qs[0, 5], qs[0, 6], qs[0, 7]
-    q08, q09, q0a, q0b = qs[0, 8], qs[0, 9], qs[0, 10], qs[0, 11]
-    q0c, q0d, q0e, q0f = qs[0, 12], qs[0, 13], qs[0, 14], qs[0, 15]
-    q10, q11, q12, q13 = qs[1, 0], qs[1, 1], qs[1, 2], qs[1, 3]
-    q14, q15, q16, q17 = qs[1, 4], qs[1, 5], qs[1, 6], qs[1, 7]
-    q18, q19, q1a, q1b = qs[1, 8], qs[1, 9], qs[1, 10], qs[1, 11]
-    q1c, q1d, q1e, q1f = qs[1, 12], qs[1, 13], qs[1, 14], qs[1, 15]
-    q20, q21, q22, q23 = qs[2, 0], qs[2, 1], qs[2, 2], qs[2, 3]
-    q24, q25, q26, q27 = qs[2, 4], qs[2, 5], qs[2, 6], qs[2, 7]
-    q28, q29, q2a, q2b = qs[2, 8], qs[2, 9], qs[2, 10], qs[2, 11]
-    q2c, q2d, q2e, q2f = qs[2, 12], qs[2, 13], qs[2, 14], qs[2, 15]
-    q30, q31, q32, q33 = qs[3, 0], qs[3, 1], qs[3, 2], qs[3, 3]
-    q34, q35, q36, q37 = qs[3, 4], qs[3, 5], qs[3, 6], qs[3, 7]
-    q38, q39, q3a, q3b = qs[3, 8], qs[3, 9], qs[3, 10], qs[3, 11]
-    q3c, q3d, q3e, q3f = qs[3, 12], qs[3, 13], qs[3, 14], qs[3, 15]
-    for j in range(t):
-        k0, k1, k2, k3, k4, k5, k6, k7 = kt[0, j], kt[1, j], kt[2, j], kt[3, j], kt[4, j], kt[5, j], kt[6, j], kt[7, j]
-        k8, k9, ka, kb = kt[8, j], kt[9, j], kt[10, j], kt[11, j]
-        kc, kd, ke, kf = kt[12, j], kt[13, j], kt[14, j], kt[15, j]
-        sc[0, j] = (q00 * k0 + q01 * k1 + q02 * k2 + q03 * k3 + q04 * k4 + q05 * k5 + q06 * k6 + q07 * k7
-                    + q08 * k8 + q09 * k9 + q0a * ka + q0b * kb + q0c * kc + q0d * kd + q0e * ke + q0f * kf)
-        sc[1, j] = (q10 * k0 + q11 * k1 + q12 * k2 + q13 * k3 + q14 * k4 + q15 * k5 + q16 * k6 + q17 * k7
-                    + q18 * k8 + q19 * k9 + q1a * ka + q1b * kb + q1c * kc + q1d * kd + q1e * ke + q1f * kf)
-        sc[2, j] = (q20 * k0 + q21 * k1 + q22 * k2 + q23 * k3 + q24 * k4 + q25 * k5 + q26 * k6 + q27 * k7
-                    + q28 * k8 + q29 * k9 + q2a * ka + q2b * kb + q2c * kc + q2d * kd + q2e * ke + q2f * kf)
-        sc[3, j] = (q30 * k0 + q31 * k1 + q32 * k2 + q33 * k3 + q34 * k4 + q35 * k5 + q36 * k6 + q37 * k7
-                    + q38 * k8 + q39 * k9 + q3a * ka + q3b * kb + q3c * kc + q3d * kd + q3e * ke + q3f * kf)
-
-
 @_sum
 def exp_row_sum(p, m, t):
     """``p[j] = e^(p[j] - m)`` in place for ``j < t`` (one vectorised pass); returns their sum (reassociated: the
@@ -118,6 +82,78 @@ def _splat(builder, value, n):
                                   ir.Constant(ir.VectorType(I32, n), [0] * n))
 
 
+def _base(context, builder, ty, value):
+    """An array argument's data as ``i8*`` and its strides in bytes (i64)."""
+    a = context.make_array(ty)(context, builder, value)
+    return builder.bitcast(a.data, I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides, ty.ndim)
+
+
+def _i64(builder, value):
+    return value if value.type.width == 64 else builder.sext(value, I64)
+
+
+def _declare(builder, name, ret, *args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, list(args)), name)
+
+
+@intrinsic
+def scores_max16x4(typingctx, qs, kt, sc, t):
+    """``sc[r, :t] = qs[r] kt[:, :t]`` for the 4 rows of ``qs [4, 16]`` against ``kt [16, T]`` (the keys
+    transposed, each row's stride 1), and the 4 rows' maxima (returned): LLVM IR over blocks of 16 keys, each
+    of the 16 key vectors loaded once for the four rows, the maxima kept as vectors beside the scores (no pass
+    of their own). A ``t`` not a multiple of 16 ends with the last 16 keys (overlapping the block before: those
+    scores computed twice, the same), fewer than 16 keys go one at a time. Each score is the sum over d = 0..15 in that
+    order (fused multiply-adds); the maxima ignore NaN scores as ``llvm.maxnum`` does (a NaN score still makes
+    its row NaN through the exponential)."""
+    def codegen(context, builder, sig, args):
+        qp, qstr = _base(context, builder, sig.args[0], args[0])
+        kp, kstr = _base(context, builder, sig.args[1], args[1])
+        sp, sstr = _base(context, builder, sig.args[2], args[2])
+        t_ = _i64(builder, args[3])
+        fma = _declare(builder, "llvm.fma.v16f32", V16, V16, V16, V16)
+        maxnum = _declare(builder, "llvm.maxnum.v16f32", V16, V16, V16)
+        fma1 = _declare(builder, "llvm.fma.f32", FLT, FLT, FLT, FLT)
+        maxnum1 = _declare(builder, "llvm.maxnum.f32", FLT, FLT, FLT)
+        reduce_max = _declare(builder, "llvm.vector.reduce.fmax.v16f32", FLT, V16)
+        qv = [[builder.load(builder.bitcast(builder.gep(qp, [builder.add(
+            builder.mul(qstr[0], ir.Constant(I64, r)), builder.mul(qstr[1], ir.Constant(I64, d)))]),
+            FLT.as_pointer())) for d in range(HEAD_DIM)] for r in range(GROUP)]
+        q = [[_splat(builder, x, 16) for x in row] for row in qv]
+        maxima = [cgutils.alloca_once_value(builder, ir.Constant(V16, [float("-inf")] * 16)) for _ in range(GROUP)]
+        low = [cgutils.alloca_once_value(builder, ir.Constant(FLT, float("-inf"))) for _ in range(GROUP)]
+        krow = [builder.gep(kp, [builder.mul(kstr[0], ir.Constant(I64, d))]) for d in range(HEAD_DIM)]
+        srow = [builder.gep(sp, [builder.mul(sstr[0], ir.Constant(I64, r))]) for r in range(GROUP)]
+
+        def keys(j, lanes):  # keys j..j+lanes-1 (16: one vector, 1: a scalar), the same sums either way
+            at = builder.mul(j, ir.Constant(I64, 4))  # bytes
+            ty, f, m, acc = (V16, fma, maxnum, maxima) if lanes == 16 else (FLT, fma1, maxnum1, low)
+            ks = [builder.load(builder.bitcast(builder.gep(krow[d], [at]), ty.as_pointer()), align=4)
+                  for d in range(HEAD_DIM)]
+            for r in range(GROUP):
+                qr = q[r] if lanes == 16 else qv[r]
+                s = builder.fmul(qr[0], ks[0])
+                for d in range(1, HEAD_DIM):
+                    s = builder.call(f, [qr[d], ks[d], s])
+                builder.store(s, builder.bitcast(builder.gep(srow[r], [at]), ty.as_pointer()), align=4)
+                builder.store(builder.call(m, [builder.load(acc[r]), s]), acc[r])
+
+        sixteen = ir.Constant(I64, 16)
+        blocks = builder.sdiv(t_, sixteen)
+        with cgutils.for_range(builder, blocks) as loop:
+            keys(builder.mul(loop.index, sixteen), 16)
+        with builder.if_else(builder.icmp_signed(">=", t_, sixteen)) as (whole, short):
+            with whole:  # the last 16 keys, overlapping the last block: its scores computed again, the same
+                keys(builder.sub(t_, sixteen), 16)
+            with short:  # fewer than 16 keys: one at a time
+                with cgutils.for_range(builder, t_) as loop:
+                    keys(loop.index, 1)
+        return context.make_tuple(builder, sig.return_type, [
+            builder.call(maxnum1, [builder.call(reduce_max, [builder.load(m)]), builder.load(lo)])
+            for m, lo in zip(maxima, low)])
+
+    return types.UniTuple(types.float32, GROUP)(qs, kt, sc, t), codegen
+
+
 @intrinsic
 def weighted16x4(typingctx, e, vr, t, sums):
     """``sums[r, :16] = sum_j e[r, j] vr[j, :16]`` over ``j < t`` for the 4 rows of ``e``, ``vr [T, 16]`` the
@@ -127,15 +163,11 @@ def weighted16x4(typingctx, e, vr, t, sums):
     end. The order of the additions is fixed by this code (the same on every call, on any CPU: 16 lanes are
     one AVX-512 register, two AVX2 ones)."""
     def codegen(context, builder, sig, args):
-        def base(ty, value):
-            a = context.make_array(ty)(context, builder, value)
-            return builder.bitcast(a.data, I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides, ty.ndim)
-
-        ep, es = base(sig.args[0], args[0])
-        vp, vs = base(sig.args[1], args[1])
-        sp, ss = base(sig.args[3], args[3])
-        t_ = args[2] if args[2].type.width == 64 else builder.sext(args[2], I64)
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16, [V16] * 3), "llvm.fma.v16f32")
+        ep, es = _base(context, builder, sig.args[0], args[0])
+        vp, vs = _base(context, builder, sig.args[1], args[1])
+        sp, ss = _base(context, builder, sig.args[3], args[3])
+        t_ = _i64(builder, args[2])
+        fma = _declare(builder, "llvm.fma.v16f32", V16, V16, V16, V16)
         acc = [[cgutils.alloca_once_value(builder, ir.Constant(V16, [0.0] * 16)) for _ in range(GROUP)]
                for _ in range(2)]
         rows = [builder.gep(ep, [builder.mul(es[0], ir.Constant(I64, r))]) for r in range(GROUP)]
@@ -180,11 +212,11 @@ def attention16(q, k, v, out, head, first, end, pack, scale, kt, vr, sc, qs):
         for i in range(GROUP):
             for d in range(HEAD_DIM):
                 qs[i, d] = q[head, r + i, d] * scale if i < rows else F(0.0)
-        scores16x4(qs, kt, sc, t)
-        t0 = exp_row_sum(sc[0], row_max_vec(sc[0, :t]), t)
-        t1 = exp_row_sum(sc[1], row_max_vec(sc[1, :t]), t)
-        t2 = exp_row_sum(sc[2], row_max_vec(sc[2, :t]), t)
-        t3 = exp_row_sum(sc[3], row_max_vec(sc[3, :t]), t)
+        m0, m1, m2, m3 = scores_max16x4(qs, kt, sc, t)
+        t0 = exp_row_sum(sc[0], m0, t)
+        t1 = exp_row_sum(sc[1], m1, t)
+        t2 = exp_row_sum(sc[2], m2, t)
+        t3 = exp_row_sum(sc[3], m3, t)
         weighted16x4(sc, vr, t, qs)  # the group's queries are no longer needed: qs takes its weighted sums
         for i in range(rows):
             inv = F(1.0) / (t0 if i == 0 else t1 if i == 1 else t2 if i == 2 else t3)
