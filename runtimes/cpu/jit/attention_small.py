@@ -1,21 +1,30 @@
-"""Attention for heads of 16 dims, compiled (numba): ``softmax((q * scale) k^T) v`` a few query rows at a time,
-the scores of a row never leaving the L1 cache.
+"""Attention for heads of 16 dims, compiled (numba and LLVM IR): ``softmax((q * scale) k^T) v`` four query rows
+at a time, the scores of a row never leaving the L1 cache.
 
 With 16 dims per head (FLUX.2's tiny configurations, small encoders) BLAS runs both products poorly: ``q k^T`` has
 an inner dimension of 16, so each score costs a load and a store of the output for 16 multiply-adds, and ``p v``
 packs the whole ``(rows, T)`` score block before a product 16 columns wide (measured ~64 GFLOP/s, about what
-PyTorch's CPU flash kernel reaches). Here a head's keys and values are transposed once into ``kt [16, T]`` and
-``vt [16, T]`` (70 KiB each at 1088 tokens: L2-resident) and then, per group of four query rows:
+PyTorch's CPU flash kernel reaches). Here a head's keys are transposed once into ``kt [16, T]`` and its values
+copied into rows ``vr [T, 16]`` (70 KiB each at 1088 tokens: L2-resident), and then, per group of four query rows,
+three passes over the group's ``sc [4, T]``:
 
-- ``scores16x4``: the four rows' scores, each key vector loaded once for the four rows, the 64 query values held
-  in registers;
-- per row, its maximum (``row_max_vec``), then ``weighted_row16``: one pass computing each exponential once, its
-  sum and the 16 output sums as vector accumulators; the output row is the sums divided by the total.
+- ``scores_max16x4``: the four rows' scores and their maxima, 16 keys per step, each key vector loaded once for
+  the four rows;
+- ``exp_row_sum`` per row: the exponentials in place (one vectorised pass) and their sum;
+- ``weighted16x4``: the four rows' 16 weighted sums, one 64-byte load per value row shared by the four rows, each
+  row's exponential broadcast from memory into a fused multiply-add (a load, not a shuffle: on Intel's cores
+  512-bit shuffles take the second FMA port); the output rows are the sums times the totals' inverses.
 
-Measured on the 2-core Zen 4 (AVX-512) at 4 heads x 1088 tokens, 1 thread, alternated in one process: ~10% less
-CPU time than the BLAS path (5.79 vs 6.38 ms), about PyTorch's flash kernel (5.90 ms).
-Results are those of softmax attention in f32 up to the order of the sums (fixed by the compiled code:
-the same on every call, whatever the thread count or the task boundaries, since every row is computed on its own).
+The weighted sums were one pass over ``vt [16, T]`` per row before (each exponential computed inside it, 16
+loads of ``vt`` per 16 keys, every one a line from L2, and a maximum pass of its own). On the 2-core Intel Xeon
+(AVX-512, AMX) at 4 heads x 1088 tokens, 1 thread, alternated in one process with scratch on cache lines:
+4.80 ms a call against 5.8-6.1 before and PyTorch's flash kernel 4.44-4.48 (load ~1.2); the passes alone,
+one call's worth: scores and maxima ~1.5-1.9 ms, exponentials ~1.1, weighted sums ~1.5 (the timings on this
+machine vary by ~1.5x between processes with the other jobs on it). On the Zen 4 the old kernel was 5.79 ms vs
+PyTorch's 5.90 (not measured since: the new passes do the same multiply-adds and exponentials with fewer loads).
+
+Results are those of softmax attention in f32 up to the order of the sums (fixed by the compiled code: the same
+on every call, whatever the thread count or the task boundaries, since every row is computed on its own).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors
 _install_cache_locator()  # before the kernels: their cache goes stale with numba_kernels's helpers
 
 F = np.float32
-I1, I8, I32, I64, FLT = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+I8, I32, I64, FLT = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 V16 = ir.VectorType(FLT, 16)  # one value row
 HEAD_DIM = 16
 GROUP = 4  # query rows whose scores one pass over the keys computes
@@ -98,13 +107,13 @@ def _declare(builder, name, ret, *args):
 
 @intrinsic
 def scores_max16x4(typingctx, qs, kt, sc, t):
-    """``sc[r, :t] = qs[r] kt[:, :t]`` for the 4 rows of ``qs [4, 16]`` against ``kt [16, T]`` (the keys
-    transposed, each row's stride 1), and the 4 rows' maxima (returned): LLVM IR over blocks of 16 keys, each
-    of the 16 key vectors loaded once for the four rows, the maxima kept as vectors beside the scores (no pass
-    of their own). A ``t`` not a multiple of 16 ends with the last 16 keys (overlapping the block before: those
-    scores computed twice, the same), fewer than 16 keys go one at a time. Each score is the sum over d = 0..15 in that
-    order (fused multiply-adds); the maxima ignore NaN scores as ``llvm.maxnum`` does (a NaN score still makes
-    its row NaN through the exponential)."""
+    """``sc[r, :t] = qs[r] kt[:, :t]`` for the 4 rows of ``qs [4, 16]`` against ``kt [16, T]`` (the keys transposed,
+    each row's stride 1), and the 4 rows' maxima (returned): LLVM IR over blocks of 16 keys, each of the 16 key vectors
+    loaded once for the four rows, the maxima kept as vectors beside the scores (no pass of their own). A ``t`` not a
+    multiple of 16 ends with the last 16 keys (overlapping the block before: those scores computed twice, the same; no
+    masked loads), fewer than 16 keys go one at a time. Each score is the sum over d = 0..15 in that order (fused
+    multiply-adds), whichever path computes it; the maxima ignore NaN scores as ``llvm.maxnum`` does (a NaN score still
+    makes its row NaN through the exponential)."""
     def codegen(context, builder, sig, args):
         qp, qstr = _base(context, builder, sig.args[0], args[0])
         kp, kstr = _base(context, builder, sig.args[1], args[1])
@@ -144,9 +153,8 @@ def scores_max16x4(typingctx, qs, kt, sc, t):
         with builder.if_else(builder.icmp_signed(">=", t_, sixteen)) as (whole, short):
             with whole:  # the last 16 keys, overlapping the last block: its scores computed again, the same
                 keys(builder.sub(t_, sixteen), 16)
-            with short:  # fewer than 16 keys: one at a time
-                with cgutils.for_range(builder, t_) as loop:
-                    keys(loop.index, 1)
+            with short, cgutils.for_range(builder, t_) as loop:  # fewer than 16 keys: one at a time
+                keys(loop.index, 1)
         return context.make_tuple(builder, sig.return_type, [
             builder.call(maxnum1, [builder.call(reduce_max, [builder.load(m)]), builder.load(lo)])
             for m, lo in zip(maxima, low)])
@@ -156,12 +164,12 @@ def scores_max16x4(typingctx, qs, kt, sc, t):
 
 @intrinsic
 def weighted16x4(typingctx, e, vr, t, sums):
-    """``sums[r, :16] = sum_j e[r, j] vr[j, :16]`` over ``j < t`` for the 4 rows of ``e``, ``vr [T, 16]`` the
-    values as rows (each row's stride 16): LLVM IR, one 16-lane vector per value row, loaded once for the four
-    rows, times each row's weight broadcast, into 8 accumulators (4 rows x even/odd keys: independent chains
-    of fused multiply-adds, so that the FMA's latency does not bound the loop), the two halves added at the
-    end. The order of the additions is fixed by this code (the same on every call, on any CPU: 16 lanes are
-    one AVX-512 register, two AVX2 ones)."""
+    """``sums[r, :16] = sum_j e[r, j] vr[j, :16]`` over ``j < t`` for the 4 rows of ``e``, ``vr [T, 16]`` the values as
+    rows (each contiguous: one 64-byte vector; ``sums``'s rows too): LLVM IR, one 16-lane vector per value row, loaded
+    once for the four rows, times each row's weight broadcast, into 8 accumulators (4 rows x even/odd keys: independent
+    chains of fused multiply-adds, so that the FMA's latency does not bound the loop), the two halves added at the end.
+    The order of the additions is fixed by this code (the same on every call, on any CPU: 16 lanes are one AVX-512
+    register, two AVX2 ones)."""
     def codegen(context, builder, sig, args):
         ep, es = _base(context, builder, sig.args[0], args[0])
         vp, vs = _base(context, builder, sig.args[1], args[1])
@@ -198,9 +206,11 @@ def weighted16x4(typingctx, e, vr, t, sums):
 @_rows
 def attention16(q, k, v, out, head, first, end, pack, scale, kt, vr, sc, qs):
     """Rows ``first:end`` of head ``head``: ``out[head, i] = softmax((q[head, i] * scale) k[head]^T) v[head]`` for
-    ``q [H, S, 16]``, ``k``, ``v [H, T, 16]``, ``out [H, S, 16]`` (any strides). ``kt``, ``vt [16, T]`` hold the
-    head's keys and values transposed: written first when ``pack`` (a caller that ran the same head last, on
-    the same scratch, passes False); ``sc [4, T]`` and ``qs [4, 16]`` are scratch."""
+    ``q [H, S, 16]``, ``k``, ``v [H, T, 16]``, ``out [H, S, 16]`` (any strides). ``kt [16, T]`` holds the head's
+    keys transposed, ``vr [T, 16]`` its values as contiguous rows: written first when ``pack`` (a caller that ran
+    the same head last, on the same scratch, passes False); ``sc [4, T]`` and ``qs [4, 16]`` are scratch (C order:
+    the compiled passes take their rows as contiguous; on cache lines, as the runtime's scratch is, the 64-byte
+    loads of ``kt`` and ``vr`` do not split)."""
     t = k.shape[1]
     if pack:
         for j in range(t):
