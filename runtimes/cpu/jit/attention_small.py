@@ -124,10 +124,8 @@ def scores_max16x4(typingctx, qs, kt, sc, t):
         fma1 = _declare(builder, "llvm.fma.f32", FLT, FLT, FLT, FLT)
         maxnum1 = _declare(builder, "llvm.maxnum.f32", FLT, FLT, FLT)
         reduce_max = _declare(builder, "llvm.vector.reduce.fmax.v16f32", FLT, V16)
-        qv = [[builder.load(builder.bitcast(builder.gep(qp, [builder.add(
-            builder.mul(qstr[0], ir.Constant(I64, r)), builder.mul(qstr[1], ir.Constant(I64, d)))]),
-            FLT.as_pointer())) for d in range(HEAD_DIM)] for r in range(GROUP)]
-        q = [[_splat(builder, x, 16) for x in row] for row in qv]
+        qat = [[builder.bitcast(builder.gep(qp, [builder.add(builder.mul(qstr[0], ir.Constant(I64, r)), builder.mul(
+            qstr[1], ir.Constant(I64, d)))]), FLT.as_pointer()) for d in range(HEAD_DIM)] for r in range(GROUP)]
         maxima = [cgutils.alloca_once_value(builder, ir.Constant(V16, [float("-inf")] * 16)) for _ in range(GROUP)]
         low = [cgutils.alloca_once_value(builder, ir.Constant(FLT, float("-inf"))) for _ in range(GROUP)]
         krow = [builder.gep(kp, [builder.mul(kstr[0], ir.Constant(I64, d))]) for d in range(HEAD_DIM)]
@@ -139,7 +137,12 @@ def scores_max16x4(typingctx, qs, kt, sc, t):
             ks = [builder.load(builder.bitcast(builder.gep(krow[d], [at]), ty.as_pointer()), align=4)
                   for d in range(HEAD_DIM)]
             for r in range(GROUP):
-                qr = q[r] if lanes == 16 else qv[r]
+                # each step loads the query values again, as broadcasts from qs: 64 of them do not fit in the
+                # registers, and spilled as vectors their 64-byte reloads may straddle cache lines (the stack's
+                # alignment), which made this pass up to 1.5x slower from one process to the next
+                qr = [builder.load(qat[r][d]) for d in range(HEAD_DIM)]
+                if lanes == 16:
+                    qr = [_splat(builder, x, 16) for x in qr]
                 s = builder.fmul(qr[0], ks[0])
                 for d in range(1, HEAD_DIM):
                     s = builder.call(f, [qr[d], ks[d], s])
