@@ -18,7 +18,7 @@ three passes over the group's ``sc [4, T]``:
 The weighted sums were one pass over ``vt [16, T]`` per row before (each exponential computed inside it, 16
 loads of ``vt`` per 16 keys, every one a line from L2, and a maximum pass of its own). On the 2-core Intel Xeon
 (AVX-512, AMX) at 4 heads x 1088 tokens, 1 thread, alternated in one process with scratch on cache lines:
-4.41-4.45 ms a call against 5.8-6.1 before and PyTorch's flash kernel 4.41-4.52 (load ~0.5); the passes alone,
+4.41-4.45 ms a call against 5.8-6.1 before and PyTorch's flash kernel 4.41-4.52 (load 0.4-0.6); the passes alone,
 one call's worth: scores and maxima ~1.85 ms, exponentials ~1.2, weighted sums ~1.15. On the Zen 4 the old kernel
 was 5.79 ms vs PyTorch's 5.90 (not measured since: the new passes do the same multiply-adds and exponentials with
 fewer loads; the AVX2 path, measured here, 6.64 vs 8.45 ms).
