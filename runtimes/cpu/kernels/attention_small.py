@@ -5,7 +5,7 @@ query rows) per call, the blocks taken by the cores in turn.
 inefficient and the compiled kernel applies: numba in use, q, k and v f32 with 16 dims per head, no bias, several
 query rows (decoding's single row keeps the stacked-rows kernel), every input over the output's heads (no
 broadcast batch axis), and not on AMX (``attention._fused``: both products on the tiles). Neither kernel ever
-holds a ``(S, T)`` block: scratch is the head's transposed keys and values and four rows of scores per core.
+holds a ``(S, T)`` block: scratch is the head's transposed keys, its values as rows and four rows of scores per core.
 """
 
 from __future__ import annotations
