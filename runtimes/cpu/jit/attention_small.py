@@ -1,34 +1,48 @@
-"""Attention for heads of 16 dims, compiled (numba): ``softmax((q * scale) k^T) v`` a few query rows at a time,
-the scores of a row never leaving the L1 cache.
+"""Attention for heads of 16 dims, compiled (numba and LLVM IR): ``softmax((q * scale) k^T) v`` four query rows
+at a time, the scores of a row never leaving the L1 cache.
 
 With 16 dims per head (FLUX.2's tiny configurations, small encoders) BLAS runs both products poorly: ``q k^T`` has
 an inner dimension of 16, so each score costs a load and a store of the output for 16 multiply-adds, and ``p v``
 packs the whole ``(rows, T)`` score block before a product 16 columns wide (measured ~64 GFLOP/s, about what
-PyTorch's CPU flash kernel reaches). Here a head's keys and values are transposed once into ``kt [16, T]`` and
-``vt [16, T]`` (70 KiB each at 1088 tokens: L2-resident) and then, per group of four query rows:
+PyTorch's CPU flash kernel reaches). Here a head's keys are transposed once into ``kt [16, T]`` and its values
+copied into rows ``vr [T, 16]`` (70 KiB each at 1088 tokens: L2-resident), and then, per group of four query rows,
+three passes over the group's ``sc [4, T]``:
 
-- ``scores16x4``: the four rows' scores, each key vector loaded once for the four rows, the 64 query values held
-  in registers;
-- per row, its maximum (``row_max_vec``), then ``weighted_row16``: one pass computing each exponential once, its
-  sum and the 16 output sums as vector accumulators; the output row is the sums divided by the total.
+- ``scores_max16x4``: the four rows' scores and their maxima, 16 keys per step, each key vector loaded once for
+  the four rows;
+- ``exp_row_sum`` per row: the exponentials in place (one vectorised pass) and their sum;
+- ``weighted16x4``: the four rows' 16 weighted sums, one 64-byte load per value row shared by the four rows, each
+  row's exponential broadcast from memory into a fused multiply-add (a load, not a shuffle: on Intel's cores
+  512-bit shuffles take the second FMA port); the output rows are the sums times the totals' inverses.
 
-Measured on the 2-core Zen 4 (AVX-512) at 4 heads x 1088 tokens, 1 thread, alternated in one process: ~10% less
-CPU time than the BLAS path (5.79 vs 6.38 ms), about PyTorch's flash kernel (5.90 ms).
-Results are those of softmax attention in f32 up to the order of the sums (fixed by the compiled code:
-the same on every call, whatever the thread count or the task boundaries, since every row is computed on its own).
+The weighted sums were one pass over ``vt [16, T]`` per row before (each exponential computed inside it, 16
+loads of ``vt`` per 16 keys, every one a line from L2, and a maximum pass of its own). On the 2-core Intel Xeon
+(AVX-512, AMX) at 4 heads x 1088 tokens, 1 thread, alternated in one process with scratch on cache lines:
+4.41-4.45 ms a call against 5.8-6.1 before and PyTorch's flash kernel 4.41-4.52 (load 0.4-0.6); the passes alone,
+one call's worth: scores and maxima ~1.85 ms, exponentials ~1.2, weighted sums ~1.15. On the Zen 4 the old kernel
+was 5.79 ms vs PyTorch's 5.90 (not measured since: the new passes do the same multiply-adds and exponentials with
+fewer loads; the AVX2 path, measured here, 6.64 vs 8.45 ms).
+
+Results are those of softmax attention in f32 up to the order of the sums (fixed by the compiled code: the same
+on every call, whatever the thread count or the task boundaries, since every row is computed on its own).
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .disk_cache import install as _install_cache_locator
-from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors, row_max_vec
+from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors
 
 _install_cache_locator()  # before the kernels: their cache goes stale with numba_kernels's helpers
 
 F = np.float32
+I8, I32, I64, FLT = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+V16 = ir.VectorType(FLT, 16)  # one value row
 HEAD_DIM = 16
 GROUP = 4  # query rows whose scores one pass over the keys computes
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy")
@@ -58,106 +72,166 @@ def exp_shift(x):
     return y if x > EXP_LOW else F(0.0)
 
 
-@_rows
-def scores16x4(qs, kt, sc, t):
-    """``sc[r, :t] = qs[r] kt[:, :t]`` for the 4 rows of ``qs [4, 16]`` against ``kt [16, T]`` (the keys
-    transposed): each key vector of ``kt`` is loaded once for the four rows, whose 64 query values stay in
-    registers; each score is the sum over d = 0..15 in that order (fused multiply-adds)."""
-    _wide_vectors()
-    q00, q01, q02, q03 = qs[0, 0], qs[0, 1], qs[0, 2], qs[0, 3]
-    q04, q05, q06, q07 = qs[0, 4], qs[0, 5], qs[0, 6], qs[0, 7]
-    q08, q09, q0a, q0b = qs[0, 8], qs[0, 9], qs[0, 10], qs[0, 11]
-    q0c, q0d, q0e, q0f = qs[0, 12], qs[0, 13], qs[0, 14], qs[0, 15]
-    q10, q11, q12, q13 = qs[1, 0], qs[1, 1], qs[1, 2], qs[1, 3]
-    q14, q15, q16, q17 = qs[1, 4], qs[1, 5], qs[1, 6], qs[1, 7]
-    q18, q19, q1a, q1b = qs[1, 8], qs[1, 9], qs[1, 10], qs[1, 11]
-    q1c, q1d, q1e, q1f = qs[1, 12], qs[1, 13], qs[1, 14], qs[1, 15]
-    q20, q21, q22, q23 = qs[2, 0], qs[2, 1], qs[2, 2], qs[2, 3]
-    q24, q25, q26, q27 = qs[2, 4], qs[2, 5], qs[2, 6], qs[2, 7]
-    q28, q29, q2a, q2b = qs[2, 8], qs[2, 9], qs[2, 10], qs[2, 11]
-    q2c, q2d, q2e, q2f = qs[2, 12], qs[2, 13], qs[2, 14], qs[2, 15]
-    q30, q31, q32, q33 = qs[3, 0], qs[3, 1], qs[3, 2], qs[3, 3]
-    q34, q35, q36, q37 = qs[3, 4], qs[3, 5], qs[3, 6], qs[3, 7]
-    q38, q39, q3a, q3b = qs[3, 8], qs[3, 9], qs[3, 10], qs[3, 11]
-    q3c, q3d, q3e, q3f = qs[3, 12], qs[3, 13], qs[3, 14], qs[3, 15]
-    for j in range(t):
-        k0, k1, k2, k3, k4, k5, k6, k7 = kt[0, j], kt[1, j], kt[2, j], kt[3, j], kt[4, j], kt[5, j], kt[6, j], kt[7, j]
-        k8, k9, ka, kb = kt[8, j], kt[9, j], kt[10, j], kt[11, j]
-        kc, kd, ke, kf = kt[12, j], kt[13, j], kt[14, j], kt[15, j]
-        sc[0, j] = (q00 * k0 + q01 * k1 + q02 * k2 + q03 * k3 + q04 * k4 + q05 * k5 + q06 * k6 + q07 * k7
-                    + q08 * k8 + q09 * k9 + q0a * ka + q0b * kb + q0c * kc + q0d * kd + q0e * ke + q0f * kf)
-        sc[1, j] = (q10 * k0 + q11 * k1 + q12 * k2 + q13 * k3 + q14 * k4 + q15 * k5 + q16 * k6 + q17 * k7
-                    + q18 * k8 + q19 * k9 + q1a * ka + q1b * kb + q1c * kc + q1d * kd + q1e * ke + q1f * kf)
-        sc[2, j] = (q20 * k0 + q21 * k1 + q22 * k2 + q23 * k3 + q24 * k4 + q25 * k5 + q26 * k6 + q27 * k7
-                    + q28 * k8 + q29 * k9 + q2a * ka + q2b * kb + q2c * kc + q2d * kd + q2e * ke + q2f * kf)
-        sc[3, j] = (q30 * k0 + q31 * k1 + q32 * k2 + q33 * k3 + q34 * k4 + q35 * k5 + q36 * k6 + q37 * k7
-                    + q38 * k8 + q39 * k9 + q3a * ka + q3b * kb + q3c * kc + q3d * kd + q3e * ke + q3f * kf)
-
-
 @_sum
-def weighted_row16(p, m, vt, t, out):
-    """``out[:16] = sum_j e^(p[j] - m) vt[:, j] / sum_j e^(p[j] - m)`` over ``j < t``, ``vt [16, T]`` the values
-    transposed: one pass over the row computing each exponential once, their sum and the 16 weighted sums
-    in vector accumulators (reassociated: the order of the additions is the compiled code's, the same on every
-    call)."""
+def exp_row_sum(p, m, t):
+    """``p[j] = e^(p[j] - m)`` in place for ``j < t`` (one vectorised pass); returns their sum (reassociated: the
+    order of the additions is the compiled code's, the same on every call)."""
     _wide_vectors()
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = aa = ab = ac = ad = ae = af = total = F(0.0)
+    total = F(0.0)
     for j in range(t):
         e = exp_shift(p[j] - m)
+        p[j] = e
         total += e
-        a0 += e * vt[0, j]
-        a1 += e * vt[1, j]
-        a2 += e * vt[2, j]
-        a3 += e * vt[3, j]
-        a4 += e * vt[4, j]
-        a5 += e * vt[5, j]
-        a6 += e * vt[6, j]
-        a7 += e * vt[7, j]
-        a8 += e * vt[8, j]
-        a9 += e * vt[9, j]
-        aa += e * vt[10, j]
-        ab += e * vt[11, j]
-        ac += e * vt[12, j]
-        ad += e * vt[13, j]
-        ae += e * vt[14, j]
-        af += e * vt[15, j]
-    inv = F(1.0) / total
-    out[0] = a0 * inv
-    out[1] = a1 * inv
-    out[2] = a2 * inv
-    out[3] = a3 * inv
-    out[4] = a4 * inv
-    out[5] = a5 * inv
-    out[6] = a6 * inv
-    out[7] = a7 * inv
-    out[8] = a8 * inv
-    out[9] = a9 * inv
-    out[10] = aa * inv
-    out[11] = ab * inv
-    out[12] = ac * inv
-    out[13] = ad * inv
-    out[14] = ae * inv
-    out[15] = af * inv
+    return total
+
+
+def _splat(builder, value, n):
+    vec = builder.insert_element(ir.Constant(ir.VectorType(value.type, n), ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(vec, ir.Constant(ir.VectorType(value.type, n), ir.Undefined),
+                                  ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+def _base(context, builder, ty, value):
+    """An array argument's data as ``i8*`` and its strides in bytes (i64)."""
+    a = context.make_array(ty)(context, builder, value)
+    return builder.bitcast(a.data, I8.as_pointer()), cgutils.unpack_tuple(builder, a.strides, ty.ndim)
+
+
+def _i64(builder, value):
+    return value if value.type.width == 64 else builder.sext(value, I64)
+
+
+def _declare(builder, name, ret, *args):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, list(args)), name)
+
+
+@intrinsic
+def scores_max16x4(typingctx, qs, kt, sc, t):
+    """``sc[r, :t] = qs[r] kt[:, :t]`` for the 4 rows of ``qs [4, 16]`` against ``kt [16, T]`` (the keys transposed,
+    each row's stride 1), and the 4 rows' maxima (returned): LLVM IR over blocks of 16 keys, each of the 16 key vectors
+    loaded once for the four rows, the maxima kept as vectors beside the scores (no pass of their own). A ``t`` not a
+    multiple of 16 ends with the last 16 keys (overlapping the block before: those scores computed twice, the same; no
+    masked loads), fewer than 16 keys go one at a time. Each score is the sum over d = 0..15 in that order (fused
+    multiply-adds), whichever path computes it; the maxima ignore NaN scores as ``llvm.maxnum`` does (a NaN score still
+    makes its row NaN through the exponential)."""
+    def codegen(context, builder, sig, args):
+        qp, qstr = _base(context, builder, sig.args[0], args[0])
+        kp, kstr = _base(context, builder, sig.args[1], args[1])
+        sp, sstr = _base(context, builder, sig.args[2], args[2])
+        t_ = _i64(builder, args[3])
+        fma = _declare(builder, "llvm.fma.v16f32", V16, V16, V16, V16)
+        maxnum = _declare(builder, "llvm.maxnum.v16f32", V16, V16, V16)
+        fma1 = _declare(builder, "llvm.fma.f32", FLT, FLT, FLT, FLT)
+        maxnum1 = _declare(builder, "llvm.maxnum.f32", FLT, FLT, FLT)
+        reduce_max = _declare(builder, "llvm.vector.reduce.fmax.v16f32", FLT, V16)
+        qat = [[builder.bitcast(builder.gep(qp, [builder.add(builder.mul(qstr[0], ir.Constant(I64, r)), builder.mul(
+            qstr[1], ir.Constant(I64, d)))]), FLT.as_pointer()) for d in range(HEAD_DIM)] for r in range(GROUP)]
+        maxima = [cgutils.alloca_once_value(builder, ir.Constant(V16, [float("-inf")] * 16)) for _ in range(GROUP)]
+        low = [cgutils.alloca_once_value(builder, ir.Constant(FLT, float("-inf"))) for _ in range(GROUP)]
+        krow = [builder.gep(kp, [builder.mul(kstr[0], ir.Constant(I64, d))]) for d in range(HEAD_DIM)]
+        srow = [builder.gep(sp, [builder.mul(sstr[0], ir.Constant(I64, r))]) for r in range(GROUP)]
+
+        def keys(j, lanes):  # keys j..j+lanes-1 (16: one vector, 1: a scalar), the same sums either way
+            at = builder.mul(j, ir.Constant(I64, 4))  # bytes
+            ty, f, m, acc = (V16, fma, maxnum, maxima) if lanes == 16 else (FLT, fma1, maxnum1, low)
+            ks = [builder.load(builder.bitcast(builder.gep(krow[d], [at]), ty.as_pointer()), align=4)
+                  for d in range(HEAD_DIM)]
+            for r in range(GROUP):
+                # each step loads the query values again, as broadcasts from qs (4-byte loads): 64 splats do not
+                # fit in the registers, and spilled as vectors (64-byte reloads) the pass ran slower and varied
+                # between processes (1.3-2.1 ms a call alone; the whole kernel 4.77-4.81 vs 4.41-4.45 ms now)
+                qr = [builder.load(qat[r][d]) for d in range(HEAD_DIM)]
+                if lanes == 16:
+                    qr = [_splat(builder, x, 16) for x in qr]
+                s = builder.fmul(qr[0], ks[0])
+                for d in range(1, HEAD_DIM):
+                    s = builder.call(f, [qr[d], ks[d], s])
+                builder.store(s, builder.bitcast(builder.gep(srow[r], [at]), ty.as_pointer()), align=4)
+                builder.store(builder.call(m, [builder.load(acc[r]), s]), acc[r])
+
+        sixteen = ir.Constant(I64, 16)
+        blocks = builder.sdiv(t_, sixteen)
+        with cgutils.for_range(builder, blocks) as loop:
+            keys(builder.mul(loop.index, sixteen), 16)
+        with builder.if_else(builder.icmp_signed(">=", t_, sixteen)) as (whole, short):
+            with whole:  # the last 16 keys, overlapping the last block: its scores computed again, the same
+                keys(builder.sub(t_, sixteen), 16)
+            with short, cgutils.for_range(builder, t_) as loop:  # fewer than 16 keys: one at a time
+                keys(loop.index, 1)
+        return context.make_tuple(builder, sig.return_type, [
+            builder.call(maxnum1, [builder.call(reduce_max, [builder.load(m)]), builder.load(lo)])
+            for m, lo in zip(maxima, low)])
+
+    return types.UniTuple(types.float32, GROUP)(qs, kt, sc, t), codegen
+
+
+@intrinsic
+def weighted16x4(typingctx, e, vr, t, sums):
+    """``sums[r, :16] = sum_j e[r, j] vr[j, :16]`` over ``j < t`` for the 4 rows of ``e``, ``vr [T, 16]`` the values as
+    rows (each contiguous: one 64-byte vector; ``sums``'s rows too): LLVM IR, one 16-lane vector per value row, loaded
+    once for the four rows, times each row's weight broadcast, into 8 accumulators (4 rows x even/odd keys: independent
+    chains of fused multiply-adds, so that the FMA's latency does not bound the loop), the two halves added at the end.
+    The order of the additions is fixed by this code (the same on every call, on any CPU: 16 lanes are one AVX-512
+    register, two AVX2 ones)."""
+    def codegen(context, builder, sig, args):
+        ep, es = _base(context, builder, sig.args[0], args[0])
+        vp, vs = _base(context, builder, sig.args[1], args[1])
+        sp, ss = _base(context, builder, sig.args[3], args[3])
+        t_ = _i64(builder, args[2])
+        fma = _declare(builder, "llvm.fma.v16f32", V16, V16, V16, V16)
+        acc = [[cgutils.alloca_once_value(builder, ir.Constant(V16, [0.0] * 16)) for _ in range(GROUP)]
+               for _ in range(2)]
+        rows = [builder.gep(ep, [builder.mul(es[0], ir.Constant(I64, r))]) for r in range(GROUP)]
+
+        def key(j, half):
+            v = builder.load(builder.bitcast(builder.gep(vp, [builder.mul(j, vs[0])]), V16.as_pointer()), align=4)
+            for r in range(GROUP):
+                at = builder.gep(rows[r], [builder.mul(j, es[1])])
+                w = _splat(builder, builder.load(builder.bitcast(at, FLT.as_pointer())), 16)
+                builder.store(builder.call(fma, [w, v, builder.load(acc[half][r])]), acc[half][r])
+
+        pairs = builder.sdiv(t_, ir.Constant(I64, 2))
+        with cgutils.for_range(builder, pairs) as loop:
+            j = builder.mul(loop.index, ir.Constant(I64, 2))
+            key(j, 0)
+            key(builder.add(j, ir.Constant(I64, 1)), 1)
+        with cgutils.for_range(builder, t_, start=builder.mul(pairs, ir.Constant(I64, 2))) as loop:  # an odd t's last
+            key(loop.index, 0)
+        for r in range(GROUP):
+            total = builder.fadd(builder.load(acc[0][r]), builder.load(acc[1][r]))
+            at = builder.gep(sp, [builder.mul(ss[0], ir.Constant(I64, r))])
+            builder.store(total, builder.bitcast(at, V16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(e, vr, t, sums), codegen
 
 
 @_rows
-def attention16(q, k, v, out, head, first, end, pack, scale, kt, vt, sc, qs):
+def attention16(q, k, v, out, head, first, end, pack, scale, kt, vr, sc, qs):
     """Rows ``first:end`` of head ``head``: ``out[head, i] = softmax((q[head, i] * scale) k[head]^T) v[head]`` for
-    ``q [H, S, 16]``, ``k``, ``v [H, T, 16]``, ``out [H, S, 16]`` (any strides). ``kt``, ``vt [16, T]`` hold the
-    head's keys and values transposed: written first when ``pack`` (a caller that ran the same head last, on
-    the same scratch, passes False); ``sc [4, T]`` and ``qs [4, 16]`` are scratch."""
+    ``q [H, S, 16]``, ``k``, ``v [H, T, 16]``, ``out [H, S, 16]`` (any strides). ``kt [16, T]`` holds the head's
+    keys transposed, ``vr [T, 16]`` its values as contiguous rows: written first when ``pack`` (a caller that ran
+    the same head last, on the same scratch, passes False); ``sc [4, T]`` and ``qs [4, 16]`` are scratch (C order:
+    the compiled passes take their rows as contiguous; on cache lines, as the runtime's scratch is, the 64-byte
+    loads of ``kt`` and ``vr`` do not split)."""
     t = k.shape[1]
     if pack:
         for j in range(t):
             for d in range(HEAD_DIM):
                 kt[d, j] = k[head, j, d]
-                vt[d, j] = v[head, j, d]
+                vr[j, d] = v[head, j, d]
     for r in range(first, end, GROUP):
         rows = min(GROUP, end - r)
         for i in range(GROUP):
             for d in range(HEAD_DIM):
                 qs[i, d] = q[head, r + i, d] * scale if i < rows else F(0.0)
-        scores16x4(qs, kt, sc, t)
+        m0, m1, m2, m3 = scores_max16x4(qs, kt, sc, t)
+        t0 = exp_row_sum(sc[0], m0, t)
+        t1 = exp_row_sum(sc[1], m1, t)
+        t2 = exp_row_sum(sc[2], m2, t)
+        t3 = exp_row_sum(sc[3], m3, t)
+        weighted16x4(sc, vr, t, qs)  # the group's queries are no longer needed: qs takes its weighted sums
         for i in range(rows):
-            row = sc[i, :t]
-            weighted_row16(row, row_max_vec(row), vt, t, out[head, r + i])
+            inv = F(1.0) / (t0 if i == 0 else t1 if i == 1 else t2 if i == 2 else t3)
+            for d in range(HEAD_DIM):
+                out[head, r + i, d] = qs[i, d] * inv

@@ -5,7 +5,7 @@ query rows) per call, the blocks taken by the cores in turn.
 inefficient and the compiled kernel applies: numba in use, q, k and v f32 with 16 dims per head, no bias, several
 query rows (decoding's single row keeps the stacked-rows kernel), every input over the output's heads (no
 broadcast batch axis), and not on AMX (``attention._fused``: both products on the tiles). Neither kernel ever
-holds a ``(S, T)`` block: scratch is the head's transposed keys and values and four rows of scores per core.
+holds a ``(S, T)`` block: scratch is the head's transposed keys, its values as rows and four rows of scores per core.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def prepare(ctx: KernelContext, rows: int) -> Bind:
     bounds = [s * i // blocks for i in range(blocks + 1)]
     tasks = [(h, bounds[b], bounds[b + 1]) for h in range(heads) for b in range(blocks) if bounds[b + 1] > bounds[b]]
     slots = max(1, min(cpu_threads.THREADS, len(tasks)))
-    per_slot = [[ctx.scratch.add(shape, F32) for shape in ((HEAD_DIM, t), (HEAD_DIM, t), (4, t), (4, HEAD_DIM))]
+    per_slot = [[ctx.scratch.add(shape, F32) for shape in ((HEAD_DIM, t), (t, HEAD_DIM), (4, t), (4, HEAD_DIM))]
                 for _ in range(slots)]
 
     def bind(out, flats, scratch):
