@@ -120,7 +120,12 @@ def finer(step: Callable, size: int) -> tuple | None:
     from .. import threads as cpu_threads
 
     redescribe = getattr(step, "rechain", None)
-    if redescribe is None or size >= cpu_threads.min_part():  # no finer than its own parts: nothing to redo
+    if redescribe is None:
+        return phases_of(step)
+    if getattr(redescribe, "always", False):  # a kernel whose lockstep parts are its own choice (kernels/gguf.py)
+        phases = tuple(tuple(phase) for phase in redescribe() if phase)
+        return phases if phases and _chainable(phases) else phases_of(step)
+    if size >= cpu_threads.min_part():  # no finer than its own parts: nothing to redo
         return phases_of(step)
     with cpu_threads.finer_parts(size):
         phases = tuple(tuple(phase) for phase in redescribe() if phase)
@@ -137,6 +142,7 @@ def combine(step: Callable, *parts: Callable) -> Callable:
                 return tuple(phase for p in parts for phase in (p.rechain() if hasattr(p, "rechain")
                                                                  else phases_of(p)))
 
+            redescribe.always = any(getattr(getattr(p, "rechain", None), "always", False) for p in parts)
         return tag(step, *(phase for d in described for phase in d), redescribe=redescribe)
     return step
 

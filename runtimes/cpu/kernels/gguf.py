@@ -36,6 +36,8 @@ from .. import threads as cpu_threads
 from .common import F32, bind_all, with_refresh
 from .operands import operand
 
+CHAIN_PART = 1 << 14  # weight elements per part at least, in a chain run in lockstep (there a part costs a spin
+# barrier, not a hand-off): a 192 x 576 weight (SmolLM2's k, v) in two parts of 6 tiles
 FUSED_ROWS = 4    # rows of x up to which the fused f32 pass runs (it decodes per row of x: more rows take the bands)
 INTEGER_ROWS = 64  # rows of x up to which the integer products run (gguf_q8: decoded once per 4 rows of x, ~45-55
 # GFLOP/s on one Zen 4 core; the bands' exact decoding + BLAS win from ~200 rows)
@@ -190,14 +192,23 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
             tileable = gguf_tiles.AVAILABLE and kind in gguf_tiles.KINDS and n_out >= gguf_tiles.TILE
             if tileable:  # parts of whole tiles of 16 rows (gguf_tiles.py); the rows past the last tile: the last
                 n_tiles = n_out // gguf_tiles.TILE
-                q_splits = [slice(p.start * gguf_tiles.TILE, n_out if p.stop == n_tiles else p.stop * gguf_tiles.TILE)
+
+                def tile_parts():
+                    return [slice(p.start * gguf_tiles.TILE, n_out if p.stop == n_tiles else p.stop * gguf_tiles.TILE)
                             for p in cpu_threads.split(n_tiles, gguf_tiles.TILE * k_in * max(rows, 1))]
+
+                q_splits = tile_parts()
+                # in a chain run in lockstep a part costs no hand-off: small weights (SmolLM2's 192 x 576 k and v,
+                # below MIN_PART as one part, all on thread 0 beside q's half) split over the threads there too
+                with cpu_threads.finer_parts(CHAIN_PART):
+                    c_splits = tile_parts()
             else:
-                q_splits = cpu_threads.split(n_out, k_in * max(rows, 1))
-            x_q = [ctx.scratch.add((rows, 2 * k_in), np.int8) for _ in q_splits]
-            x_d = [ctx.scratch.add((rows, k_in // 32), F32) for _ in q_splits]
-            x_s = [ctx.scratch.add((rows, k_in // 32), F32) for _ in q_splits]
-            x_16 = [ctx.scratch.add((rows, k_in // 16), F32) for _ in q_splits] if nsub == 16 else x_s
+                q_splits = c_splits = cpu_threads.split(n_out, k_in * max(rows, 1))
+            n_sets = max(len(q_splits), len(c_splits))
+            x_q = [ctx.scratch.add((rows, 2 * k_in), np.int8) for _ in range(n_sets)]
+            x_d = [ctx.scratch.add((rows, k_in // 32), F32) for _ in range(n_sets)]
+            x_s = [ctx.scratch.add((rows, k_in // 32), F32) for _ in range(n_sets)]
+            x_16 = [ctx.scratch.add((rows, k_in // 16), F32) for _ in range(n_sets)] if nsub == 16 else x_s
         else:
             sums = ctx.scratch.add((rows, k_in // sl), F32)
             x_c = ctx.scratch.add((rows, k_in), F32)  # x as one contiguous block (BLAS views may be strided)
@@ -211,23 +222,38 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
         target = out.reshape(rows, n_out) if acc is None else scratch[acc]
         if fused and integer:
             tiles = _tiles(w, kind, w_op, target) if tileable else None
-            if tiles is not None:  # part i: its tiles, and the rows past the last whole tile where it has them
-                run = gguf_tiles.quant_tiles
-                calls = [(run, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], tiles, w, target,
-                                p.start // gguf_tiles.TILE, p.stop // gguf_tiles.TILE,
-                                p.stop // gguf_tiles.TILE * gguf_tiles.TILE if p.stop == n_out else n_out, kind, f16),
-                          i) for i, p in enumerate(q_splits)]
-            else:
-                run = gguf_q8.quant_product
-                calls = [(run, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], scratch[x_16[i]], w, target,
-                                p.start, p.stop, kind, f16), i) for i, p in enumerate(q_splits)]
+
+            def part_calls(splits):
+                if tiles is not None:  # part i: its tiles, and the rows past the last whole tile where it has them
+                    return gguf_tiles.quant_tiles, [
+                        (gguf_tiles.quant_tiles, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], tiles, w,
+                                                  target, p.start // gguf_tiles.TILE, p.stop // gguf_tiles.TILE,
+                                                  p.stop // gguf_tiles.TILE * gguf_tiles.TILE if p.stop == n_out
+                                                  else n_out, kind, f16), i) for i, p in enumerate(splits)]
+                return gguf_q8.quant_product, [
+                    (gguf_q8.quant_product, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], scratch[x_16[i]], w,
+                                             target, p.start, p.stop, kind, f16), i) for i, p in enumerate(splits)]
+
+            def access(calls, splits):
+                """what each part touches (chain.Call.access): x, the weight and the f16 table read, its own
+                scratch and its rows of the output written - so products of one x (q/k/v, gate/up) need no barrier
+                between them"""
+                reads = (x, w, f16) if tiles is None else (x, tiles, w, f16)
+                return [(*call, (reads, (*call[1][1:4], *(() if tiles is not None else call[1][4:5]),
+                                         target[:, p.start:p.stop]))) for call, p in zip(calls, splits)]
+
+            run, calls = part_calls(q_splits)
             compute = cpu_threads.parallel([lambda args=args: run(*args) for _, args, _ in calls])
-            # what each part touches (chain.Call.access): x, the weight and the f16 table read, its own scratch
-            # and its rows of the output written - so products of one x (q/k/v, gate/up) need no barrier between
-            reads = (x, w, f16) if tiles is None else (x, tiles, w, f16)
-            access = [(reads, (*args[1:4], *(() if tiles is not None else args[4:5]), target[:, p.start:p.stop]))
-                      for (_, args, _), p in zip(calls, q_splits)]
-            compute = _described(compute, [(*call, a) for call, a in zip(calls, access)])
+            compute = _described(compute, access(calls, q_splits))
+            if c_splits != q_splits:  # a chain in lockstep takes the finer parts (chain.finer: ``rechain``)
+                fine = access(part_calls(c_splits)[1], c_splits)
+                from ..jit.chain import Call
+
+                def rechain(fine=fine):
+                    return [[Call(fn, args, part, access=a) for fn, args, part, a in fine]]
+
+                rechain.always = True  # whatever the chain's own minimum part (chain.finer)
+                compute.rechain = rechain
         elif fused:
             xc, xs = scratch[x_c], scratch[sums]
             special = gj.SPECIALISED.get(kind)
