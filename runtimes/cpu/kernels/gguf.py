@@ -225,14 +225,13 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
 
             def part_calls(splits):
                 if tiles is not None:  # part i: its tiles, and the rows past the last whole tile where it has them
-                    return gguf_tiles.quant_tiles, [
-                        (gguf_tiles.quant_tiles, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], tiles, w,
-                                                  target, p.start // gguf_tiles.TILE, p.stop // gguf_tiles.TILE,
-                                                  p.stop // gguf_tiles.TILE * gguf_tiles.TILE if p.stop == n_out
-                                                  else n_out, kind, f16), i) for i, p in enumerate(splits)]
-                return gguf_q8.quant_product, [
-                    (gguf_q8.quant_product, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], scratch[x_16[i]], w,
-                                             target, p.start, p.stop, kind, f16), i) for i, p in enumerate(splits)]
+                    return [(gguf_tiles.quant_tiles, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], tiles, w,
+                                                      target, p.start // gguf_tiles.TILE, p.stop // gguf_tiles.TILE,
+                                                      p.stop // gguf_tiles.TILE * gguf_tiles.TILE if p.stop == n_out
+                                                      else n_out, kind, f16), i) for i, p in enumerate(splits)]
+                return [(gguf_q8.quant_product, (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]],
+                                                 scratch[x_16[i]], w, target, p.start, p.stop, kind, f16), i)
+                        for i, p in enumerate(splits)]
 
             def access(calls, splits):
                 """what each part touches (chain.Call.access): x, the weight and the f16 table read, its own
@@ -242,11 +241,11 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
                 return [(*call, (reads, (*call[1][1:4], *(() if tiles is not None else call[1][4:5]),
                                          target[:, p.start:p.stop]))) for call, p in zip(calls, splits)]
 
-            run, calls = part_calls(q_splits)
-            compute = cpu_threads.parallel([lambda args=args: run(*args) for _, args, _ in calls])
+            calls = part_calls(q_splits)
+            compute = cpu_threads.parallel([lambda fn=fn, args=args: fn(*args) for fn, args, _ in calls])
             compute = _described(compute, access(calls, q_splits))
             if c_splits != q_splits:  # a chain in lockstep takes the finer parts (chain.finer: ``rechain``)
-                fine = access(part_calls(c_splits)[1], c_splits)
+                fine = access(part_calls(c_splits), c_splits)
                 from ..jit.chain import Call
 
                 def rechain(fine=fine):
