@@ -406,7 +406,8 @@ class Executable:
         """Set state ``name`` to ``value`` (zeros when None)."""
         node, buf = self._state(name)
         if value is None and self.backend.host_arrays and isinstance(buf, np.ndarray):
-            heap.zero(buf)  # pages never written stay unallocated: a cache planned long costs the rows written
+            heap.clear(buf)  # pages never written stay unallocated (a cache planned long costs the rows written),
+            # those written are kept: handed back, each reply would fault them in again row by row
             return
         if value is None:
             value = np.zeros(declared_shape(node, self.dims), node.dtype.np)

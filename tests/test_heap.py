@@ -1,6 +1,7 @@
 """``heap.zero``: an array set to zeros by handing its whole pages back, so that pages it never wrote stay
-unallocated and written ones are freed (a KV cache planned for a long reply costs the rows a reply writes). The
-resident set is read from /proc (Linux); the buffer is 64 MiB so that the page counts are far above the noise."""
+unallocated and written ones are freed; ``heap.clear``: set to zeros keeping the pages it holds (a KV cache
+planned for a long reply costs the rows some reply wrote, and a reply does not fault them in again). The resident
+set is read from /proc (Linux); the buffer is 64 MiB so that the page counts are far above the noise."""
 
 from __future__ import annotations
 
@@ -32,6 +33,22 @@ def test_zero_leaves_unwritten_pages_unallocated_and_frees_written_ones():
     assert not buf.any()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/statm and mincore: Linux")
+def test_clear_keeps_written_pages_and_leaves_unwritten_ones_unallocated():
+    buf = np.zeros(64 * MIB + 123, np.uint8)[77:]
+    heap.zero(buf)  # nothing resident
+    before = resident()
+    buf[5:16 * MIB] = 7  # the first quarter written (from a ragged start)
+    buf[-100:] = 9  # and the ragged end
+    written = resident()
+    assert written - before > 15 * MIB
+    heap.clear(buf)
+    assert not buf.any()
+    after = resident()
+    assert abs(after - written) < 4 * MIB  # the written pages kept, the 48 MiB never written still unallocated
+    assert heap._resident(buf.ctypes.data - buf.ctypes.data % heap.PAGE + heap.PAGE, 4 * heap.PAGE).all()
+
+
 def test_zero_writes_what_is_not_numpys_own_whole_pages():
     small = np.full(1000, 3.0, np.float32)
     heap.zero(small)  # under a page: written
@@ -41,3 +58,7 @@ def test_zero_writes_what_is_not_numpys_own_whole_pages():
     other = np.frombuffer(bytearray(b"\x01" * (8 * heap.PAGE)), np.uint8)  # another object's memory
     heap.zero(other)
     assert not other.any()
+    for array in (np.full(1000, 3.0, np.float32), np.ones((4, 6), np.float32)[:, :2],
+                  np.frombuffer(bytearray(b"\x01" * (8 * heap.PAGE)), np.uint8)):
+        heap.clear(array)
+        assert not array.any()

@@ -100,15 +100,15 @@ def test_a_short_run_sizes_the_kv_cache_to_its_bucket_not_the_models_context():
     assert lm._state_bytes(lm.max_context) == 4 * want  # the model's full context would have been 4x this
 
 
-def test_each_reply_starts_from_a_kv_cache_zeroed_by_handing_its_pages_back(monkeypatch):
-    """A reply starts from zeroed states; the reset hands the states' pages back (``heap.zero``) instead of
-    writing zeros over the whole cache planned for prompt + max tokens, so a reply holds the rows it writes
+def test_each_reply_starts_from_a_kv_cache_zeroed_in_the_pages_it_holds(monkeypatch):
+    """A reply starts from zeroed states; the reset writes zeros over the pages the states hold (``heap.clear``)
+    instead of over the whole cache planned for prompt + max tokens, so the cache holds the rows replies wrote
     (tests/test_heap.py: what that leaves resident)."""
     from luminal_recipes import heap
 
     zeroed: list[int] = []
-    zero = heap.zero
-    monkeypatch.setattr(heap, "zero", lambda array: (zeroed.append(array.nbytes), zero(array))[1])
+    clear = heap.clear
+    monkeypatch.setattr(heap, "clear", lambda array: (zeroed.append(array.nbytes), clear(array))[1])
     lm = LanguageModel(RECIPE, weights=FIXTURES / "tiny-llama-q4_k_m.gguf")
     first = lm.generate(PROMPT, max_new_tokens=40)
     states = [buf for _, buf in lm._session.decode._states.values()]
@@ -116,7 +116,7 @@ def test_each_reply_starts_from_a_kv_cache_zeroed_by_handing_its_pages_back(monk
     assert all(np.any(b != 0) for b in states)  # the reply's keys and values
     zeroed.clear()
     again = lm.generate(PROMPT, max_new_tokens=40)
-    assert again.ids == first.ids and len(zeroed) == len(states)  # reset through heap.zero, same reply
+    assert again.ids == first.ids and len(zeroed) == len(states)  # reset through heap.clear, same reply
     lm._reset(lm._session)
     assert all(not np.any(b) for b in states)
 
