@@ -292,6 +292,38 @@ def test_attention_decoding_with_a_mask_in_one_compiled_call(compare, runtime, m
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
+def test_decoding_attention_cut_over_threads_in_a_chain_gives_the_whole_calls_bits(with_bias, monkeypatch):
+    """Decoding's attention in one compiled call (``_rows_step``), in a chain run in lockstep cut over the threads
+    by query rows (``rechain``), each part with its own scratch row: the same bits as the whole call, and f64
+    softmax attention's values."""
+    from luminal_recipes.runtimes.cpu import jit
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(cpu_threads, "THREADS", 3)
+    rng = np.random.default_rng(5)
+    groups, rows, t, d = 3, 3, 40, 16
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((groups, rows, d), (groups, t, d),
+                                                                           (groups, t, d)))
+    bias = np.where(rng.random((groups, rows, t)) < 0.3, -np.inf, 0).astype(np.float32) if with_bias else None
+    qs, sc = np.zeros((groups * rows, d), np.float32), np.zeros((groups * rows, t), np.float32)
+    whole, parted = np.zeros((groups, rows, d), np.float32), np.zeros((groups, rows, d), np.float32)
+    step = numpy_attention._rows_step([q, k, v, bias, whole], np.float32(0.3), qs, sc)
+    step()
+    again = numpy_attention._rows_step([q, k, v, bias, parted], np.float32(0.3), qs, sc)
+    (phase,) = again.rechain()
+    assert [c.part for c in phase] == [0, 1, 2] and len({id(c.args[-1]) for c in phase}) == 3
+    for call in reversed(phase):  # any order: the parts are independent
+        call.fn(*call.args)
+    assert np.array_equal(parted, whole)
+    scores = np.einsum("grd,gtd->grt", q.astype(np.float64) * 0.3, k) + (0 if bias is None else bias)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = np.einsum("grt,gtd->grd", p / p.sum(-1, keepdims=True), v)
+    assert np.abs(whole - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
 def test_attention_split_over_cores(with_bias, compare, runtime, monkeypatch):
     """Query blocks shared out over several threads, BLAS single-threaded inside: the reference's values."""
     from luminal_recipes.runtimes.cpu import threads as cpu_threads

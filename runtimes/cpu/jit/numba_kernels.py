@@ -226,37 +226,40 @@ def attention_rows(q, k, v, bias, out, geometry, has_bias, scale, qs, sc):
     ``out[g, r] = softmax((q[g, r] * scale) k[g]^T + bias[g, r]) v[g]``. Every operand is a flat run of memory
     whose rows are contiguous (so the loops vectorise whatever the views' other strides): ``geometry`` holds
     ``G, R, T, D, Dv`` and, per operand (q, k, v, bias, out), the element strides of its two outer axes (row ``[g,
-    r]`` of q starts at ``g * q0 + r * q1``; k's and v's rows are indexed by key). ``bias`` is read when
-    ``has_bias``; ``qs [D]`` and ``sc [T]`` are scratch. The same steps as the BLAS path (q scaled once, scores,
-    bias, max, exp, sum, p v, divide), each sum in the compiled code's fixed order."""
+    r]`` of q starts at ``g * q0 + r * q1``; k's and v's rows are indexed by key), then the range ``u0:u1`` of
+    query rows ``u = g * R + r`` this call computes (a part: the rows are independent, so the parts' results are
+    the whole call's, bit for bit). ``bias`` is read when ``has_bias``; ``qs [D]`` and ``sc [T]`` are scratch. The
+    same steps as the BLAS path (q scaled once, scores, bias, max, exp, sum, p v, divide), each sum in the compiled
+    code's fixed order."""
     _wide_vectors()
-    groups, rows, t, d, dv = geometry[0], geometry[1], geometry[2], geometry[3], geometry[4]
+    rows, t, d, dv = geometry[1], geometry[2], geometry[3], geometry[4]
     q0, q1, k0, k1, v0, v1 = geometry[5], geometry[6], geometry[7], geometry[8], geometry[9], geometry[10]
     b0, b1, o0, o1 = geometry[11], geometry[12], geometry[13], geometry[14]
-    for g in range(groups):
-        for r in range(rows):
-            at = g * q0 + r * q1
-            for j in range(d):
-                qs[j] = q[at + j] * scale
-            for i in range(t):
-                at = g * k0 + i * k1
-                score = dot_vec(qs, k[at:at + d])
-                sc[i] = score + bias[g * b0 + r * b1 + i] if has_bias else score
-            scores = sc[:t]
-            exp_shifted(scores, row_max_vec(scores))
-            total = row_sum_vec(scores)
-            at = g * o0 + r * o1
-            o = out[at:at + dv]
+    for u in range(geometry[15], geometry[16]):
+        g = u // rows
+        r = u - g * rows
+        at = g * q0 + r * q1
+        for j in range(d):
+            qs[j] = q[at + j] * scale
+        for i in range(t):
+            at = g * k0 + i * k1
+            score = dot_vec(qs, k[at:at + d])
+            sc[i] = score + bias[g * b0 + r * b1 + i] if has_bias else score
+        scores = sc[:t]
+        exp_shifted(scores, row_max_vec(scores))
+        total = row_sum_vec(scores)
+        at = g * o0 + r * o1
+        o = out[at:at + dv]
+        for j in range(dv):
+            o[j] = F(0.0)
+        for i in range(t):
+            p = sc[i]
+            at = g * v0 + i * v1
+            vi = v[at:at + dv]
             for j in range(dv):
-                o[j] = F(0.0)
-            for i in range(t):
-                p = sc[i]
-                at = g * v0 + i * v1
-                vi = v[at:at + dv]
-                for j in range(dv):
-                    o[j] += p * vi[j]
-            for j in range(dv):
-                o[j] = o[j] / total
+                o[j] += p * vi[j]
+        for j in range(dv):
+            o[j] = o[j] / total
 
 
 @_inline

@@ -207,7 +207,7 @@ def prepare_attention(ctx: KernelContext) -> Bind:
         rows_kernel = jit.kernels().exp_rows_sum if compiled else None
         if stackable and compiled and direct and t <= ROWS_KERNEL_KEYS:  # every head in one compiled call
             blocks = _shared_kv_rows([q, k, v, bias], out, batch, flat=True)
-            step = None if blocks is None else _rows_step(blocks, scale, scratch[qscaled[0]][0], scratch[scores[0]][0])
+            step = None if blocks is None else _rows_step(blocks, scale, scratch[qscaled[0]], scratch[scores[0]])
             if step is not None:
                 return with_refresh(ops, step)
         groups = _shared_kv_rows([q, k, v, bias], out, batch) if stackable else None
@@ -351,7 +351,14 @@ def _pieces(spans: tuple, first: int, end: int, t: int, split: bool = True) -> l
 def _rows_step(blocks: list, scale: np.float32, qs: np.ndarray, sc: np.ndarray) -> Callable[[], None] | None:
     """Decoding's attention as one compiled call (``numba_kernels.attention_rows``) over every group of heads
     (``_shared_kv_rows(..., flat=True)``): a few microseconds, where the BLAS path's dozen small calls per group
-    cost tens. None where an operand's rows are not contiguous or its strides are negative."""
+    cost tens. None where an operand's rows are not contiguous or its strides are negative. ``qs`` and ``sc``:
+    scratch of a row per query row at least (``[rows, D]``, ``[rows, T]``).
+
+    In a chain run in lockstep (``chain.finer``: ``rechain``) the query rows are cut over the threads, each part
+    with its own scratch rows: there the call sits between barriers (its q is the step before's output, its output
+    the next product's input), so on one thread the other would wait for all of it (SmolLM2 at 64 keys: 11 of the
+    ~30 us a layer spends outside its products; 8x that at 512 keys). Each row is computed as in the whole call,
+    so the bits do not depend on the cut."""
     q, k, v, bias, out = blocks
     has_bias = bias is not None
     flats, strides = [], []
@@ -362,14 +369,28 @@ def _rows_step(blocks: list, scale: np.float32, qs: np.ndarray, sc: np.ndarray) 
         span = 1 + sum((n - 1) * st // item for n, st in zip(a.shape, a.strides))
         flats.append(np.lib.stride_tricks.as_strided(a, (span,), (item,), writeable=a is out))
         strides += [a.strides[0] // item, a.strides[1] // item]
-    geometry = np.array([*q.shape[:2], k.shape[1], q.shape[2], v.shape[2], *strides], np.int64)
+    units = q.shape[0] * q.shape[1]
+    head = [*q.shape[:2], k.shape[1], q.shape[2], v.shape[2], *strides]
     kernel = jit.kernels().attention_rows
-    args = (*flats, geometry, has_bias, scale, qs, sc)
+    args = (*flats, np.array([*head, 0, units], np.int64), has_bias, scale, qs[0], sc[0])
 
     def step():
         kernel(*args)
 
-    return jit.described(step, [(kernel, args, None)])
+    step = jit.described(step, [(kernel, args, None)])
+    parts = min(cpu_threads.THREADS, units)
+    if parts > 1 and hasattr(step, "chain"):
+        cuts = [units * i // parts for i in range(parts + 1)]
+        fine = [(kernel, (*flats, np.array([*head, cuts[i], cuts[i + 1]], np.int64), has_bias, scale, qs[i], sc[i]),
+                 i) for i in range(parts)]
+        from ..jit.chain import Call
+
+        def rechain(fine=fine):
+            return [[Call(fn, a, part) for fn, a, part in fine]]
+
+        rechain.always = True  # whatever the chain's own minimum part (chain.finer)
+        step.rechain = rechain
+    return step
 
 
 def _fused(ctx: KernelContext, plan: _Plan, s: int, d: int, t: int, dv: int) -> bool:
