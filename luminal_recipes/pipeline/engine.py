@@ -218,7 +218,9 @@ class ModelEngine:
         if first:
             self.stats.transient_peak = exe.memory.transient_peak
         self._record_stream(exe)
-        return {k: np.array(v, dtype=np.float32 if _narrow_float(v) else None, copy=True) for k, v in out.items()}
+        fresh = getattr(exe, "fresh_outputs", ())  # written into fresh memory by this run: not copied again
+        return {k: v if k in fresh and not _narrow_float(v) else
+                np.array(v, dtype=np.float32 if _narrow_float(v) else None, copy=True) for k, v in out.items()}
 
     def _as_declared(self, name: str, value):
         """A float input in the float dtype the model declares (e.g. bf16 under --compute-dtype bf16)."""

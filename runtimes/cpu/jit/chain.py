@@ -376,23 +376,30 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
     """One step replaying ``steps``: maximal runs of described steps as chains, the others called as they are;
     None when no run of two or more described steps is found (nothing to gain)."""
     items: list = []  # a plain step, or a list of consecutive described steps
-    for step in steps:
+    first: dict[int, int] = {}  # id of a list of described steps -> the index of its first step in ``steps``
+    for index, step in enumerate(steps):
         if phases_of(step) is not None:
             if items and isinstance(items[-1], list):
                 items[-1].append(step)
             else:
                 items.append([step])
+                first[id(items[-1])] = index
         else:
             items.append(step)
     if not any(isinstance(it, list) and len(it) > 1 for it in items):
         return None
     program: list = []
     made: list[_Chain] = []
+    chained: set[int] = set()  # indices in ``steps`` of the steps run inside chains
     for it in items:
         chain = _Chain(it, threads) if isinstance(it, list) and len(it) > 1 else None
         if chain is not None and chain.ok:
             program.append(chain)
             made.append(chain)
+            at = first[id(it)]
+            chain.array_steps = chain.array_steps + at  # (indices in ``steps``, as ``Relocation`` asks)
+            chain.held_steps = chain.held_steps + at
+            chained.update(range(at, at + len(it)))
         else:
             program.extend(it if isinstance(it, list) else [it])
     if not made:
@@ -417,7 +424,71 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
 
     replay.chains, replay.lockstep, replay.launches = chains, lockstep, len(program)  # chains, those on every
     # thread, Python calls per replay
+    replay.relocation = functools.partial(Relocation, tuple(made), frozenset(chained))  # (``Relocation``)
     return replay
+
+
+_SCANNED = 1 << 20  # int64 array arguments up to this many elements are scanned for addresses (tables of them)
+
+
+class Relocation:
+    """Memory regions whose chained arrays a run re-points elsewhere: an executable reading an input where its
+    caller holds it, or writing an output into fresh memory, instead of copying it through its slot.
+
+    ``regions``: per region ``(first byte, end byte, steps, read_only)`` - a slot of the arena, and the indices
+    (in the captured ``steps``) of every step that touches the value held there (while other steps may hold
+    other values in the same bytes: those are left alone). A region is *relocatable* (``ok[k]``) when each of
+    those steps runs inside a chain and every array of theirs that meets the region lies inside it; with
+    ``read_only``, also when none of their calls says it writes there (``Call.access``); never when one of
+    their calls is given an integer inside the region (an address passed as a number, or held in an int64 array:
+    ``elementwise_tiles``' operand tables), which patching the tables would not move. ``apply(deltas)`` adds
+    ``deltas[k]`` bytes to the addresses of region ``k``'s arrays in the chains' tables (0: its slot, as
+    captured) and ``restore()`` puts them back: the chains then run the very calls on the other memory, so the
+    results are bit for bit those of the slot. The caller answers for the memory it points at (live, the size
+    of the slot, not written by anything else during the run)."""
+
+    def __init__(self, chains: tuple, chained: frozenset[int], regions: Sequence[tuple]):
+        self.ok = [False] * len(regions)
+        self.parts = []  # per chain with relocated arrays: (chain, columns, their captured values, region index)
+        found = {}
+        for k, (lo, hi, steps, read_only) in enumerate(regions):
+            if not steps or not set(steps) <= chained:
+                continue
+            picked, fits = [], True
+            wanted = np.array(sorted(steps), np.int64)
+            for n, chain in enumerate(chains):
+                a_lo, a_hi = chain.array_lo, chain.array_hi
+                meets = np.isin(chain.array_steps, wanted) & (((a_lo < hi) & (lo < a_hi)) |
+                                                              ((a_lo == a_hi) & (lo <= a_lo) & (a_lo < hi)))
+                held = chain.held_values[np.isin(chain.held_steps, wanted)]
+                if ((held >= lo) & (held < hi)).any():  # reached through an address the tables do not hold
+                    fits = False
+                    break
+                if not meets.any():
+                    continue
+                if ((a_lo[meets] < lo) | (a_hi[meets] > hi)).any() or (read_only and chain.array_written[meets]
+                                                                        .any()):
+                    fits = False
+                    break
+                picked.append((n, np.flatnonzero(meets)))
+            if fits and picked:
+                self.ok[k] = True
+                for n, rows in picked:
+                    found.setdefault(n, []).append((rows, k))
+        for n, got in found.items():
+            chain = chains[n]
+            rows = np.concatenate([r for r, _ in got])
+            which = np.concatenate([np.full(len(r), k, np.int64) for r, k in got])
+            columns = chain.array_columns[rows]
+            self.parts.append((chain.ints, columns, chain.ints[0, columns].copy(), which))
+
+    def apply(self, deltas: np.ndarray) -> None:
+        for ints, columns, base, which in self.parts:
+            ints[0, columns] = base + deltas[which]
+
+    def restore(self) -> None:
+        for ints, columns, base, _ in self.parts:
+            ints[0, columns] = base
 
 
 def warm(steps: Sequence[Callable], threads: int) -> int:
@@ -462,6 +533,8 @@ class _Chain:
         ints, floats = [], []
         self.ok = False
         encoded_phases = []  # per phase: (step index, [(opcode, part, int column, float column, checked, spans)])
+        arrays = []  # per array argument: (its address column, step index, first byte, end byte, written)
+        held = []  # integers the calls are given (scalars, elements of int64 arrays), with their step index
         for i, phase in flat:
             rows = []
             for call in phase:
@@ -470,13 +543,22 @@ class _Chain:
                 if entry is None:
                     return
                 address, returns = entry
+                spans = _spans(call.access)
                 exprs, vi, vf = [], [address], []
-                for expr, ai, af in encoded:
+                for arg, (expr, ai, af) in zip(call.args, encoded):
+                    if isinstance(arg, np.ndarray):
+                        lo, hi = _extent(arg)
+                        written = spans is not None and _overlap(spans[1], ((lo, max(hi, lo + 1)),))
+                        arrays.append((len(ints) + len(vi), i, lo, hi, written))
+                        if arg.dtype.kind in "iu" and arg.itemsize == 8 and arg.size <= _SCANNED:
+                            held.append((np.unique(arg.astype(np.int64)), i))  # may hold addresses
+                    elif isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_)):
+                        held.append((np.array([int(arg)], np.int64), i))
                     exprs.append(expr.format(i=f"i + {len(vi)}", f=f"f + {len(vf)}"))
                     vi += ai
                     vf += af
                 op = opcodes.setdefault((returns, tuple(exprs)), len(opcodes))
-                rows.append((op, call.part, len(ints), len(floats), int(call.checked), _spans(call.access)))
+                rows.append((op, call.part, len(ints), len(floats), int(call.checked), spans))
                 ints += vi
                 floats += vf
             encoded_phases.append((i, rows))
@@ -486,6 +568,14 @@ class _Chain:
         self.ints = np.array(ints or [0], np.int64).reshape(1, -1)
         self.floats = np.array(floats or [0.0], np.float64).reshape(1, -1)
         self.keep = [c.args for _, phase in flat for c in phase]  # what the tables point into
+        # the array arguments' address columns, for ``Relocation`` (columns; step index in ``steps``; extents)
+        table = np.array(arrays or [(0, -1, 0, 0, 0)], np.int64).reshape(-1, 5)
+        self.array_columns, self.array_steps = table[:, 0], table[:, 1]
+        self.array_lo, self.array_hi, self.array_written = table[:, 2], table[:, 3], table[:, 4] != 0
+        # integers a call is given that may be addresses (a kernel reaching memory through a table of addresses,
+        # ``elementwise_tiles``, or an address passed as a number): memory they point into cannot be relocated
+        self.held_values = np.concatenate([v for v, _ in held] or [np.zeros(0, np.int64)])
+        self.held_steps = np.concatenate([np.full(len(v), i, np.int64) for v, i in held] or [np.zeros(0, np.int64)])
         self.blas = any(c.blas for _, phase in flat for c in phase)
         self.opcodes = sorted(opcodes, key=opcodes.get)  # this chain's argument layouts, by its programs' opcodes
         self.run_fn = None  # ``finish``: the capture's interpreter
@@ -553,6 +643,16 @@ class _Chain:
 
         raise InputError("a compiled kernel refused its input in a chained step, which then ran on its own without "
                          "error; run with LUMINAL_RECIPES_CHAIN=0 to see which kernel")
+
+
+def _extent(a: np.ndarray) -> tuple[int, int]:
+    """The bytes ``a`` spans, ``[first, end)``, whatever its strides (empty: ``(address, address)``)."""
+    lo = hi = a.ctypes.data
+    if a.size == 0:
+        return lo, hi
+    for n, st in zip(a.shape, a.strides):
+        lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
+    return lo, hi + a.itemsize
 
 
 def _spans(access: tuple | None) -> tuple[tuple, tuple] | None:
