@@ -19,7 +19,9 @@ buffer. ``stats`` counts the bytes each run moved between host and device.
 On a backend with device graphs (``backend.graphs``: CUDA), the second run at a binding records every kernel as one
 graph (``backend.capture``) and later runs replay it; steps that cannot be recorded (streamed weights, a kernel the
 device refuses to capture) run one by one, with a one-line notice. The numpy backend records runs of compiled
-kernel calls as chains (``cpu/jit/chain.py``) at the run ``backend.capture_after`` names, without notices.
+kernel calls as chains (``cpu/jit/chain.py``) at the run ``backend.capture_after`` names, without notices. From
+then on, where every kernel touching an input's (an output's) slot runs inside a chain, the chains are re-pointed per
+run at the caller's array (a fresh array) instead of copying it in (out): ``direct_io.py``, ``fresh_outputs``.
 
 Re-binding keeps the last ``BINDINGS`` bindings of an executable that ran (keyed by their dims, the least recently
 used dropped first): each one's bound steps, plan, input and output slots, and its recorded graph or chains with its

@@ -1,9 +1,10 @@
 """Inputs read where the caller holds them and outputs written into fresh memory (``runtimes/direct_io.py``, over
-``chain.Relocation``): a chain re-pointed at other memory computes there what it computes on its slots, puts its
-addresses back after, and refuses regions it cannot move (a step outside the chains, an address passed as a number
-or held in an int64 table, a write into an input); through torch.compile, a decode step over transformers' KV cache
-reads the cache in place and hands its concatenations out without a copy, bit for bit the copying path's results,
-the caller's cache untouched; ``LUMINAL_RECIPES_DIRECT_IO=0`` turns it off."""
+``chain.Relocation``): a chain re-pointed at other memory computes there what it computes on its slots (addresses
+held in int64 tables patched too) and puts its addresses back after; it refuses regions it cannot move (a step
+outside the chains, an address passed as a number, a write into an input, an address two regions claim). Through
+torch.compile, a decode step over transformers' KV cache reads the cache in place and hands its concatenations out
+without a copy, bit for bit the copying path's results, the caller's cache untouched; ``LUMINAL_RECIPES_DIRECT_IO=0``
+turns it off."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import copy
 import numpy as np
 import pytest
 
-pytest.importorskip("numba")
+numba = pytest.importorskip("numba")
 
 from luminal_recipes.runtimes import direct_io  # noqa: E402
 from luminal_recipes.runtimes.cpu import jit  # noqa: E402
@@ -63,6 +64,44 @@ def test_relocated_chain_reads_and_writes_elsewhere_then_restores():
     assert np.array_equal(b, x)
 
 
+@numba.njit(nogil=True)
+def _copy_via_table(dst, table):
+    """``dst = *table``: a kernel reaching its operand through an address in an int64 table (as
+    ``elementwise_tiles`` does)."""
+    src = chain._view(table, 0, 0, "f4:1:C:rw")
+    for i in range(dst.shape[0]):
+        dst[i] = src[i]
+
+
+def _via_table(dst: np.ndarray, src: np.ndarray, access: bool):
+    table = np.array([[_start(src), src.shape[0], src.strides[0]]], np.int64)
+
+    def step():
+        dst[...] = src
+
+    return chain.tag(step, [chain.Call(_copy_via_table, (dst, table), None,
+                                       access=((src,), (dst,)) if access else None)]), table
+
+
+def test_addresses_held_in_tables_are_patched_too():
+    x, a, b = (np.zeros(64, np.float32) for _ in range(3))
+    x[...] = RNG.standard_normal(x.shape)
+    through, table = _via_table(a, x, access=True)
+    replay = chain.capture([through, _copy(b, a)], 1)
+    reloc = replay.relocation([_region(x, [0], True)])
+    assert reloc.ok == [True]
+    given = RNG.standard_normal(x.shape).astype(np.float32)
+    reloc.apply(np.array([_start(given) - _start(x)], np.int64))
+    assert table[0, 0] == _start(given)
+    replay()
+    reloc.restore()
+    assert table[0, 0] == _start(x)
+    assert np.array_equal(b, given)
+    # a call reaching an input through a table without saying what it writes: the input is not moved
+    through, _ = _via_table(a, x, access=False)
+    assert chain.capture([through, _copy(b, a)], 1).relocation([_region(x, [0], True)]).ok == [False]
+
+
 def test_regions_it_cannot_move_are_refused():
     x, a, b, idx_out = (np.zeros((8, 16), np.float32) for _ in range(4))
 
@@ -72,15 +111,16 @@ def test_regions_it_cannot_move_are_refused():
     # a step outside the chains touches the region
     replay = chain.capture([plain, _copy(b, a), _copy(idx_out, b)], 1)
     assert replay.relocation([_region(x, [0], True)]).ok == [False]
-    # an int64 array holding an address inside the region (a kernel reaching it through a table)
-    table = np.array([_start(b) + 64], np.int64)
+    # an address inside the region passed as a number
+    idx = np.zeros(1, np.int64)
     rows = np.zeros((1, 16), np.float32)
 
     def scatter():
         pass
 
     steps = [_copy(a, x), _copy(b, a),
-             chain.tag(scatter, [chain.Call(chain.scatter_rows, (idx_out, table, rows, 0), None, checked=True)]),
+             chain.tag(scatter, [chain.Call(chain.scatter_rows, (idx_out, idx, rows, _start(b) + 64), None,
+                                            checked=True)]),
              _copy(idx_out, b)]
     replay = chain.capture(steps, 1)
     assert replay.relocation([_region(b, [1, 2, 3], False), _region(b, [1, 3], False)]).ok == [False, True]
@@ -179,3 +219,10 @@ def test_decode_step_reads_cache_in_place_bit_identical(monkeypatch, direct):
         assert not direct.read_in_place(k, in_arena) and not direct.read_in_place(k, strided)
         assert direct.read_in_place(k, np.array(in_arena))
         direct.begin()
+
+
+def test_an_address_two_regions_claim_moves_neither():
+    x, a, b = (np.zeros((8, 16), np.float32) for _ in range(3))
+    replay = chain.capture([_copy(a, x), _copy(b, a)], 1)
+    assert replay.relocation([_region(a, [0, 1], False), _region(a, [0], False),
+                              _region(x, [0], True)]).ok == [False, False, True]

@@ -399,6 +399,7 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
             at = first[id(it)]
             chain.array_steps = chain.array_steps + at  # (indices in ``steps``, as ``Relocation`` asks)
             chain.held_steps = chain.held_steps + at
+            chain.tables = [(table, step + at, writes) for table, step, writes in chain.tables]
             chained.update(range(at, at + len(it)))
         else:
             program.extend(it if isinstance(it, list) else [it])
@@ -437,58 +438,81 @@ class Relocation:
 
     ``regions``: per region ``(first byte, end byte, steps, read_only)`` - a slot of the arena, and the indices
     (in the captured ``steps``) of every step that touches the value held there (while other steps may hold
-    other values in the same bytes: those are left alone). A region is *relocatable* (``ok[k]``) when each of
-    those steps runs inside a chain and every array of theirs that meets the region lies inside it; with
-    ``read_only``, also when none of their calls says it writes there (``Call.access``); never when one of
-    their calls is given an integer inside the region (an address passed as a number, or held in an int64 array:
-    ``elementwise_tiles``' operand tables), which patching the tables would not move. ``apply(deltas)`` adds
-    ``deltas[k]`` bytes to the addresses of region ``k``'s arrays in the chains' tables (0: its slot, as
-    captured) and ``restore()`` puts them back: the chains then run the very calls on the other memory, so the
-    results are bit for bit those of the slot. The caller answers for the memory it points at (live, the size
-    of the slot, not written by anything else during the run)."""
+    other values in the same bytes: those are left alone). Those steps' calls reach the region through their
+    array arguments (addresses in the chain's int table) and through int64 arrays holding addresses (tables of
+    operand origins: ``elementwise_tiles``); both are patched. A region is *relocatable* (``ok[k]``) when each of
+    those steps runs inside a chain and every array of theirs that meets the region lies inside it; never when
+    one of their calls is given an integer scalar inside it (an address passed as a number, which the tables do
+    not hold apart from the other scalars) or when an address two regions claim (lifetimes that overlap); with
+    ``read_only``, only when none of their calls says it writes there (``Call.access``; a call reaching the
+    region through a table must say so). ``apply(deltas)`` adds ``deltas[k]`` bytes to region ``k``'s addresses
+    (0: its slot, as captured) and ``restore()`` puts them back: the chains then run the very calls on the other
+    memory, so the results are bit for bit those of the slot. The caller answers for the memory it points at
+    (live, the size of the slot, not written by anything else during the run)."""
 
     def __init__(self, chains: tuple, chained: frozenset[int], regions: Sequence[tuple]):
         self.ok = [False] * len(regions)
-        self.parts = []  # per chain with relocated arrays: (chain, columns, their captured values, region index)
-        found = {}
+        claims = []  # (int64 vector, indices in it, region): a chain's int table, or a table of addresses
         for k, (lo, hi, steps, read_only) in enumerate(regions):
             if not steps or not set(steps) <= chained:
                 continue
-            picked, fits = [], True
+            mine, fits = [], True
             wanted = np.array(sorted(steps), np.int64)
-            for n, chain in enumerate(chains):
+            for chain in chains:
                 a_lo, a_hi = chain.array_lo, chain.array_hi
+                held = chain.held_values[np.isin(chain.held_steps, wanted)]
+                if ((held >= lo) & (held < hi)).any():  # an address passed as a number
+                    fits = False
+                    break
                 meets = np.isin(chain.array_steps, wanted) & (((a_lo < hi) & (lo < a_hi)) |
                                                               ((a_lo == a_hi) & (lo <= a_lo) & (a_lo < hi)))
-                held = chain.held_values[np.isin(chain.held_steps, wanted)]
-                if ((held >= lo) & (held < hi)).any():  # reached through an address the tables do not hold
-                    fits = False
+                if meets.any():
+                    if ((a_lo[meets] < lo) | (a_hi[meets] > hi)).any() or (read_only and
+                                                                           chain.array_written[meets].any()):
+                        fits = False
+                        break
+                    mine.append((chain.ints_row, chain.array_columns[meets]))
+                for table, step, writes in chain.tables:
+                    if step not in steps:
+                        continue
+                    at = np.flatnonzero((table >= lo) & (table < hi))
+                    if len(at):
+                        if read_only and (writes is None or _overlap(writes, ((lo, hi),))):
+                            fits = False
+                            break
+                        mine.append((table, at))
+                if not fits:
                     break
-                if not meets.any():
-                    continue
-                if ((a_lo[meets] < lo) | (a_hi[meets] > hi)).any() or (read_only and chain.array_written[meets]
-                                                                        .any()):
-                    fits = False
-                    break
-                picked.append((n, np.flatnonzero(meets)))
-            if fits and picked:
+            if fits and mine:
                 self.ok[k] = True
-                for n, rows in picked:
-                    found.setdefault(n, []).append((rows, k))
-        for n, got in found.items():
-            chain = chains[n]
-            rows = np.concatenate([r for r, _ in got])
-            which = np.concatenate([np.full(len(r), k, np.int64) for r, k in got])
-            columns = chain.array_columns[rows]
-            self.parts.append((chain.ints, columns, chain.ints[0, columns].copy(), which))
+                claims += [(vec, at, k) for vec, at in mine]
+        owners: dict[tuple[int, int], set[int]] = {}
+        for vec, at, k in claims:
+            base = vec.__array_interface__["data"][0]
+            for i in at.tolist():
+                owners.setdefault((base, i), set()).add(k)
+        for ks in owners.values():
+            if len(ks) > 1:
+                for k in ks:
+                    self.ok[k] = False
+        grouped: dict[int, list] = {}
+        for vec, at, k in claims:
+            if self.ok[k]:
+                grouped.setdefault(vec.__array_interface__["data"][0], []).append((vec, at, k))
+        self.parts = []  # per vector: (it, the indices patched, their captured values, each one's region)
+        for got in grouped.values():
+            vec = got[0][0]
+            at = np.concatenate([a for _, a, _ in got])
+            which = np.concatenate([np.full(len(a), k, np.int64) for _, a, k in got])
+            self.parts.append((vec, at, vec[at].copy(), which))
 
     def apply(self, deltas: np.ndarray) -> None:
-        for ints, columns, base, which in self.parts:
-            ints[0, columns] = base + deltas[which]
+        for vec, at, base, which in self.parts:
+            vec[at] = base + deltas[which]
 
     def restore(self) -> None:
-        for ints, columns, base, _ in self.parts:
-            ints[0, columns] = base
+        for vec, at, base, _ in self.parts:
+            vec[at] = base
 
 
 def warm(steps: Sequence[Callable], threads: int) -> int:
@@ -534,7 +558,8 @@ class _Chain:
         self.ok = False
         encoded_phases = []  # per phase: (step index, [(opcode, part, int column, float column, checked, spans)])
         arrays = []  # per array argument: (its address column, step index, first byte, end byte, written)
-        held = []  # integers the calls are given (scalars, elements of int64 arrays), with their step index
+        held = []  # integers the calls are given that cannot be patched (scalars, other 8-byte ints), with step
+        tables = []  # int64 arrays the calls are given (flat), their step and the call's written spans (or None)
         for i, phase in flat:
             rows = []
             for call in phase:
@@ -550,7 +575,10 @@ class _Chain:
                         lo, hi = _extent(arg)
                         written = spans is not None and _overlap(spans[1], ((lo, max(hi, lo + 1)),))
                         arrays.append((len(ints) + len(vi), i, lo, hi, written))
-                        if arg.dtype.kind in "iu" and arg.itemsize == 8 and arg.size <= _SCANNED:
+                        if (arg.dtype == np.int64 and arg.flags.c_contiguous and arg.flags.writeable
+                                and arg.size <= _SCANNED):  # may hold addresses, patched in place if so
+                            tables.append((arg.reshape(-1), i, None if spans is None else spans[1]))
+                        elif arg.dtype.kind in "iu" and arg.itemsize == 8 and arg.size <= _SCANNED:
                             held.append((np.unique(arg.astype(np.int64)), i))  # may hold addresses
                     elif isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_)):
                         held.append((np.array([int(arg)], np.int64), i))
@@ -575,6 +603,8 @@ class _Chain:
         # integers a call is given that may be addresses (a kernel reaching memory through a table of addresses,
         # ``elementwise_tiles``, or an address passed as a number): memory they point into cannot be relocated
         self.held_values = np.concatenate([v for v, _ in held] or [np.zeros(0, np.int64)])
+        self.tables = tables
+        self.ints_row = self.ints.reshape(-1)  # (a view: what ``Relocation`` patches)
         self.held_steps = np.concatenate([np.full(len(v), i, np.int64) for v, i in held] or [np.zeros(0, np.int64)])
         self.blas = any(c.blas for _, phase in flat for c in phase)
         self.opcodes = sorted(opcodes, key=opcodes.get)  # this chain's argument layouts, by its programs' opcodes
