@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         if direct is None:
             print("no direct I/O for this program (LUMINAL_RECIPES_DIRECT_IO=0, or nothing relocatable)")
             return 1
-        print(f"direct I/O: {len(direct.inputs)} inputs read in place, {len(direct.outputs)} outputs written fresh")
+        print(f"direct I/O: {len(direct.inputs)} inputs read in place, {len(direct.names)} outputs written fresh")
+        for name, why in sorted(direct.refused.items()):
+            print(f"  copied: {name} ({why})")
 
         def side(on: bool):
             def run():

@@ -65,6 +65,7 @@ class DirectIO:
         self.avoid = avoid  # byte ranges the run writes (arena, states): an input there is copied
         self.deltas = np.zeros(len(relocation.ok), np.int64)
         self.names = frozenset(name for *_, views in outputs for name, _ in views)
+        self.refused: dict[str, str] = {}  # the inputs and outputs still copied, and why (``plan``)
 
     @classmethod
     def plan(cls, exe, replay) -> DirectIO | None:
@@ -87,9 +88,12 @@ class DirectIO:
             return None if None in got else got
 
         regions, inputs, outputs = [], {}, []
-        for k, (_, node, slot, shape, dtype, _) in enumerate(exe._input_specs):
+        refused: dict[str, str] = {}  # input or output name -> why it is copied
+        for k, (name, node, slot, shape, dtype, _) in enumerate(exe._input_specs):
             steps = steps_of(readers.get(node.id, ()))
             if not isinstance(slot, np.ndarray) or node.id in shared or node.id in output_srcs or not steps:
+                refused[name] = ("written in place" if node.id in shared else "an output too" if node.id in
+                                 output_srcs else "a reader outside the chains" if steps is None else "not read")
                 continue
             start = _start(slot)
             inputs[k] = (len(regions), start, tuple(shape), np.dtype(dtype), slot.nbytes)
@@ -104,9 +108,11 @@ class DirectIO:
             if (node.op == "Input" or src in plan.resident or src in shared or src in written_back
                     or src not in step_of or not isinstance(flat, np.ndarray)
                     or any(f is not flat for *_, f in views)):
+                refused.update((name, "not a kernel's own buffer") for name, *_ in views)
                 continue
             steps = steps_of(readers.get(src, ()))
             if steps is None:
+                refused.update((name, "a reader outside the chains") for name, *_ in views)
                 continue
             start = _start(flat)
             outputs.append((len(regions), start, flat.nbytes, flat.dtype, [(name, bv) for name, bv, _ in views]))
@@ -114,6 +120,12 @@ class DirectIO:
         if not regions:
             return None
         relocation = make(regions)
+        for k, spec in inputs.items():
+            if not relocation.ok[spec[0]]:
+                refused[exe._input_specs[k][0]] = relocation.why[spec[0]]
+        for spec in outputs:
+            if not relocation.ok[spec[0]]:
+                refused.update((name, relocation.why[spec[0]]) for name, _ in spec[4])
         inputs = {k: spec for k, spec in inputs.items() if relocation.ok[spec[0]]}
         outputs = [spec for spec in outputs if relocation.ok[spec[0]]]
         if not inputs and not outputs:
@@ -121,7 +133,9 @@ class DirectIO:
         avoid = [(_start(exe.arena), _start(exe.arena) + exe.arena.nbytes)]
         avoid += [(_start(buf), _start(buf) + buf.nbytes) for _, buf in exe._states.values()
                   if isinstance(buf, np.ndarray)]
-        return cls(relocation, inputs, outputs, avoid)
+        direct = cls(relocation, inputs, outputs, avoid)
+        direct.refused = refused
+        return direct
 
     def begin(self) -> None:
         self.deltas[:] = 0

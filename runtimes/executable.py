@@ -455,13 +455,16 @@ class Executable:
         return self._replay is not None
 
     def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True,
-            trace: bool = False, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+            trace: bool = False, dims: Mapping[str, int] | None = None, fresh: bool = False
+            ) -> dict[str, np.ndarray]:
         """Execute once (at ``dims``, re-binding first if they differ). Outputs are fresh host arrays; with
         ``copy_outputs=False`` a host backend hands out read-only views of the arena instead, valid until the
-        next run (no copy in a loop that consumes them at once), except the outputs ``fresh_outputs`` names: once
-        the binding's steps are recorded as chains, inputs may be read where the caller holds them and outputs
-        written straight into fresh arrays (``direct_io.py``), handed out as they are. ``trace=True`` measures
-        allocations made outside the arena (``memory.transient_peak``)."""
+        next run (no copy in a loop that consumes them at once). Once the binding's steps are recorded as chains,
+        inputs may be read where the caller holds them and outputs written straight into fresh arrays, handed out
+        as they are instead of copies (``direct_io.py``; ``fresh_outputs`` names them): with ``copy_outputs``, or
+        with ``fresh=True`` beside ``copy_outputs=False`` (a caller that copies the views itself; without it, views
+        stay views: no allocation). ``trace=True`` measures allocations made outside the arena
+        (``memory.transient_peak``)."""
         self._check_open()
         if dims is not None:
             self.bind(dims)
@@ -492,11 +495,12 @@ class Executable:
                 check_array("input", node, arr, self.dims)  # raises, naming the input
             copy_in(slot, arr)
             stats.bytes_in += arr.nbytes
-        fresh = {}
+        written = {}  # output name -> the fresh array the run writes it into
         if direct is not None:
-            fresh = direct.fresh_outputs()
+            if copy_outputs or fresh:
+                written = direct.fresh_outputs()
             direct.relocation.apply(direct.deltas)
-        self.fresh_outputs = direct.names if direct is not None else frozenset()
+        self.fresh_outputs = direct.names if written else frozenset()
         if trace:
             tracemalloc.start()
         try:
@@ -512,12 +516,12 @@ class Executable:
                 tracemalloc.stop()
         views = self._output_views
         if views:
-            if fresh:
-                views = {name: fresh.get(name, view) for name, view in views.items()}
+            if written:
+                views = {name: written.get(name, view) for name, view in views.items()}
             if not copy_outputs:
                 return dict(views)
-            out = {name: view if name in fresh else np.array(view, copy=True) for name, view in views.items()}
-            stats.bytes_out += sum(arr.nbytes for name, arr in out.items() if name not in fresh)
+            out = {name: view if name in written else np.array(view, copy=True) for name, view in views.items()}
+            stats.bytes_out += sum(arr.nbytes for name, arr in out.items() if name not in written)
             return out
         return {name: self._read(flat, bv, copy_outputs) for name, (flat, bv) in self._outputs.items()}
 

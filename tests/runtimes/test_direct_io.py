@@ -110,7 +110,8 @@ def test_regions_it_cannot_move_are_refused():
 
     # a step outside the chains touches the region
     replay = chain.capture([plain, _copy(b, a), _copy(idx_out, b)], 1)
-    assert replay.relocation([_region(x, [0], True)]).ok == [False]
+    refused = replay.relocation([_region(x, [0], True)])
+    assert refused.ok == [False] and refused.why == ["a step outside the chains"]
     # an address inside the region passed as a number
     idx = np.zeros(1, np.int64)
     rows = np.zeros((1, 16), np.float32)
@@ -196,6 +197,9 @@ def test_decode_step_reads_cache_in_place_bit_identical(monkeypatch, direct):
         kept = {k: np.array(v, copy=True) for k, v in inputs.items()}
         got = exe.run(inputs)
         assert exe.stats.bytes_out < sum(v.nbytes for v in got.values())
+        views = exe.run(inputs, copy_outputs=False)  # views asked for: views of the arena, nothing allocated
+        assert not exe.fresh_outputs and all(not v.flags.writeable for v in views.values())
+        assert exe.stats.bytes_in < 64  # the inputs are still read in place
         saved, exe._direct = exe._direct, None  # the same executable copying every input and output
         want = exe.run(inputs)
         exe._direct = saved

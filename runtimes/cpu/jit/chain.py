@@ -452,9 +452,11 @@ class Relocation:
 
     def __init__(self, chains: tuple, chained: frozenset[int], regions: Sequence[tuple]):
         self.ok = [False] * len(regions)
+        self.why: list[str | None] = [None] * len(regions)  # per region refused, why (diagnostics, tests)
         claims = []  # (int64 vector, indices in it, region): a chain's int table, or a table of addresses
         for k, (lo, hi, steps, read_only) in enumerate(regions):
             if not steps or not set(steps) <= chained:
+                self.why[k] = "a step outside the chains"
                 continue
             mine, fits = [], True
             wanted = np.array(sorted(steps), np.int64)
@@ -462,14 +464,16 @@ class Relocation:
                 a_lo, a_hi = chain.array_lo, chain.array_hi
                 held = chain.held_values[np.isin(chain.held_steps, wanted)]
                 if ((held >= lo) & (held < hi)).any():  # an address passed as a number
-                    fits = False
+                    fits, self.why[k] = False, "an address passed as a number"
                     break
                 meets = np.isin(chain.array_steps, wanted) & (((a_lo < hi) & (lo < a_hi)) |
                                                               ((a_lo == a_hi) & (lo <= a_lo) & (a_lo < hi)))
                 if meets.any():
-                    if ((a_lo[meets] < lo) | (a_hi[meets] > hi)).any() or (read_only and
-                                                                           chain.array_written[meets].any()):
-                        fits = False
+                    if ((a_lo[meets] < lo) | (a_hi[meets] > hi)).any():
+                        fits, self.why[k] = False, "an array reaching past it"
+                        break
+                    if read_only and chain.array_written[meets].any():
+                        fits, self.why[k] = False, "a call writes into it"
                         break
                     mine.append((chain.ints_row, chain.array_columns[meets]))
                 for table, step, writes in chain.tables:
@@ -478,11 +482,13 @@ class Relocation:
                     at = np.flatnonzero((table >= lo) & (table < hi))
                     if len(at):
                         if read_only and (writes is None or _overlap(writes, ((lo, hi),))):
-                            fits = False
+                            fits, self.why[k] = False, "a call reaching it through a table may write it"
                             break
                         mine.append((table, at))
                 if not fits:
                     break
+            if fits and not mine:
+                self.why[k] = "no chained array in it"
             if fits and mine:
                 self.ok[k] = True
                 claims += [(vec, at, k) for vec, at in mine]
@@ -494,7 +500,7 @@ class Relocation:
         for ks in owners.values():
             if len(ks) > 1:
                 for k in ks:
-                    self.ok[k] = False
+                    self.ok[k], self.why[k] = False, "an address another region claims"
         grouped: dict[int, list] = {}
         for vec, at, k in claims:
             if self.ok[k]:
