@@ -4,8 +4,9 @@ through their slots of the arena (host backends whose recorded runs can be re-po
 ``Executable.run`` copies each input into its slot and, unless asked for views, each output out of its slot. A
 decode step over a KV cache passed in and handed back (``torch.compile``'s ``DynamicCache``: 24 inputs of 0.5 MB,
 concatenated into 24 outputs) spent ~4 ms of its ~40 in those two copies. Once a binding's steps are recorded as
-chains (``cpu/jit/chain.py``), every chained call's arrays are addresses in the chain's int table: a slot read or
-written only by chained calls can be moved, per run, by patching those addresses (``chain.Relocation``).
+chains (``cpu/jit/chain.py``), every chained call's arrays are addresses in the chain's int table (or in int64
+tables of operand addresses a call is given): a slot read or written only by chained calls can be moved, per run,
+by patching those addresses (``chain.Relocation``).
 
 Per binding, at the recording (``DirectIO.plan``):
 
@@ -17,12 +18,17 @@ Per binding, at the recording (``DirectIO.plan``):
   it owns its buffer (not computed in place into another, nothing computed in place into it), it is no input,
   state or weight, and the executable hands it out as a view of its slot.
 
-Per run (``begin``, ``read_in_place``, ``fresh_outputs``, then ``apply``/``restore`` around the kernels): an
+Slots under ``MIN_BYTES`` are copied as before (a copy of a few KiB costs less than patching). Per run
+(``begin``, ``read_in_place``, ``fresh_outputs``, then ``apply``/``restore`` around the kernels): an
 input array is read in place when it is a C-contiguous numpy array of the slot's exact shape and dtype whose
 bytes lie outside the arena and the states' buffers (which the run writes); otherwise it is copied as before.
 The addresses are put back after each run, so no table keeps pointing at a caller's memory. Nothing is written
 into an input read in place. The same compiled calls run on the same values: outputs are bit for bit those of
 the copying path. ``LUMINAL_RECIPES_DIRECT_IO=0`` turns it off (every input and output copied).
+
+A chained kernel that refuses its input runs again on its own to raise its located error (``chain._Chain._failed``);
+it then reads its slot, which holds no copy of an input read in place: the run still fails (an ``InputError``), the
+message possibly the chain's generic one rather than the kernel's.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from .kernels.context import ALIGNMENT
 from .views import strided
 
 ENV = "LUMINAL_RECIPES_DIRECT_IO"
+# slots smaller than this are copied as before: patching the tables costs a few microseconds a run, a copy of a
+# few KiB less (a decoding loop's token and position; the LLM decode's KV caches are states, not inputs)
+MIN_BYTES = 1 << 16
 
 
 def enabled() -> bool:
@@ -91,6 +100,8 @@ class DirectIO:
         refused: dict[str, str] = {}  # input or output name -> why it is copied
         for k, (name, node, slot, shape, dtype, _) in enumerate(exe._input_specs):
             steps = steps_of(readers.get(node.id, ()))
+            if slot.nbytes < MIN_BYTES:
+                continue
             if not isinstance(slot, np.ndarray) or node.id in shared or node.id in output_srcs or not steps:
                 refused[name] = ("written in place" if node.id in shared else "an output too" if node.id in
                                  output_srcs else "a reader outside the chains" if steps is None else "not read")
@@ -105,6 +116,8 @@ class DirectIO:
         written_back = {program.outputs[name][0] for name in exe._states if name in program.outputs}
         for src, views in by_src.items():
             node, flat = exe._by_id[src], views[0][2]
+            if flat.nbytes < MIN_BYTES:
+                continue
             if (node.op == "Input" or src in plan.resident or src in shared or src in written_back
                     or src not in step_of or not isinstance(flat, np.ndarray)
                     or any(f is not flat for *_, f in views)):

@@ -161,6 +161,7 @@ def _engine_executable(compiled_graphs):
 def test_decode_step_reads_cache_in_place_bit_identical(monkeypatch, direct):
     torch, compiled, model, cache = _decode_setup()
     monkeypatch.setenv(direct_io.ENV, "1" if direct else "0")
+    monkeypatch.setattr(direct_io, "MIN_BYTES", 0)  # the tiny model's cache layers are 1.5 KiB
     graphs = []
     call = compiled.CompiledGraph.__call__
 
@@ -230,3 +231,23 @@ def test_an_address_two_regions_claim_moves_neither():
     replay = chain.capture([_copy(a, x), _copy(b, a)], 1)
     assert replay.relocation([_region(a, [0, 1], False), _region(a, [0], False),
                               _region(x, [0], True)]).ok == [False, False, True]
+
+
+def test_small_slots_are_copied(monkeypatch):
+    """Below ``MIN_BYTES`` a slot is copied: patching would cost more than the copy."""
+    torch, compiled, model, cache = _decode_setup()
+    graphs = []
+    call = compiled.CompiledGraph.__call__
+
+    def spy(self, *args):
+        if self not in graphs:
+            graphs.append(self)
+        return call(self, *args)
+
+    monkeypatch.setattr(compiled.CompiledGraph, "__call__", spy)
+    fn = torch.compile(model.forward, backend="luminal")
+    with torch.no_grad():
+        for step in range(6):
+            fn(input_ids=torch.tensor([[5 + step]]), past_key_values=copy.deepcopy(cache), use_cache=True)
+    exe = _engine_executable(graphs)
+    assert exe.replaying and exe._direct is None and not exe.fresh_outputs
