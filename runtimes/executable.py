@@ -19,7 +19,9 @@ buffer. ``stats`` counts the bytes each run moved between host and device.
 On a backend with device graphs (``backend.graphs``: CUDA), the second run at a binding records every kernel as one
 graph (``backend.capture``) and later runs replay it; steps that cannot be recorded (streamed weights, a kernel the
 device refuses to capture) run one by one, with a one-line notice. The numpy backend records runs of compiled
-kernel calls as chains (``cpu/jit/chain.py``) at the run ``backend.capture_after`` names, without notices.
+kernel calls as chains (``cpu/jit/chain.py``) at the run ``backend.capture_after`` names, without notices. From
+then on, where every kernel touching an input's (an output's) slot runs inside a chain, the chains are re-pointed per
+run at the caller's array (a fresh array) instead of copying it in (out): ``direct_io.py``, ``fresh_outputs``.
 
 Re-binding keeps the last ``BINDINGS`` bindings of an executable that ran (keyed by their dims, the least recently
 used dropped first): each one's bound steps, plan, input and output slots, and its recorded graph or chains with its
@@ -51,6 +53,7 @@ from luminal_recipes.graph.symbolic import shape_str
 from . import profile as kernel_profile
 from .backend import Array, Backend, GraphCaptureError
 from .binding import check_array, check_input_names, declared_shape, fetch_weight
+from .direct_io import DirectIO
 from .kernels import REGISTRY, SOURCES
 from .kernels.context import KernelContext, KernelInput, Scratch
 from .memory import MemoryPlan, check_dims, plan_memory
@@ -196,7 +199,7 @@ BINDINGS = 4  # bindings an executable keeps, its current one included (1: none 
 # what one binding is: restored together by ``bind`` (``_bind`` sets every one of them)
 _BINDING_FIELDS = ("dims", "plan", "_replay", "_launches", "_inputs", "_steps", "_step_nodes", "_labels",
                    "_instances", "_outputs", "_input_specs", "_input_names", "_output_views", "_write_back",
-                   "_memory")
+                   "_memory", "_direct")
 
 
 class Executable:
@@ -223,6 +226,7 @@ class Executable:
         self._graphs = bool(getattr(runtime.backend, "graphs", False))
         self._capture_after = int(getattr(runtime.backend, "capture_after", 1))  # runs of a binding before it
         self._replay = None
+        self.fresh_outputs: frozenset[str] = frozenset()  # outputs the last run wrote into fresh memory
         # the other bindings kept (not the current one): dims -> (arena, the binding's fields), least recently left
         # first
         self._bindings: dict[tuple, tuple] = {}
@@ -325,6 +329,7 @@ class Executable:
         backend, program, by_id = self.backend, self.program, self._by_id
         self.dims, self.plan = dims, plan
         self._replay, self._launches = None, 0  # a graph records one binding's steps
+        self._direct: DirectIO | None = None  # inputs read in place, outputs written fresh (``direct_io``)
         self._staged = []
         flats: dict[int, Array] = {}
         self._inputs: dict[str, tuple[Node, Array]] = {}
@@ -450,11 +455,16 @@ class Executable:
         return self._replay is not None
 
     def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True,
-            trace: bool = False, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+            trace: bool = False, dims: Mapping[str, int] | None = None, fresh: bool = False
+            ) -> dict[str, np.ndarray]:
         """Execute once (at ``dims``, re-binding first if they differ). Outputs are fresh host arrays; with
         ``copy_outputs=False`` a host backend hands out read-only views of the arena instead, valid until the
-        next run (no copy in a loop that consumes them at once). ``trace=True`` measures allocations made
-        outside the arena (``memory.transient_peak``)."""
+        next run (no copy in a loop that consumes them at once). Once the binding's steps are recorded as chains,
+        inputs may be read where the caller holds them and outputs written straight into fresh arrays, handed out
+        as they are instead of copies (``direct_io.py``; ``fresh_outputs`` names them): with ``copy_outputs``, or
+        with ``fresh=True`` beside ``copy_outputs=False`` (a caller that copies the views itself; without it, views
+        stay views: no allocation). ``trace=True`` measures allocations made outside the arena
+        (``memory.transient_peak``)."""
         self._check_open()
         if dims is not None:
             self.bind(dims)
@@ -470,15 +480,27 @@ class Executable:
         stats.runs += 1
         stats.bytes_in = stats.bytes_out = stats.bytes_device = 0
         copy_in = self.backend.copy_in
-        for name, node, slot, shape, dtype, address in self._input_specs:
+        # past the recording (``direct_io``): inputs read where the caller holds them, outputs written fresh
+        direct = self._direct if self._replay is not None and kernel_profile.active() is None else None
+        if direct is not None:
+            direct.begin()
+        for k, (name, node, slot, shape, dtype, address) in enumerate(self._input_specs):
             given = inputs[name]
             if _same_memory(given, slot, address):
                 continue  # written in its slot by the caller (``input(name)``): bound without a copy
+            if direct is not None and direct.read_in_place(k, given):
+                continue
             arr = np.asarray(given)
             if arr.shape != shape or arr.dtype != dtype:
                 check_array("input", node, arr, self.dims)  # raises, naming the input
             copy_in(slot, arr)
             stats.bytes_in += arr.nbytes
+        written = {}  # output name -> the fresh array the run writes it into
+        if direct is not None:
+            if copy_outputs or fresh:
+                written = direct.fresh_outputs()
+            direct.relocation.apply(direct.deltas)
+        self.fresh_outputs = direct.names if written else frozenset()
         if trace:
             tracemalloc.start()
         try:
@@ -488,14 +510,18 @@ class Executable:
             if trace:
                 self._memory.transient_peak = tracemalloc.get_traced_memory()[1]
         finally:
+            if direct is not None:
+                direct.relocation.restore()  # no table keeps pointing at the caller's memory
             if trace:
                 tracemalloc.stop()
         views = self._output_views
         if views:
+            if written:
+                views = {name: written.get(name, view) for name, view in views.items()}
             if not copy_outputs:
                 return dict(views)
-            out = {name: np.array(view, copy=True) for name, view in views.items()}
-            stats.bytes_out += sum(arr.nbytes for arr in out.values())
+            out = {name: view if name in written else np.array(view, copy=True) for name, view in views.items()}
+            stats.bytes_out += sum(arr.nbytes for name, arr in out.items() if name not in written)
             return out
         return {name: self._read(flat, bv, copy_outputs) for name, (flat, bv) in self._outputs.items()}
 
@@ -570,6 +596,8 @@ class Executable:
             replay = self.backend.capture(steps)
             if replay is None:  # nothing worth recording (the CPU backend's chains): steps one by one
                 self._graphs = False
+            else:
+                self._direct = DirectIO.plan(self, replay)
             return replay
         except GraphCaptureError as exc:
             self._graphs = False

@@ -212,13 +212,17 @@ class ModelEngine:
         first = self.stats.transient_peak is None  # measure allocations outside the arena once
         t0 = time.perf_counter()
         with model_section(self.model.name):  # ``--profile``: kernel time per model
-            # views of the arena, copied below (a copy by ``run`` as well would be a second one)
-            out = exe.run(inputs, copy_outputs=False, trace=first) if first else exe.run(inputs, copy_outputs=False)
+            # views of the arena, copied below (a copy by ``run`` as well would be a second one), or fresh arrays
+            # the run wrote its outputs into (``fresh_outputs``, ``runtimes/direct_io.py``): not copied again
+            out = (exe.run(inputs, copy_outputs=False, trace=first, fresh=True) if first else
+                   exe.run(inputs, copy_outputs=False, fresh=True))
         self.stats.run_s.append(time.perf_counter() - t0)
         if first:
             self.stats.transient_peak = exe.memory.transient_peak
         self._record_stream(exe)
-        return {k: np.array(v, dtype=np.float32 if _narrow_float(v) else None, copy=True) for k, v in out.items()}
+        fresh = getattr(exe, "fresh_outputs", ())
+        return {k: v if k in fresh and not _narrow_float(v) else
+                np.array(v, dtype=np.float32 if _narrow_float(v) else None, copy=True) for k, v in out.items()}
 
     def _as_declared(self, name: str, value):
         """A float input in the float dtype the model declares (e.g. bf16 under --compute-dtype bf16)."""

@@ -376,23 +376,31 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
     """One step replaying ``steps``: maximal runs of described steps as chains, the others called as they are;
     None when no run of two or more described steps is found (nothing to gain)."""
     items: list = []  # a plain step, or a list of consecutive described steps
-    for step in steps:
+    first: dict[int, int] = {}  # id of a list of described steps -> the index of its first step in ``steps``
+    for index, step in enumerate(steps):
         if phases_of(step) is not None:
             if items and isinstance(items[-1], list):
                 items[-1].append(step)
             else:
                 items.append([step])
+                first[id(items[-1])] = index
         else:
             items.append(step)
     if not any(isinstance(it, list) and len(it) > 1 for it in items):
         return None
     program: list = []
     made: list[_Chain] = []
+    chained: set[int] = set()  # indices in ``steps`` of the steps run inside chains
     for it in items:
         chain = _Chain(it, threads) if isinstance(it, list) and len(it) > 1 else None
         if chain is not None and chain.ok:
             program.append(chain)
             made.append(chain)
+            at = first[id(it)]
+            chain.array_steps = chain.array_steps + at  # (indices in ``steps``, as ``Relocation`` asks)
+            chain.held_steps = chain.held_steps + at
+            chain.tables = [(table, step + at, writes) for table, step, writes in chain.tables]
+            chained.update(range(at, at + len(it)))
         else:
             program.extend(it if isinstance(it, list) else [it])
     if not made:
@@ -417,7 +425,100 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
 
     replay.chains, replay.lockstep, replay.launches = chains, lockstep, len(program)  # chains, those on every
     # thread, Python calls per replay
+    replay.relocation = functools.partial(Relocation, tuple(made), frozenset(chained))  # (``Relocation``)
     return replay
+
+
+_SCANNED = 1 << 20  # int64 array arguments up to this many elements are scanned for addresses (tables of them)
+
+
+class Relocation:
+    """Memory regions whose chained arrays a run re-points elsewhere: an executable reading an input where its
+    caller holds it, or writing an output into fresh memory, instead of copying it through its slot.
+
+    ``regions``: per region ``(first byte, end byte, steps, read_only)`` - a slot of the arena, and the indices
+    (in the captured ``steps``) of every step that touches the value held there (while other steps may hold
+    other values in the same bytes: those are left alone). Those steps' calls reach the region through their
+    array arguments (addresses in the chain's int table) and through int64 arrays holding addresses (tables of
+    operand origins: ``elementwise_tiles``); both are patched. A region is *relocatable* (``ok[k]``) when each of
+    those steps runs inside a chain and every array of theirs that meets the region lies inside it; never when
+    one of their calls is given an integer scalar inside it (an address passed as a number, which the tables do
+    not hold apart from the other scalars) or when an address two regions claim (lifetimes that overlap); with
+    ``read_only``, only when none of their calls says it writes there (``Call.access``; a call reaching the
+    region through a table must say so). ``apply(deltas)`` adds ``deltas[k]`` bytes to region ``k``'s addresses
+    (0: its slot, as captured) and ``restore()`` puts them back: the chains then run the very calls on the other
+    memory, so the results are bit for bit those of the slot. The caller answers for the memory it points at
+    (live, the size of the slot, not written by anything else during the run)."""
+
+    def __init__(self, chains: tuple, chained: frozenset[int], regions: Sequence[tuple]):
+        self.ok = [False] * len(regions)
+        self.why: list[str | None] = [None] * len(regions)  # per region refused, why (diagnostics, tests)
+        claims = []  # (int64 vector, indices in it, region): a chain's int table, or a table of addresses
+        for k, (lo, hi, steps, read_only) in enumerate(regions):
+            if not steps or not set(steps) <= chained:
+                self.why[k] = "a step outside the chains"
+                continue
+            mine, fits = [], True
+            wanted = np.array(sorted(steps), np.int64)
+            for chain in chains:
+                a_lo, a_hi = chain.array_lo, chain.array_hi
+                held = chain.held_values[np.isin(chain.held_steps, wanted)]
+                if ((held >= lo) & (held < hi)).any():  # an address passed as a number
+                    fits, self.why[k] = False, "an address passed as a number"
+                    break
+                meets = np.isin(chain.array_steps, wanted) & (((a_lo < hi) & (lo < a_hi)) |
+                                                              ((a_lo == a_hi) & (lo <= a_lo) & (a_lo < hi)))
+                if meets.any():
+                    if ((a_lo[meets] < lo) | (a_hi[meets] > hi)).any():
+                        fits, self.why[k] = False, "an array reaching past it"
+                        break
+                    if read_only and chain.array_written[meets].any():
+                        fits, self.why[k] = False, "a call writes into it"
+                        break
+                    mine.append((chain.ints_row, chain.array_columns[meets]))
+                for table, step, writes in chain.tables:
+                    if step not in steps:
+                        continue
+                    at = np.flatnonzero((table >= lo) & (table < hi))
+                    if len(at):
+                        if read_only and (writes is None or _overlap(writes, ((lo, hi),))):
+                            fits, self.why[k] = False, "a call reaching it through a table may write it"
+                            break
+                        mine.append((table, at))
+                if not fits:
+                    break
+            if fits and not mine:
+                self.why[k] = "no chained array in it"
+            if fits and mine:
+                self.ok[k] = True
+                claims += [(vec, at, k) for vec, at in mine]
+        owners: dict[tuple[int, int], set[int]] = {}
+        for vec, at, k in claims:
+            base = vec.__array_interface__["data"][0]
+            for i in at.tolist():
+                owners.setdefault((base, i), set()).add(k)
+        for ks in owners.values():
+            if len(ks) > 1:
+                for k in ks:
+                    self.ok[k], self.why[k] = False, "an address another region claims"
+        grouped: dict[int, list] = {}
+        for vec, at, k in claims:
+            if self.ok[k]:
+                grouped.setdefault(vec.__array_interface__["data"][0], []).append((vec, at, k))
+        self.parts = []  # per vector: (it, the indices patched, their captured values, each one's region)
+        for got in grouped.values():
+            vec = got[0][0]
+            at = np.concatenate([a for _, a, _ in got])
+            which = np.concatenate([np.full(len(a), k, np.int64) for _, a, k in got])
+            self.parts.append((vec, at, vec[at].copy(), which))
+
+    def apply(self, deltas: np.ndarray) -> None:
+        for vec, at, base, which in self.parts:
+            vec[at] = base + deltas[which]
+
+    def restore(self) -> None:
+        for vec, at, base, _ in self.parts:
+            vec[at] = base
 
 
 def warm(steps: Sequence[Callable], threads: int) -> int:
@@ -462,6 +563,9 @@ class _Chain:
         ints, floats = [], []
         self.ok = False
         encoded_phases = []  # per phase: (step index, [(opcode, part, int column, float column, checked, spans)])
+        arrays = []  # per array argument: (its address column, step index, first byte, end byte, written)
+        held = []  # integers the calls are given that cannot be patched (scalars, other 8-byte ints), with step
+        tables = []  # int64 arrays the calls are given (flat), their step and the call's written spans (or None)
         for i, phase in flat:
             rows = []
             for call in phase:
@@ -470,13 +574,25 @@ class _Chain:
                 if entry is None:
                     return
                 address, returns = entry
+                spans = _spans(call.access)
                 exprs, vi, vf = [], [address], []
-                for expr, ai, af in encoded:
+                for arg, (expr, ai, af) in zip(call.args, encoded):
+                    if isinstance(arg, np.ndarray):
+                        lo, hi = _extent(arg)
+                        written = spans is not None and _overlap(spans[1], ((lo, max(hi, lo + 1)),))
+                        arrays.append((len(ints) + len(vi), i, lo, hi, written))
+                        if (arg.dtype == np.int64 and arg.flags.c_contiguous and arg.flags.writeable
+                                and arg.size <= _SCANNED):  # may hold addresses, patched in place if so
+                            tables.append((arg.reshape(-1), i, None if spans is None else spans[1]))
+                        elif arg.dtype.kind in "iu" and arg.itemsize == 8 and arg.size <= _SCANNED:
+                            held.append((np.unique(arg.astype(np.int64)), i))  # may hold addresses
+                    elif isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_)):
+                        held.append((np.array([int(arg)], np.int64), i))
                     exprs.append(expr.format(i=f"i + {len(vi)}", f=f"f + {len(vf)}"))
                     vi += ai
                     vf += af
                 op = opcodes.setdefault((returns, tuple(exprs)), len(opcodes))
-                rows.append((op, call.part, len(ints), len(floats), int(call.checked), _spans(call.access)))
+                rows.append((op, call.part, len(ints), len(floats), int(call.checked), spans))
                 ints += vi
                 floats += vf
             encoded_phases.append((i, rows))
@@ -486,6 +602,16 @@ class _Chain:
         self.ints = np.array(ints or [0], np.int64).reshape(1, -1)
         self.floats = np.array(floats or [0.0], np.float64).reshape(1, -1)
         self.keep = [c.args for _, phase in flat for c in phase]  # what the tables point into
+        # the array arguments' address columns, for ``Relocation`` (columns; step index in ``steps``; extents)
+        table = np.array(arrays or [(0, -1, 0, 0, 0)], np.int64).reshape(-1, 5)
+        self.array_columns, self.array_steps = table[:, 0], table[:, 1]
+        self.array_lo, self.array_hi, self.array_written = table[:, 2], table[:, 3], table[:, 4] != 0
+        # integers a call is given that may be addresses (a kernel reaching memory through a table of addresses,
+        # ``elementwise_tiles``, or an address passed as a number): memory they point into cannot be relocated
+        self.held_values = np.concatenate([v for v, _ in held] or [np.zeros(0, np.int64)])
+        self.tables = tables
+        self.ints_row = self.ints.reshape(-1)  # (a view: what ``Relocation`` patches)
+        self.held_steps = np.concatenate([np.full(len(v), i, np.int64) for v, i in held] or [np.zeros(0, np.int64)])
         self.blas = any(c.blas for _, phase in flat for c in phase)
         self.opcodes = sorted(opcodes, key=opcodes.get)  # this chain's argument layouts, by its programs' opcodes
         self.run_fn = None  # ``finish``: the capture's interpreter
@@ -553,6 +679,16 @@ class _Chain:
 
         raise InputError("a compiled kernel refused its input in a chained step, which then ran on its own without "
                          "error; run with LUMINAL_RECIPES_CHAIN=0 to see which kernel")
+
+
+def _extent(a: np.ndarray) -> tuple[int, int]:
+    """The bytes ``a`` spans, ``[first, end)``, whatever its strides (empty: ``(address, address)``)."""
+    lo = hi = a.ctypes.data
+    if a.size == 0:
+        return lo, hi
+    for n, st in zip(a.shape, a.strides):
+        lo, hi = lo + min(0, (n - 1) * st), hi + max(0, (n - 1) * st)
+    return lo, hi + a.itemsize
 
 
 def _spans(access: tuple | None) -> tuple[tuple, tuple] | None:
