@@ -491,6 +491,8 @@ class _Chain:
         self.run_fn = None  # ``finish``: the capture's interpreter
         self.parts = [functools.partial(self._part, t) for t in range(threads)]
         self.used = 1  # the thread count of the last run (its program's rows name a failed call)
+        self.jobs: dict[int, np.ndarray] | None = None  # per worker thread, its job (``lockstep.job_row``)
+        self.hot = LOCKSTEP_WORKERS  # (read at capture: a benchmark's sides may differ)
         self.ok = True
 
     def finish(self, run_fn, union: dict[tuple, int]) -> None:
@@ -538,9 +540,31 @@ class _Chain:
         RUNS["lockstep"] += 1
         self.used = self.threads
         flags[:] = 0
-        _lockstep_pool().run(self.parts)
+        if self.hot:
+            self._lockstep()
+        else:
+            _lockstep_pool().run(self.parts)
         if flags[ERR]:
             self._failed()
+
+    def _lockstep(self) -> None:
+        """This thread runs thread 0's program; the kernels' pool workers the others, by their jobs, without the
+        GIL (``lockstep.py``), where that pool is the spinning one; else ``_lockstep_pool()`` as Python parts."""
+        from .. import threads as cpu_threads
+
+        pool = cpu_threads.shared_pool()
+        if self.jobs is None and hasattr(pool, "run_chain"):
+            from . import lockstep
+
+            args = self.args[self.threads]
+            entry = _entry(self.run_fn, tuple(_encode(a)[0] for a in (0, *args)))
+            self.jobs = {} if entry is None else {t: lockstep.job_row(entry[0], t, args)
+                                                  for t in range(1, self.threads)}
+        if not self.jobs:
+            _lockstep_pool().run(self.parts)
+            return
+        args = self.args[self.threads]
+        pool.run_chain([self.jobs[t] for t in range(1, self.threads)], lambda: self.run_fn(0, *args), self.flags)
 
     def _failed(self) -> None:
         """A checked call refused its input, or a kernel raised: run that step on its own (it raises its own
@@ -632,6 +656,10 @@ _CROWD = {"next": 0.0, "others": 0.0, "crowded": False}
 # chains run so far: on every thread ("lockstep"), on the calling thread alone because ``crowded`` said so
 # ("crowded"), or alone because they have one thread ("alone"); the benchmarks print it beside their figures
 RUNS = {"lockstep": 0, "crowded": 0, "alone": 0}
+# lockstep chains run on ``lockstep.py``'s workers, which wait for a chain in compiled code (a hand-off of ~1 us);
+# LUMINAL_RECIPES_LOCKSTEP_WORKERS=0: on ``threads.blocking_pool()`` as before (a wake-up and two GIL trips each)
+LOCKSTEP_WORKERS = os.environ.get("LUMINAL_RECIPES_LOCKSTEP_WORKERS", "1").strip().lower() not in (
+    "0", "false", "no", "off")
 ADAPTIVE = os.environ.get("LUMINAL_RECIPES_CHAIN_LOCKSTEP", "auto").strip().lower() == "auto"
 
 
