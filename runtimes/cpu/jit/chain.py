@@ -754,7 +754,10 @@ def _source(opcodes: list[tuple]) -> str:
         f"            atomic_store(flags, {ERR}, r + 1)",
         "            if threads == 1:",
         "                return 1",
-        "            failed = True  # on to the next barrier, where every thread stops",
+        "            # on to the next barrier, where every thread stops: a thread that passed the last barrier after",
+        "            # this one saw ERR leaves at once, so the abort releases whoever waits at the next one",
+        f"            atomic_store(flags, {ABORT}, 1)",
+        "            failed = True",
         "    return 0",
     ]
     return "\n".join(lines) + "\n"

@@ -21,8 +21,24 @@ import numba
 import numpy as np
 
 from .chain import ABORT, FAILED, _call, _view
-from .spin import (ASLEEP, CLAIMED, DONE, MINE, POSTED, PREEMPTED, TIMED_OUT, WAKE_CALLER, atomic_load,
-                   atomic_store, claim_posted, compare_exchange, monotonic_ns, pause, raise_to, yield_core)
+from .spin import (
+    ASLEEP,
+    CLAIMED,
+    DONE,
+    MINE,
+    POSTED,
+    PREEMPTED,
+    TIMED_OUT,
+    WAKE_CALLER,
+    atomic_load,
+    atomic_store,
+    claim_posted,
+    compare_exchange,
+    monotonic_ns,
+    pause,
+    raise_to,
+    yield_core,
+)
 
 _STRIDE = 8  # one cache line per flag
 JOB_POST, JOB_DONE = 0, _STRIDE  # a worker's mailbox: the chain posted last, the chain finished last
