@@ -8,9 +8,11 @@ compiled (B's kernels are prepared under it):
 - ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``).
 
 ``--min-part N`` prepares side A's kernels with ``threads.MIN_PART = N`` (finer parts for the chains' two threads).
-``--chain-min-part N`` captures side B's chains with ``threads.CHAIN_MIN_PART = N`` (A: the default, or
-``--chain-min-part-a``); ``--chain-min-part 65536`` (= ``MIN_PART``) gives B the kernels' own parts in its chains,
-as before chains re-cut them (``chain.finer``). ``--off ''`` patches nothing else out of B.
+``--min-split-phases-a N`` captures side A's chains with ``chain.MIN_SPLIT_PHASES = N``; ``--blocking-b`` hands
+side B's lockstep chains to ``threads.blocking_pool()`` instead of the pool workers' compiled jobs
+(``jit/lockstep.py``). ``--chain-min-part N`` captures side B's chains with ``threads.CHAIN_MIN_PART = N`` (A: the
+default, or ``--chain-min-part-a``); ``--chain-min-part 65536`` (= ``MIN_PART``) gives B the kernels' own parts in
+its chains, as before chains re-cut them (``chain.finer``). ``--off ''`` patches nothing else out of B.
 
 Each turn calls its side once untimed before the timed call (``--untimed``): inductor's OpenMP threads spin on
 after its call (libgomp) and would take a core from the side timed next (``bench/torch_backend.py``).
@@ -56,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="side B's chains captured with this threads.CHAIN_MIN_PART")
     parser.add_argument("--chain-min-part-a", type=int, default=None,
                         help="side A's chains captured with this threads.CHAIN_MIN_PART")
+    parser.add_argument("--min-split-phases-a", type=int, default=None,
+                        help="side A's chains captured with this chain.MIN_SPLIT_PHASES (lockstep from N split phases)")
+    parser.add_argument("--blocking-b", action="store_true",
+                        help="side B's lockstep chains handed to threads.blocking_pool() (not the pool workers' "
+                             "compiled jobs, jit/lockstep.py)")
     parser.add_argument("--no-inductor", action="store_true",
                         help="A and B only: inductor's OpenMP threads spin on after its turn, and chains that sample "
                              "the machine's load (chain.crowded) then run alone")
@@ -70,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = blas_threads(args.threads)
     import torch
 
+    from luminal_recipes.runtimes.cpu.jit import chain
     from luminal_recipes.runtimes.cpu.kernels import attention_small, layout
     from luminal_recipes.runtimes.kernels import expression
 
@@ -85,20 +93,27 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         sides["A"] = call(torch.compile(side_function(model, "A"), backend="luminal"))
         default_part, default_chain_part = cpu_threads.MIN_PART, cpu_threads.CHAIN_MIN_PART
-        if args.min_part is not None or args.chain_min_part_a is not None:  # A's kernels prepared (and chains
-            cpu_threads.MIN_PART = args.min_part or default_part  # captured) under them
-            cpu_threads.CHAIN_MIN_PART = args.chain_min_part_a or default_chain_part
+        default_split, default_hand_off = chain.MIN_SPLIT_PHASES, chain.LOCKSTEP_WORKERS
+        if args.min_part is not None or args.chain_min_part_a is not None or args.min_split_phases_a is not None:
+            cpu_threads.MIN_PART = args.min_part or default_part  # A's kernels prepared (and chains captured)
+            cpu_threads.CHAIN_MIN_PART = args.chain_min_part_a or default_chain_part  # under them
+            if args.min_split_phases_a is not None:
+                chain.MIN_SPLIT_PHASES = args.min_split_phases_a
             for _ in range(7):
                 outputs["A"] = sides["A"]()
             cpu_threads.MIN_PART, cpu_threads.CHAIN_MIN_PART = default_part, default_chain_part
+            chain.MIN_SPLIT_PHASES = default_split
         saved = {name: getattr(patches[name][0], patches[name][1]) for name in off}
         for name in off:
             setattr(patches[name][0], patches[name][1], patches[name][2])
         if args.chain_min_part is not None:
             cpu_threads.CHAIN_MIN_PART = args.chain_min_part
+        if args.blocking_b:
+            chain.LOCKSTEP_WORKERS = False  # (read by each chain at its capture)
         sides["B"] = call(torch.compile(side_function(model, "B"), backend="luminal"))
         for _ in range(7):  # B's kernels are prepared (and its chains captured) while the patches hold
             outputs["B"] = sides["B"]()
+        chain.LOCKSTEP_WORKERS = default_hand_off
         for name in off:
             setattr(patches[name][0], patches[name][1], saved[name])
         cpu_threads.CHAIN_MIN_PART = default_chain_part
@@ -118,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
                 fn()
                 wall[k].append(time.perf_counter() - t0)
                 cpu[k].append(time.process_time() - c0)
-    from luminal_recipes.runtimes.cpu.jit import chain
 
     print(f"flux2 A/B ({threads} threads, {args.rounds} rounds; B without: {', '.join(off)}; B's chain part "
           f"{args.chain_min_part or default_chain_part}; load average {os.getloadavg()[0]:.2f}; chain runs "

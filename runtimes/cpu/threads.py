@@ -132,6 +132,8 @@ MAX_WORKERS = 256
 _STRIDE = 8  # int64 flags per worker: one cache line each (posted, claimed, done, asleep: jit/spin.py)
 ASLEEP = 3  # (jit/spin.py's ASLEEP: importable without numba)
 _CALLER = _STRIDE * MAX_WORKERS  # the flag set while the caller sleeps waiting for started parts
+_MAIL_SIZE, _JOB_COLUMNS = 16, 22  # a worker's lockstep mailbox and job (``jit/lockstep.py``'s MAIL, JOB_COLUMNS)
+_CHAIN_ABORT = 24  # a chain's ABORT flag (``jit/chain.py``)
 
 
 class _SpinningPool:
@@ -179,6 +181,9 @@ class _SpinningPool:
         self.sample = _running_threads
         self.wait_ns, self.yield_ns = int(WAIT_S * 1e9), int(YIELD_S * 1e9)
         self.overflow: _Pool | None = None  # the blocking pool, for calls with more parts than MAX_WORKERS + 1
+        # per worker, the mailbox and job of the lockstep chains it runs without the GIL (``jit/lockstep.py``)
+        self.mails = np.zeros((MAX_WORKERS, _MAIL_SIZE), np.int64)
+        self.jobs = np.zeros((MAX_WORKERS, 1, _JOB_COLUMNS), np.int64)
 
     def _grow(self, workers: int) -> None:
         if workers > MAX_WORKERS:
@@ -193,9 +198,13 @@ class _SpinningPool:
     def _work(self, i: int) -> None:
         spin, flags, wake, base = self.spin, self.flags, self.wakes[i], _STRIDE * i
         yield_ns, preempted_ns = int(YIELD_S * 1e9), int(PREEMPTED_S * 1e9)
+        mail, job = self.mails[i], self.jobs[i]
+        from .jit import lockstep
+
         seen = done = 0
-        while True:
-            got = spin.worker_wait(flags, base, _CALLER, done, seen, self.spin_ns, yield_ns, preempted_ns)
+        while True:  # (``pool_wait``: ``spin.worker_wait`` that also runs the lockstep chains posted here)
+            got = lockstep.pool_wait(flags, base, _CALLER, done, seen, self.spin_ns, yield_ns, preempted_ns, mail,
+                                     job)
             done, seen, status = 0, got >> 2, got & 3
             if status == spin.WAKE_CALLER:
                 self.caller_wake.put(None)
@@ -211,7 +220,8 @@ class _SpinningPool:
                 self.preempted += 1
             # nothing for a while (or spinning here does not pay): sleep until the caller wakes this worker
             spin.store(flags, base + spin.ASLEEP, 1)
-            if spin.load(flags, base + spin.POSTED) == seen:
+            if spin.load(flags, base + spin.POSTED) == seen and spin.load(mail, lockstep.JOB_POST) == spin.load(
+                    mail, lockstep.JOB_DONE):
                 wake.get()  # (a stale wake-up only waits again)
             else:
                 spin.store(flags, base + spin.ASLEEP, 0)
@@ -272,6 +282,35 @@ class _SpinningPool:
                 self._adapt(events)
             if error is not None:
                 raise error
+
+    def run_chain(self, jobs: Sequence[np.ndarray], own: Callable[[], object], chain_flags: np.ndarray) -> None:
+        """A lockstep chain: worker i runs ``jobs[i]`` (``jit/lockstep.py``: compiled, without the GIL) while this
+        thread runs ``own`` (thread 0's program); then wait until every worker is done with it. Where ``own``
+        raises, the chain's ABORT flag (``chain_flags``) releases the workers from its barriers first."""
+        from .jit import lockstep
+
+        spin, flags = self.spin, self.flags
+        with self.lock:
+            workers = len(jobs)
+            self._grow(workers)
+            posted = []
+            for i, job in enumerate(jobs):
+                mail = self.mails[i]
+                self.jobs[i][0] = job[0]
+                generation = int(mail[lockstep.JOB_POST]) + 1
+                spin.store(mail, lockstep.JOB_POST, generation)
+                posted.append((mail, generation))
+                if spin.load(flags, _STRIDE * i + ASLEEP):
+                    spin.store(flags, _STRIDE * i + ASLEEP, 0)
+                    self.wakes[i].put(None)
+            try:
+                own()
+            except BaseException:
+                spin.store(chain_flags, _CHAIN_ABORT, 1)
+                raise
+            finally:
+                for mail, generation in posted:
+                    lockstep.await_done(mail, generation)
 
     def _decide(self, now: float) -> None:
         """Spin (``spin_ns = base_ns``) unless backed off (``_adapt``) or the machine is crowded: other threads
@@ -338,6 +377,10 @@ def _new_pool():
             flags = np.zeros(_STRIDE + 1, np.int64)  # compiled (or loaded) and linked here, not in a worker:
             spin.worker_wait(flags, 0, _STRIDE, 0, 0, 0, 0, 1)  # libc's clock_gettime / sched_yield by name
             spin.finish(flags, _STRIDE, 0, 1, np.zeros(1, np.int64), 0, 0)
+            from .jit import lockstep  # its wait too (the workers' loop: ``_SpinningPool._work``)
+
+            lockstep.pool_wait(flags, 0, _STRIDE, 0, 0, 0, 0, 1, np.zeros(_MAIL_SIZE, np.int64),
+                               np.zeros((1, _JOB_COLUMNS), np.int64))
         except Exception:  # numba importable but unusable, or a platform without those: the blocking pool
             return _Pool()
         return _SpinningPool(spin)
@@ -369,18 +412,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def run_parts(parts: Sequence[Part]) -> None:
-    """Run independent parts, the first on this thread, the others on workers, and wait for all."""
+def shared_pool() -> _Pool | _SpinningPool:
+    """The kernels' pool (started on first use)."""
     global _POOL
-    if len(parts) <= 1:
-        for part in parts:
-            part()
-        return
     if _POOL is None:
         with _POOL_LOCK:
             if _POOL is None:
                 _POOL = _new_pool()
-    _POOL.run(parts)
+    return _POOL
+
+
+def run_parts(parts: Sequence[Part]) -> None:
+    """Run independent parts, the first on this thread, the others on workers, and wait for all."""
+    if len(parts) <= 1:
+        for part in parts:
+            part()
+        return
+    (_POOL or shared_pool()).run(parts)
 
 
 _FINER = threading.local()  # ``finer_parts``' size, on the thread that set it

@@ -15,11 +15,12 @@ when called from Python (all the chains of one capture share one interpreter, wi
 one compile, not one per chain). Steps without a description (numpy, BLAS, host work) run as they are, between
 chains.
 
-On ``THREADS`` = T > 1 every thread runs the chain at once (the caller and T - 1 pool workers, ``threads.run_parts``:
-one hand-off per chain rather than one per kernel), each calling the parts it owns, with a barrier row after a
-phase where the next phase's threads differ (two phases on thread 0 alone need none). The barrier spins on atomics
-(``spin.py``) for ``SPINS`` reads, then yields its core until the others arrive, so a descheduled thread slows the
-chain but cannot hang it; a thread whose call raises sets an abort flag every waiting thread sees.
+On ``THREADS`` = T > 1 every thread runs the chain at once (the caller and T - 1 workers of the kernels' pool, which
+run it as a compiled job without the GIL, ``lockstep.py``: one hand-off per chain rather than one per kernel), each
+calling the parts it owns, with a barrier row after a phase where the next phase's threads differ (two phases on
+thread 0 alone need none). The barrier spins on atomics (``spin.py``) for ``SPINS`` reads, then yields its core
+until the others arrive, so a descheduled thread slows the chain but cannot hang it; a thread whose call raises or
+refuses its input sets an abort flag every waiting thread sees.
 
 The same kernels run on the same arguments in the same order with the same parts: results are bit for bit those
 of the steps run one by one. A kernel that checks its input (``Call.checked``: returns nonzero on bad input) or
@@ -617,6 +618,8 @@ class _Chain:
         self.run_fn = None  # ``finish``: the capture's interpreter
         self.parts = [functools.partial(self._part, t) for t in range(threads)]
         self.used = 1  # the thread count of the last run (its program's rows name a failed call)
+        self.jobs: dict[int, np.ndarray] | None = None  # per worker thread, its job (``lockstep.job_row``)
+        self.hot = LOCKSTEP_WORKERS  # (read at capture: a benchmark's sides may differ)
         self.ok = True
 
     def finish(self, run_fn, union: dict[tuple, int]) -> None:
@@ -664,9 +667,31 @@ class _Chain:
         RUNS["lockstep"] += 1
         self.used = self.threads
         flags[:] = 0
-        _lockstep_pool().run(self.parts)
+        if self.hot:
+            self._lockstep()
+        else:
+            _lockstep_pool().run(self.parts)
         if flags[ERR]:
             self._failed()
+
+    def _lockstep(self) -> None:
+        """This thread runs thread 0's program; the kernels' pool workers the others, by their jobs, without the
+        GIL (``lockstep.py``), where that pool is the spinning one; else ``_lockstep_pool()`` as Python parts."""
+        from .. import threads as cpu_threads
+
+        pool = cpu_threads.shared_pool()
+        if self.jobs is None and hasattr(pool, "run_chain"):
+            from . import lockstep
+
+            args = self.args[self.threads]
+            entry = _entry(self.run_fn, tuple(_encode(a)[0] for a in (0, *args)))
+            self.jobs = {} if entry is None else {t: lockstep.job_row(entry[0], t, args)
+                                                  for t in range(1, self.threads)}
+        if not self.jobs:
+            _lockstep_pool().run(self.parts)
+            return
+        args = self.args[self.threads]
+        pool.run_chain([self.jobs[t] for t in range(1, self.threads)], lambda: self.run_fn(0, *args), self.flags)
 
     def _failed(self) -> None:
         """A checked call refused its input, or a kernel raised: run that step on its own (it raises its own
@@ -768,6 +793,10 @@ _CROWD = {"next": 0.0, "others": 0.0, "crowded": False}
 # chains run so far: on every thread ("lockstep"), on the calling thread alone because ``crowded`` said so
 # ("crowded"), or alone because they have one thread ("alone"); the benchmarks print it beside their figures
 RUNS = {"lockstep": 0, "crowded": 0, "alone": 0}
+# lockstep chains run on ``lockstep.py``'s workers, which wait for a chain in compiled code (a hand-off of ~1 us);
+# LUMINAL_RECIPES_LOCKSTEP_WORKERS=0: on ``threads.blocking_pool()`` as before (a wake-up and two GIL trips each)
+LOCKSTEP_WORKERS = os.environ.get("LUMINAL_RECIPES_LOCKSTEP_WORKERS", "1").strip().lower() not in (
+    "0", "false", "no", "off")
 ADAPTIVE = os.environ.get("LUMINAL_RECIPES_CHAIN_LOCKSTEP", "auto").strip().lower() == "auto"
 
 
@@ -862,7 +891,10 @@ def _source(opcodes: list[tuple]) -> str:
         f"            atomic_store(flags, {ERR}, r + 1)",
         "            if threads == 1:",
         "                return 1",
-        "            failed = True  # on to the next barrier, where every thread stops",
+        "            # on to the next barrier, where every thread stops: a thread that passed the last barrier after",
+        "            # this one saw ERR leaves at once, so the abort releases whoever waits at the next one",
+        f"            atomic_store(flags, {ABORT}, 1)",
+        "            failed = True",
         "    return 0",
     ]
     return "\n".join(lines) + "\n"
