@@ -96,7 +96,10 @@ def patch(chain) -> dict:
         else:
             self.used = self.threads
             flags[:TRACE] = 0
-            chain._lockstep_pool().run(self.parts)
+            if getattr(self, "hot", False):  # pool jobs (jit/lockstep.py)
+                self._lockstep()
+            else:
+                chain._lockstep_pool().run(self.parts)
             if flags[chain.ERR]:
                 self._failed()
         self.trace_wall = getattr(self, "trace_wall", 0.0) + time.perf_counter() - start
@@ -179,6 +182,7 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--torch", choices=["qwen3-decode", "qwen3-prefill", "flux2"], default=None)
     p.add_argument("--calls", type=int, default=10)
+    p.add_argument("--context", type=int, default=0, help="the KV cache planned (default: tokens + 64)")
     args = p.parse_args()
     from luminal_recipes.runtimes.cpu.jit import chain as chain_module
 
@@ -192,7 +196,7 @@ def main() -> None:
         path = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     from luminal_recipes.tasks.generation.model import LanguageModel
 
-    lm = LanguageModel(RECIPE, weights=path, context=args.tokens + 64)
+    lm = LanguageModel(RECIPE, weights=path, context=args.context or args.tokens + 64)
     ids = (list(lm.encode("What is the capital of France? Answer in one short sentence.", chat=False)) * 14)[:14]
     lm.generate(ids, max_new_tokens=8)  # warm: chains recorded at the decode program's fifth run
     for ch in traced.values():

@@ -48,7 +48,11 @@ from luminal_recipes.openblas_spin import limit_openblas_spin  # noqa: E402
 
 limit_openblas_spin()  # as the CLI does, before numpy loads OpenBLAS (its idle workers spin ~0.1 s otherwise)
 RECIPE = ROOT / "recipes" / "llama.yaml"
-PROMPT = "What is the capital of France? Answer in one short sentence."
+# the start of a story, which SmolLM2 goes on with past 64 tokens: until 2026-12-04 the prompt was "What is the
+# capital of France? Answer in one short sentence." repeated to 14 tokens, after which SmolLM2 answered EOS at the
+# 9th token, so ``--tokens 32`` timed 8 decode steps, most of them the first after the 512-token prompt's run
+# (whose activations leave the weights out of the cache: on this Xeon the first steps took 2x the later ones)
+PROMPT = "Once upon a time, in a small village at the edge of a great forest, there lived"
 SIDES = ("ours", "llama.cpp", "transformers")
 # a pause before each side's decode: llama.cpp's OpenMP workers stay runnable (spinning) ~20-30 ms after its call
 # returns (measured here, in this process), which the next side would find taking the cores - our chains read the
@@ -190,8 +194,7 @@ def memcpy_gbs() -> float:
 
 # ---- a child: one thread count, every side in turns ------------------------------------------------------------
 def short_prompt(side) -> list[int]:
-    """The 14-token prompt: PROMPT's ids (13 with SmolLM2's tokenizer, after which the model answers EOS at once)
-    repeated to 14, so that the model goes on for a few tokens."""
+    """The 14-token prompt: PROMPT's first 14 ids (repeated to 14 where a tokenizer makes fewer)."""
     ids = side.encode(PROMPT)[:14] if hasattr(side, "encode") else []
     return ((ids or [1]) * 14)[:14]
 
