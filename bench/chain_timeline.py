@@ -183,10 +183,13 @@ def main() -> None:
     p.add_argument("--torch", choices=["qwen3-decode", "qwen3-prefill", "flux2"], default=None)
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--context", type=int, default=0, help="the KV cache planned (default: tokens + 64)")
+    p.add_argument("--min-split-phases", type=int, default=0, help="chain.MIN_SPLIT_PHASES for this run")
     args = p.parse_args()
     from luminal_recipes.runtimes.cpu.jit import chain as chain_module
 
     chain = chain_module
+    if args.min_split_phases:
+        chain.MIN_SPLIT_PHASES = args.min_split_phases
     traced = patch(chain)
     if args.torch:
         return torch_workload(traced, args)
