@@ -202,7 +202,7 @@ class _SpinningPool:
         from .jit import lockstep
 
         seen = done = 0
-        while True:  # (``pool_wait``: ``spin.worker_wait`` that also runs the lockstep chains posted here)
+        while True:  # (``pool_wait`` also runs the lockstep chains posted here)
             got = lockstep.pool_wait(flags, base, _CALLER, done, seen, self.spin_ns, yield_ns, preempted_ns, mail,
                                      job)
             done, seen, status = 0, got >> 2, got & 3
@@ -375,10 +375,10 @@ def _new_pool():
             from .jit import spin
 
             flags = np.zeros(_STRIDE + 1, np.int64)  # compiled (or loaded) and linked here, not in a worker:
-            spin.worker_wait(flags, 0, _STRIDE, 0, 0, 0, 0, 1)  # libc's clock_gettime / sched_yield by name
             spin.finish(flags, _STRIDE, 0, 1, np.zeros(1, np.int64), 0, 0)
-            from .jit import lockstep  # its wait too (the workers' loop: ``_SpinningPool._work``)
+            from .jit import lockstep
 
+            # the workers' wait (``_SpinningPool._work``), with libc's clock_gettime and sched_yield by name
             lockstep.pool_wait(flags, 0, _STRIDE, 0, 0, 0, 0, 1, np.zeros(_MAIL_SIZE, np.int64),
                                np.zeros((1, _JOB_COLUMNS), np.int64))
         except Exception:  # numba importable but unusable, or a platform without those: the blocking pool

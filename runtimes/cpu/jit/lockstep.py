@@ -6,7 +6,7 @@ runs the steps between chains, so the worker sleeps on it and the hand-over is a
 virtual CPU - as much as a short chain's whole work: chains with few split phases ran on the calling thread
 alone, and on a second thread of its own (``threads.blocking_pool``) a chain found that thread asleep every time.
 
-Here a pool worker's wait for its next part (``pool_wait``, ``spin.worker_wait``'s loop) also watches a mailbox
+Here a pool worker's wait for its next part (``pool_wait``) also watches a mailbox
 of its own: the caller writes the chain's job (the interpreter's address and its arrays: ``job_row``) and a
 generation number, the worker sees it within a spin's read and calls the interpreter by address (``chain._call``,
 its arrays rebuilt from the job by ``chain._view``), then waits again for a part or a chain. No Python runs on the
@@ -64,8 +64,15 @@ def run_job(mail, job):
 
 @_nogil
 def pool_wait(flags, base, caller, done, seen, budget, yield_every, preempted, mail, job):
-    """``spin.worker_wait`` (same arguments, same result), running meanwhile every chain posted to this worker's
-    ``mail`` (``run_job``); after a chain its spin starts again (``budget`` counts from the chain's end)."""
+    """A worker's wait for its next part, running meanwhile every chain posted to this worker's ``mail``
+    (``run_job``; after a chain its spin starts again: ``budget`` counts from the chain's end).
+
+    First ``DONE = done`` (its last part finished; 0: none; if the caller sleeps waiting for it, ``flags[caller]``
+    set, that flag is cleared and WAKE_CALLER returned at once), then spin until ``POSTED != seen`` (a part claimed
+    by the caller is skipped), yielding the core every ``yield_every`` ns, at most ``budget`` ns. Returns
+    ``posted * 4 + status``: MINE (posted and claimed here), TIMED_OUT, or PREEMPTED (the spin itself was held up
+    more than ``preempted`` ns between two reads: the core is shared with other work, so spinning takes time from
+    it)."""
     if done > 0:
         raise_to(flags, base + DONE, done)
         if atomic_load(flags, caller) != 0 and compare_exchange(flags, caller, 1, 0):

@@ -7,7 +7,7 @@ interrupt) - more than a decoding step's matrix-vector product takes on a core.
 Every access is a sequentially consistent atomic on an ``int64`` array element (LLVM's ``load atomic`` /
 ``store atomic`` / ``cmpxchg``); the spin loops execute the CPU's pause hint between reads (``pause`` on x86;
 elsewhere none), bound their time by the monotonic clock (libc's ``clock_gettime``, the vDSO) and give their
-core away now and then (``sched_yield``). The pool's hand-off is one call per wait (``worker_wait``, ``post``,
+core away now and then (``sched_yield``). The pool's hand-off is one call per wait (``lockstep.pool_wait``, ``post``,
 ``finish``, ``wait_done``), so a worker takes the GIL once per part; ``load`` and ``store`` are the single-flag
 forms its Python side uses.
 """
@@ -156,40 +156,6 @@ def raise_to(flags, index, value):
         current = atomic_load(flags, index)
         if current >= value or compare_exchange(flags, index, current, value):
             return
-
-
-@_spin
-def worker_wait(flags, base, caller, done, seen, budget, yield_every, preempted):
-    """A worker's wait for its next part: first ``DONE = done`` (its last part finished; 0: none; if the caller
-    sleeps waiting for it, ``flags[caller]`` set, that flag is cleared and WAKE_CALLER returned at once), then spin
-    until ``POSTED != seen`` (a part claimed by the caller is skipped), yielding the core every ``yield_every`` ns,
-    at most ``budget`` ns. Returns ``posted * 4 + status``: MINE (posted and claimed here), TIMED_OUT, or PREEMPTED
-    (the spin itself was held up more than ``preempted`` ns between two reads: the core is shared with other work,
-    so spinning takes time from it)."""
-    if done > 0:
-        raise_to(flags, base + DONE, done)
-        if atomic_load(flags, caller) != 0 and compare_exchange(flags, caller, 1, 0):
-            return seen * 4 + WAKE_CALLER
-    start = monotonic_ns()
-    last = start
-    next_yield = start + yield_every
-    while True:
-        posted = atomic_load(flags, base + POSTED)
-        if posted != seen:
-            if claim_posted(flags, base, posted):
-                return posted * 4 + MINE
-            seen = posted  # the caller ran it
-        now = monotonic_ns()
-        if now - last > preempted:
-            return seen * 4 + PREEMPTED
-        if now - start >= budget:
-            return seen * 4 + TIMED_OUT
-        if now >= next_yield:
-            yield_core()
-            now = monotonic_ns()
-            next_yield = now + yield_every
-        last = now
-        pause()
 
 
 @_spin
