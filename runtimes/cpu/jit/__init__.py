@@ -194,7 +194,8 @@ def _touch_core(module: ModuleType) -> None:
     spans = np.zeros(2, np.int64)  # attention's masked keys: the bias as a read-only flat run
     module.mask_spans(_read_only(rows.reshape(-1)), 2, 16, 16, 1, spans, spans.copy(), np.zeros(2, np.bool_),
                       np.float32(-1), np.float32(0))
-    one_row = np.array([1, 1, 1, 1, 1] + [0] * 10 + [0, 1], np.int64)  # decoding's attention: operands as flat read-only runs
+    # decoding's attention: operands as flat read-only runs; its one query row (``u0:u1`` = 0:1)
+    one_row = np.array([1, 1, 1, 1, 1] + [0] * 10 + [0, 1], np.int64)
     module.attention_rows(fixed, fixed, fixed, fixed, vec.copy(), one_row, True, one, vec.copy(), vec.copy())
     code = np.array([[0, 0, 0, 0, 0], [1, 1, 1, 0, 0], [8, 1, 1, 0, 0], [3, 1, 1, 0, 0], [2, 0, 1, 0, 0]], np.int32)
     table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
