@@ -454,6 +454,13 @@ class Executable:
         """Runs replay a recorded device graph (recorded at the second run of a binding, where the backend can)."""
         return self._replay is not None
 
+    @property
+    def settled(self) -> bool:
+        """Runs now go as every later run of this binding will: replaying its recording, or with nothing to
+        record (a backend without graphs or chains, or a recording that found nothing worth it). Until then a run
+        may be one of the first ``capture_after`` runs, kernel by kernel (what a timing should not measure)."""
+        return self._replay is not None or not self._graphs
+
     def run(self, inputs: Mapping[str, np.ndarray] | None = None, copy_outputs: bool = True,
             trace: bool = False, dims: Mapping[str, int] | None = None, fresh: bool = False
             ) -> dict[str, np.ndarray]:

@@ -256,3 +256,44 @@ def test_segment_candidates_are_timed_in_turns():
     assert set(best) == {0, 3} and all(t >= 0 for t in best.values())
     assert log[:2] == ["a", "b"] and log[2:] == ["a", "b"] * ((len(log) - 2) // 2) and len(log) >= 6
     assert sorted(closed) == ["a", "b"]
+
+
+def test_whole_program_timing_starts_once_the_steps_are_recorded(monkeypatch):
+    """The candidates are timed as they will run: each executable's warm-up goes on until it is ``settled``
+    (the CPU backend records its chains at the fifth run), and only the runs after count. A run before the
+    recording takes 1 s here, one after it 1 ms: the best times are the recorded ones."""
+    from luminal_recipes.compiler import search
+
+    class Exe:
+        def __init__(self, record_at):
+            self.runs, self.record_at = 0, record_at
+
+        @property
+        def settled(self):
+            return self.runs >= self.record_at
+
+        def run(self, inputs, copy_outputs=True):
+            self.runs += 1
+            clock[0] += 1.0 if self.runs <= self.record_at else 0.001
+
+        def close(self):
+            pass
+
+    clock = [0.0]
+    exes = {}
+
+    class Runtime:
+        def load(self, program, weights, dims):
+            exes[program] = Exe({"a": 5, "b": 2}[program])
+            return exes[program]
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return clock[0]
+
+    monkeypatch.setattr(search, "time", Clock)
+    best = search._best_times(Runtime(), [(0, "a", {}), (1, "b", {})], {}, {}, repeats=3)
+    assert best == pytest.approx({0: 0.001, 1: 0.001})
+    timed = exes["a"].runs - 5
+    assert timed >= 3 and exes["b"].runs - 2 == timed  # warm-up until recorded, then the same rounds each
