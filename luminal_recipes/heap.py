@@ -48,7 +48,6 @@ def trim() -> bool:
     return True
 
 
-_MADVISE = None  # libc's madvise, found on first use; False where there is none
 PAGE = mmap.PAGESIZE
 
 
@@ -56,14 +55,12 @@ def zero(array: np.ndarray) -> None:
     """``array[...] = 0``; on Linux, the whole pages inside a C-contiguous array that numpy allocated (private
     anonymous memory: not a file map, not a buffer of another library) are dropped instead of written, so that
     pages never written stay unallocated and written ones are freed."""
-    flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else None
-    if flat is None or not flat.flags.writeable or not _numpy_owned(array):
+    pages = _whole_pages(array)
+    if pages is None:
         array[...] = 0
         return
-    start = flat.ctypes.data
-    first = -start % PAGE  # the first whole page's offset in the array
-    last = (flat.nbytes - first) // PAGE * PAGE + first
-    if last - first < PAGE or not _madvise(start + first, last - first):
+    flat, first, last = pages
+    if last - first < PAGE or not _madvise(flat.ctypes.data + first, last - first):
         flat[:] = 0
         return
     flat[:first] = 0
@@ -73,14 +70,12 @@ def zero(array: np.ndarray) -> None:
 def clear(array: np.ndarray) -> None:
     """``array[...] = 0`` keeping its pages: where ``zero`` would hand whole pages back, only those resident now
     are written (with zeros) and the others are left unallocated; where residency cannot be read, ``zero``."""
-    flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else None
-    if flat is None or not flat.flags.writeable or not _numpy_owned(array):
+    pages = _whole_pages(array)
+    if pages is None:
         array[...] = 0
         return
-    start = flat.ctypes.data
-    first = -start % PAGE
-    last = (flat.nbytes - first) // PAGE * PAGE + first
-    held = _resident(start + first, last - first) if last - first >= PAGE else None
+    flat, first, last = pages
+    held = _resident(flat.ctypes.data + first, last - first) if last - first >= PAGE else None
     if held is None:
         zero(array)
         return
@@ -91,27 +86,42 @@ def clear(array: np.ndarray) -> None:
         flat[first + int(a) * PAGE:first + int(b) * PAGE] = 0
 
 
-_MINCORE = None  # libc's mincore, found on first use; False where there is none
+def _whole_pages(array: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+    """``(array's bytes, first, last)``: ``flat[first:last]`` are the whole pages inside it; None where they are
+    not numpy's own writable, C-contiguous memory (written as it is)."""
+    flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else None
+    if flat is None or not flat.flags.writeable or not _numpy_owned(array):
+        return None
+    first = -flat.ctypes.data % PAGE  # the first whole page's offset in the array
+    return flat, first, (flat.nbytes - first) // PAGE * PAGE + first
+
+
+_LIBC: dict[str, object] = {}  # libc functions found on first use; False where there is none
+
+
+def _libc(name: str, argtypes: list):
+    """libc's ``name`` (Linux only), its argument types set; False where there is none."""
+    if name not in _LIBC:
+        _LIBC[name] = False
+        if sys.platform.startswith("linux"):
+            try:
+                fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+            except (OSError, AttributeError):
+                pass
+            else:
+                fn.argtypes, fn.restype = argtypes, ctypes.c_int
+                _LIBC[name] = fn
+    return _LIBC[name]
 
 
 def _resident(address: int, length: int) -> np.ndarray | None:
     """Per page of ``[address, address + length)`` (page-aligned), 1 where it is resident, else 0; None where
     the system cannot say."""
-    global _MINCORE
-    if _MINCORE is None:
-        _MINCORE = False
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).mincore
-            except (OSError, AttributeError):
-                pass
-            else:
-                fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p], ctypes.c_int
-                _MINCORE = fn
-    if not _MINCORE:
+    mincore = _libc("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
+    if not mincore:
         return None
     vec = np.zeros(length // PAGE, np.uint8)
-    if _MINCORE(address, length, vec.ctypes.data) != 0:
+    if mincore(address, length, vec.ctypes.data) != 0:
         return None
     return vec & 1
 
@@ -124,15 +134,8 @@ def _numpy_owned(array: np.ndarray) -> bool:
 
 
 def _madvise(address: int, length: int) -> bool:
-    global _MADVISE
-    if _MADVISE is None:
-        _MADVISE = False
-        if sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).madvise
-            except (OSError, AttributeError):
-                pass
-            else:
-                fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-                _MADVISE = fn
-    return bool(_MADVISE) and _MADVISE(address, length, mmap.MADV_DONTNEED) == 0
+    """``madvise(MADV_DONTNEED)`` over the range; whether it was done."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    madvise = _libc("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+    return bool(madvise) and madvise(address, length, mmap.MADV_DONTNEED) == 0
