@@ -159,13 +159,15 @@ def test_copy_is_described_and_exact(monkeypatch):
 
 
 def test_crowded_from_ready_threads(monkeypatch):
-    """Two threads on two cores: other ready threads beyond the chain's (``/proc/loadavg``'s running count, less
-    this thread and the kernels' pool's spinning workers) turn lockstep off, and it comes back once they leave."""
+    """Two threads on two cores: other processes' ready threads beyond the chain's (``/proc/loadavg``'s running
+    count, less this process's) turn lockstep off, and it comes back once they leave; this process's own other
+    threads (a library's OpenMP workers spinning down) never do."""
     monkeypatch.setattr(chain, "ADAPTIVE", True)
     monkeypatch.setattr(chain.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(cpu_threads, "_POOL", None)
-    running = {"n": 1}
+    running = {"n": 1, "own": 1}
     monkeypatch.setattr(cpu_threads, "_running_threads", lambda: running["n"])
+    monkeypatch.setattr(cpu_threads, "_own_running_threads", lambda: running["own"])
     clock = {"t": 1000.0}
     import time
 
@@ -184,6 +186,11 @@ def test_crowded_from_ready_threads(monkeypatch):
     assert decide(4)  # three others: the calling thread alone
     assert decide(2, 1)  # not back at once
     assert not decide(1)  # back when the others have left
+    running["own"] = 4
+    assert not decide(4)  # four ready threads, all this process's
+    running["own"] = 2
+    assert decide(5)  # three of them another process's
+    running["own"] = 1
     monkeypatch.setattr(chain, "ADAPTIVE", False)
     assert not decide(6)  # LUMINAL_RECIPES_CHAIN_LOCKSTEP other than auto: never
 

@@ -241,6 +241,54 @@ def _run_child(code: str, env: dict) -> str:
     return done.stdout.strip()
 
 
+def test_own_running_threads_read_from_proc():
+    """``/proc/self/task``: a thread hashing a large buffer (without the GIL) is ready to run, a thread waiting on
+    an event is not; ``others_running`` leaves them out of the machine's count and reads them only when it has to."""
+    import hashlib
+    import os
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/self/task")
+    stop, idle = threading.Event(), threading.Event()
+    data = bytes(1 << 24)
+
+    def hashing():
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    def samples():
+        seen = []
+        for _ in range(40):
+            seen.append(cpu_threads._own_running_threads())
+            time.sleep(0.002)
+        return seen
+
+    waiters = [threading.Thread(target=idle.wait) for _ in range(3)]
+    busy = threading.Thread(target=hashing)
+    for thread in waiters:
+        thread.start()
+    try:
+        assert min(samples()) == 1  # this thread; never the three waiting
+        busy.start()
+        assert max(samples()) >= 2  # and the hashing one
+    finally:
+        stop.set()
+        idle.set()
+        for thread in (*waiters, busy):
+            if thread.is_alive():
+                thread.join()
+
+
+def test_others_running_leaves_this_process_out(monkeypatch):
+    reads = []
+    monkeypatch.setattr(cpu_threads, "_own_running_threads", lambda: reads.append(1) or 3)
+    assert cpu_threads.others_running(2, 2) == 0 and not reads  # no more than ours: /proc not read
+    assert cpu_threads.others_running(5, 1) == 2 and len(reads) == 1  # 5 ready, 3 of them this process's
+    assert cpu_threads.others_running(5, 4) == 1  # at least the ones known to run
+    monkeypatch.setattr(cpu_threads, "_own_running_threads", lambda: None)  # no /proc/self/task
+    assert cpu_threads.others_running(5, 1) == 4
+
+
 @pytest.mark.parametrize(("spin_us", "expected"), [("0", "_Pool"), (None, "_SpinningPool"), ("50", "_SpinningPool")])
 def test_pool_chosen_by_environment(spin_us, expected):
     """``LUMINAL_RECIPES_SPIN_US=0``: workers sleep between parts (``_Pool``); unset or N: the spinning pool where

@@ -784,8 +784,8 @@ def _layout(phases: list, threads: int) -> tuple[np.ndarray, list[int]]:
 # Lockstep needs every thread on a core at each barrier: with other jobs' threads ready to run, a descheduled
 # thread holds the others up at every barrier (the Qwen3-shaped decode step measured 77 vs 48 ms min on two
 # threads in lockstep vs one, load average 4 on 2 cores; at load 1.7, SmolLM2's lockstep chains were still the
-# faster: docs/performance.md). ``crowded`` samples the machine's running threads (``/proc/loadavg``, as the
-# kernels' pool does) every CROWD_EVERY_S, averaged; when other threads exceed the cores the chain's threads leave
+# faster: docs/performance.md). ``crowded`` samples other processes' running threads (``threads.others_running``,
+# as the kernels' pool does) every CROWD_EVERY_S, averaged; when they exceed the cores the chain's threads leave
 # by more than CROWD_MARGIN, chains run on the calling thread alone until they are back within half of it.
 CROWD_EVERY_S = 0.01
 CROWD_MARGIN = 1.0
@@ -801,8 +801,8 @@ ADAPTIVE = os.environ.get("LUMINAL_RECIPES_CHAIN_LOCKSTEP", "auto").strip().lowe
 
 
 def crowded(threads: int) -> bool:
-    """Whether other threads ready to run leave fewer cores than ``threads`` (then a chain runs on the calling
-    thread alone). ``LUMINAL_RECIPES_CHAIN_LOCKSTEP`` other than ``auto``: never."""
+    """Whether other processes' threads ready to run leave fewer cores than ``threads`` (then a chain runs on the
+    calling thread alone). ``LUMINAL_RECIPES_CHAIN_LOCKSTEP`` other than ``auto``: never."""
     if not ADAPTIVE:
         return False
     import time
@@ -820,7 +820,7 @@ def crowded(threads: int) -> bool:
             if isinstance(pool, cpu_threads._SpinningPool):
                 awake = sum(1 for w in range(len(pool.wakes)) if not pool.flags[cpu_threads._STRIDE * w +
                                                                                 cpu_threads.ASLEEP])
-            others = max(0, running - 1 - awake)
+            others = cpu_threads.others_running(running, 1 + awake)
             state["others"] = 0.7 * state["others"] + 0.3 * others
             room = (os.cpu_count() or 1) - threads
             if not state["crowded"] and state["others"] > room + CROWD_MARGIN:
