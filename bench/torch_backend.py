@@ -8,7 +8,10 @@ Workloads (random weights, float32):
 - ``qwen3-prefill``: a ~100M-parameter Qwen3-shaped decoder (transformers' ``Qwen3ForCausalLM``: hidden 768, 12
   layers, 12 heads x 64, 4 kv heads, MLP 2048, vocabulary 32000, tied embeddings) forward at 512 tokens;
 - ``qwen3-decode``: the same model's decode step: one token over transformers' KV cache of 512 (the cache is
-  copied before each timed step, outside the timing, so every step sees the same 512 entries).
+  copied before each timed step, outside the timing, so every step sees the same 512 entries);
+- ``qwen3-generate``: the same model in transformers' ``generate`` (greedy, 32 new tokens after a 32-token
+  prompt, its default cache growing a row a step: a new length every step); the time of the whole call and,
+  printed beside it, per new token.
 
 Each side is compiled by its first call (the compile time printed: Dynamo + AOTAutograd + our search and load,
 with a cold plan cache, then once more with the plan cache warm; inductor's with its own on-disk caches as they
@@ -111,7 +114,30 @@ def qwen3_decode_workload(torch):
     return model, call, prepare
 
 
-WORKLOADS = {"flux2": flux2_workload, "qwen3-prefill": qwen3_prefill_workload, "qwen3-decode": qwen3_decode_workload}
+GENERATE_TOKENS = 32
+
+
+def qwen3_generate_workload(torch):
+    """transformers' ``generate`` (greedy, ``GENERATE_TOKENS`` new tokens after a 32-token prompt) with the
+    compiled forward: its default ``DynamicCache`` grows by a row every step, so every step is a new length - for
+    us a re-binding of the symbolic dims (``Executable.bind``), for inductor its dynamic-shape kernels."""
+    model = qwen3_model(torch)
+    ids = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
+
+    def call(fn):
+        def run():
+            model.forward = fn  # (an instance attribute: the model's __call__ then calls the compiled forward)
+            try:
+                return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GENERATE_TOKENS,
+                                      min_new_tokens=GENERATE_TOKENS, do_sample=False)
+            finally:
+                del model.forward
+        return run
+    return model, call, None
+
+
+WORKLOADS = {"flux2": flux2_workload, "qwen3-prefill": qwen3_prefill_workload, "qwen3-decode": qwen3_decode_workload,
+             "qwen3-generate": qwen3_generate_workload}
 
 
 CAPTURE_RUNS = 5  # calls of each side before the timed rounds, past the CPU runtime's chain capture
@@ -197,7 +223,8 @@ def bench(name: str, repeats: int) -> None:
         print(f"  compile+first call  {side:<26} {seconds:8.2f} s{rounds}")
     print(f"  ours (warm plan cache): {hits}")
     for side in ("ours", "eager", "inductor"):
-        print(f"  run (median)        {side:<24} {med[side] * 1e3:8.1f} ms")
+        per_token = f"  ({med[side] * 1e3 / GENERATE_TOKENS:.1f} ms a new token)" if name == "qwen3-generate" else ""
+        print(f"  run (median)        {side:<24} {med[side] * 1e3:8.1f} ms{per_token}")
     for ref in ("eager", "inductor"):
         rounds = [a / b for a, b in zip(times["ours"], times[ref])]
         print(f"  ours / {ref:<9} {med['ours'] / med[ref]:6.2f}x   (rounds {min(rounds):.2f}x .. {max(rounds):.2f}x)")

@@ -26,7 +26,7 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -235,6 +235,49 @@ def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_
         live_peak=_live_peak(placed, len(order)), total_buffer_bytes=sum(b.nbytes for b in placed),
         strategy=strategy, notes=notes, state_bytes=s_bytes, states=states,
     )
+
+
+def plan_at(plan: MemoryPlan, by_id: Mapping[int, Node], dims: Mapping[str, int], nids,
+            scratch: Mapping[int, int], current: MemoryPlan | None = None) -> MemoryPlan | None:
+    """``plan`` (made at larger dims: a size bucket's) reused at ``dims``, where only the nodes ``nids`` change
+    shape from ``current`` (a plan in the same places; default ``plan``), with ``scratch`` their kernels'
+    scratch bytes now; None where it does not hold. Every buffer and
+    scratch region keeps its offset, so it must not grow, and an in-place write (``aliases``) must still be one
+    the planner would choose: the node's target of its own size, every read of that buffer element i -> element
+    i (a slice that was the whole buffer at the bucket's length is no longer at a shorter one). Liveness does not
+    depend on dims. What ``Executable.bind`` re-binds by: the other nodes' steps stay bound where they are."""
+    nbytes, scratch_bytes = dict((current or plan).nbytes), dict((current or plan).scratch_bytes)
+
+    def root(x: int) -> int:
+        while x in plan.aliases:
+            x = plan.aliases[x]
+        return x
+
+    for nid in nids:
+        n = by_id[nid]
+        if scratch.get(nid, 0) > plan.scratch_bytes.get(nid, 0):
+            return None
+        if plan.resident.get(nid) == "state" and n.op != "Input":
+            pass  # a kernel computing a state in the state's own buffer: the buffer does not move (its shape is
+            # checked with the state's), its inputs may
+        elif nid in plan.resident or nid not in plan.nbytes:
+            return None  # a weight, constant or state that changes shape: a fresh plan says why
+        numel = node_numel(n, dims)
+        size = numel * n.dtype.np.itemsize
+        if size > plan.nbytes[nid]:
+            return None
+        nbytes[nid] = size
+        if nid in scratch_bytes or scratch.get(nid):
+            scratch_bytes[nid] = scratch.get(nid, 0)
+        target = plan.aliases.get(nid)
+        if target is not None:
+            if node_numel(by_id[target], dims) != numel:
+                return None
+            out_shape = tuple(evaluate(d, dims) for d in n.shape)
+            if not all(is_identity(view.bind(dims), out_shape, numel)
+                       for src, view in n.inputs if root(src) == root(target)):
+                return None
+    return replace(plan, nbytes=nbytes, scratch_bytes=scratch_bytes)
 
 
 def state_updates(program: Program, dims: Mapping[str, int]) -> dict[int, int]:

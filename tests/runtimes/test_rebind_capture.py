@@ -62,6 +62,11 @@ def _prefill(lm: LanguageModel, n: int, chains: bool, monkeypatch, ctx: int | No
     return exe
 
 
+def _planned(exe) -> int:
+    """Bindings made since loading: planned afresh or in the loaded plan's places (``Executable._in_place``)."""
+    return exe.plans + exe.stats.rebinds_in_place
+
+
 def _run(lm: LanguageModel, exe, n: int) -> np.ndarray:
     feeds = {"tokens": np.asarray([PROMPT[:n]], np.int32), "positions": np.arange(n, dtype=np.int32)}
     return exe.run(feeds, dims=lm._dims(n, n, lm._session.cache))["logits"]
@@ -92,7 +97,7 @@ def test_going_back_replays_the_recorded_chains_bit_for_bit(lm, monkeypatch):
     back = _run(lm, exe, 24)  # back: the recording restored, replayed at once, nothing planned again
     assert exe._replay is recorded and exe._steps is steps and exe.stats.replays == 3
     assert np.array_equal(back, ref[24])
-    assert exe.plans == 2 and exe.stats.rebinds == 3 and exe.stats.rebinds_cached == 1
+    assert _planned(exe) == 2 and exe.stats.rebinds == 3 and exe.stats.rebinds_cached == 1
     exe.close()
     assert not exe._bindings
 
@@ -104,7 +109,7 @@ def test_alternating_dims_replay_on_both_sides(lm, monkeypatch):
     for _ in range(rounds):
         for n in (17, 33):
             assert np.array_equal(_run(lm, exe, n), ref[n]), n
-    assert exe.plans == 2  # each length once (the loaded binding was left before it ran)
+    assert _planned(exe) == 2  # each length once (the loaded binding was left before it ran)
     assert exe.stats.rebinds == 2 * rounds and exe.stats.rebinds_cached == 2 * rounds - 2
     assert exe.stats.replays == 2 * (rounds - NumpyBackend.capture_after)  # each recorded at its fifth run
     exe.close()
@@ -123,7 +128,7 @@ def test_a_larger_arena_drops_the_bindings_into_the_old_one(lm, monkeypatch):
     assert old() is None, "a dropped binding kept the old arena alive"
     for n in (3, 5):  # planned again, in the new arena
         assert np.array_equal(_run(lm, exe, n), ref[n])
-    assert exe.plans == 5 and exe.stats.rebinds_cached == 0
+    assert _planned(exe) == 5 and exe.stats.rebinds_cached == 0
     exe.close()
 
 
@@ -133,17 +138,17 @@ def test_the_kept_bindings_are_bounded_least_recently_used_first(lm, monkeypatch
     for n in (10, 11, 12, 13):
         _run(lm, exe, n)
     assert [dict(key)["seq"] for key in exe._bindings] == [11, 12]  # and 13, the current one; 10 dropped
-    plans = exe.plans
+    plans = _planned(exe)
     _run(lm, exe, 11)  # kept: not planned
-    assert exe.plans == plans and [dict(key)["seq"] for key in exe._bindings] == [12, 13]
+    assert _planned(exe) == plans and [dict(key)["seq"] for key in exe._bindings] == [12, 13]
     _run(lm, exe, 10)  # dropped: planned again, and 12 goes
-    assert exe.plans == plans + 1 and [dict(key)["seq"] for key in exe._bindings] == [13, 11]
+    assert _planned(exe) == plans + 1 and [dict(key)["seq"] for key in exe._bindings] == [13, 11]
     exe.close()
     monkeypatch.setattr(executable, "BINDINGS", 1)  # none kept besides the current one
     exe = _prefill(lm, 64, True, monkeypatch)
     for n in (10, 11, 10):
         _run(lm, exe, n)
-    assert not exe._bindings and exe.plans == 3 and exe.stats.rebinds_cached == 0
+    assert not exe._bindings and _planned(exe) == 3 and exe.stats.rebinds_cached == 0
     exe.close()
 
 
@@ -181,3 +186,24 @@ def test_a_reply_sequence_gives_a_fresh_models_ids(monkeypatch):
     assert session.prefill.stats.replays == 3  # the third and later replies' prefills replayed their chains
     assert session.prefill.stats.rebinds_cached == 3 and session.decode.stats.rebinds_cached >= 3
     assert session.decode.stats.replays > 0
+
+
+def test_a_rebinding_within_the_loaded_dims_keeps_the_other_kernels_steps(lm, monkeypatch):
+    """Shorter prompts than the loaded 48 tokens: the loaded plan's places are kept (``memory.plan_at``), only
+    the kernels whose shapes or views name ``seq``/``ctx`` are prepared and bound again (a prefill's token rows:
+    nearly all), every other step is the same object as before; the logits are those of an executable loaded for
+    each length, bit for bit. Longer than loaded: planned afresh, as before."""
+    lengths = (9, 30, 31, 48)
+    ref = _reference(lm, lengths, monkeypatch)
+    exe = _prefill(lm, 48, True, monkeypatch, ctx=60)  # its Iota serves 60 positions
+    steps = dict(exe._node_steps)
+    for n in lengths:
+        assert np.array_equal(_run(lm, exe, n), ref[n]), n
+    assert exe.plans == 0 and exe.stats.rebinds_in_place == len(lengths)
+    moving = {nid for nid in steps if exe._node_symbols[nid] & {"seq", "ctx"}}
+    kept = {nid for nid, step in exe._node_steps.items() if steps[nid] is step}
+    assert kept and kept == set(steps) - moving
+    assert exe.stats.nodes_rebound == len(moving) * len(lengths)
+    assert np.array_equal(_run(lm, exe, 49), _reference(lm, (49,), monkeypatch)[49])
+    assert exe.plans == 1 and exe.stats.rebinds_in_place == len(lengths)  # beyond the loaded dims: planned afresh
+    exe.close()
