@@ -36,6 +36,7 @@ so one arena is held at a time.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -445,12 +446,15 @@ class Executable:
             layout = self.streamer.layout
             weight_bytes = layout.resident_weight_bytes
             weight_array_bytes += sum(layout.slot_bytes)
-        self._memory = MemoryReport(
-            weight_bytes=weight_bytes, weight_array_bytes=weight_array_bytes,
-            constant_bytes=plan.constant_bytes, arena_bytes=int(self.arena.nbytes),
-            planned_peak=weight_bytes + plan.constant_bytes + plan.state_bytes + int(self.arena.nbytes),
-            live_peak=_live_schedule(plan, program.outputs, by_id, flats, prepared), state_bytes=plan.state_bytes,
-        )
+        arena_bytes = int(self.arena.nbytes)
+        # made when asked for (``memory``): its live schedule walks every node, ~2 ms a binding for a Qwen3-100M
+        # decode step, which a decode loop re-binding every token never reads
+        self._memory = functools.partial(
+            MemoryReport, weight_bytes=weight_bytes, weight_array_bytes=weight_array_bytes,
+            constant_bytes=plan.constant_bytes, arena_bytes=arena_bytes,
+            planned_peak=weight_bytes + plan.constant_bytes + plan.state_bytes + arena_bytes,
+            live_peak=functools.partial(_live_schedule, plan, program.outputs, by_id, flats, prepared),
+            state_bytes=plan.state_bytes)
 
     # ---- inputs and states ---------------------------------------------------------------------------------
     def input(self, name: str) -> Array:
@@ -504,6 +508,9 @@ class Executable:
 
     @property
     def memory(self) -> MemoryReport:
+        if isinstance(self._memory, functools.partial):  # (``_bind``: made on first use)
+            make = self._memory
+            self._memory = make(live_peak=make.keywords["live_peak"]())
         return self._memory
 
     @property
@@ -572,7 +579,7 @@ class Executable:
             stats.bytes_device += sum(value.nbytes for _, value in self._write_back)
             self.backend.synchronize()
             if trace:
-                self._memory.transient_peak = tracemalloc.get_traced_memory()[1]
+                self.memory.transient_peak = tracemalloc.get_traced_memory()[1]
         finally:
             if direct is not None:
                 direct.relocation.restore()  # no table keeps pointing at the caller's memory
