@@ -133,8 +133,8 @@ def finer(step: Callable, size: int) -> tuple | None:
     if getattr(redescribe, "always", False):  # a kernel whose lockstep parts are its own choice (kernels/gguf.py)
         phases = tuple(tuple(phase) for phase in redescribe() if phase)
         return phases if phases and _chainable(phases) else phases_of(step)
-    if size >= cpu_threads.min_part():  # no finer than its own parts: nothing to redo
-        return phases_of(step)
+    # (described again even at ``MIN_PART``: the compiled element-wise passes' own minimum is larger,
+    # ``elementwise.JIT_PART_ELEMS``, so a SiLU gate of 200k elements is one part as a step, two in lockstep)
     with cpu_threads.finer_parts(size):
         phases = tuple(tuple(phase) for phase in redescribe() if phase)
     return phases if phases and _chainable(phases) else phases_of(step)
