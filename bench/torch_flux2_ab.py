@@ -5,7 +5,9 @@ compiled (B's kernels are prepared under it):
 
 - ``concat``: a stack along a new last axis copied along its strided axis (``layout._box3``, ``copy_box``);
 - ``cse``: a repeated subexpression of an Elementwise computed once (``expression._repeated``);
-- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``).
+- ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``);
+- ``amxchain``: the AMX products described for the chains (``amx.CHAINED``; else each a Python step between
+  them).
 
 ``--min-part N`` prepares side A's kernels with ``threads.MIN_PART = N`` (finer parts for the chains' two threads).
 ``--min-split-phases-a N`` captures side A's chains with ``chain.MIN_SPLIT_PHASES = N``; ``--blocking-b`` hands
@@ -78,13 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from luminal_recipes.runtimes.cpu.jit import chain
+    from luminal_recipes.runtimes.cpu import amx
     from luminal_recipes.runtimes.cpu.kernels import attention_small, layout
     from luminal_recipes.runtimes.kernels import expression
 
     torch.set_num_threads(threads)
     patches = {"concat": (layout, "_box3", lambda *a, **k: None),
                "cse": (expression, "_repeated", lambda *a, **k: {}),
-               "attn16": (attention_small, "applies", lambda *a, **k: False)}
+               "attn16": (attention_small, "applies", lambda *a, **k: False),
+               "amxchain": (amx, "CHAINED", False)}
     off = [name for name in args.off.split(",") if name]
     model, call, _ = tb.WORKLOADS["flux2"](torch)
     sides, outputs = {}, {}

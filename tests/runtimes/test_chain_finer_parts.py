@@ -111,6 +111,42 @@ def test_finer_parts_never_coarsen_and_are_local_to_the_thread(monkeypatch):
     assert cpu_threads.part_count(8, whole) == 2 and cpu_threads.min_part() == cpu_threads.MIN_PART
 
 
+def _coarse_copy(dst: np.ndarray, src: np.ndarray, own_minimum: int):
+    """``dst = src`` in parts of at least ``own_minimum`` elements (a minimum of its own above ``MIN_PART``, as
+    the compiled element-wise passes have, ``elementwise.JIT_PART_ELEMS``), described again under
+    ``finer_parts``."""
+    def describe():
+        count = max(1, min(cpu_threads.THREADS, dst.size // cpu_threads.min_part(own_minimum)))
+        bounds = [dst.shape[0] * i // count for i in range(count + 1)]
+        return [chain.Call(chain.copy_region, (dst[lo:hi], dst[lo:hi], src[lo:hi], False), i)
+                for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+
+    def step():
+        dst[...] = src
+
+    return chain.tag(step, describe(), redescribe=lambda: [describe()])
+
+
+def test_a_kernel_with_a_larger_own_minimum_is_cut_again_at_the_default_chain_part(monkeypatch):
+    """At the default ``CHAIN_MIN_PART`` (= ``MIN_PART``) a kernel whose own parts are larger (a SiLU gate of 200k
+    elements: one part of ``JIT_PART_ELEMS`` = 2^18 as a step) is described again with ``MIN_PART``-sized parts
+    for a lockstep chain, bit for bit the step's result."""
+    monkeypatch.setattr(cpu_threads, "THREADS", 2)
+    monkeypatch.setattr(chain, "crowded", lambda threads: False)
+    monkeypatch.setattr(chain, "MIN_SPLIT_PHASES", 1)
+    rows = 3 * cpu_threads.MIN_PART // 64  # 3 * MIN_PART elements: one part at 4 * MIN_PART, two at MIN_PART
+    srcs = [_f32(rows, 64) for _ in range(2)]
+    dsts = [np.full_like(s, np.nan) for s in srcs]
+    steps = [_coarse_copy(d, s, 4 * cpu_threads.MIN_PART) for d, s in zip(dsts, srcs)]
+    assert all(_parts(chain.phases_of(s)) == [1] for s in steps)
+    assert cpu_threads.CHAIN_MIN_PART == cpu_threads.MIN_PART
+    assert all(_parts(chain.finer(s, cpu_threads.CHAIN_MIN_PART)) == [2] for s in steps)
+    replay = chain.capture(steps, 2)
+    assert replay.lockstep == 1
+    replay()
+    assert all(np.array_equal(d, s) for d, s in zip(dsts, srcs))
+
+
 def test_a_compiled_torch_model_chains_finer_parts_bit_identically(monkeypatch, tmp_path):
     """End to end: an f32 block through the torch backend (element-wise passes, layer and RMS norms, products,
     a concatenation) on two threads, its chains captured on finer parts, against the same model with chains

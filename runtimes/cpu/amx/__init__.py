@@ -132,6 +132,9 @@ class Plan:
 MACS_PER_PART = 1 << 22  # a part of fewer multiply-adds (~20 us) is not worth a thread hand-off
 CHUNK_PANELS = 4  # 32-column panels per chunk taken in turn
 CHUNK_ROWS = 128  # rows per chunk taken in turn (at most; at least 4 chunks per part where there are rows)
+# products described for the CPU chains (``product``); False: the same compiled calls, each product a Python step
+# of its own between the chains (``bench/torch_flux2_ab.py --off amxchain``)
+CHAINED = True
 B_WHOLE_BYTES = 5 << 18  # all of B packed per part (1.25 MiB) beside a chunk of A's rows: both stay in L2
 
 
@@ -207,49 +210,47 @@ def multiply(a: np.ndarray, b: np.ndarray, out: np.ndarray, buffers: list[np.nda
 
 def product(p: Plan, a: np.ndarray, b: np.ndarray, out: np.ndarray, scratch: list[list[np.ndarray]]):
     """A step computing ``out = a @ b`` (f32; ``out`` C-contiguous; ``scratch[i]``: part i's arrays, shaped as
-    ``p.scratch_shapes``): the parts run on the cores (``cpu_threads``). Operands with a value that is not
-    finite are multiplied by BLAS instead (in bf16 parts, inf times a zero part would give NaN)."""
+    ``p.scratch_shapes``): one compiled call per part, on the cores (``cpu_threads``), described for the CPU
+    chains (``jit/chain.py``: then no Python step between the chains around it). Parts with chunks claim them in
+    turn inside the call (``gemm.gemm_row_chunks``, ``gemm_col_chunks``: a core the OS gives less time does
+    fewer); fixed parts compute their block (``gemm.gemm_part``). A chunk or block whose operands hold a value
+    that is not finite is multiplied one f32 multiply and add at a time instead (``gemm.plain_product``: in bf16
+    parts inf times a zero part would give NaN)."""
     reason = reason_unavailable()  # also asks Linux for the tiles, before any tile instruction
     if reason:
         raise RuntimeError(f"AMX products unavailable: {reason}")
     if a.dtype != np.float32 or b.dtype != np.float32 or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError("AMX products take f32 operands and a C-contiguous f32 output")
+    from .. import jit
     from .. import threads as cpu_threads
     from . import gemm as amx_gemm
 
     operands = (a.ctypes.data, *a.strides, b.ctypes.data, *b.strides, p.k, out)
-    nonfinite = [0] * len(p.parts)
+    counter = None
     if p.chunks or p.row_chunks:  # chunks taken in turn; each part packs all of A (B) on its first
-        packed = [0] * len(p.parts)
-        if p.chunks:
-            def task(slot: int, j: int) -> None:
-                c0, c1 = p.chunks[j]
-                nonfinite[slot] |= amx_gemm.gemm(*operands, 0, p.m, c0, c1, *scratch[slot], packed[slot])
-                packed[slot] = 1
+        chunks = np.array(p.row_chunks or p.chunks, np.int64).reshape(-1, 2)
+        counter = np.zeros(8, np.int64)  # the next chunk (one cache line)
+        if p.row_chunks:
+            kernel = amx_gemm.gemm_row_chunks
+            calls = [(*operands, chunks, counter, *buffers) for buffers in scratch[:len(p.parts)]]
         else:
-            def task(slot: int, j: int) -> None:
-                r0, r1 = p.row_chunks[j]
-                nonfinite[slot] |= amx_gemm.gemm_rows(*operands, r0, r1, *scratch[slot], packed[slot])
-                packed[slot] = 1
-
-        parts = cpu_threads.claimed(len(p.chunks or p.row_chunks), len(p.parts), task)
-
-        def run_parts():
-            packed[:] = [0] * len(packed)
-            parts()
+            kernel = amx_gemm.gemm_col_chunks
+            calls = [(*operands, p.m, chunks, counter, *buffers) for buffers in scratch[:len(p.parts)]]
     else:
-        def part(i, rows_cols, buffers):
-            nonfinite[i] = amx_gemm.gemm(*operands, *rows_cols, *buffers, 0)
-
-        fixed = [functools.partial(part, i, rc, s) for i, (rc, s) in enumerate(zip(p.parts, scratch))]
-
-        def run_parts():
-            cpu_threads.run_parts(fixed)
+        kernel = amx_gemm.gemm_part
+        calls = [(*operands, *rows_cols, *buffers) for rows_cols, buffers in zip(p.parts, scratch)]
+    parts = [functools.partial(kernel, *args) for args in calls]
 
     def step():
-        nonfinite[:] = [0] * len(nonfinite)
-        run_parts()
-        if any(nonfinite):
-            np.matmul(a, b, out=out)
+        if counter is not None:
+            counter[0] = 0
+        cpu_threads.run_parts(parts)
 
-    return step
+    step.keep = (a, b)  # what the addresses in ``calls`` point into
+    if not (CHAINED and jit.AVAILABLE):
+        return step
+    from ..jit.chain import Call, tag
+
+    first = [Call(amx_gemm.reset, (counter,))] if counter is not None else []
+    work = p.m * p.k * p.n // len(calls)  # (``chain.LOCKSTEP_WORK``: a split product runs its chain in lockstep)
+    return tag(step, first, [Call(kernel, args, i, work=work) for i, args in enumerate(calls)])

@@ -640,3 +640,104 @@ def gemm_rows(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, a_buf, panels, edge, c
             _row_blocks(a_buf, i0, i1, panels[p], p * BLOCK, min(n, (p + 1) * BLOCK), steps, c, edge, 0)
     _release()
     return 0
+
+
+
+@intrinsic
+def _fetch_add(typingctx, address, value):
+    """The int64 at ``address`` increased by ``value`` atomically; returns the value before (the parts' shared
+    counter of claimed chunks)."""
+    sig = types.int64(types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        return builder.atomic_rmw("add", builder.inttoptr(args[0], i64.as_pointer()), args[1], "seq_cst")
+
+    return sig, codegen
+
+
+# ---- whole products the CPU chains can call: never refusing, chunks claimed in compiled code -------------------
+# A value that is not finite makes ``gemm`` / ``gemm_rows`` give up (in bf16 parts inf times a zero part is NaN
+# where IEEE gives inf). The kernels below then compute the region they were given one f32 multiply and add at
+# a time (``plain_product``), so that a product is one compiled call per part whatever its operands hold: the
+# chains call it without a Python step around it (``runtimes/cpu/amx/__init__.py`` ``product``). Which regions
+# go plain is fixed by the operands and the plan alone (a chunk, or a part's fixed block), never by which part
+# claimed which chunk: a product's bits do not depend on the schedule.
+
+
+@_kernel
+def plain_product(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1):
+    """``c[r0:r1, c0:c1] = a[r0:r1] @ b[:, c0:c1]``, each element one f32 sum over k in order (no fused
+    multiply-add, no reassociation): IEEE's infinities and NaNs where numpy's product has them."""
+    for i in range(r0, r1):
+        for j in range(c0, c1):
+            total = np.float32(0.0)
+            for t in range(k):
+                total += _load_f32(a + i * a_rs + t * a_cs) * _load_f32(b + t * b_rs + j * b_cs)
+            c[i, j] = total
+
+
+@_kernel
+def _finite(x, rs, cs, r0, r1, c0, c1):
+    """Whether every value of ``x[r0:r1, c0:c1]`` (f32 at address ``x``, strides in bytes) is finite."""
+    for i in range(r0, r1):
+        for j in range(c0, c1):
+            if not np.isfinite(_load_f32(x + i * rs + j * cs)):
+                return False
+    return True
+
+
+@_kernel
+def gemm_part(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge, config):
+    """``gemm`` of a fixed block, or ``plain_product`` of it where an operand value there is not finite."""
+    if gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1, a_buf, b_buf, edge, config, 0):
+        plain_product(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, c0, c1)
+
+
+@_kernel
+def gemm_row_chunks(a, a_rs, a_cs, b, b_rs, b_cs, k, c, chunks, counter, a_buf, panels, edge, config):
+    """One part of a product whose parts take chunks of rows in turn: ``gemm_rows`` over the chunks of
+    ``chunks`` [count, 2] it claims from ``counter[0]`` (shared by the parts, zeroed before), in compiled code
+    rather than by a Python call per chunk; B packed on the part's first chunk, as the calls one by one do. A
+    chunk is computed the same whichever part takes it: by ``plain_product`` where B or the chunk's rows of A
+    hold a value that is not finite."""
+    at = np.int64(counter.ctypes.data)
+    n = c.shape[1]
+    packed = 0
+    b_plain = False
+    while True:
+        j = _fetch_add(at, np.int64(1))
+        if j >= chunks.shape[0]:
+            return
+        lo, hi = chunks[j, 0], chunks[j, 1]
+        if b_plain or gemm_rows(a, a_rs, a_cs, b, b_rs, b_cs, k, c, lo, hi, a_buf, panels, edge, config, packed):
+            if not packed:  # B is packed whole before any row of A: refused there, every chunk goes plain
+                b_plain = b_plain or not _finite(b, b_rs, b_cs, 0, k, 0, n)
+            plain_product(a, a_rs, a_cs, b, b_rs, b_cs, k, c, lo, hi, 0, n)
+        packed = 1
+
+
+@_kernel
+def gemm_col_chunks(a, a_rs, a_cs, b, b_rs, b_cs, k, c, m, chunks, counter, a_buf, b_buf, edge, config):
+    """``gemm_row_chunks`` for chunks of columns (every row ``0:m``): ``gemm`` per chunk, A (one block of rows
+    and of k: the plan's condition for column chunks) packed on the part's first chunk, before any column of
+    B."""
+    at = np.int64(counter.ctypes.data)
+    packed = 0
+    a_plain = False
+    while True:
+        j = _fetch_add(at, np.int64(1))
+        if j >= chunks.shape[0]:
+            return
+        lo, hi = chunks[j, 0], chunks[j, 1]
+        if a_plain or gemm(a, a_rs, a_cs, b, b_rs, b_cs, k, c, 0, m, lo, hi, a_buf, b_buf, edge, config, packed):
+            if not packed:
+                a_plain = a_plain or not _finite(a, a_rs, a_cs, 0, m, 0, k)
+            plain_product(a, a_rs, a_cs, b, b_rs, b_cs, k, c, 0, m, lo, hi)
+        packed = 1
+
+
+@_kernel
+def reset(counter):
+    """``counter[0] = 0``: the next run's chunks start from the first."""
+    counter[0] = 0

@@ -57,6 +57,10 @@ ENV = "LUMINAL_RECIPES_CHAIN"
 # handing a chain to the pool's workers costs a wake-up (20-50 us), which a few split products do not repay (a
 # decode program whose attention runs as BLAS products, between the chains, has one or two per chain)
 MIN_SPLIT_PHASES = 8
+# ... or one split phase of this many multiply-adds (``Call.work``; an AMX product's parts, ``amx.MACS_PER_PART``
+# each at least): its second core pays for the chain's hand-off by itself, which before it was a pool hand-off of
+# its own between two chains
+LOCKSTEP_WORK = 1 << 23
 SPINS = 2000  # barrier reads (with the pause hint, ~20-40 ns each here) before a waiting thread yields its core
 _STRIDE = 8  # int64 flags one cache line apart
 COUNT, GEN, ERR, ABORT = 0, _STRIDE, 2 * _STRIDE, 3 * _STRIDE
@@ -74,7 +78,9 @@ class Call(NamedTuple):
     such a call runs under ``threads.blas_single_threaded``. ``access``: ``(reads, writes)``, every array whose
     memory the call may read and may write (a superset is fine, a missing one is a race); given, the chain puts
     a barrier before the call only where it touches what another thread touched since the last barrier and one
-    of the two writes it (``_layout``). ``None``: unknown - a barrier wherever the thread changes hands."""
+    of the two writes it (``_layout``). ``None``: unknown - a barrier wherever the thread changes hands.
+    ``work``: multiply-adds the call does (0: not said); a phase split over the threads with ``LOCKSTEP_WORK`` of
+    them runs its chain in lockstep, however few split phases it has (``_Chain``)."""
 
     fn: Any
     args: tuple
@@ -82,6 +88,7 @@ class Call(NamedTuple):
     checked: bool = False
     blas: bool = False
     access: tuple | None = None
+    work: int = 0
 
 
 def tag(step: Callable, *phases: Sequence[Call], redescribe: Callable[[], Sequence] | None = None) -> Callable:
@@ -126,8 +133,8 @@ def finer(step: Callable, size: int) -> tuple | None:
     if getattr(redescribe, "always", False):  # a kernel whose lockstep parts are its own choice (kernels/gguf.py)
         phases = tuple(tuple(phase) for phase in redescribe() if phase)
         return phases if phases and _chainable(phases) else phases_of(step)
-    if size >= cpu_threads.min_part():  # no finer than its own parts: nothing to redo
-        return phases_of(step)
+    # (described again even at ``MIN_PART``: the compiled element-wise passes' own minimum is larger,
+    # ``elementwise.JIT_PART_ELEMS``, so a SiLU gate of 200k elements is one part as a step, two in lockstep)
     with cpu_threads.finer_parts(size):
         phases = tuple(tuple(phase) for phase in redescribe() if phase)
     return phases if phases and _chainable(phases) else phases_of(step)
@@ -553,7 +560,7 @@ class _Chain:
         described = [phases_of(s) for s in steps]
         if threads > 1:  # parts cut finer where the chain runs in lockstep (``finer``): no hand-off per kernel
             fine = [finer(s, _min_part()) for s in steps]
-            if _split_phases(fine, threads) >= MIN_SPLIT_PHASES:
+            if _split_phases(fine, threads) >= MIN_SPLIT_PHASES or _heavy_split(fine, threads):
                 described = fine
             else:
                 threads = 1  # too few split kernels to pay for the hand-off: every part on the calling thread
@@ -846,6 +853,12 @@ def _threads_of(phase: tuple, threads: int) -> frozenset[int]:
 def _split_phases(described: list[tuple], threads: int) -> int:
     """How many phases of a chain's steps run on more than one thread."""
     return sum(len(_threads_of(phase, threads)) > 1 for phases in described for phase in phases)
+
+
+def _heavy_split(described: list[tuple], threads: int) -> bool:
+    """Whether a phase of a chain's steps runs on more than one thread with ``LOCKSTEP_WORK`` multiply-adds."""
+    return any(len(_threads_of(phase, threads)) > 1 and sum(c.work for c in phase) >= LOCKSTEP_WORK
+               for phases in described for phase in phases)
 
 
 def _min_part() -> int:
