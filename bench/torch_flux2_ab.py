@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = blas_threads(args.threads)
     import torch
 
-    from luminal_recipes.runtimes.cpu.jit import chain
     from luminal_recipes.runtimes.cpu import amx
+    from luminal_recipes.runtimes.cpu.jit import chain
     from luminal_recipes.runtimes.cpu.kernels import attention_small, layout
     from luminal_recipes.runtimes.kernels import expression
 

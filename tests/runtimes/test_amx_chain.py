@@ -13,7 +13,6 @@ import pytest
 pytest.importorskip("numba")
 
 from luminal_recipes.runtimes.cpu import amx, jit  # noqa: E402
-from luminal_recipes.runtimes.cpu import threads as cpu_threads  # noqa: E402
 
 if not jit.AVAILABLE:
     pytest.skip("numba is off: no chains", allow_module_level=True)
