@@ -270,6 +270,7 @@ def test_a_lockstep_chain_shares_the_tiles_bit_identically(numpy_runtime, monkey
     monkeypatch.setattr(cpu_threads, "MIN_PART", 64)
     monkeypatch.setattr(chain, "MIN_SPLIT_PHASES", 1)
     monkeypatch.setattr(chain, "ADAPTIVE", False)  # lockstep even on a loaded machine
+    monkeypatch.setattr(gguf_tiles, "SHARED_MIN_BYTES", 0)  # products this small keep the fixed parts otherwise
     got = {}
     for on in ("0", "1"):
         monkeypatch.setenv(chain.ENV, on)
@@ -281,6 +282,12 @@ def test_a_lockstep_chain_shares_the_tiles_bit_identically(numpy_runtime, monkey
             shared = [c for ch in exe._replay.relocation.args[0] for s in ch.steps
                       for phase in chain.finer(s, 64) for c in phase if c.fn is gguf_tiles.quant_tiles_shared]
             assert len(shared) == 4  # two products, two parts each
+    monkeypatch.setattr(gguf_tiles, "SHARED_MIN_BYTES", 1 << 40)
+    exe = numpy_runtime.load(program, frozen, dims={"s": 1})
+    for xv in xs[:6]:
+        exe.run({"x": xv})
+    assert exe.replaying and not any(c.fn is gguf_tiles.quant_tiles_shared for ch in exe._replay.relocation.args[0]
+                                     for s in ch.steps for phase in chain.finer(s, 64) for c in phase)
     for run, (a, b) in enumerate(zip(got["1"], got["0"])):
         for name in a:
             assert np.array_equal(a[name], b[name]), (run, name)

@@ -306,6 +306,10 @@ SHARED_ENV = "LUMINAL_RECIPES_GGUF_SHARED"  # "0": fixed parts in lockstep chain
 SHARED = AVAILABLE and os.environ.get(SHARED_ENV, "").strip() != "0"
 RUN_SPAN = 1 << 24  # tile indices per run in the ticket word (a product has fewer tiles than that)
 TICKET, ARRIVALS = 0, 8  # counter slots, a cache line apart (int64)
+# products of fewer tile bytes keep the fixed parts: their claims (~10 compare-and-swaps moving a cache line between
+# the cores, ~0.1-0.2 us each) cost more than their halves' imbalance - SmolLM2-135M, whose products are 69-553 KB,
+# decoded 1.09x slower with every product shared (5.72 vs 5.24 ms/token, 2 threads, in turns)
+SHARED_MIN_BYTES = 1 << 21
 CHUNK_BYTES = 1 << 17  # tile bytes per claim at least: ~10 us of memory traffic on one core, a claim ~0.1 us
 CHUNKS_PER_PART = 4  # the least claim is a quarter of a part or less, so the last one's tail is short
 

@@ -244,10 +244,12 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
             calls = part_calls(q_splits)
             compute = cpu_threads.parallel([lambda fn=fn, args=args: fn(*args) for fn, args, _ in calls])
             compute = _described(compute, access(calls, q_splits))
-            if tiles is not None and gguf_tiles.SHARED and len(c_splits) > 1:
+            n_tiles = n_out // gguf_tiles.TILE
+            shared = (tiles is not None and gguf_tiles.SHARED and len(c_splits) > 1
+                      and n_tiles * gguf_tiles.tile_bytes(kind, k_in // 32) >= gguf_tiles.SHARED_MIN_BYTES)
+            if shared:
                 # a chain in lockstep: the parts share the tiles out in chunks (``gguf_tiles.quant_tiles_shared``:
                 # the same bits, no part waiting for a slower one); each may write any row of the output
-                n_tiles = n_out // gguf_tiles.TILE
                 parts = len(c_splits)
                 chunk = gguf_tiles.chunk_tiles(n_tiles, gguf_tiles.tile_bytes(kind, k_in // 32), parts)
                 flags = gguf_tiles.counter()  # this binding's ticket
