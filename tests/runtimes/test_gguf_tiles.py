@@ -183,3 +183,111 @@ def test_tiling_a_mapped_weight_releases_its_pages_and_keeps_its_bytes(tmp_path)
     assert np.array_equal(mapped, raw)
     assert np.array_equal(tiles, gguf_tiles.repack(raw, 1))
     assert gguf_blocks.row_bytes("Q4_1", 64 * 32) == raw.shape[1]
+
+
+def _scratch(rows, k):
+    return np.zeros((rows, 2 * k), np.int8), np.zeros((rows, k // 32), np.float32), np.zeros((rows, k // 32), np.float32)
+
+
+@needs_tiles
+@pytest.mark.parametrize("qtype", TYPES)
+def test_parts_sharing_the_tiles_give_the_fixed_parts_bits(qtype):
+    """Two threads taking chunks of tiles from one ticket (``quant_tiles_shared``), run after run, write what
+    the fixed parts write, bit for bit; a run where one part was never called (a chain aborted between them)
+    leaves the next runs exact."""
+    import threading
+
+    kind = gk.KINDS[qtype]
+    rng = np.random.default_rng(sum(map(ord, qtype)) + 1)
+    k, n = 320, 16 * 37 + 5  # 37 tiles (odd: a chunk's pass of one tile) and 5 rows past them
+    raw = packed(rng, qtype, n, k // 32, edge=True)
+    tiles = gguf_tiles.repack(raw, kind)
+    f16 = gk.f16_table()
+    flags = gguf_tiles.counter()
+    for rows in (1, 3):
+        x = (rng.standard_normal((rows, k)) * 0.05).astype(np.float32)
+        want = np.full((rows, n), np.nan, np.float32)
+        for t0, t1, tail in ((0, 18, n), (18, 37, 37 * 16)):
+            gguf_tiles.quant_tiles(x, *_scratch(rows, k), tiles, raw, want, t0, t1, tail, kind, f16)
+        assert not np.isnan(want).any()
+
+        def part(out, i, parts=2):
+            gguf_tiles.quant_tiles_shared(x, *_scratch(rows, k), tiles, raw, out, 37 * 16 if i == parts - 1 else n,
+                                          kind, f16, flags, parts, 4)
+
+        for _ in range(6):
+            out = np.full((rows, n), np.nan, np.float32)
+            threads = [threading.Thread(target=part, args=(out, i)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert np.array_equal(out, want), (qtype, rows)
+        part(np.zeros((rows, n), np.float32), 0)  # a run aborted after its first part
+        for _ in range(3):
+            out = np.full((rows, n), np.nan, np.float32)
+            part(out, 0)
+            part(out, 1)
+            assert np.array_equal(out, want), (qtype, rows, "after an aborted run")
+
+
+def test_chunks_are_even_and_several_per_part():
+    assert gguf_tiles.chunk_tiles(128, 34_816, 2) == 4  # ~1B Q8_0 2048 x 2048: 139 KB chunks, 32 of them
+    assert gguf_tiles.chunk_tiles(12, 5_760, 2) == 2  # SmolLM2's 192 x 576 k: the smallest chunk
+    assert all(gguf_tiles.chunk_tiles(t, b, p) % 2 == 0 for t in (1, 9, 100, 4000) for b in (100, 10_000, 1 << 20)
+               for p in (1, 2, 4))
+
+
+@needs_tiles
+def test_a_lockstep_chain_shares_the_tiles_bit_identically(numpy_runtime, monkeypatch):
+    """Two products of one x (q/k-like, Q8_0 and Q4_1) in a chain run in lockstep on two threads take their tiles
+    in shared chunks; every replayed output equals the steps' own (fixed parts, no chain), bit for bit."""
+    from luminal_recipes.compiler.search import SearchOptions, search_segment
+    from luminal_recipes.compiler.segments import assemble, split
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+    from luminal_recipes.runtimes.cpu.jit import chain
+
+    if not gguf_tiles.SHARED:
+        pytest.skip(f"{gguf_tiles.SHARED_ENV}=0")
+    rng = np.random.default_rng(17)
+    k, n = 256, 16 * 9 + 5
+    raws = {"wa": packed(rng, "Q8_0", n, k // 32), "wb": packed(rng, "Q4_1", n, k // 32)}
+    frozen = {}
+    for name, raw in raws.items():
+        frozen[name] = raw.copy()
+        frozen[name].flags.writeable = False
+    g = Graph()
+    x = g.input("x", ("s", k))
+    g.mark_output("a", ops.linear(x, dequant(g.weight("wa", raws["wa"].shape, "u8"), "Q8_0")))
+    g.mark_output("b", ops.linear(x, dequant(g.weight("wb", raws["wb"].shape, "u8"), "Q4_1")))
+    segments = split(g)
+    found = {sg.key: search_segment(sg, numpy_runtime.capabilities().__contains__, {}, SearchOptions(time_top=0))[0]
+             for sg in segments}
+    program = assemble(g, segments, [found[sg.key][0] for sg in segments])
+    assert program.kernel_counts().get("DequantMatMulGGUF") == 2, program.kernel_counts()
+    xs = [(rng.standard_normal((1, k)) * 0.1).astype(np.float32) for _ in range(8)]
+    monkeypatch.setattr(cpu_threads, "THREADS", 2)
+    monkeypatch.setattr(cpu_threads, "MIN_PART", 64)
+    monkeypatch.setattr(chain, "MIN_SPLIT_PHASES", 1)
+    monkeypatch.setattr(chain, "ADAPTIVE", False)  # lockstep even on a loaded machine
+    monkeypatch.setattr(gguf_tiles, "SHARED_MIN_BYTES", 0)  # products this small keep the fixed parts otherwise
+    got = {}
+    for on in ("0", "1"):
+        monkeypatch.setenv(chain.ENV, on)
+        gguf_tile_cache.clear()
+        exe = numpy_runtime.load(program, frozen, dims={"s": 1})
+        got[on] = [{k_: np.array(v, copy=True) for k_, v in exe.run({"x": xv}).items()} for xv in xs]
+        if on == "1":
+            assert exe.replaying and exe._replay.lockstep >= 1
+            shared = [c for ch in exe._replay.relocation.args[0] for s in ch.steps
+                      for phase in chain.finer(s, 64) for c in phase if c.fn is gguf_tiles.quant_tiles_shared]
+            assert len(shared) == 4  # two products, two parts each
+    monkeypatch.setattr(gguf_tiles, "SHARED_MIN_BYTES", 1 << 40)
+    exe = numpy_runtime.load(program, frozen, dims={"s": 1})
+    for xv in xs[:6]:
+        exe.run({"x": xv})
+    assert exe.replaying and not any(c.fn is gguf_tiles.quant_tiles_shared for ch in exe._replay.relocation.args[0]
+                                     for s in ch.steps for phase in chain.finer(s, 64) for c in phase)
+    for run, (a, b) in enumerate(zip(got["1"], got["0"])):
+        for name in a:
+            assert np.array_equal(a[name], b[name]), (run, name)

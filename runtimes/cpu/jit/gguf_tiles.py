@@ -58,6 +58,7 @@ from numba.extending import intrinsic
 
 from . import gguf_q8 as q8
 from .gguf_q8 import FLT, I8, I16, I32, I64, _c, _fma, _i64, _ld, _v
+from .spin import atomic_load, compare_exchange
 
 TILE = 16  # weight rows per tile: the 16 int32 lanes of a 512-bit vpdpbusd
 MR = 4  # rows of x per pass (each loaded weight vector shared by them)
@@ -287,6 +288,105 @@ def quant_tiles(x, xq, xd, xs, tiles, packed, out, t0, t1, n_tail, kind, f16):
         tiles_q4_1(tiles, xq, xd, xs, out, t0, t1)
         if n_tail < n:
             q8.product_q4_1(packed, xq, xd, xs, out, n_tail, n, f16)
+
+
+# ---- tiles shared out in chunks (lockstep chains) -------------------------------------------------------------
+# In a lockstep chain the threads' fixed halves of a product finish up to tens of microseconds apart (memory
+# bandwidth is not shared evenly from call to call; a thread the OS deschedules holds its half), and the other waits
+# at the next barrier: on the ~1B Q8_0 model at 2 threads, ~1.5-2.5 ms a token of waits after the products.
+# ``quant_tiles_shared`` lets every part take the next tiles no part has taken yet, from one ticket per product
+# (``counter``), until none is left.
+# Which thread computes a tile changes nothing in it: every tile's rows are computed by the same integer dots and
+# f32 operations whichever pass (one tile, or two far apart) takes it, so the output is bit for bit the fixed
+# parts'. The ticket word holds ``run * RUN_SPAN + next tile``: a part's run is its arrival count // parts, and a
+# part whose run is newer than the ticket's starts the ticket over. Nothing needs resetting, so a chain aborted
+# between two parts of a product (a part never called) cannot leave chunks unclaimed at the next run: the runs
+# then disagree, and the newest part recomputes what an older one did (the same bits).
+SHARED_ENV = "LUMINAL_RECIPES_GGUF_SHARED"  # "0": fixed parts in lockstep chains too (an A/B switch, read at import)
+SHARED = AVAILABLE and os.environ.get(SHARED_ENV, "").strip() != "0"
+RUN_SPAN = 1 << 24  # tile indices per run in the ticket word (a product has fewer tiles than that)
+TICKET, ARRIVALS = 0, 8  # counter slots, a cache line apart (int64)
+# products of fewer tile bytes keep the fixed parts: their claims (~10 compare-and-swaps moving a cache line between
+# the cores, ~0.1-0.2 us each) cost more than their halves' imbalance - SmolLM2-135M, whose products are 69-553 KB,
+# decoded 1.09x slower with every product shared (5.72 vs 5.24 ms/token, 2 threads, in turns)
+SHARED_MIN_BYTES = 1 << 21
+CHUNK_BYTES = 1 << 17  # tile bytes per claim at least: ~10 us of memory traffic on one core, a claim ~0.1 us
+CHUNKS_PER_PART = 4  # the least claim is a quarter of a part or less, so the last one's tail is short
+
+
+def chunk_tiles(n_tiles: int, tile_bytes_: int, parts: int) -> int:
+    """The least claim, in tiles: even (a decoding pass takes two), ``CHUNK_BYTES`` or more, yet a
+    ``CHUNKS_PER_PART``-th of a part or less where the product has that many tiles."""
+    want = -(-CHUNK_BYTES // max(tile_bytes_, 1))
+    most = max(2, n_tiles // (CHUNKS_PER_PART * max(parts, 1)))
+    size = max(2, min(want, most))
+    return size + size % 2
+
+
+def counter() -> np.ndarray:
+    """A product's ticket and arrival count (int64, zero): one per product and binding."""
+    return np.zeros(16, np.int64)
+
+
+@_fast
+def _add(flags, at, value):
+    """``flags[at] += value`` atomically; the value before."""
+    while True:
+        v = atomic_load(flags, at)
+        if compare_exchange(flags, at, v, v + value):
+            return v
+
+
+@_fast
+def _claim(flags, run, n_tiles, parts, least):
+    """The next tiles of ``run`` no part has taken, as ``(first, end)``: a share of what is left (guided
+    self-scheduling: ``left / (2 parts)``, ``least`` at least, so a product takes ~10-20 claims - each moves the
+    ticket's cache line between the cores - and its last ones are small); ``(-1, -1)`` when none is left or a
+    newer run holds the ticket."""
+    while True:
+        v = atomic_load(flags, TICKET)
+        held, nxt = v // RUN_SPAN, v % RUN_SPAN
+        if held > run:
+            return -1, -1
+        if held < run:  # the first part of this run: the ticket starts over
+            nxt = 0
+        elif nxt >= n_tiles:
+            return -1, -1
+        take = min(n_tiles - nxt, max(least, (n_tiles - nxt) // (2 * parts)))
+        if compare_exchange(flags, TICKET, v, run * RUN_SPAN + nxt + take):
+            return nxt, nxt + take
+
+
+@_fast
+def quant_tiles_shared(x, xq, xd, xs, tiles, packed, out, n_tail, kind, f16, flags, parts, chunk):
+    """``quant_tiles`` as one of ``parts`` parts sharing a product's tiles (``flags``: the product's ``counter``):
+    x rounded into this part's own scratch, the rows past the last whole tile where this part is given them
+    (``n_tail < n``), then claims of ``chunk`` tiles or more (``_claim``) until none is left. Every one of the
+    ``parts`` parts must be called once per run."""
+    q8.quantize(x, xq, xd, xs)
+    n = packed.shape[0]
+    n_tiles = n // TILE
+    xi = xs.view(np.int32)
+    if kind == 4:
+        if n_tail < n:
+            q8.product_q8_0(packed, xq, xd, xs, out, n_tail, n, f16)
+        _neg_sums(xq, xi)
+    elif n_tail < n:
+        if kind == 0:
+            q8.product_q4_0(packed, xq, xd, xs, out, n_tail, n, f16)
+        else:
+            q8.product_q4_1(packed, xq, xd, xs, out, n_tail, n, f16)
+    run = _add(flags, ARRIVALS, 1) // parts
+    while True:
+        t0, t1 = _claim(flags, run, n_tiles, parts, chunk)
+        if t0 < 0:
+            return
+        if kind == 4:
+            tiles_q8_0(tiles, xq, xd, xi, out, t0, t1)
+        elif kind == 0:
+            tiles_q4_0(tiles, xq, xd, xs, out, t0, t1)
+        else:
+            tiles_q4_1(tiles, xq, xd, xs, out, t0, t1)
 
 
 # ---- repacking ----------------------------------------------------------------------------------------------

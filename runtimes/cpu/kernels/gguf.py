@@ -244,7 +244,28 @@ def prepare_dequant_matmul_gguf(ctx: KernelContext) -> Bind:
             calls = part_calls(q_splits)
             compute = cpu_threads.parallel([lambda fn=fn, args=args: fn(*args) for fn, args, _ in calls])
             compute = _described(compute, access(calls, q_splits))
-            if c_splits != q_splits:  # a chain in lockstep takes the finer parts (chain.finer: ``rechain``)
+            n_tiles = n_out // gguf_tiles.TILE
+            shared = (tiles is not None and gguf_tiles.SHARED and len(c_splits) > 1
+                      and n_tiles * gguf_tiles.tile_bytes(kind, k_in // 32) >= gguf_tiles.SHARED_MIN_BYTES)
+            if shared:
+                # a chain in lockstep: the parts share the tiles out in chunks (``gguf_tiles.quant_tiles_shared``:
+                # the same bits, no part waiting for a slower one); each may write any row of the output
+                parts = len(c_splits)
+                chunk = gguf_tiles.chunk_tiles(n_tiles, gguf_tiles.tile_bytes(kind, k_in // 32), parts)
+                flags = gguf_tiles.counter()  # this binding's ticket
+                fine = [(gguf_tiles.quant_tiles_shared,
+                         (x, scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], tiles, w, target,
+                          n_tiles * gguf_tiles.TILE if i == parts - 1 else n_out, kind, f16, flags, parts, chunk), i,
+                         ((x, tiles, w, f16), (scratch[x_q[i]], scratch[x_d[i]], scratch[x_s[i]], target, flags)))
+                        for i in range(parts)]
+                from ..jit.chain import Call
+
+                def rechain(fine=fine):
+                    return [[Call(fn, args, part, access=a) for fn, args, part, a in fine]]
+
+                rechain.always = True
+                compute.rechain = rechain
+            elif c_splits != q_splits:  # a chain in lockstep takes the finer parts (chain.finer: ``rechain``)
                 fine = access(part_calls(c_splits), c_splits)
                 from ..jit.chain import Call
 
