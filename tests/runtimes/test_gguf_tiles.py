@@ -186,7 +186,8 @@ def test_tiling_a_mapped_weight_releases_its_pages_and_keeps_its_bytes(tmp_path)
 
 
 def _scratch(rows, k):
-    return np.zeros((rows, 2 * k), np.int8), np.zeros((rows, k // 32), np.float32), np.zeros((rows, k // 32), np.float32)
+    scales = (rows, k // 32)
+    return np.zeros((rows, 2 * k), np.int8), np.zeros(scales, np.float32), np.zeros(scales, np.float32)
 
 
 @needs_tiles
@@ -211,7 +212,7 @@ def test_parts_sharing_the_tiles_give_the_fixed_parts_bits(qtype):
             gguf_tiles.quant_tiles(x, *_scratch(rows, k), tiles, raw, want, t0, t1, tail, kind, f16)
         assert not np.isnan(want).any()
 
-        def part(out, i, parts=2):
+        def part(out, i, parts=2, x=x, rows=rows):
             gguf_tiles.quant_tiles_shared(x, *_scratch(rows, k), tiles, raw, out, 37 * 16 if i == parts - 1 else n,
                                           kind, f16, flags, parts, 4)
 
