@@ -453,7 +453,8 @@ class Executable:
             MemoryReport, weight_bytes=weight_bytes, weight_array_bytes=weight_array_bytes,
             constant_bytes=plan.constant_bytes, arena_bytes=arena_bytes,
             planned_peak=weight_bytes + plan.constant_bytes + plan.state_bytes + arena_bytes,
-            live_peak=functools.partial(_live_schedule, plan, program.outputs, by_id, flats, prepared),
+            live_peak=functools.partial(_live_schedule, plan, program.outputs, by_id,  # (sizes, not the arrays:
+                                        {nid: a.nbytes for nid, a in flats.items()}, prepared),  # nothing held)
             state_bytes=plan.state_bytes)
 
     # ---- inputs and states ---------------------------------------------------------------------------------
@@ -493,8 +494,10 @@ class Executable:
             self.streamer.close()
         self._closed = True
         self._replay = None
+        self._memory = self.memory  # (made now: what it is made from goes below)
         self._bindings.clear()
         self._steps, self._labels, self._write_back, self._staged = [], [], [], []
+        self._node_steps, self._prepared = {}, {}  # (the steps hold the arena's arrays)
         self._inputs, self._outputs = {}, {}
         self._input_specs, self._output_views = [], {}
         self._fixed.clear()
@@ -774,7 +777,7 @@ def _node_symbols(program: Program, by_id: dict[int, Node]) -> dict[int, frozens
     return out
 
 
-def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], flats: dict,
+def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], sizes: dict,
                    prepared: dict) -> int:
     """The most bytes held at one step by live activation arrays and kernel scratch, summed over the arrays
     actually bound (unaligned): a check on the plan, which must be at least this large."""
@@ -799,8 +802,8 @@ def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], flat
         spans[root] = [min(lo, start), max(hi, stop)]
     delta = [0] * (end + 3)
     for root, (lo, hi) in spans.items():
-        delta[lo] += flats[root].nbytes
-        delta[hi + 1] -= flats[root].nbytes
+        delta[lo] += sizes[root]
+        delta[hi + 1] -= sizes[root]
     for nid, (_, scratch) in prepared.items():
         if nid in step_of and scratch.nbytes:
             delta[step_of[nid] + 1] += scratch.nbytes
