@@ -40,6 +40,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ..jit.spin import fetch_add as _fetch_add
+
 BLOCK = 32  # rows and columns of C per micro-kernel call; also A's k per tile
 PARTS = 3
 # the six (A part, B part) products of a k step, in an order where each changes one operand: 14 tile loads per
@@ -643,17 +645,6 @@ def gemm_rows(a, a_rs, a_cs, b, b_rs, b_cs, k, c, r0, r1, a_buf, panels, edge, c
 
 
 
-@intrinsic
-def _fetch_add(typingctx, address, value):
-    """The int64 at ``address`` increased by ``value`` atomically; returns the value before (the parts' shared
-    counter of claimed chunks)."""
-    sig = types.int64(types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        return builder.atomic_rmw("add", builder.inttoptr(args[0], i64.as_pointer()), args[1], "seq_cst")
-
-    return sig, codegen
 
 
 # ---- whole products the CPU chains can call: never refusing, chunks claimed in compiled code -------------------

@@ -23,6 +23,8 @@ from llvmlite.ir import values as ir_values
 from numba.core import types
 from numba.extending import intrinsic
 
+from .spin import fetch_add as _fetch_add
+
 F = np.float32
 EXP_LOW = F(-87.33654)  # below this e^x is not a normal f32
 
@@ -961,17 +963,6 @@ def winograd_output(m, bias, out, ty0, ty1, tw):
                     y[2 * tx + 1] = b + ((s1[tx] - s2[tx]) - s3[tx])
 
 
-@intrinsic
-def _fetch_add(typingctx, address, value):
-    """The int64 at ``address`` increased by ``value`` atomically; returns the value before (the cores' shared
-    counter of claimed tasks)."""
-    sig = types.int64(types.int64, types.int64)
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        return builder.atomic_rmw("add", builder.inttoptr(args[0], i64.as_pointer()), args[1], "seq_cst")
-
-    return sig, codegen
 
 
 def _sgemm_intrinsic(int_bits: int):

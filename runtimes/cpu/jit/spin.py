@@ -70,6 +70,20 @@ def compare_exchange(typingctx, array, index, expected, value):
 
 
 @intrinsic
+def fetch_add(typingctx, address, value):
+    """The int64 at ``address`` (a raw address, not an array element) increased by ``value`` atomically; returns
+    the value before: the counters parts on several cores claim their next chunk from (``f32_kernels``'
+    ``sgemm_tasks``, the AMX products' chunks)."""
+    sig = types.int64(types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        return builder.atomic_rmw("add", builder.inttoptr(args[0], i64.as_pointer()), args[1], "seq_cst")
+
+    return sig, codegen
+
+
+@intrinsic
 def pause(typingctx):
     """The CPU's spin-wait hint (nothing where it has none)."""
     sig = types.none()
