@@ -294,7 +294,7 @@ class Executable:
             return
         t0 = time.perf_counter()
         kept = self._bindings.pop(_dims_key(dims), None)
-        changed = None
+        keep_steps = False
         if kept is None or kept[0] is not self.arena:
             kept = None
             in_place = self._in_place(dims)
@@ -302,7 +302,7 @@ class Executable:
                 self._check_fixed(dims)
                 prepared, plan = self._plan(dims)
             else:
-                prepared, plan, changed = in_place
+                prepared, plan, keep_steps = in_place
         if self._launches:  # kept only if it ran: a binding left unrun (loaded for a bucket, bound away at once)
             self._bindings[_dims_key(self.dims)] = (self.arena, tuple(getattr(self, f) for f in _BINDING_FIELDS))
         if kept is not None:
@@ -315,20 +315,21 @@ class Executable:
                 self.arena = self.backend.allocate(plan.arena_bytes)
                 self._bindings.clear()  # they point into the old arena: dropped with it (one arena held at a time)
                 self.stats.arena_allocations += 1
-            self._bind(dims, prepared, plan, changed)
+            self._bind(dims, prepared, plan, keep_steps)
         while len(self._bindings) > max(0, BINDINGS - 1):  # the current one besides them: the oldest left go
             del self._bindings[next(iter(self._bindings))]
         self.stats.rebinds += 1
         self.stats.rebind_seconds += time.perf_counter() - t0
 
-    def _in_place(self, dims: dict[str, int]) -> tuple[dict, MemoryPlan, set[int]] | None:
+    def _in_place(self, dims: dict[str, int]) -> tuple[dict, MemoryPlan, bool] | None:
         """A re-binding that keeps the loaded plan's places (``memory.plan_at``): the kernels whose shapes, input
         views or inputs' shapes name a dim that changes are prepared and bound again; every other node keeps its
-        bound step, which reads and writes the same arrays at the same places. ``(prepared, plan, changed)``, or
-        None where the dims exceed the loaded ones, the places do not hold, weights are streamed or the arrays
-        are a device's (then ``bind`` plans afresh). A decode loop through a compiled PyTorch model (its
-        cache one row longer every step, a new length each time) re-bound ~95 ms a token this way for a
-        Qwen3-100M-shaped model, where its step runs in ~25."""
+        bound step, which reads and writes the same arrays at the same places. ``(prepared, plan, keep_steps)``
+        (False: the current binding is in other places, every kernel was prepared), or None where the dims exceed
+        the loaded ones, the places do not hold, weights are streamed or the arrays are a device's (then ``bind``
+        plans afresh). A decode loop through a compiled PyTorch model (its cache one row longer every step, a new
+        length each time) spent ~95 ms a token re-binding afresh for a Qwen3-100M-shaped model, whose step runs in
+        ~25."""
         if (self.streamer is not None or not self.backend.host_arrays
                 or any(v > self.loaded_dims.get(k, v) for k, v in dims.items())):
             return None
@@ -355,7 +356,7 @@ class Executable:
         self.backend.build({nid: bind for nid, (bind, _) in prepared.items()})
         self.stats.rebinds_in_place += 1
         self.stats.nodes_rebound += len(prepared)
-        return prepared, plan, None if current is None else set(prepared)
+        return prepared, plan, current is not None
 
     def _check_fixed(self, dims: dict[str, int]) -> None:
         """Weights and states keep their shapes at ``dims``, and an Iota is no longer than loaded."""
@@ -371,14 +372,13 @@ class Executable:
                     f"Iota #{nid} of length {shape_str(node.shape)} = {declared_shape(node, dims)[0]} exceeds the "
                     f"{buf.size} it was loaded for (dims {self.loaded_dims}); load the program for a larger bucket")
 
-    def _bind(self, dims: dict[str, int], prepared: dict, plan: MemoryPlan, changed: set[int] | None = None
-              ) -> None:
-        """Every activation slot, kernel step, input and output at ``dims``. ``changed``: only these kernels
-        (``prepared``) are bound again, the others' steps kept from the current binding (``_in_place``)."""
+    def _bind(self, dims: dict[str, int], prepared: dict, plan: MemoryPlan, keep_steps: bool = False) -> None:
+        """Every activation slot, kernel step, input and output at ``dims``. ``keep_steps``: only the kernels in
+        ``prepared`` are bound again, the others' steps kept from the current binding (``_in_place``)."""
         backend, program, by_id = self.backend, self.program, self._by_id
         kept_steps: dict = {}
-        if changed is not None:
-            kept_steps = {nid: step for nid, step in self._node_steps.items() if nid not in changed}
+        if keep_steps:
+            kept_steps = {nid: step for nid, step in self._node_steps.items() if nid not in prepared}
             prepared = {**{nid: self._prepared[nid] for nid in kept_steps}, **prepared}
         self.dims, self.plan = dims, plan
         self._replay, self._launches = None, 0  # a graph records one binding's steps

@@ -58,7 +58,7 @@ from numba.extending import intrinsic
 
 from . import gguf_q8 as q8
 from .gguf_q8 import FLT, I8, I16, I32, I64, _c, _fma, _i64, _ld, _v
-from .spin import atomic_load, compare_exchange
+from .spin import atomic_load, compare_exchange, fetch_add
 
 TILE = 16  # weight rows per tile: the 16 int32 lanes of a 512-bit vpdpbusd
 MR = 4  # rows of x per pass (each loaded weight vector shared by them)
@@ -268,26 +268,40 @@ def _neg_sums(xq, xs):
 
 
 @_fast
-def quant_tiles(x, xq, xd, xs, tiles, packed, out, t0, t1, n_tail, kind, f16):
-    """What the runtime's product step calls on every thread: x rounded into this part's own scratch
-    (``gguf_q8.quantize``; Q8_0 then -sum(v) per block over xs), tiles t0..t1 - 1 (output rows 16 t0 .. 16 t1 - 1),
-    then rows n_tail .. n - 1 left past the last whole tile (the part given ``n_tail < n``) on gguf_q8's loops."""
+def _round_x_and_tail(x, xq, xd, xs, packed, out, n_tail, kind, f16):
+    """x rounded into this part's own scratch (``gguf_q8.quantize``), the rows n_tail .. n - 1 left past the last
+    whole tile where this part is given them (``n_tail < n``) on gguf_q8's loops, then for Q8_0 -sum(v) per block
+    over xs (after that loop: it takes x in its pair order, from the same codes)."""
     q8.quantize(x, xq, xd, xs)
     n = packed.shape[0]
-    if kind == 4:
-        xi = xs.view(np.int32)
-        if n_tail < n:  # gguf_q8's Q8_0 loop takes x in its pair order; rounded again, the same codes
+    if n_tail < n:
+        if kind == 4:
             q8.product_q8_0(packed, xq, xd, xs, out, n_tail, n, f16)
-        _neg_sums(xq, xi)
-        tiles_q8_0(tiles, xq, xd, xi, out, t0, t1)
+        elif kind == 0:
+            q8.product_q4_0(packed, xq, xd, xs, out, n_tail, n, f16)
+        else:
+            q8.product_q4_1(packed, xq, xd, xs, out, n_tail, n, f16)
+    if kind == 4:
+        _neg_sums(xq, xs.view(np.int32))
+
+
+@_fast
+def _tiles(tiles, xq, xd, xs, out, t0, t1, kind):
+    """Tiles t0..t1 - 1 (output rows 16 t0 .. 16 t1 - 1) of a product of ``kind``, x rounded (``_round_x_and_tail``)."""
+    if kind == 4:
+        tiles_q8_0(tiles, xq, xd, xs.view(np.int32), out, t0, t1)
     elif kind == 0:
         tiles_q4_0(tiles, xq, xd, xs, out, t0, t1)
-        if n_tail < n:
-            q8.product_q4_0(packed, xq, xd, xs, out, n_tail, n, f16)
     else:
         tiles_q4_1(tiles, xq, xd, xs, out, t0, t1)
-        if n_tail < n:
-            q8.product_q4_1(packed, xq, xd, xs, out, n_tail, n, f16)
+
+
+@_fast
+def quant_tiles(x, xq, xd, xs, tiles, packed, out, t0, t1, n_tail, kind, f16):
+    """What the runtime's product step calls on every thread: x rounded into this part's own scratch, the rows
+    past the last whole tile (the part given ``n_tail < n``: ``_round_x_and_tail``), tiles t0..t1 - 1."""
+    _round_x_and_tail(x, xq, xd, xs, packed, out, n_tail, kind, f16)
+    _tiles(tiles, xq, xd, xs, out, t0, t1, kind)
 
 
 # ---- tiles shared out in chunks (lockstep chains) -------------------------------------------------------------
@@ -329,15 +343,6 @@ def counter() -> np.ndarray:
 
 
 @_fast
-def _add(flags, at, value):
-    """``flags[at] += value`` atomically; the value before."""
-    while True:
-        v = atomic_load(flags, at)
-        if compare_exchange(flags, at, v, v + value):
-            return v
-
-
-@_fast
 def _claim(flags, run, n_tiles, parts, least):
     """The next tiles of ``run`` no part has taken, as ``(first, end)``: a share of what is left (guided
     self-scheduling: ``left / (2 parts)``, ``least`` at least, so a product takes ~10-20 claims - each moves the
@@ -363,30 +368,14 @@ def quant_tiles_shared(x, xq, xd, xs, tiles, packed, out, n_tail, kind, f16, fla
     x rounded into this part's own scratch, the rows past the last whole tile where this part is given them
     (``n_tail < n``), then claims of ``chunk`` tiles or more (``_claim``) until none is left. Every one of the
     ``parts`` parts must be called once per run."""
-    q8.quantize(x, xq, xd, xs)
-    n = packed.shape[0]
-    n_tiles = n // TILE
-    xi = xs.view(np.int32)
-    if kind == 4:
-        if n_tail < n:
-            q8.product_q8_0(packed, xq, xd, xs, out, n_tail, n, f16)
-        _neg_sums(xq, xi)
-    elif n_tail < n:
-        if kind == 0:
-            q8.product_q4_0(packed, xq, xd, xs, out, n_tail, n, f16)
-        else:
-            q8.product_q4_1(packed, xq, xd, xs, out, n_tail, n, f16)
-    run = _add(flags, ARRIVALS, 1) // parts
+    _round_x_and_tail(x, xq, xd, xs, packed, out, n_tail, kind, f16)
+    n_tiles = packed.shape[0] // TILE
+    run = fetch_add(flags.ctypes.data + ARRIVALS * flags.itemsize, 1) // parts
     while True:
         t0, t1 = _claim(flags, run, n_tiles, parts, chunk)
         if t0 < 0:
             return
-        if kind == 4:
-            tiles_q8_0(tiles, xq, xd, xi, out, t0, t1)
-        elif kind == 0:
-            tiles_q4_0(tiles, xq, xd, xs, out, t0, t1)
-        else:
-            tiles_q4_1(tiles, xq, xd, xs, out, t0, t1)
+        _tiles(tiles, xq, xd, xs, out, t0, t1, kind)
 
 
 # ---- repacking ----------------------------------------------------------------------------------------------
