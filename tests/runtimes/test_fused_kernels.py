@@ -313,7 +313,7 @@ def test_decoding_attention_cut_over_threads_in_a_chain_gives_the_whole_calls_bi
     step()
     again = numpy_attention._rows_step([q, k, v, bias, parted], np.float32(0.3), qs, sc)
     (phase,) = again.rechain()
-    assert [c.part for c in phase] == [0, 1, 2] and len({id(c.args[-1]) for c in phase}) == 3
+    assert [c.part for c in phase] == [0, 1, 2] and len({id(c.args[9]) for c in phase}) == 3  # own sc rows
     for call in reversed(phase):  # any order: the parts are independent
         call.fn(*call.args)
     assert np.array_equal(parted, whole)
@@ -321,6 +321,56 @@ def test_decoding_attention_cut_over_threads_in_a_chain_gives_the_whole_calls_bi
     p = np.exp(scores - scores.max(-1, keepdims=True))
     want = np.einsum("grt,gtd->grd", p / p.sum(-1, keepdims=True), v)
     assert np.abs(whole - want).max() < 1e-5
+
+
+def test_decoding_attention_skips_a_kv_caches_unfilled_rows_with_the_same_bits():
+    """Decoding's compiled attention (``attention_rows``) leaves the keys a row masks at either end unread (a KV
+    cache's rows past the decoded position; a sliding window's first keys): rows there holding NaN do not reach
+    the output, which has the bits of the call that reads every key (``keep`` = inf: no row may skip), and f64
+    softmax attention's values. A row whose keys are all masked still takes its softmax over all of them."""
+    from luminal_recipes.runtimes.cpu import jit
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed")
+    kernel = jit.kernels().attention_rows
+    rng = np.random.default_rng(7)
+    groups, rows, t, d = 2, 3, 48, 16
+    q = rng.standard_normal((groups, rows, d)).astype(np.float32)
+    k, v = (rng.standard_normal((groups, t, d)).astype(np.float32) for _ in range(2))
+    bias = np.zeros((groups, rows, t), np.float32)
+    filled = [(3, 29), (0, 41), (5, 48), (0, 0), (2, 17), (0, 48)]  # per query row, the keys it sees
+    for u, (lo, hi) in enumerate(filled):
+        g, r = divmod(u, rows)
+        bias[g, r, :lo] = np.float32(-3.4e38) if u % 2 else -np.inf
+        bias[g, r, hi:] = -np.inf if u % 2 else np.float32(-3.4e38)
+    bias[0, 0, 10] = -np.inf  # a masked key inside the span: computed as before (weight 0)
+    bias[1, 0] = np.float32(-3.4e38)  # fully masked (finite): the softmax of its equal scores, the mean of v
+
+    def run(k, v, keep):
+        out = np.zeros((groups, rows, d), np.float32)
+        geometry = np.array([groups, rows, t, d, d, rows * d, d, t * d, d, t * d, d, rows * t, t, rows * d, d, 0,
+                             groups * rows], np.int64)
+        kernel(q.reshape(-1), k.reshape(-1), v.reshape(-1), bias.reshape(-1), out.reshape(-1), geometry, True,
+               np.float32(0.3), np.zeros(d, np.float32), np.zeros(t, np.float32), np.float32(-1e37), keep)
+        return out
+
+    whole = run(k, v, np.float32(np.inf))
+    k_nan, v_nan = k.copy(), v.copy()
+    for u, (lo, hi) in enumerate(filled):
+        if hi > lo:  # rows with a key to see: what lies outside their span is never read
+            g = u // rows
+            k_nan[g, :min(x for x, y in filled[g * rows:(g + 1) * rows] if y > x)] = np.nan
+            k_nan[g, max(y for x, y in filled[g * rows:(g + 1) * rows] if y > x):] = np.nan
+    v_nan[np.isnan(k_nan)] = np.nan
+    skipped = run(k_nan, v_nan, np.float32(-1e36))
+    assert np.array_equal(run(k, v, np.float32(-1e36)), whole)
+    seen = [u for u, (lo, hi) in enumerate(filled) if hi > lo]
+    assert np.array_equal(skipped.reshape(-1, d)[seen], whole.reshape(-1, d)[seen])
+    scores = np.einsum("grd,gtd->grt", q.astype(np.float64) * 0.3, k) + bias.astype(np.float64)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = np.einsum("grt,gtd->grd", p / p.sum(-1, keepdims=True), v)
+    assert np.abs(whole - want).reshape(-1, d)[seen].max() < 1e-5
+    assert np.abs(whole[1, 0] - v[1].astype(np.float64).mean(0)).max() < 1e-5
 
 
 @pytest.mark.parametrize("with_bias", [False, True])

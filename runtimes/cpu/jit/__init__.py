@@ -196,7 +196,8 @@ def _touch_core(module: ModuleType) -> None:
                       np.float32(-1), np.float32(0))
     # decoding's attention: operands as flat read-only runs; its one query row (``u0:u1`` = 0:1)
     one_row = np.array([1, 1, 1, 1, 1] + [0] * 10 + [0, 1], np.int64)
-    module.attention_rows(fixed, fixed, fixed, fixed, vec.copy(), one_row, True, one, vec.copy(), vec.copy())
+    module.attention_rows(fixed, fixed, fixed, fixed, vec.copy(), one_row, True, one, vec.copy(), vec.copy(),
+                          np.float32(-1e37), np.float32(-1e36))
     code = np.array([[0, 0, 0, 0, 0], [1, 1, 1, 0, 0], [8, 1, 1, 0, 0], [3, 1, 1, 0, 0], [2, 0, 1, 0, 0]], np.int32)
     table = np.array([[out.__array_interface__["data"][0], 0, 16, 1], [rows.__array_interface__["data"][0], 0, 16, 1]],
                      np.int64)

@@ -222,8 +222,25 @@ def dot_vec(a, b):
     return s
 
 
+@_inline
+def _key_span(bias, at, t, masked, keep):
+    """The keys ``lo:hi`` of a bias row (``bias[at:at + t]``) less its masked keys (``<= masked``) at either end,
+    where some key of the span has a bias of at least ``keep`` (then a masked key's weight is exactly 0); else
+    every key, ``0:t`` (a fully masked row's softmax is over its masked scores)."""
+    hi = t
+    while hi > 0 and bias[at + hi - 1] <= masked:
+        hi -= 1
+    lo = 0
+    while lo < hi and bias[at + lo] <= masked:
+        lo += 1
+    for i in range(lo, hi):
+        if bias[at + i] >= keep:
+            return lo, hi
+    return 0, t
+
+
 @_rows
-def attention_rows(q, k, v, bias, out, geometry, has_bias, scale, qs, sc):
+def attention_rows(q, k, v, bias, out, geometry, has_bias, scale, qs, sc, masked, keep):
     """Attention of a few query rows per group in one call (decoding: each kv head's query heads, one row each):
     ``out[g, r] = softmax((q[g, r] * scale) k[g]^T + bias[g, r]) v[g]``. Every operand is a flat run of memory
     whose rows are contiguous (so the loops vectorise whatever the views' other strides): ``geometry`` holds
@@ -232,7 +249,12 @@ def attention_rows(q, k, v, bias, out, geometry, has_bias, scale, qs, sc):
     query rows ``u = g * R + r`` this call computes (a part: the rows are independent, so the parts' results are
     the whole call's, bit for bit). ``bias`` is read when ``has_bias``; ``qs [D]`` and ``sc [T]`` are scratch. The
     same steps as the BLAS path (q scaled once, scores, bias, max, exp, sum, p v, divide), each sum in the compiled
-    code's fixed order."""
+    code's fixed order.
+
+    Masked keys at either end of a row (bias <= ``masked``: a KV cache's unfilled rows past the decoded position)
+    are neither read nor multiplied where the row has a key with a bias of at least ``keep`` (``_key_span``): their
+    score is the bias itself, whose weight ``exp(bias - max)`` is exactly 0 as ``exp(score + bias - max)`` was, so
+    the sum and the output are the same bits (for finite v) while the cache rows past the position stay unread."""
     _wide_vectors()
     rows, t, d, dv = geometry[1], geometry[2], geometry[3], geometry[4]
     q0, q1, k0, k1, v0, v1 = geometry[5], geometry[6], geometry[7], geometry[8], geometry[9], geometry[10]
@@ -243,10 +265,16 @@ def attention_rows(q, k, v, bias, out, geometry, has_bias, scale, qs, sc):
         at = g * q0 + r * q1
         for j in range(d):
             qs[j] = q[at + j] * scale
-        for i in range(t):
+        bb = g * b0 + r * b1
+        lo, hi = _key_span(bias, bb, t, masked, keep) if has_bias else (0, t)
+        for i in range(lo):
+            sc[i] = bias[bb + i]
+        for i in range(lo, hi):
             at = g * k0 + i * k1
             score = dot_vec(qs, k[at:at + d])
-            sc[i] = score + bias[g * b0 + r * b1 + i] if has_bias else score
+            sc[i] = score + bias[bb + i] if has_bias else score
+        for i in range(hi, t):
+            sc[i] = bias[bb + i]
         scores = sc[:t]
         exp_shifted(scores, row_max_vec(scores))
         total = row_sum_vec(scores)
@@ -254,7 +282,7 @@ def attention_rows(q, k, v, bias, out, geometry, has_bias, scale, qs, sc):
         o = out[at:at + dv]
         for j in range(dv):
             o[j] = F(0.0)
-        for i in range(t):
+        for i in range(lo, hi):
             p = sc[i]
             at = g * v0 + i * v1
             vi = v[at:at + dv]

@@ -372,7 +372,7 @@ def _rows_step(blocks: list, scale: np.float32, qs: np.ndarray, sc: np.ndarray) 
     units = q.shape[0] * q.shape[1]
     head = [*q.shape[:2], k.shape[1], q.shape[2], v.shape[2], *strides]
     kernel = jit.kernels().attention_rows
-    args = (*flats, np.array([*head, 0, units], np.int64), has_bias, scale, qs[0], sc[0])
+    args = (*flats, np.array([*head, 0, units], np.int64), has_bias, scale, qs[0], sc[0], MASKED, KEEP)
 
     def step():
         kernel(*args)
@@ -381,8 +381,8 @@ def _rows_step(blocks: list, scale: np.float32, qs: np.ndarray, sc: np.ndarray) 
     parts = min(cpu_threads.THREADS, units)
     if parts > 1 and hasattr(step, "chain"):
         cuts = [units * i // parts for i in range(parts + 1)]
-        fine = [(kernel, (*flats, np.array([*head, cuts[i], cuts[i + 1]], np.int64), has_bias, scale, qs[i], sc[i]),
-                 i) for i in range(parts)]
+        fine = [(kernel, (*flats, np.array([*head, cuts[i], cuts[i + 1]], np.int64), has_bias, scale, qs[i], sc[i],
+                          MASKED, KEEP), i) for i in range(parts)]
         from ..jit.chain import Call
 
         def rechain(fine=fine):
