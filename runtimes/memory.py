@@ -133,6 +133,38 @@ def node_numel(node: Node, dims: Mapping[str, int]) -> int:
     return math.prod(evaluate(d, dims) for d in node.shape)
 
 
+SOURCE_OPS = ("Input", "Constant", "Iota")
+
+
+def run_order(program: Program, live) -> list[int]:
+    """The order the live nodes run in: program order, except that the integer and boolean work on the inputs
+    alone runs first - every kernel that reads or makes a non-float value and depends on no weight, state or
+    activation (a causal mask built from position ids and an ``Iota``, the positions cast to f32), with the
+    input-only nodes it reads. Those steps run from Python on the CPU (its compiled element-wise pass takes f32
+    only); left where the program's walk put them (layer 0's mask after its q/k/v products), they cut the
+    compiled steps of a decoding step into two chains (``cpu/jit/chain.py``), the first run on one thread.
+    Any topological order gives the same values; liveness and the arena follow this one."""
+    by_id = {n.id: n for n in program.nodes}
+    input_only: set[int] = set()
+    for n in program.nodes:  # (program order is topological)
+        if n.op in SOURCE_OPS:
+            if n.op != "Input" or n.attr("kind") not in ("weight", "state"):
+                input_only.add(n.id)
+        elif all(src in input_only for src, _ in n.inputs):
+            input_only.add(n.id)
+
+    def non_float(n: Node) -> bool:
+        return not n.dtype.is_float or any(not by_id[src].dtype.is_float for src, _ in n.inputs)
+
+    first: set[int] = set()
+    for n in reversed(program.nodes):  # the integer work, then (walking back) every input-only node it reads
+        if n.id in input_only and n.op not in SOURCE_OPS and (n.id in first or non_float(n)):
+            first.add(n.id)
+            first.update(src for src, _ in n.inputs if by_id[src].op not in SOURCE_OPS)
+    ordered = [n.id for n in program.nodes if n.id in live]
+    return [nid for nid in ordered if nid in first] + [nid for nid in ordered if nid not in first]
+
+
 def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_bytes: int | None = None,
                 scratch: ScratchSource = None) -> MemoryPlan:
     """Plan the activation arena of ``program`` with ``dims`` bound.
@@ -145,7 +177,7 @@ def plan_memory(program: Program, dims: Mapping[str, int] | None = None, weight_
     check_dims(program, dims)
     by_id = {n.id: n for n in program.nodes}
     live = reachable(_as_graph(by_id), [src for src, _ in program.outputs.values()])
-    order = [n.id for n in program.nodes if n.id in live]
+    order = run_order(program, live)
     step = {nid: i for i, nid in enumerate(order)}
 
     resident: dict[int, str] = {}
