@@ -160,7 +160,7 @@ def run_order(program: Program, live) -> list[int]:
     for n in reversed(program.nodes):  # the integer work, then (walking back) every input-only node it reads
         if n.id in input_only and n.op not in SOURCE_OPS and (n.id in first or non_float(n)):
             first.add(n.id)
-            first.update(src for src, _ in n.inputs if by_id[src].op not in SOURCE_OPS)
+            first.update(src for src, _ in n.inputs)
     ordered = [n.id for n in program.nodes if n.id in live]
     return [nid for nid in ordered if nid in first] + [nid for nid in ordered if nid not in first]
 

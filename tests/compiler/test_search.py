@@ -297,3 +297,44 @@ def test_whole_program_timing_starts_once_the_steps_are_recorded(monkeypatch):
     assert best == pytest.approx({0: 0.001, 1: 0.001})
     timed = exes["a"].runs - 5
     assert timed >= 3 and exes["b"].runs - 2 == timed  # warm-up until recorded, then the same rounds each
+
+
+@pytest.mark.parametrize("records", [True, False])
+def test_unrecorded_single_runs_of_stateful_candidates_leave_the_cost_models_choice(runtime, monkeypatch, records):
+    """A graph with states has its whole candidates timed: a first pass of one run each (kernel by kernel, before
+    a runtime that records its steps - the CPU backend's chains, device graphs - has recorded them), then rounds
+    of recorded runs where the budget allows. Where it does not and the runtime records, the first pass's single
+    runs do not decide (they time programs as they will not run: SmolLM2's decode took its unfused attention in
+    one compile of two): the cost model's choice stays, the runs kept in the report as ``unrecorded_s``. A
+    runtime that does not record keeps the measured choice."""
+    import time
+
+    from luminal_recipes.compiler import search
+
+    g = Graph()  # attention_block's, whose output also adds into a state
+    x = g.input("x", (1, 6, 16))
+    q, k, v = (ops.split_heads(ops.linear(x, g.weight(name, (16, 16))), 2) for name in "qkv")
+    y = ops.rms_norm(x + ops.merge_heads(ops.scaled_dot_product_attention(q, k, v, causal=True)),
+                     g.weight("n", (16,)))
+    g.mark_output("y", y)
+    g.mark_output("acc", g.state("acc", (1, 6, 16)) + y)
+    monkeypatch.setattr(search, "_records", lambda runtime_: records)
+    calls = []
+
+    def fake_time(program, inputs=None, weights=None, dims=None, repeats=3):
+        calls.append(program)
+        time.sleep(0.02)  # a run that leaves no room for recorded rounds in the budget below
+        return 1e-3 if len(calls) == 1 else 1e-5  # every candidate after the cost model's cheapest: 100x faster
+
+    monkeypatch.setattr(runtime, "time", fake_time)
+    inputs, weights = graph_values(g)
+    options = SearchOptions(use_cache=False, time_within=1e9, timing_budget_s=0.1)  # 3 x 20 ms: no recorded rounds
+    plan = compile_graph(g, runtime, inputs=inputs, weights=weights, options=options)
+    rows = plan.report["candidates"]
+    assert len(calls) >= 2
+    if records:
+        assert plan.report["chosen"]["selected_by"] == "cost model"
+        assert plan.report["chosen"]["cost_s"] == min(r["cost_s"] for r in rows)
+        assert sum("unrecorded_s" in r for r in rows) >= 2 and not any("measured_s" in r for r in rows)
+    else:
+        assert plan.report["chosen"]["selected_by"] == "measured" and plan.report["chosen"]["measured_s"] == 1e-5

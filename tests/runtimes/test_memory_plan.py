@@ -177,3 +177,35 @@ def test_planning_a_large_program_is_fast(rng):
     plan = plan_memory(Program.from_graph(g))
     assert time.perf_counter() - t0 < 20
     assert plan.arena_bytes <= 4 * 8 * 8 * 4 + 4 * 64
+
+
+def test_integer_work_on_the_inputs_alone_runs_first(runtime, rng):
+    """``run_order``: a causal mask built from position ids (integer compares, a bool cast to f32) depends on the
+    inputs alone, so it runs before the weighted work the program's walk put first (on the CPU such steps run
+    from Python and would cut the compiled steps into two chains); the float work on the inputs alone and every
+    weighted node keep their program order, and the values are the reference's."""
+    g = Graph()
+    x = g.input("x", (4, 8))
+    pos = g.input("pos", (4,), "i32")
+    h = ops.linear(x, g.weight("w", (8, 8)))  # weighted: emitted first
+    keys = g.iota(8)
+    mask = ((keys.expand(0, 4) < pos.expand(1, 8)).cast("f32") - 1.0) * 1e9
+    scaled = x * 0.5  # float work on the inputs alone: keeps its place
+    g.mark_output("y", h + mask + scaled)
+    program = Program.from_graph(g)
+    plan = plan_memory(program)
+    by_id = {n.id: n for n in program.nodes}
+    kernels = [nid for nid in plan.order if by_id[nid].op not in memory.SOURCE_OPS]
+    ints = [nid for nid in kernels if not by_id[nid].dtype.is_float
+            or any(not by_id[src].dtype.is_float for src, _ in by_id[nid].inputs)]
+    assert ints and kernels[:len(ints)] == ints  # the integer work first (with the sources it reads)
+    program_order = [n.id for n in program.nodes]
+    rest = kernels[len(ints):]
+    assert rest == sorted(rest, key=program_order.index)  # the rest in program order
+    assert program_order.index(h.node) < program_order.index(ints[0])  # (which put the weighted product first)
+    position = {nid: i for i, nid in enumerate(plan.order)}
+    assert all(position[src] < position[nid] for nid in plan.order for src, _ in by_id[nid].inputs)
+    xv, pv, wv = randn(rng, 4, 8), np.array([0, 3, 5, 8], np.int32), randn(rng, 8, 8)
+    got = runtime.run(program, {"x": xv, "pos": pv}, {"w": wv})["y"]
+    want = run_reference(g, {"x": xv, "pos": pv}, {"w": wv})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
