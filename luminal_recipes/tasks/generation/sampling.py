@@ -92,6 +92,8 @@ class Sampler:
         self.rng = np.random.default_rng(settings.seed)
 
     def __call__(self, logits: np.ndarray, seen: np.ndarray) -> int:
+        if self.settings.greedy and self.settings.repetition_penalty == 1.0 and logits.dtype == np.float32:
+            return int(np.argmax(logits))  # what the processors' f32 copy would give, without the copy
         scores = process_logits(logits, seen, self.settings)
         if self.settings.greedy:
             return int(np.argmax(scores))  # the first maximum, as torch.argmax
