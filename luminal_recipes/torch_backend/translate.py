@@ -171,6 +171,7 @@ class Translation:
     inputs: dict[str, Tensor] = field(default_factory=dict)
     ops: dict[str, int] = field(default_factory=dict)  # ATen op name -> count
     single: bool = False  # the graph returns one value, not a tuple (a partition's submodule)
+    values: dict[str, object] = field(default_factory=dict)  # i32 scalar input -> the symbolic size it carries
 
 
 class Context:
@@ -181,6 +182,23 @@ class Context:
         self.compute = compute
         self.f64 = f64  # float64 translates (the runtime computes it in f64)
         self.node: torch.fx.Node | None = None
+        self.values: dict[str, object] = {}  # input name -> the symbolic size it carries (``dim_value``)
+
+    def dim_value(self, d, dtype: DType = DType.I32) -> Tensor:
+        """A symbolic size used as a number (``arange(n) + past_length``, ``cumulative_length + n``): a 0-dim i32
+        input that each call feeds with the size's value (``CompiledGraph``), so every program computes with the
+        actual length, never with a size bucket's."""
+        if isinstance(d, int):
+            return self.g.constant(d, dtype)
+        for name, known in self.values.items():
+            if known == d:
+                break
+        else:
+            name = f"dim_value{len(self.values)}"
+            self.values[name] = d
+        t = self.g.input(name, (), DType.I32) if name not in self.g._inputs_by_name else \
+            self.g.tensor(name)
+        return t if dtype == DType.I32 else t.cast(dtype)
 
     def val(self, node=None):
         node = self.node if node is None else node
@@ -231,7 +249,9 @@ def translate(gm: torch.fx.GraphModule, static: set[int], compute: DType | None 
             raise
     if block is not None:
         graph.blocks[block] = range(start, len(graph.nodes))
-    return Translation(graph, placeholders, outputs, inputs, counts, getattr(cx, "single", False))
+    for name in cx.values:
+        inputs[name] = graph.tensor(name)
+    return Translation(graph, placeholders, outputs, inputs, counts, getattr(cx, "single", False), dict(cx.values))
 
 
 def _block_of(node: torch.fx.Node) -> str | None:
