@@ -836,13 +836,29 @@ def gather_(cx, x, dim, index, sparse_grad=False):
 
 @op(aten.index_put.default, aten._unsafe_index_put.default)
 def index_put(cx, x, indices, values, accumulate=False):
-    """``x`` with ``x[i0, i1, ...] = values`` (the functional form AOTAutograd makes of ``index_put_``,
-    ``index_copy_`` and ``x[..., idx, :] = v``: a static KV cache's update). The axes before the indexed block
-    and the indexed block are flattened into rows, ``x`` as ``[rows, after...]`` (a view where ``x`` is
-    contiguous), and one Scatter writes the broadcast ``values``' rows at the indices' flat row numbers. Negative
-    indices count from the end, as torch's; an index out of range makes the flat row -1, which the Scatter
-    kernels refuse (torch raises too), so it never writes a row of the wrong axis. Repeated indices: torch
-    leaves which value lands undefined; here one of them does (the last, on the CPU runtimes)."""
+    """``x`` with ``x[i0, i1, ...] = values`` (the functional form AOTAutograd makes of ``index_put_`` and
+    ``x[..., idx, :] = v``). Negative indices count from the end, as torch's."""
+    return _put_rows(cx, x, indices, values, accumulate, wrap=True)
+
+
+@op(aten.index_copy.default)
+def index_copy(cx, x, dim, index, source):
+    """``x.index_copy(dim, index, source)`` (transformers' StaticCache update, ``keys.index_copy_(2, positions,
+    k)``), kept whole (``KEEP``): torch refuses a negative index here, where ``index_put`` wraps it (the core
+    decomposition would turn it into one), so a negative index raises as an out of range one."""
+    if index.ndim != 1:
+        raise Unsupported(str(cx.node.target), "a 0-dim index")
+    dim = dim % max(x.ndim, 1)
+    return _put_rows(cx, x, [None] * dim + [index], source, False, wrap=False)
+
+
+def _put_rows(cx, x, indices, values, accumulate, wrap: bool):
+    """The AOTAutograd functional form of an in-place row write: a static KV cache's update. The axes before the
+    indexed block and the indexed block are flattened into rows, ``x`` as ``[rows, after...]`` (a view where
+    ``x`` is contiguous), and one Scatter writes the broadcast ``values``' rows at the indices' flat row numbers.
+    An index out of range (or negative, unless ``wrap``) makes the flat row -1, which the Scatter kernels refuse
+    (torch raises too), so it never writes a row of another axis. Repeated indices: torch leaves which value
+    lands undefined; here one of them does (the last, on the CPU runtimes)."""
     name = str(cx.node.target)
     if accumulate:
         raise Unsupported(name, "accumulate=True (a scatter-add: the HLIR's Scatter replaces rows)")
@@ -866,7 +882,8 @@ def index_put(cx, x, indices, values, accumulate=False):
     for axis in given:
         n = x.shape[axis]
         idx = _to(indices[axis], DType.I32).broadcast_to(bshape)
-        idx = idx + _to(idx < 0, DType.I32) * _dim_value(cx, n, bshape)  # negative indices count from the end
+        if wrap:
+            idx = idx + _to(idx < 0, DType.I32) * _dim_value(cx, n, bshape)  # negative ones count from the end
         inside = ops.logical_and(ops.greater_equal(idx, 0), ops.less(idx, n))
         ok = inside if ok is None else ops.logical_and(ok, inside)
         flat = idx if flat is None else flat * _dim_value(cx, n, bshape) + idx
@@ -979,4 +996,5 @@ def sdpa_math(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropo
 # ops the decompositions must leave whole, so the table above translates them with the op library's compositions
 KEEP = (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
         aten._scaled_dot_product_attention_math.default, aten.rms_norm.default, aten._fused_rms_norm.default,
-        aten.silu.default, aten.gelu.default, aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec)
+        aten.silu.default, aten.gelu.default, aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
+        aten.index_copy.default)
