@@ -173,6 +173,9 @@ def bench(name: str, repeats: int) -> None:
 
     from luminal_recipes import instrument
 
+    # a fresh Dynamo state per workload: the generate workloads compile the same code (``forward``), and the
+    # entries an earlier workload left count towards Dynamo's recompile limit (8), past which it runs eagerly
+    torch._dynamo.reset()
     model, call, prepare = WORKLOADS[name](torch)
     sides = {"eager": model.forward}
     compile_s = {}

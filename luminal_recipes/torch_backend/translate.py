@@ -3,7 +3,8 @@
 Placeholders become graph inputs, except the ones AOTAutograd reports as static (parameters and buffers): those
 become named weights, bound once from the module's own tensors (``params.py``). A ``SymInt`` placeholder becomes a
 symbolic dim (Dynamo's own symbol name, e.g. ``s81``); every symbolic size in the graph is read from the node's
-``meta["val"]`` (a sympy expression over those symbols) and turned into a ``Dim``. Each ``call_function`` is looked
+``meta["val"]`` (a sympy expression over those symbols) and turned into a ``Dim``; a symbolic size used as a
+number (an operand of ``add``) is a 0-dim i32 input each call feeds with its value (``Context.dim_value``). Each ``call_function`` is looked
 up in the op table (``optable.OPS``); an op that is not there, or whose arguments its entry refuses, raises
 ``Unsupported`` naming the op, which the caller turns into a fallback to eager PyTorch (or, strict, an error).
 """
@@ -190,14 +191,13 @@ class Context:
         actual length, never with a size bucket's."""
         if isinstance(d, int):
             return self.g.constant(d, dtype)
-        for name, known in self.values.items():
-            if known == d:
-                break
-        else:
+        name = next((n for n, known in self.values.items() if known == d), None)
+        if name is None:
             name = f"dim_value{len(self.values)}"
             self.values[name] = d
-        t = self.g.input(name, (), DType.I32) if name not in self.g._inputs_by_name else \
-            self.g.tensor(name)
+            t = self.g.input(name, (), DType.I32)
+        else:
+            t = self.g.tensor(name)
         return t if dtype == DType.I32 else t.cast(dtype)
 
     def val(self, node=None):
