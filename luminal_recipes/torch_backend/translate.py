@@ -4,9 +4,10 @@ Placeholders become graph inputs, except the ones AOTAutograd reports as static 
 become named weights, bound once from the module's own tensors (``params.py``). A ``SymInt`` placeholder becomes a
 symbolic dim (Dynamo's own symbol name, e.g. ``s81``); every symbolic size in the graph is read from the node's
 ``meta["val"]`` (a sympy expression over those symbols) and turned into a ``Dim``; a symbolic size used as a
-number (an operand of ``add``) is a 0-dim i32 input each call feeds with its value (``Context.dim_value``). Each ``call_function`` is looked
-up in the op table (``optable.OPS``); an op that is not there, or whose arguments its entry refuses, raises
-``Unsupported`` naming the op, which the caller turns into a fallback to eager PyTorch (or, strict, an error).
+number (an operand of ``add``) is a 0-dim i32 input each call feeds with its value (``Context.dim_value``). Each
+``call_function`` is looked up in the op table (``optable.OPS``); an op that is not there, or whose arguments its
+entry refuses, raises ``Unsupported`` naming the op, which the caller turns into a fallback to eager PyTorch (or,
+strict, an error).
 """
 
 from __future__ import annotations
