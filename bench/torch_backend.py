@@ -12,6 +12,8 @@ Workloads (random weights, float32):
 - ``qwen3-generate``: the same model in transformers' ``generate`` (greedy, 32 new tokens after a 32-token
   prompt, its default cache growing a row a step: a new length every step); the time of the whole call and,
   printed beside it, per new token.
+- ``qwen3-generate-static``: the same with ``cache_implementation="static"`` (transformers' recommended path for
+  compiled generation): a ``StaticCache``, so one fixed-shape decode graph updating the cache in place.
 
 Each side is compiled by its first call (the compile time printed: Dynamo + AOTAutograd + our search and load,
 with a cold plan cache, then once more with the plan cache warm; inductor's with its own on-disk caches as they
@@ -117,27 +119,34 @@ def qwen3_decode_workload(torch):
 GENERATE_TOKENS = 32
 
 
-def qwen3_generate_workload(torch):
+def qwen3_generate_workload(torch, cache: str | None = None):
     """transformers' ``generate`` (greedy, ``GENERATE_TOKENS`` new tokens after a 32-token prompt) with the
     compiled forward: its default ``DynamicCache`` grows by a row every step, so every step is a new length - for
-    us a re-binding of the symbolic dims (``Executable.bind``), for inductor its dynamic-shape kernels."""
+    us a re-binding of the symbolic dims (``Executable.bind``), for inductor its dynamic-shape kernels. With
+    ``cache="static"`` (``qwen3-generate-static``) a ``StaticCache`` of the prompt plus the new tokens: every
+    decode step is one fixed-shape graph updating the cache in place (``index_copy_``)."""
     model = qwen3_model(torch)
     ids = torch.randint(0, 32000, (1, 32), generator=torch.Generator().manual_seed(1))
+    extra = {} if cache is None else {"cache_implementation": cache}
 
     def call(fn):
         def run():
             model.forward = fn  # (an instance attribute: the model's __call__ then calls the compiled forward)
             try:
                 return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GENERATE_TOKENS,
-                                      min_new_tokens=GENERATE_TOKENS, do_sample=False)
+                                      min_new_tokens=GENERATE_TOKENS, do_sample=False, **extra)
             finally:
                 del model.forward
         return run
     return model, call, None
 
 
+def qwen3_generate_static_workload(torch):
+    return qwen3_generate_workload(torch, cache="static")
+
+
 WORKLOADS = {"flux2": flux2_workload, "qwen3-prefill": qwen3_prefill_workload, "qwen3-decode": qwen3_decode_workload,
-             "qwen3-generate": qwen3_generate_workload}
+             "qwen3-generate": qwen3_generate_workload, "qwen3-generate-static": qwen3_generate_static_workload}
 
 
 CAPTURE_RUNS = 5  # calls of each side before the timed rounds, past the CPU runtime's chain capture
@@ -164,6 +173,9 @@ def bench(name: str, repeats: int) -> None:
 
     from luminal_recipes import instrument
 
+    # a fresh Dynamo state per workload: the generate workloads compile the same code (``forward``), and the
+    # entries an earlier workload left count towards Dynamo's recompile limit (8), past which it runs eagerly
+    torch._dynamo.reset()
     model, call, prepare = WORKLOADS[name](torch)
     sides = {"eager": model.forward}
     compile_s = {}
@@ -223,7 +235,8 @@ def bench(name: str, repeats: int) -> None:
         print(f"  compile+first call  {side:<26} {seconds:8.2f} s{rounds}")
     print(f"  ours (warm plan cache): {hits}")
     for side in ("ours", "eager", "inductor"):
-        per_token = f"  ({med[side] * 1e3 / GENERATE_TOKENS:.1f} ms a new token)" if name == "qwen3-generate" else ""
+        per_token = f"  ({med[side] * 1e3 / GENERATE_TOKENS:.1f} ms a new token)" \
+            if name.startswith("qwen3-generate") else ""
         print(f"  run (median)        {side:<24} {med[side] * 1e3:8.1f} ms{per_token}")
     for ref in ("eager", "inductor"):
         rounds = [a / b for a, b in zip(times["ours"], times[ref])]

@@ -63,6 +63,10 @@ def torch_backend(runtime: str | None = None, max_memory: int | str | None = Non
         ctx = TracingContext.try_get()
         meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
         static = set(getattr(meta, "static_input_indices", None) or ())
+        # an input the graph mutates (a static KV cache, updated in place) is read afresh at each call, never
+        # bound once as a weight: its new value is a graph output that AOTAutograd copies back into it
+        static -= {i for i, info in enumerate(getattr(meta, "input_info", None) or ())
+                   if getattr(info, "mutates_data", False) or getattr(info, "mutates_metadata", False)}
         compiled = compile_fx(gm, static, options)
         record.update(aten=gm, meta=meta, compiled=compiled, training=training)
         return compiled

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..graph import Graph, Tensor
+from ..graph.symbolic import Expr, evaluate
 from ..pipeline.engine import ModelEngine
 from .params import WeightBinding, to_numpy, to_torch
 from .translate import Translation
@@ -61,6 +63,10 @@ class CompiledGraph:
                 inputs[p.name] = to_numpy(a, self.model.inputs[p.name].dtype, f"input {p.name}")
             elif p.kind == "dim" and p.name.isidentifier():
                 dims[p.name] = int(a)
+        if self.translation.values:
+            sizes = self._sizes(args)
+            for name, d in self.translation.values.items():
+                inputs[name] = np.asarray(evaluate(d, sizes), dtype=np.int32)
         out = self.engine(inputs, dims)
         results = []
         for spec in self.translation.outputs:
@@ -72,12 +78,22 @@ class CompiledGraph:
             elif spec[0] == "arg":
                 results.append(args[spec[1]])
             elif spec[0] == "dim":
-                from ..graph.symbolic import evaluate
-
                 results.append(evaluate(spec[1], self.engine._dims | dims))
             else:
                 results.append(None)
         return results
+
+    def _sizes(self, args) -> dict[str, int]:
+        """Dynamo's size symbols bound by this call's arguments: its SymInts and its tensors' sizes."""
+        sizes: dict[str, int] = {}
+        for p, a in zip(self.placeholders, args):
+            if p.kind == "dim" and p.name.isidentifier():
+                sizes[p.name] = int(a)
+            elif isinstance(a, torch.Tensor):
+                for d, n in zip(p.shape, a.shape):
+                    if isinstance(d, Expr) and str(d).isidentifier():
+                        sizes.setdefault(str(d), int(n))
+        return sizes
 
     def release(self) -> None:
         if self.engine is not None:

@@ -16,7 +16,7 @@ import math
 import torch
 
 from .. import ops
-from ..graph import DType, Tensor, cast, gather
+from ..graph import DType, Tensor, cast, gather, scatter
 from ..graph import symbolic as sym
 from ..graph.symbolic import dims_equal
 from .translate import Unsupported, as_dim
@@ -47,6 +47,8 @@ def _lift(cx, x, dtype: DType, shape) -> Tensor:
         return _to(x.broadcast_to(shape), dtype)
     if isinstance(x, bool):
         x = int(x)
+    if isinstance(x, sym.Expr):  # a SymInt operand: the size's value, fed with each call
+        return _to(cx.dim_value(x), dtype).broadcast_to(shape)
     if not isinstance(x, (int, float)):
         raise Unsupported(str(cx.node.target), f"operand {x!r} is not a tensor or a number")
     if not dtype.is_float and isinstance(x, float) and not float(x).is_integer():
@@ -832,6 +834,91 @@ def gather_(cx, x, dim, index, sparse_grad=False):
     return gather(x.reshape((stride,)), flat)
 
 
+@op(aten.index_put.default, aten._unsafe_index_put.default)
+def index_put(cx, x, indices, values, accumulate=False):
+    """``x`` with ``x[i0, i1, ...] = values`` (the functional form AOTAutograd makes of ``index_put_`` and
+    ``x[..., idx, :] = v``). Negative indices count from the end, as torch's."""
+    return _put_rows(cx, x, indices, values, accumulate, wrap=True)
+
+
+@op(aten.index_copy.default)
+def index_copy(cx, x, dim, index, source):
+    """``x.index_copy(dim, index, source)`` (transformers' StaticCache update, ``keys.index_copy_(2, positions,
+    k)``), kept whole (``KEEP``): torch refuses a negative index here, where ``index_put`` wraps it (the core
+    decomposition would turn it into one), so a negative index raises as an out of range one."""
+    if index.ndim != 1:
+        raise Unsupported(str(cx.node.target), "a 0-dim index")
+    dim = dim % max(x.ndim, 1)
+    return _put_rows(cx, x, [None] * dim + [index], source, False, wrap=False)
+
+
+def _put_rows(cx, x, indices, values, accumulate, wrap: bool):
+    """The AOTAutograd functional form of an in-place row write: a static KV cache's update. The axes before the
+    indexed block and the indexed block are flattened into rows, ``x`` as ``[rows, after...]`` (a view where
+    ``x`` is contiguous), and one Scatter writes the broadcast ``values``' rows at the indices' flat row numbers.
+    An index out of range (or negative, unless ``wrap``) makes the flat row -1, which the Scatter kernels refuse
+    (torch raises too), so it never writes a row of another axis. Repeated indices: torch leaves which value
+    lands undefined; here one of them does (the last, on the CPU runtimes)."""
+    name = str(cx.node.target)
+    if accumulate:
+        raise Unsupported(name, "accumulate=True (a scatter-add: the HLIR's Scatter replaces rows)")
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if not given:
+        raise Unsupported(name, "no index tensor")
+    if any(indices[i].dtype == DType.BOOL for i in given):
+        raise Unsupported(name, "a boolean mask")
+    if given != list(range(given[0], given[-1] + 1)):
+        raise Unsupported(name, "index tensors on axes that are not adjacent")
+    if x.ndim == 0 or not all(isinstance(d, int) for d in x.shape[:given[-1] + 1]):
+        # the flat row numbers are computed with the axes' sizes as constants
+        raise Unsupported(name, "a symbolic axis before or among the indexed ones")
+    first, last = given[0], given[-1] + 1
+    before, sizes, after = x.shape[:first], x.shape[first:last], x.shape[last:]
+    # the broadcast index shape: torch's indexed block is before + bshape + after
+    bshape = _broadcast_shapes([indices[i].shape for i in given])
+    block = tuple(before) + tuple(bshape) + tuple(after)
+    lead = tuple(before) + tuple(bshape)
+    flat, ok = None, None
+    for axis in given:
+        n = x.shape[axis]
+        idx = _to(indices[axis], DType.I32).broadcast_to(bshape)
+        if wrap:
+            idx = idx + _to(idx < 0, DType.I32) * _dim_value(cx, n, bshape)  # negative ones count from the end
+        inside = ops.logical_and(ops.greater_equal(idx, 0), ops.less(idx, n))
+        ok = inside if ok is None else ops.logical_and(ok, inside)
+        flat = idx if flat is None else flat * _dim_value(cx, n, bshape) + idx
+    count = math.prod(sizes)
+    if before:  # each row of the axes before the block is its own run of ``count`` rows
+        ones = (1,) * len(bshape)
+        flat = flat.broadcast_to(lead)
+        for axis, n in enumerate(before):
+            shape = [1] * len(before)
+            shape[axis] = n
+            stride = math.prod(before[axis + 1:]) * count
+            if n > 1:
+                flat = flat + (cx.g.iota(n).reshape(tuple(shape) + ones) * stride).broadcast_to(lead)
+        ok = ok.broadcast_to(lead)
+    flat = ops.where(ok, flat, -1).reshape(-1)  # out of range: a row the Scatter refuses
+    rows = _to(values, x.dtype).broadcast_to(block)
+    rows = rows.reshape((flat.shape[0],) + tuple(after))
+    dest = x.reshape((math.prod(before) * count,) + tuple(after))
+    return scatter(dest, flat, rows).reshape(x.shape)
+
+
+def _broadcast_shapes(shapes) -> tuple:
+    """numpy's broadcast of index shapes (sizes of 1 stretch; equal sizes otherwise)."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for axis in range(rank):
+        size = 1
+        for s in shapes:
+            d = s[axis - rank + len(s)] if axis - rank + len(s) >= 0 else 1
+            if not dims_equal(d, 1):
+                size = d
+        out.append(size)
+    return tuple(out)
+
+
 def _dim_value(cx, d: int, shape) -> Tensor:
     return cx.g.constant(d, DType.I32).broadcast_to(shape)
 
@@ -909,4 +996,5 @@ def sdpa_math(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, dropo
 # ops the decompositions must leave whole, so the table above translates them with the op library's compositions
 KEEP = (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
         aten._scaled_dot_product_attention_math.default, aten.rms_norm.default, aten._fused_rms_norm.default,
-        aten.silu.default, aten.gelu.default, aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec)
+        aten.silu.default, aten.gelu.default, aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
+        aten.index_copy.default)

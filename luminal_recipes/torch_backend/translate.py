@@ -3,9 +3,11 @@
 Placeholders become graph inputs, except the ones AOTAutograd reports as static (parameters and buffers): those
 become named weights, bound once from the module's own tensors (``params.py``). A ``SymInt`` placeholder becomes a
 symbolic dim (Dynamo's own symbol name, e.g. ``s81``); every symbolic size in the graph is read from the node's
-``meta["val"]`` (a sympy expression over those symbols) and turned into a ``Dim``. Each ``call_function`` is looked
-up in the op table (``optable.OPS``); an op that is not there, or whose arguments its entry refuses, raises
-``Unsupported`` naming the op, which the caller turns into a fallback to eager PyTorch (or, strict, an error).
+``meta["val"]`` (a sympy expression over those symbols) and turned into a ``Dim``; a symbolic size used as a
+number (an operand of ``add``) is a 0-dim i32 input each call feeds with its value (``Context.dim_value``). Each
+``call_function`` is looked up in the op table (``optable.OPS``); an op that is not there, or whose arguments its
+entry refuses, raises ``Unsupported`` naming the op, which the caller turns into a fallback to eager PyTorch (or,
+strict, an error).
 """
 
 from __future__ import annotations
@@ -171,6 +173,7 @@ class Translation:
     inputs: dict[str, Tensor] = field(default_factory=dict)
     ops: dict[str, int] = field(default_factory=dict)  # ATen op name -> count
     single: bool = False  # the graph returns one value, not a tuple (a partition's submodule)
+    values: dict[str, object] = field(default_factory=dict)  # i32 scalar input -> the symbolic size it carries
 
 
 class Context:
@@ -181,6 +184,22 @@ class Context:
         self.compute = compute
         self.f64 = f64  # float64 translates (the runtime computes it in f64)
         self.node: torch.fx.Node | None = None
+        self.values: dict[str, object] = {}  # input name -> the symbolic size it carries (``dim_value``)
+
+    def dim_value(self, d, dtype: DType = DType.I32) -> Tensor:
+        """A symbolic size used as a number (``arange(n) + past_length``, ``cumulative_length + n``): a 0-dim i32
+        input that each call feeds with the size's value (``CompiledGraph``), so every program computes with the
+        actual length, never with a size bucket's."""
+        if isinstance(d, int):
+            return self.g.constant(d, dtype)
+        name = next((n for n, known in self.values.items() if known == d), None)
+        if name is None:
+            name = f"dim_value{len(self.values)}"
+            self.values[name] = d
+            t = self.g.input(name, (), DType.I32)
+        else:
+            t = self.g.tensor(name)
+        return t if dtype == DType.I32 else t.cast(dtype)
 
     def val(self, node=None):
         node = self.node if node is None else node
@@ -231,7 +250,9 @@ def translate(gm: torch.fx.GraphModule, static: set[int], compute: DType | None 
             raise
     if block is not None:
         graph.blocks[block] = range(start, len(graph.nodes))
-    return Translation(graph, placeholders, outputs, inputs, counts, getattr(cx, "single", False))
+    for name in cx.values:
+        inputs[name] = graph.tensor(name)
+    return Translation(graph, placeholders, outputs, inputs, counts, getattr(cx, "single", False), dict(cx.values))
 
 
 def _block_of(node: torch.fx.Node) -> str | None:

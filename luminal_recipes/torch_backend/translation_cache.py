@@ -199,6 +199,7 @@ def _to_entry(t: Translation) -> dict:
         "outputs": outputs,
         "ops": t.ops,
         "single": t.single,
+        "values": {name: str(d) for name, d in t.values.items()},
     }
 
 
@@ -238,7 +239,11 @@ def _from_entry(data: dict) -> Translation:
             outputs.append(("none",))
         else:
             raise ValueError(f"output kind {spec[0]!r}")
-    return Translation(graph, placeholders, outputs, inputs, dict(data["ops"]), bool(data["single"]))
+    values = {str(name): to_dim(d) for name, d in data.get("values", {}).items()}
+    for name in values:
+        node = by_name[name]
+        inputs[name] = Tensor(graph, node.id, View.contiguous(node.shape), node.dtype)
+    return Translation(graph, placeholders, outputs, inputs, dict(data["ops"]), bool(data["single"]), values)
 
 
 def _secret() -> bytes | None:

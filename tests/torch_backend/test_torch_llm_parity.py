@@ -45,3 +45,23 @@ def test_logits_and_generate_match_eager(name, assert_close):
         assert got.dtype == torch.float32
         assert_close("model", got, twin(ids).logits)
         assert model.generate(prompt, **kwargs).tolist() == want_ids.tolist()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_static_cache_generate_matches_eager_with_nothing_falling_back(name, monkeypatch):
+    """transformers' recommended compiled generation: a StaticCache (``cache_implementation="static"``), one
+    fixed-shape decode step updating the cache in place (``index_copy_`` into each layer's keys and values, the
+    length's 0-dim tensor ``add_``). Two prompt lengths: the second makes Dynamo retrace the prefill with its
+    length symbolic, and the cache length plus that symbol is an ``add`` with a ``SymInt`` operand. Strict: no
+    part falls back to eager."""
+    monkeypatch.setenv("LUMINAL_TORCH_STRICT", "1")
+    model = tiny(name)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, SIZES["vocab_size"], (1, n), generator=g) for n in (5, 7)]
+    kwargs = dict(do_sample=False, max_new_tokens=9, cache_implementation="static")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", LuminalFallbackWarning)
+        want = [model.generate(p, attention_mask=torch.ones_like(p), **kwargs).tolist() for p in prompts]
+        model.forward = torch.compile(model.forward, backend="luminal")
+        got = [model.generate(p, attention_mask=torch.ones_like(p), **kwargs).tolist() for p in prompts]
+    assert got == want

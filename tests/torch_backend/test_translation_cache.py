@@ -184,3 +184,20 @@ def test_cache_clear_removes_the_translations():
     assert len(list(translation_cache.folder().glob("*.json"))) == 1
     removed, _ = cache.clear()
     assert removed == 2 and not list(translation_cache.folder().glob("*.json"))  # the plan and the translation
+
+
+class Shifted(torch.nn.Module):
+    """A symbolic length used as a number: its translation has a 0-dim input fed with the length's value."""
+
+    def forward(self, x):
+        return x + x.shape[0], torch.arange(x.shape[0]) + x.shape[0]
+
+
+def test_a_stored_symbolic_size_operand_is_fed_after_a_read():
+    lengths = [torch.randn(3, 4), torch.randn(5, 4), torch.randn(6, 4)]
+    first, _ = _compile_and_run(Shifted(), *lengths)
+    assert first[STORE] == 2
+    second, out = _compile_and_run(Shifted(), *lengths)
+    assert second[HIT] == 2 and second[STORE] == 0
+    for got, want in zip(out, Shifted()(lengths[-1])):
+        assert torch.equal(got, want)
