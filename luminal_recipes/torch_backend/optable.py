@@ -418,16 +418,31 @@ def slice_(cx, x, dim=0, start=None, end=None, step=1):
     dim = dim % x.ndim
     size = x.shape[dim]
     start = 0 if start is None else as_dim(start)
-    if isinstance(start, int) and start < 0:
-        if not isinstance(size, int):
-            start = sym.add(size, start)
-        else:
-            start = max(start + size, 0)
     n = cx.out_shape()[dim]
     if dims_equal(n, 0):
         raise Unsupported("aten.slice.Tensor", "an empty slice")
+    if isinstance(start, int) and start < 0:
+        if isinstance(size, int):
+            start = max(start + size, 0)
+        else:  # torch clamps ``size + start`` at 0 (a KV cache's ``keys[-window:]`` shorter than the window)
+            start = _clamped_start(size, end, n, step)
     stop = sym.add(sym.add(start, sym.mul(sym.add(n, -1), step)), 1)
     return x.slice(dim, start, stop, step)
+
+
+def _clamped_start(size, end, n, step):
+    """Where a slice with a negative start begins on a symbolic axis: ``max(size + start, 0)``, which the graph's
+    dims cannot say, read back from the output's length ``n`` (Dynamo's meta has the clamp, under its guards) and
+    the stop: ``stop - n`` for a unit step."""
+    if step != 1:
+        raise Unsupported("aten.slice.Tensor", "a negative start and a step on a symbolic axis")
+    if end is None or (isinstance(end, int) and end >= 2**62):  # to the end (torch's INT64_MAX sentinel)
+        stop = size
+    elif isinstance(end, int) and end < 0:
+        stop = sym.add(size, end)
+    else:  # a stop that may lie past the axis: min(end, size) is not a dim either
+        raise Unsupported("aten.slice.Tensor", "a negative start and a non-negative stop on a symbolic axis")
+    return sym.add(stop, sym.mul(n, -1))
 
 
 @op(aten.select.int)

@@ -217,3 +217,21 @@ def test_left_padded_batch_generates_eager_ids():
         want = model.generate(prompt, **kwargs)
         model.forward = torch.compile(model.forward, backend="luminal")
         assert model.generate(prompt, **kwargs).tolist() == want.tolist()
+
+
+def test_a_negative_slice_start_on_a_symbolic_axis_is_clamped_as_in_torch():
+    """``full[:, :, -4095:]`` of an axis shorter than 4095 is the whole axis (torch clamps the start at 0); on a
+    symbolic axis the start was ``size - 4095``, and the output (a KV cache's kept rows) came back wrong."""
+
+    def f(cache, new):
+        full = torch.cat([cache, new], dim=-2)
+        return (full * 2).sum(-1), full[:, :, -4095:, :], full[:, :, -3:-1, :]
+
+    compiled = torch.compile(f, backend="luminal")
+    g = torch.Generator().manual_seed(0)
+    for n in (5, 6, 7, 9):  # the second call on retraces with the length symbolic
+        args = torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, 1, 8, generator=g)
+        (want_sum, *want), (got_sum, *got) = f(*args), compiled(*args)
+        torch.testing.assert_close(got_sum, want_sum, rtol=1e-6, atol=1e-5)  # a sum: its order may differ
+        for a, b in zip(got, want):  # the slices: the same elements
+            assert a.shape == b.shape and torch.equal(a, b)
