@@ -198,6 +198,18 @@ def scatter_rows(out, idx, src, rows):
 
 
 @_kernel
+def gather_rows(out, idx, table, rows):
+    """``out[j] = table[idx[j]]`` (``out`` ``[n, width]``, ``table`` ``[rows, width]``): a ``Gather``'s rows;
+    1 (and nothing written from that row on) when an index is outside ``[0, rows)``."""
+    for j in range(idx.shape[0]):
+        i = idx[j]
+        if i < 0 or i >= rows:
+            return 1
+        out[j] = table[i]
+    return 0
+
+
+@_kernel
 def copy_region(dst, region, src, fill):
     """A scratch operand's refresh (``views.gatherer``): ``dst`` zeroed where ``fill``, then ``region`` (a view
     of ``dst``) = ``src``."""

@@ -92,7 +92,7 @@ def _shared_kv_rows(arrays: list, out: np.ndarray, batch: tuple[int, ...], flat:
     q, k, v, bias = (None if a is None else np.broadcast_to(a, batch + a.shape[-2:]) for a in arrays)
     reads = [a for a in (k, v, bias) if a is not None]
     shared = [i for i, n in enumerate(batch) if n > 1 and all(a.strides[i] == 0 for a in reads)]
-    if not shared:
+    if not shared and not flat:  # (flat: the compiled call takes every head at once, a row each, shared or not)
         return None
     own = [i for i in range(len(batch)) if i not in shared]
     groups, rows = tuple(batch[i] for i in own), math.prod(batch[i] for i in shared)
