@@ -991,8 +991,6 @@ def winograd_output(m, bias, out, ty0, ty1, tw):
                     y[2 * tx + 1] = b + ((s1[tx] - s2[tx]) - s3[tx])
 
 
-
-
 def _sgemm_intrinsic(int_bits: int):
     """``cblas_sgemm(RowMajor, ta, tb, m, n, k, 1, a, lda, b, ldb, 0, c, ldc)`` through the function at ``fn``
     (an address), integers ``int_bits`` wide (an ILP64 or LP64 BLAS); matrices by address, ``ta``/``tb`` the
