@@ -38,7 +38,7 @@ import os
 import numpy as np
 
 from .kernels.context import ALIGNMENT
-from .views import strided
+from .views import in_bounds, is_unmasked, strided
 
 ENV = "LUMINAL_RECIPES_DIRECT_IO"
 # slots smaller than this are copied as before: patching the tables costs a few microseconds a run, a copy of a
@@ -73,6 +73,10 @@ class DirectIO:
         self.outputs = outputs  # (region, slot start, nbytes, dtype, [(output name, its bound view)])
         self.avoid = avoid  # byte ranges the run writes (arena, states): an input there is copied
         self.deltas = np.zeros(len(relocation.ok), np.int64)
+        # per output buffer, its views' (name, shape, byte strides, byte offset), worked out once: a run then builds
+        # each view with one ``np.ndarray`` call (a decode step hands out 25: ~14 us each through ``strided``,
+        # its Python cold after the kernels streamed the weights); None where only ``strided`` can (masked views)
+        self._layouts = [_layouts(nbytes, np.dtype(dtype), views) for _, _, nbytes, dtype, views in outputs]
         self.names = frozenset(name for *_, views in outputs for name, _ in views)
         self.refused: dict[str, str] = {}  # the inputs and outputs still copied, and why (``plan``)
 
@@ -172,9 +176,30 @@ class DirectIO:
     def fresh_outputs(self) -> dict[str, np.ndarray]:
         """Per output written into fresh memory this run: its array (a view of a new buffer, writeable)."""
         out = {}
-        for region, slot_start, nbytes, dtype, views in self.outputs:
-            flat = fresh_flat(nbytes, dtype)
-            self.deltas[region] = _start(flat) - slot_start
-            for name, bv in views:
-                out[name] = strided(flat, bv, writeable=True)
+        deltas = self.deltas
+        for (region, slot_start, nbytes, dtype, views), layouts in zip(self.outputs, self._layouts):
+            if layouts is None:
+                flat = fresh_flat(nbytes, dtype)
+                deltas[region] = _start(flat) - slot_start
+                for name, bv in views:
+                    out[name] = strided(flat, bv, writeable=True)
+                continue
+            raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+            start = raw.__array_interface__["data"][0]
+            skip = -start % ALIGNMENT  # on a cache line, as the planner places every slot
+            deltas[region] = start + skip - slot_start
+            for name, shape, strides, offset in layouts:
+                out[name] = np.ndarray(shape, dtype, raw, skip + offset, strides)
         return out
+
+
+def _layouts(nbytes: int, dtype: np.dtype, views) -> list[tuple] | None:
+    """``(name, shape, byte strides, byte offset)`` of each view of a flat buffer of ``nbytes`` (``fresh_outputs``);
+    None when one is masked, empty or reads outside the buffer, or the dtype is one ``np.ndarray`` cannot stride."""
+    size = nbytes // dtype.itemsize
+    out = []
+    for name, bv in views:
+        if not is_unmasked(bv) or not in_bounds(bv, size) or 0 in bv.shape or any(s < 0 for s in bv.strides):
+            return None
+        out.append((name, tuple(bv.shape), tuple(s * dtype.itemsize for s in bv.strides), bv.offset * dtype.itemsize))
+    return out

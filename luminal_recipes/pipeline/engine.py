@@ -202,8 +202,10 @@ class ModelEngine:
             self._read = read_inputs(self.model)
         # an input the graph does not read is no input of its program
         # (np.require, not np.ascontiguousarray: that makes a 0-dim input 1-dim)
-        inputs = {k: np.require(self._as_declared(k, v), requirements="C") for k, v in inputs.items()
-                  if k in self._read or k not in self.model.inputs}
+        declared = self.model.inputs
+        inputs = {k: v if type(v) is np.ndarray and k in declared and v.dtype == declared[k].dtype.np
+                  and v.flags.c_contiguous else np.require(self._as_declared(k, v), requirements="C")
+                  for k, v in inputs.items() if k in self._read or k not in declared}
         shapes = tuple((k, v.shape) for k, v in inputs.items())
         if shapes != self._shapes:  # the dims follow from the input shapes alone: inferred once per set of shapes
             self._shapes, self._dims = shapes, infer_dims(self.model, inputs, self._read)
@@ -221,7 +223,7 @@ class ModelEngine:
             self.stats.transient_peak = exe.memory.transient_peak
         self._record_stream(exe)
         fresh = getattr(exe, "fresh_outputs", ())
-        return {k: v if k in fresh and not _narrow_float(v) else
+        return {k: v if k in fresh and (v.dtype == np.float32 or not _narrow_float(v)) else
                 np.array(v, dtype=np.float32 if _narrow_float(v) else None, copy=True) for k, v in out.items()}
 
     def _as_declared(self, name: str, value):

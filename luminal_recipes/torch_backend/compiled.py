@@ -15,6 +15,11 @@ from ..pipeline.engine import ModelEngine
 from .params import WeightBinding, to_numpy, to_torch
 from .translate import Translation
 
+# numpy dtypes a torch tensor shares its memory as (``Tensor.numpy``), and back
+_TORCH = {np.dtype(n): getattr(torch, t) for n, t in (("float32", "float32"), ("float64", "float64"),
+          ("float16", "float16"), ("int32", "int32"), ("int64", "int64"), ("int16", "int16"), ("int8", "int8"),
+          ("uint8", "uint8"), ("bool", "bool"))}
+
 
 @dataclass
 class Options:
@@ -47,6 +52,16 @@ class CompiledGraph:
                                 list(translation.graph.outputs))
         self.options = options
         self.engine: ModelEngine | None = None
+        # worked out once (a call's own Python runs cold after its kernels streamed the weights through the caches,
+        # ~5x its warm cost; hundreds of placeholders are weights): each input's position, name, what torch dtype
+        # is taken as it is, its graph dtype; each symbolic dim's position and name
+        self._inputs = [(i, p.name, _TORCH.get(self.model.inputs[p.name].dtype.np), self.model.inputs[p.name].dtype)
+                        for i, p in enumerate(self.placeholders) if p.kind == "input"]
+        self._dims = [(i, p.name) for i, p in enumerate(self.placeholders) if p.kind == "dim" and p.name.isidentifier()]
+        # each tensor output's shape where no dim of it is symbolic
+        self._static_shapes = {spec[1]: tuple(int(d) for d in spec[3]) for spec in translation.outputs
+                               if spec[0] == "tensor" and not any(d is None or isinstance(d, torch.SymInt)
+                                                                  for d in spec[3])}
 
     def _engine(self) -> ModelEngine:
         return ModelEngine(self.model, runtime=self.options.runtime, budget_bytes=self.options.max_memory)
@@ -57,12 +72,14 @@ class CompiledGraph:
                 self.engine.release()
             self.weights.bind(args)
             self.engine = self._engine()
-        inputs, dims = {}, {}
-        for p, a in zip(self.placeholders, args):
-            if p.kind == "input":
-                inputs[p.name] = to_numpy(a, self.model.inputs[p.name].dtype, f"input {p.name}")
-            elif p.kind == "dim" and p.name.isidentifier():
-                dims[p.name] = int(a)
+        inputs = {}
+        for i, name, torch_dtype, dtype in self._inputs:
+            a = args[i]
+            if a.dtype is torch_dtype and a.is_cpu and a.is_contiguous():  # a view of the tensor's memory
+                inputs[name] = a.detach().numpy()
+            else:
+                inputs[name] = to_numpy(a, dtype, f"input {name}")
+        dims = {name: int(args[i]) for i, name in self._dims}
         if self.translation.values:
             sizes = self._sizes(args)
             for name, d in self.translation.values.items():
@@ -72,9 +89,14 @@ class CompiledGraph:
         for spec in self.translation.outputs:
             if spec[0] == "tensor":
                 _, name, dtype, shape = spec
-                want = tuple(out[name].shape[i] if d is None or isinstance(d, torch.SymInt) else int(d)
-                             for i, d in enumerate(shape))
-                results.append(to_torch(out[name], dtype, want))
+                array = out[name]
+                want = self._static_shapes.get(name) or tuple(
+                    array.shape[i] if d is None or isinstance(d, torch.SymInt) else int(d) for i, d in enumerate(shape))
+                if (type(array) is np.ndarray and _TORCH.get(array.dtype) is dtype and array.shape == want
+                        and array.flags.c_contiguous and array.flags.writeable):
+                    results.append(torch.from_numpy(array))  # what ``to_torch`` gives, without its checks
+                else:
+                    results.append(to_torch(array, dtype, want))
             elif spec[0] == "arg":
                 results.append(args[spec[1]])
             elif spec[0] == "dim":

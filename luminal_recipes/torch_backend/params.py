@@ -14,6 +14,7 @@ from ..errors import InputError
 from ..graph import DType
 
 _INT32 = np.iinfo(np.int32)
+_FEW = 64
 
 
 def to_numpy(t: torch.Tensor, dtype: DType, what: str) -> np.ndarray:
@@ -24,9 +25,13 @@ def to_numpy(t: torch.Tensor, dtype: DType, what: str) -> np.ndarray:
         raise InputError(f"{what} is on {t.device}; the luminal torch backend takes CPU tensors (its runtimes "
                          f"upload them): move the model and inputs to the CPU")
     if t.dtype == torch.int64:
-        if t.numel() and (int(t.max()) > _INT32.max or int(t.min()) < _INT32.min):
+        array = t.contiguous().numpy()
+        # a few ids or positions (a decode step's): Python's max and min over them cost less than two torch ops
+        low, high = ((0, 0) if not array.size else (min(array.flat), max(array.flat)) if array.size <= _FEW else
+                     (int(t.min()), int(t.max())))
+        if high > _INT32.max or low < _INT32.min:
             raise InputError(f"{what} holds int64 values beyond the int32 range the graph computes in")
-        return t.contiguous().numpy().astype(np.int32)
+        return array.astype(np.int32)
     if t.dtype == torch.bfloat16:
         array = t.contiguous().view(torch.int16).numpy().view(DType.BF16.np)  # (ml_dtypes imported now)
     else:

@@ -251,3 +251,43 @@ def test_small_slots_are_copied(monkeypatch):
             fn(input_ids=torch.tensor([[5 + step]]), past_key_values=copy.deepcopy(cache), use_cache=True)
     exe = _engine_executable(graphs)
     assert exe.replaying and exe._direct is None and not exe.fresh_outputs
+
+
+def test_fresh_outputs_are_the_views_strided_gives(monkeypatch):
+    """``fresh_outputs`` builds each output's view with ``np.ndarray`` from a layout worked out once: the same
+    shape, strides and placement in the fresh buffer (on a cache line) that ``views.strided`` gives, bf16 included;
+    a masked view keeps the ``strided`` path."""
+    import ml_dtypes
+
+    from luminal_recipes.graph.view import BoundView
+    from luminal_recipes.runtimes.views import strided
+
+    class Relocation:
+        ok = [True, True, True]
+
+    plain = BoundView((4, 6), (6, 1), 0, None)
+    permuted = BoundView((6, 2, 2), (1, 12, 6), 2, None)  # a transposed, offset view of the same 26 elements
+    masked = BoundView((4, 6), (6, 1), 0, ((0, 2), (0, 6)))
+    outputs = [(0, 1000, 26 * 4, np.float32, [("a", plain), ("b", permuted)]),
+               (1, 5000, 24 * 2, ml_dtypes.bfloat16, [("c", plain)]),
+               (2, 9000, 24 * 4, np.float32, [("d", masked)])]
+    direct = direct_io.DirectIO(Relocation(), {}, outputs, [])
+    assert direct._layouts[2] is None  # masked: built by ``strided`` each run
+    direct.begin()
+    got = direct.fresh_outputs()
+    for region, slot_start, nbytes, dtype, views in outputs:
+        for name, bv in views:
+            arr = got[name]
+            if bv is masked:  # gathered elsewhere, as before: ``strided`` gives no view
+                assert arr is None
+                continue
+            base = arr.base if arr.base is not None else arr
+            while getattr(base, "base", None) is not None:
+                base = base.base
+            start = slot_start + direct.deltas[region]  # the fresh buffer the chains are pointed at
+            assert start % 64 == 0 and arr.flags.writeable and arr.dtype == dtype
+            flat = np.ndarray((nbytes // np.dtype(dtype).itemsize,), dtype,
+                              base, start - base.__array_interface__["data"][0])
+            want = strided(flat, bv, writeable=True)
+            assert arr.shape == want.shape and arr.strides == want.strides
+            assert arr.__array_interface__["data"][0] == want.__array_interface__["data"][0]

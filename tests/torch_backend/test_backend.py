@@ -151,3 +151,22 @@ def test_advanced_indexing_selects_the_same_values(assert_close):
         got = torch.compile(Indexing(), backend="luminal")(x, i, j)
     for g, w in zip(got, Indexing()(x, i, j)):
         assert_close("index", g, w)
+
+
+def test_int64_inputs_beyond_int32_are_refused_few_or_many():
+    """int64 ids are computed in int32: a value outside its range is refused, whether the input holds a few values
+    (checked in Python) or many (checked by torch), at the bound itself too; the range's ends pass."""
+    from luminal_recipes.graph import DType
+    from luminal_recipes.torch_backend.params import to_numpy
+
+    top, bottom = 2**31 - 1, -(2**31)
+    for size in (1, 3, 64, 65, 4096):
+        ok = torch.full((size,), top, dtype=torch.int64)
+        ok[0] = bottom
+        assert to_numpy(ok, DType.I32, "input ids").tolist() == ok.tolist()
+        for bad in (top + 1, bottom - 1):
+            t = ok.clone()
+            t[-1] = bad
+            with pytest.raises(InputError, match="beyond the int32 range"):
+                to_numpy(t, DType.I32, "input ids")
+    assert to_numpy(torch.zeros((0,), dtype=torch.int64), DType.I32, "input ids").shape == (0,)
