@@ -45,6 +45,7 @@ I8, I32, I64, FLT = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType(
 V16 = ir.VectorType(FLT, 16)  # one value row
 HEAD_DIM = 16
 GROUP = 4  # query rows whose scores one pass over the keys computes
+TILE = 4  # blocks of 16 keys per step of the scores pass: 4 x 4 accumulators
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy")
 _rows = numba.njit(fastmath={"contract"}, **_FLAGS)
 # sums that LLVM may reorder, so that it vectorises them: a function of its own (flags are per function; the
@@ -53,23 +54,36 @@ _sum = numba.njit(fastmath={"contract", "reassoc"}, **_FLAGS)
 _inline = numba.njit(fastmath={"contract"}, inline="always", **_FLAGS)
 
 
+@intrinsic
+def _bits_from_f32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], I32)
+
+    return types.int32(types.float32), codegen
+
+
+# e^x = 2^n e^r, n = round(x log2 e), |r| <= ln(2)/2: adding the shift rounds x log2 e to an integer in z's low
+# mantissa bits (the 127 there makes z's bits, shifted, 2^n's); e^r = 1 + r + r^2 (c2 + c3 r + c4 r^2 + c5 r^3), a
+# minimax fit of e^r's relative error (7e-8 in float64; c1 came out 1 in f32). 11 vector operations a lane against
+# Cephes' ~17 (its floor, conversion and degree-7 polynomial): the pass was bound by them.
+EXP_SHIFT = F(12582912.0 + 127.0)
+EXP_C2, EXP_C3, EXP_C4, EXP_C5 = F(0.49999040365219116), F(0.16666938364505768), F(0.041908301413059235), F(
+    0.008325801230967045)
+
+
 @_inline
 def exp_shift(x):
-    """e^x for a score minus its row's maximum (x <= 0), as ``numba_kernels.exp_f32`` computes it (Cephes'
-    reduction and polynomial; 0 below -87.34, where f32's normal range ends, and for NaN), written in fused
-    multiply-add intrinsics and ``floor`` so that reassociation (the caller's flags) cannot change it."""
-    xc = x if x > EXP_LOW else EXP_LOW
-    n = np.floor(_fma(xc, F(1.4426950408889634), F(0.5)))
-    r = _fma(n, F(-0.693359375), xc)
-    r = _fma(n, F(2.12194440e-4), r)
-    p = _fma(F(1.9875691500e-4), r, F(1.3981999507e-3))
-    p = _fma(p, r, F(8.3334519073e-3))
-    p = _fma(p, r, F(4.1665795894e-2))
-    p = _fma(p, r, F(1.6666665459e-1))
-    p = _fma(p, r, F(5.0000001201e-1))
-    p = _fma(p * r, r, r) + F(1.0)
-    y = p * _f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
-    return y if x > EXP_LOW else F(0.0)
+    """e^x for a score minus its row's maximum (x <= 0; e^0 = 1 exactly), relative error below 4e-7 (2e-7 for
+    |x| < 1: the reduction's single f32 ln 2 costs n ulps of ln 2); 0 below -87.34, where f32's normal range ends,
+    and for NaN. Fused multiply-add intrinsics, so that reassociation (the caller's flags) cannot change it."""
+    z = _fma(x, F(1.4426950408889634), EXP_SHIFT)
+    n = z - EXP_SHIFT
+    r = _fma(n, F(-0.6931471805599453), x)
+    p = _fma(_fma(_fma(EXP_C5, r, EXP_C4), r, EXP_C3), r, EXP_C2)
+    y = _fma(p, r * r, r)
+    scale = _f32_from_bits(_bits_from_f32(z) << np.int32(23))
+    e = _fma(y, scale, scale)
+    return e if x > EXP_LOW else F(0.0)
 
 
 @_sum
@@ -131,33 +145,44 @@ def scores_max16x4(typingctx, qs, kt, sc, t):
         krow = [builder.gep(kp, [builder.mul(kstr[0], ir.Constant(I64, d))]) for d in range(HEAD_DIM)]
         srow = [builder.gep(sp, [builder.mul(sstr[0], ir.Constant(I64, r))]) for r in range(GROUP)]
 
-        def keys(j, lanes):  # keys j..j+lanes-1 (16: one vector, 1: a scalar), the same sums either way
+        def keys(j, vectors):
+            """Keys j.. of ``vectors`` blocks of 16 (0: the one key j, scalars): the 4 rows' scores as a tile of
+            4 x ``vectors`` accumulators summed over d, so that 16 independent chains of fused multiply-adds hide
+            their latency (one chain per row, 16 keys at a time, was latency-bound: ~1 cycle a score)."""
             at = builder.mul(j, ir.Constant(I64, 4))  # bytes
-            ty, f, m, acc = (V16, fma, maxnum, maxima) if lanes == 16 else (FLT, fma1, maxnum1, low)
-            ks = [builder.load(builder.bitcast(builder.gep(krow[d], [at]), ty.as_pointer()), align=4)
-                  for d in range(HEAD_DIM)]
+            ty, f, m, acc = (V16, fma, maxnum, maxima) if vectors else (FLT, fma1, maxnum1, low)
+            n_ = max(vectors, 1)
+            tile = [[None] * n_ for _ in range(GROUP)]
+            for d in range(HEAD_DIM):
+                ks = [builder.load(builder.bitcast(builder.gep(krow[d], [builder.add(at, ir.Constant(I64, 64 * n))]),
+                                                   ty.as_pointer()), align=4) for n in range(n_)]
+                for r in range(GROUP):
+                    # the query values reloaded each step as 4-byte broadcasts: spilled as vectors (64-byte
+                    # reloads) the pass ran slower
+                    x = builder.load(qat[r][d])
+                    if vectors:
+                        x = _splat(builder, x, 16)
+                    for n in range(n_):  # the sum over d = 0..15 in that order, on every path
+                        tile[r][n] = (builder.fmul(x, ks[n]) if d == 0 else
+                                      builder.call(f, [x, ks[n], tile[r][n]]))
             for r in range(GROUP):
-                # each step loads the query values again, as broadcasts from qs (4-byte loads): 64 splats do not
-                # fit in the registers, and spilled as vectors (64-byte reloads) the pass ran slower and varied
-                # between processes (1.3-2.1 ms a call alone; the whole kernel 4.77-4.81 vs 4.41-4.45 ms now)
-                qr = [builder.load(qat[r][d]) for d in range(HEAD_DIM)]
-                if lanes == 16:
-                    qr = [_splat(builder, x, 16) for x in qr]
-                s = builder.fmul(qr[0], ks[0])
-                for d in range(1, HEAD_DIM):
-                    s = builder.call(f, [qr[d], ks[d], s])
-                builder.store(s, builder.bitcast(builder.gep(srow[r], [at]), ty.as_pointer()), align=4)
-                builder.store(builder.call(m, [builder.load(acc[r]), s]), acc[r])
+                for n in range(n_):
+                    out = builder.gep(srow[r], [builder.add(at, ir.Constant(I64, 64 * n))])
+                    builder.store(tile[r][n], builder.bitcast(out, ty.as_pointer()), align=4)
+                    builder.store(builder.call(m, [builder.load(acc[r]), tile[r][n]]), acc[r])
 
-        sixteen = ir.Constant(I64, 16)
-        blocks = builder.sdiv(t_, sixteen)
-        with cgutils.for_range(builder, blocks) as loop:
-            keys(builder.mul(loop.index, sixteen), 16)
+        sixteen, wide = ir.Constant(I64, 16), ir.Constant(I64, 16 * TILE)
+        tiles = builder.sdiv(t_, wide)
+        with cgutils.for_range(builder, tiles) as loop:
+            keys(builder.mul(loop.index, wide), TILE)
+        done = builder.mul(tiles, wide)
+        with cgutils.for_range(builder, builder.sdiv(builder.sub(t_, done), sixteen)) as loop:
+            keys(builder.add(done, builder.mul(loop.index, sixteen)), 1)
         with builder.if_else(builder.icmp_signed(">=", t_, sixteen)) as (whole, short):
             with whole:  # the last 16 keys, overlapping the last block: its scores computed again, the same
-                keys(builder.sub(t_, sixteen), 16)
+                keys(builder.sub(t_, sixteen), 1)
             with short, cgutils.for_range(builder, t_) as loop:  # fewer than 16 keys: one at a time
-                keys(loop.index, 1)
+                keys(loop.index, 0)
         return context.make_tuple(builder, sig.return_type, [
             builder.call(maxnum1, [builder.call(reduce_max, [builder.load(m)]), builder.load(lo)])
             for m, lo in zip(maxima, low)])
