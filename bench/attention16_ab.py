@@ -26,7 +26,8 @@ from luminal_recipes.runtimes.cpu import jit
 H, S, D = 4, 1088, 16
 
 
-def _load(path: str):
+def load_module(path: str):
+    """``path`` (another attention_small.py) as a sibling module of the package's, numba's cache off."""
     import luminal_recipes.runtimes.cpu.jit as package
 
     name = f"{package.__name__}.attention_small_base"
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sides = {"this tree": side(attention_small), "torch flash": flash}
     if args.base:
-        sides["base"] = side(_load(args.base))
+        sides["base"] = side(load_module(args.base))
     exact = torch.nn.functional.scaled_dot_product_attention(tq.double(), tk.double(), tv.double(),
                                                              scale=float(scale))[0].numpy()
     for name, run in sides.items():

@@ -15,6 +15,8 @@ side B's lockstep chains to ``threads.blocking_pool()`` instead of the pool work
 (``jit/lockstep.py``). ``--chain-min-part N`` captures side B's chains with ``threads.CHAIN_MIN_PART = N`` (A: the
 default, or ``--chain-min-part-a``); ``--chain-min-part 65536`` (= ``MIN_PART``) gives B the kernels' own parts in
 its chains, as before chains re-cut them (``chain.finer``). ``--off ''`` patches nothing else out of B.
+``--attn16-b FILE`` gives side B the 16-dim attention kernels of another ``jit/attention_small.py`` (e.g. ``git show
+main:runtimes/cpu/jit/attention_small.py > /tmp/a.py``; ``bench/attention16_ab.py`` loads it).
 
 Each turn calls its side once untimed before the timed call (``--untimed``): inductor's OpenMP threads spin on
 after its call (libgomp) and would take a core from the side timed next (``bench/torch_backend.py``).
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--off", default="concat,cse,attn16", help="the changes patched out of side B")
+    parser.add_argument("--attn16-b", default="", help="side B's jit/attention_small.py (another version's file)")
     parser.add_argument("--min-part", type=int, default=None,
                         help="side A's kernels prepared with this threads.MIN_PART (elements a part at least)")
     parser.add_argument("--chain-min-part", type=int, default=None,
@@ -90,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
                "attn16": (attention_small, "applies", lambda *a, **k: False),
                "amxchain": (amx, "CHAINED", False)}
     off = [name for name in args.off.split(",") if name]
+    if args.attn16_b:
+        from attention16_ab import load_module
+
+        base = load_module(args.attn16_b)
+        patches["attn16b"] = (attention_small, "_kernels", lambda: base)
+        off.append("attn16b")
     model, call, _ = tb.WORKLOADS["flux2"](torch)
     sides, outputs = {}, {}
     from luminal_recipes.runtimes.cpu import threads as cpu_threads
