@@ -106,3 +106,47 @@ def test_values_do_not_depend_on_the_blocks(numpy_runtime, monkeypatch):
         y = f.add("Attention", [q, k, v], (1, H, 50, D), scale=0.3)
         results.append(numpy_runtime.run(f.program(y=y), inputs)["y"])
     assert np.array_equal(results[0], results[1])
+
+
+def test_exponential_against_float64():
+    """The kernel's exponential (``exp_row_sum``: e^(x - m) in place, and the sum) against numpy's float64 exp over
+    f32's whole normal range below the maximum: relative error <= 5e-7 (its docstring's 4e-7 bound), e^0 = 1 exactly
+    (the row's maximum weighs exactly 1), and 0 for masked (-inf) keys, for scores more than 87.34 below the maximum
+    (f32's normal range ends there) and for NaN. A polynomial a term short or a wrong reduction constant fails."""
+    k = attention_small._kernels()
+    m = np.float32(3.5)  # a maximum that is not 0: the subtraction is the kernel's
+    x = np.concatenate([np.linspace(-87.3, 0.0, 400_003), -np.logspace(-9, 0, 20_001)]).astype(np.float32) + m
+    row = np.concatenate([x, np.array([m, -np.inf, m - 87.4, m - 200.0, -3.4e38, np.nan], np.float32)])
+    got = row.copy()
+    total = k.exp_row_sum(got, m, len(got))
+    want = np.exp(x.astype(np.float64) - np.float64(m))
+    n = len(x)
+    assert np.abs(got[:n] - want).max() <= 5e-7 * want.max()
+    assert (np.abs(got[:n] - want) <= 5e-7 * want).all()
+    assert got[n] == 1.0
+    assert (got[n + 1:] == 0).all()
+    assert abs(total - (want.sum() + 1)) <= 1e-5 * want.sum()  # an f32 sum of 420k terms (and the maximum's 1)
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.3, 4.0, 60.0])
+def test_kernel_over_score_ranges(scale, assert_close):
+    """``attention16`` against float64 SDPA with scores from near-uniform weights (0.01) to rows where every
+    exponential but the maximum's underflows (60: score gaps of hundreds); 37 rows (a partial group), 45 keys (two
+    16-key blocks, then the last 16 overlapping them)."""
+    k_ = attention_small._kernels()
+    rng = np.random.default_rng(7)
+    H, S, T, D = 2, 37, 45, 16
+    q, k, v = (rng.standard_normal((H, n, D)).astype(np.float32) for n in (S, T, T))
+    out = np.full((H, S, D), np.nan, np.float32)
+    scratch = [np.zeros(shape, np.float32) for shape in ((D, T), (T, D), (4, T), (4, D))]
+    for h in range(H):
+        k_.attention16(q, k, v, out, h, 0, S, True, np.float32(scale), *scratch)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a).double() for a in (q, k, v)), scale=scale).numpy()
+    assert_close("attention", out, want)
+    if scale == 60.0:  # rows whose other weights all underflow (the test's premise): that key's value row
+        scores = np.sort(np.einsum("hsd,htd->hst", q.astype(np.float64), k.astype(np.float64)) * scale, -1)
+        alone = scores[..., -1] - scores[..., -2] > 88
+        assert alone.sum() >= 10
+        top = np.einsum("hsd,htd->hst", q.astype(np.float64), k.astype(np.float64)).argmax(-1)
+        assert np.array_equal(out[alone], np.take_along_axis(v, top[..., None], 1)[alone])
