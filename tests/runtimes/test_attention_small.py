@@ -128,14 +128,15 @@ def test_exponential_against_float64():
     assert abs(total - (want.sum() + 1)) <= 1e-5 * want.sum()  # an f32 sum of 420k terms (and the maximum's 1)
 
 
+@pytest.mark.parametrize("T", [45, 80, 200])
 @pytest.mark.parametrize("scale", [0.01, 0.3, 4.0, 60.0])
-def test_kernel_over_score_ranges(scale, assert_close):
+def test_kernel_over_score_ranges(scale, T, assert_close):
     """``attention16`` against float64 SDPA with scores from near-uniform weights (0.01) to rows where every
-    exponential but the maximum's underflows (60: score gaps of hundreds); 37 rows (a partial group), 45 keys (two
-    16-key blocks, then the last 16 overlapping them)."""
+    exponential but the maximum's underflows (60: score gaps of hundreds); 37 rows (a partial group); 45 keys (two
+    16-key blocks, then the last 16 overlapping them), 80 (a 64-key tile and a block), 200 (3 tiles, an overlap)."""
     k_ = attention_small._kernels()
     rng = np.random.default_rng(7)
-    H, S, T, D = 2, 37, 45, 16
+    H, S, D = 2, 37, 16
     q, k, v = (rng.standard_normal((H, n, D)).astype(np.float32) for n in (S, T, T))
     out = np.full((H, S, D), np.nan, np.float32)
     scratch = [np.zeros(shape, np.float32) for shape in ((D, T), (T, D), (4, T), (4, D))]
