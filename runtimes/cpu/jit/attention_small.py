@@ -35,6 +35,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from .. import isa
 from .disk_cache import install as _install_cache_locator
 from .numba_kernels import EXP_LOW, _f32_from_bits, _fma, _wide_vectors
 
@@ -46,7 +47,6 @@ V16 = ir.VectorType(FLT, 16)  # one value row
 HEAD_DIM = 16
 GROUP = 4  # query rows whose scores one pass over the keys computes
 CHAINS = 2  # keys per step of the weighted pass (4 x 2 accumulators; 4 x 4 measured 1.3x slower)
-TILE = 4  # blocks of 16 keys per step of the scores pass: 4 x 4 accumulators
 _FLAGS = dict(cache=True, nogil=True, error_model="numpy")
 _rows = numba.njit(fastmath={"contract"}, **_FLAGS)
 # sums that LLVM may reorder, so that it vectorises them: a function of its own (flags are per function; the
@@ -120,6 +120,12 @@ def _declare(builder, name, ret, *args):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, list(args)), name)
 
 
+def _score_tile() -> int:
+    """Blocks of 16 keys per step of the scores pass: 4 (4 x 4 accumulators) where AVX-512's 32 registers hold
+    them; 1 below (AVX2's 16 registers: 4 x 4 16-lane accumulators would be 32 of them, spilled: 1.33x the time)."""
+    return 4 if isa.at_least("avx512") else 1
+
+
 @intrinsic
 def scores_max16x4(typingctx, qs, kt, sc, t):
     """``sc[r, :t] = qs[r] kt[:, :t]`` for the 4 rows of ``qs [4, 16]`` against ``kt [16, T]`` (the keys transposed,
@@ -172,10 +178,11 @@ def scores_max16x4(typingctx, qs, kt, sc, t):
                     builder.store(tile[r][n], builder.bitcast(out, ty.as_pointer()), align=4)
                     builder.store(builder.call(m, [builder.load(acc[r]), tile[r][n]]), acc[r])
 
-        sixteen, wide = ir.Constant(I64, 16), ir.Constant(I64, 16 * TILE)
+        tile = _score_tile()
+        sixteen, wide = ir.Constant(I64, 16), ir.Constant(I64, 16 * tile)
         tiles = builder.sdiv(t_, wide)
         with cgutils.for_range(builder, tiles) as loop:
-            keys(builder.mul(loop.index, wide), TILE)
+            keys(builder.mul(loop.index, wide), tile)
         done = builder.mul(tiles, wide)
         with cgutils.for_range(builder, builder.sdiv(builder.sub(t_, done), sixteen)) as loop:
             keys(builder.add(done, builder.mul(loop.index, sixteen)), 1)
