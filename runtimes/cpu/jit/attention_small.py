@@ -24,10 +24,11 @@ was 5.79 ms vs PyTorch's 5.90 (not measured since: the new passes do the same mu
 fewer loads; the AVX2 path, measured here, 6.64 vs 8.45 ms).
 
 Since (2026-12-05) the scores are tiles of 4 rows x 64 keys (one chain per row, 16 keys at a time, was bound by
-the FMA's latency: ~1 cycle a score) and the exponential is a shift-rounded reduction with a degree-5 polynomial
-(13 vector operations a lane with the subtraction and the sum, against Cephes' ~17): the passes alone, one call's
-worth, scores and maxima ~0.94 ms, exponentials ~0.70, weighted sums ~1.05, all three about at the two FMA
-ports' throughput; the call 3.1-3.2 ms against PyTorch's flash kernel 4.1-4.3 (0.74x) and 4.1-4.2 before.
+the FMA's latency: ~1 cycle a score), the exponential is a shift-rounded reduction with a degree-5 polynomial (13
+vector operations a lane with the subtraction and the sum, against Cephes' ~17) and a group's four rows of
+exponentials are one call: the passes alone, one call's worth, scores and maxima ~0.94 ms, exponentials ~0.71,
+weighted sums ~1.08, the first and last about at the two FMA ports' throughput; the call ~3.06 ms against
+PyTorch's flash kernel 4.50 (0.68x) and 4.41 before (load 3.8).
 
 Results are those of softmax attention in f32 up to the order of the sums (fixed by the compiled code: the same
 on every call, whatever the thread count or the task boundaries, since every row is computed on its own).
