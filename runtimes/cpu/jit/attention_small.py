@@ -25,7 +25,7 @@ fewer loads; the AVX2 path, measured here, 6.64 vs 8.45 ms).
 
 Since (2026-12-05) the scores are tiles of 4 rows x 64 keys (one chain per row, 16 keys at a time, was bound by
 the FMA's latency: ~1 cycle a score), the exponential is a shift-rounded reduction with a degree-5 polynomial (13
-vector operations a lane with the subtraction and the sum, against Cephes' ~17) and a group's four rows of
+vector operations a lane with the subtraction and the sum, against Cephes' ~19) and a group's four rows of
 exponentials are one call: the passes alone, one call's worth, scores and maxima ~0.94 ms, exponentials ~0.71,
 weighted sums ~1.08, the first and last about at the two FMA ports' throughput; the call ~3.06 ms against
 PyTorch's flash kernel 4.50 (0.68x) and 4.41 before (load 3.8).
@@ -72,8 +72,9 @@ def _bits_from_f32(typingctx, x):
 
 # e^x = 2^n e^r, n = round(x log2 e), |r| <= ln(2)/2: adding the shift rounds x log2 e to an integer in z's low
 # mantissa bits (the 127 there makes z's bits, shifted, 2^n's); e^r = 1 + r + r^2 (c2 + c3 r + c4 r^2 + c5 r^3), a
-# minimax fit of e^r's relative error (7e-8 in float64; c1 came out 1 in f32). 11 vector operations a lane against
-# Cephes' ~17 (its floor, conversion and degree-7 polynomial): the pass was bound by them.
+# minimax fit of e^r's relative error (7e-8 in float64; c1 came out 1 in f32). 11 vector operations a lane (13 with
+# the subtraction and the sum) against Cephes' ~17 (its clamp, floor, conversion and longer polynomial): the
+# pass is bound by them.
 EXP_SHIFT = F(12582912.0 + 127.0)
 EXP_C2, EXP_C3, EXP_C4, EXP_C5 = F(0.49999040365219116), F(0.16666938364505768), F(0.041908301413059235), F(
     0.008325801230967045)
@@ -142,7 +143,8 @@ def _declare(builder, name, ret, *args):
 
 def _score_tile() -> int:
     """Blocks of 16 keys per step of the scores pass: 4 (4 x 4 accumulators) where AVX-512's 32 registers hold
-    them; 1 below (AVX2's 16 registers: 4 x 4 16-lane accumulators would be 32 of them, spilled: 1.33x the time)."""
+    them; 1 below (AVX2's 16 registers: 4 x 4 16-lane accumulators would be 32 of them, spilled: 1.27-1.33x
+    the time)."""
     return 4 if isa.at_least("avx512") else 1
 
 
@@ -236,12 +238,12 @@ def weighted16x4(typingctx, e, vr, t, sums):
                for _ in range(CHAINS)]
         rows = [builder.gep(ep, [builder.mul(es[0], ir.Constant(I64, r))]) for r in range(GROUP)]
 
-        def key(j, half):
+        def key(j, chain):
             v = builder.load(builder.bitcast(builder.gep(vp, [builder.mul(j, vs[0])]), V16.as_pointer()), align=4)
             for r in range(GROUP):
                 at = builder.gep(rows[r], [builder.mul(j, es[1])])
                 w = _splat(builder, builder.load(builder.bitcast(at, FLT.as_pointer())), 16)
-                builder.store(builder.call(fma, [w, v, builder.load(acc[half][r])]), acc[half][r])
+                builder.store(builder.call(fma, [w, v, builder.load(acc[chain][r])]), acc[chain][r])
 
         chains = ir.Constant(I64, CHAINS)
         steps = builder.sdiv(t_, chains)
