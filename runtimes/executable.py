@@ -203,7 +203,7 @@ BINDINGS = 4  # bindings an executable keeps, its current one included (1: none 
 # what one binding is: restored together by ``bind`` (``_bind`` sets every one of them)
 _BINDING_FIELDS = ("dims", "plan", "_replay", "_launches", "_inputs", "_steps", "_step_nodes", "_labels",
                    "_instances", "_outputs", "_input_specs", "_input_names", "_output_views", "_write_back",
-                   "_memory", "_direct", "_node_steps", "_prepared")
+                   "_memory", "_direct", "_node_steps", "_scratch_bytes")
 
 
 class Executable:
@@ -377,9 +377,10 @@ class Executable:
         ``prepared`` are bound again, the others' steps kept from the current binding (``_in_place``)."""
         backend, program, by_id = self.backend, self.program, self._by_id
         kept_steps: dict = {}
+        scratch_bytes = {nid: scratch.nbytes for nid, (_, scratch) in prepared.items()}
         if keep_steps:
             kept_steps = {nid: step for nid, step in self._node_steps.items() if nid not in prepared}
-            prepared = {**{nid: self._prepared[nid] for nid in kept_steps}, **prepared}
+            scratch_bytes = {**{nid: self._scratch_bytes[nid] for nid in kept_steps}, **scratch_bytes}
         self.dims, self.plan = dims, plan
         self._replay, self._launches = None, 0  # a graph records one binding's steps
         self._direct: DirectIO | None = None  # inputs read in place, outputs written fresh (``direct_io``)
@@ -413,7 +414,9 @@ class Executable:
             out = flats[nid].reshape(declared_shape(node, dims))
             steps.append((position, bind(out, [flats[src] for src, _ in node.inputs], arrays)))
         self._node_steps = {plan.order[position]: step for position, step in steps}
-        self._prepared = prepared
+        # what the live schedule needs of the prepared kernels: not the kernels (their contexts and bind closures,
+        # ~30 objects the garbage collector tracks per kernel, would live as long as the binding is kept)
+        self._scratch_bytes = scratch_bytes
         self._steps = self.streamer.interleave(steps) if self.streamer else [step for _, step in steps]
         node_of = {id(step): plan.order[pos] for pos, step in steps}  # profile labels
         self._step_nodes = [node_of.get(id(step)) for step in self._steps]
@@ -454,7 +457,7 @@ class Executable:
             constant_bytes=plan.constant_bytes, arena_bytes=arena_bytes,
             planned_peak=weight_bytes + plan.constant_bytes + plan.state_bytes + arena_bytes,
             live_peak=functools.partial(_live_schedule, plan, program.outputs, by_id,  # (sizes, not the arrays:
-                                        {nid: a.nbytes for nid, a in flats.items()}, prepared),  # nothing held)
+                                        {nid: a.nbytes for nid, a in flats.items()}, scratch_bytes),  # nothing held)
             state_bytes=plan.state_bytes)
 
     # ---- inputs and states ---------------------------------------------------------------------------------
@@ -497,7 +500,7 @@ class Executable:
         self._memory = self.memory  # (made now: what it is made from goes below)
         self._bindings.clear()
         self._steps, self._labels, self._write_back, self._staged = [], [], [], []
-        self._node_steps, self._prepared = {}, {}  # (the steps hold the arena's arrays)
+        self._node_steps, self._scratch_bytes = {}, {}  # (the steps hold the arena's arrays)
         self._inputs, self._outputs = {}, {}
         self._input_specs, self._output_views = [], {}
         self._fixed.clear()
@@ -778,7 +781,7 @@ def _node_symbols(program: Program, by_id: dict[int, Node]) -> dict[int, frozens
 
 
 def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], sizes: dict,
-                   prepared: dict) -> int:
+                   scratch_bytes: dict[int, int]) -> int:
     """The most bytes held at one step by live activation arrays and kernel scratch, summed over the arrays
     actually bound (unaligned): a check on the plan, which must be at least this large."""
     step_of = {nid: i for i, nid in enumerate(plan.order)}
@@ -804,10 +807,10 @@ def _live_schedule(plan: MemoryPlan, outputs: dict, by_id: dict[int, Node], size
     for root, (lo, hi) in spans.items():
         delta[lo] += sizes[root]
         delta[hi + 1] -= sizes[root]
-    for nid, (_, scratch) in prepared.items():
-        if nid in step_of and scratch.nbytes:
-            delta[step_of[nid] + 1] += scratch.nbytes
-            delta[step_of[nid] + 2] -= scratch.nbytes
+    for nid, nbytes in scratch_bytes.items():
+        if nid in step_of and nbytes:
+            delta[step_of[nid] + 1] += nbytes
+            delta[step_of[nid] + 2] -= nbytes
     live = peak = 0
     for d in delta:
         live += d

@@ -38,6 +38,31 @@ def is_identity(bv: BoundView, shape: tuple[int, ...], size: int) -> bool:
     return True
 
 
+def alias(a: np.ndarray, shape, byte_strides, writeable: bool = False) -> np.ndarray:
+    """``np.lib.stride_tricks.as_strided(a, shape, byte_strides, writeable=writeable)`` (a view from ``a``'s first
+    element) made by ``np.ndarray`` over the contiguous array ``a`` views: as_strided leaves a holder object as
+    the view's base (a ``DummyArray`` and its ``__array_interface__`` dict, list and tuples: ~6 objects the
+    garbage collector tracks, per view), and a bound step keeps its views as long as its binding is kept (a decode
+    loop re-binding every token made ~1800 of them a token: docs/torch.md, "garbage collector"). numpy arrays
+    are not tracked. Falls back on as_strided where ``a`` views no contiguous array or the view leaves it."""
+    root = a
+    while not root.flags.c_contiguous and isinstance(root.base, np.ndarray):
+        root = root.base
+    if root.flags.c_contiguous:
+        if root.dtype.isbuiltin != 1 or root.ndim != 1:  # (ml_dtypes' types export no buffer; bytes do)
+            root = root.reshape(-1).view(np.uint8)
+        start = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        try:
+            out = np.ndarray(shape, a.dtype, buffer=root, offset=start, strides=byte_strides)
+        except (ValueError, TypeError):
+            out = None
+        if out is not None:
+            if not writeable and out.flags.writeable:
+                out.flags.writeable = False
+            return out
+    return np.lib.stride_tricks.as_strided(a, shape, byte_strides, writeable=writeable)
+
+
 def strided(flat: np.ndarray, bv: BoundView, writeable: bool = False) -> np.ndarray | None:
     """``flat`` seen through ``bv`` as a numpy view (no copy), or ``None`` when the view is masked or reads
     outside the buffer (then it must be gathered)."""
@@ -47,11 +72,7 @@ def strided(flat: np.ndarray, bv: BoundView, writeable: bool = False) -> np.ndar
         return np.zeros(bv.shape, flat.dtype)
     item = flat.itemsize
     base = flat[bv.offset :] if bv.offset else flat
-    byte_strides = tuple(s * item for s in bv.strides)
-    # as_strided cannot describe ml_dtypes' types (bf16, fp8...): stride an integer twin and view it back
-    twin = base if flat.dtype.isbuiltin == 1 else base.view(f"u{item}")
-    out = np.lib.stride_tricks.as_strided(twin, bv.shape, byte_strides, writeable=writeable)
-    return out if out.dtype == flat.dtype else out.view(flat.dtype)
+    return alias(base, bv.shape, tuple(s * item for s in bv.strides), writeable)
 
 
 def gather_into(dst: np.ndarray, flat: np.ndarray, bv: BoundView) -> None:

@@ -96,7 +96,7 @@ def tag(step: Callable, *phases: Sequence[Call], redescribe: Callable[[], Sequen
     functions that are not module-level numba dispatchers leave the step undescribed (run from Python).
     ``redescribe``: phases of the same work with its parts cut again under ``threads.finer_parts`` (``finer``)."""
     phases = tuple(tuple(phase) for phase in phases if phase)
-    if phases and _chainable(phases):
+    if phases and chainable(phases):
         try:
             step.chain = phases
         except AttributeError:  # a builtin or bound method: wrapped
@@ -111,7 +111,8 @@ def tag(step: Callable, *phases: Sequence[Call], redescribe: Callable[[], Sequen
     return step
 
 
-def _chainable(phases: tuple) -> bool:
+def chainable(phases: tuple) -> bool:
+    """Every call is of a module-level numba dispatcher, with arguments a chain carries (``tag``'s test)."""
     return all(hasattr(call.fn, "overloads") and describable(call.args) for phase in phases for call in phase)
 
 
@@ -132,12 +133,12 @@ def finer(step: Callable, size: int) -> tuple | None:
         return phases_of(step)
     if getattr(redescribe, "always", False):  # a kernel whose lockstep parts are its own choice (kernels/gguf.py)
         phases = tuple(tuple(phase) for phase in redescribe() if phase)
-        return phases if phases and _chainable(phases) else phases_of(step)
+        return phases if phases and chainable(phases) else phases_of(step)
     # (described again even at ``MIN_PART``: the compiled element-wise passes' own minimum is larger,
     # ``elementwise.JIT_PART_ELEMS``, so a SiLU gate of 200k elements is one part as a step, two in lockstep)
     with cpu_threads.finer_parts(size):
         phases = tuple(tuple(phase) for phase in redescribe() if phase)
-    return phases if phases and _chainable(phases) else phases_of(step)
+    return phases if phases and chainable(phases) else phases_of(step)
 
 
 def combine(step: Callable, *parts: Callable) -> Callable:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...kernels.context import Bind, KernelContext
+from ...views import alias
 from .. import amx, jit
 from .. import threads as cpu_threads
 from . import attention_small
@@ -317,7 +318,7 @@ def _mask_spans(bias: np.ndarray, lo: np.ndarray, hi: np.ndarray, keep: np.ndarr
     item = bias.itemsize
     if jit.AVAILABLE and min(bias.strides) >= 0 and not any(st % item for st in bias.strides):
         span = 1 + sum((n - 1) * st // item for n, st in zip(bias.shape, bias.strides))
-        flat = np.lib.stride_tricks.as_strided(bias, (span,), (item,), writeable=False)
+        flat = alias(bias, (span,), (item,), writeable=False)
         jit.kernels().mask_spans(flat, bias.shape[0], bias.shape[1], bias.strides[0] // item,
                                  bias.strides[1] // item, lo, hi, keep, MASKED, KEEP)
         return
@@ -367,7 +368,7 @@ def _rows_step(blocks: list, scale: np.float32, qs: np.ndarray, sc: np.ndarray) 
         if a.dtype != F32 or a.strides[2] != item or min(a.strides) < 0 or any(st % item for st in a.strides):
             return None
         span = 1 + sum((n - 1) * st // item for n, st in zip(a.shape, a.strides))
-        flats.append(np.lib.stride_tricks.as_strided(a, (span,), (item,), writeable=a is out))
+        flats.append(alias(a, (span,), (item,), writeable=a is out))
         strides += [a.strides[0] // item, a.strides[1] // item]
     units = q.shape[0] * q.shape[1]
     head = [*q.shape[:2], k.shape[1], q.shape[2], v.shape[2], *strides]

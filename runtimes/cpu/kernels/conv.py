@@ -10,7 +10,7 @@ import numpy as np
 
 from ...kernels.context import Bind, KernelContext
 from ...kernels.fused import conv_windows
-from ...views import strided, zero_padded
+from ...views import alias, strided, zero_padded
 from .. import cblas, jit
 from .. import threads as cpu_threads
 from . import matmul
@@ -102,7 +102,7 @@ def _prepare_im2col_conv(ctx: KernelContext) -> Bind:
             sc, sy, sx = xi.strides
             for r0 in range(0, ho, tile_rows) if flat_x is None else ():
                 r = min(tile_rows, ho - r0)
-                window = np.lib.stride_tricks.as_strided(
+                window = alias(
                     xi[:, r0 * sh :, :], (c, kh, kw, r, wo), (sc, sy, sx, sy * sh, sx * sw), writeable=False)
                 buf = scratch[cols][:, : r * wo]
                 dst5 = buf.reshape(window.shape)

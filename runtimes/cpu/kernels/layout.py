@@ -3,6 +3,7 @@ copies) and ``Concat`` (the sum of zero-padded views, computed box by box)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ import numpy as np
 from luminal_recipes.graph.view import BoundView
 
 from ...kernels.context import Bind, KernelContext
-from ...views import in_bounds, strided
+from ...views import alias, in_bounds, strided
 from .. import jit
 from .. import threads as cpu_threads
 from .common import F32
@@ -147,7 +148,7 @@ def _flat_box(dst: np.ndarray, src: np.ndarray, merged: list[list[int]]) -> tupl
     flats = []
     for a, col in ((dst, 1), (src, 2)):
         span = 1 + sum((row[0] - 1) * row[col] for row in merged)
-        flats.append(np.lib.stride_tricks.as_strided(a, (span,), (item,), writeable=a is dst))
+        flats.append(alias(a, (span,), (item,), writeable=a is dst))
     return (flats[0], [row[0] for row in merged] + [row[1] for row in merged], flats[1],
             [row[2] for row in merged])
 
@@ -159,43 +160,75 @@ def _compiled_copies(pairs: list[tuple[np.ndarray, np.ndarray]]):
     is not f32 rows of the same merged shape."""
     if not jit.AVAILABLE:
         return None
+    phases = _copy_calls(pairs)
+    return None if phases is None else _Copies(tuple(pairs), phases)
+
+
+def _copy_calls(pairs) -> tuple | None:
+    """Per pair its calls ``(kernel, args, part)``, one per part (``_split_pair``); None where a part has no such
+    call."""
     from ..jit import f32_kernels
 
-    def describe():  # per pair its calls, one per part (``_split_pair``); None where a part has no such call
-        phases = []
-        for dst, src in pairs:
-            calls = []
-            for i, (d, s) in enumerate(_split_pair(dst, src)):
-                s = np.broadcast_to(s, d.shape)
-                kernel, rows = f32_kernels.copy_rows, _rows3(d, s)
-                box = _box3(d, s) if rows is not None and rows[1][2] == 1 else None
-                if box is not None:  # rows of one element (the innermost axis strided): the strided loop instead
-                    kernel, rows = f32_kernels.copy_box, box
-                if rows is None:
-                    return None
-                d_flat, d_geometry, s_flat, s_strides = rows
-                calls.append((kernel, (d_flat, np.array(d_geometry, np.int64), s_flat,
-                                       np.array(s_strides, np.int64)), i))
-            phases.append(calls)
-        return phases
+    phases = []
+    for dst, src in pairs:
+        calls = []
+        for i, (d, s) in enumerate(_split_pair(dst, src)):
+            s = np.broadcast_to(s, d.shape)
+            kernel, rows = f32_kernels.copy_rows, _rows3(d, s)
+            box = _box3(d, s) if rows is not None and rows[1][2] == 1 else None
+            if box is not None:  # rows of one element (the innermost axis strided): the strided loop instead
+                kernel, rows = f32_kernels.copy_box, box
+            if rows is None:
+                return None
+            d_flat, d_geometry, s_flat, s_strides = rows
+            calls.append((kernel, (d_flat, np.array(d_geometry, np.int64), s_flat, np.array(s_strides, np.int64)),
+                          i))
+        phases.append(tuple(calls))
+    return tuple(phases)
 
-    phases = describe()
-    if phases is None:
-        return None
-    steps = [cpu_threads.parallel([lambda kernel=kernel, args=args: kernel(*args) for kernel, args, _ in calls])
-             for calls in phases]
 
-    def body():
-        for step in steps:
-            step()
+_UNSET = object()
 
-    from ..jit.chain import Call, tag
 
-    def tagged(phases):
-        return [[Call(fn, args, part) for fn, args, part in calls] for calls in phases or ()]
+class _Copies:
+    """``_compiled_copies``' step: each pair's calls, its parts in parallel, described for the chains only when a
+    chain asks (``chain``, ``rechain``: ``jit/chain.py``'s ``tag`` attributes). A concatenation of a cache that
+    grows a row a step is bound again at every length (``Executable._in_place``), and such a binding runs its
+    steps one by one, never recorded: its description made at binding time (Calls, closures) was ~25 more
+    objects the garbage collector tracks per concatenation, kept as long as the binding is (docs/torch.md)."""
 
-    # a copy is exact whatever its cut: described again for a chain's finer parts (``chain.finer``)
-    return tag(body, *tagged(phases), redescribe=lambda: tagged(describe()))
+    __slots__ = ("pairs", "phases", "parallel", "_chain")
+
+    def __init__(self, pairs: tuple, phases: tuple):
+        self.pairs, self.phases, self._chain = pairs, phases, _UNSET
+        self.parallel = tuple(None if len(calls) == 1 else cpu_threads.parallel(
+            [functools.partial(kernel, *args) for kernel, args, _ in calls]) for calls in phases)
+
+    def __call__(self) -> None:
+        for calls, parallel in zip(self.phases, self.parallel):
+            if parallel is None:
+                kernel, args, _ = calls[0]
+                kernel(*args)
+            else:
+                parallel()
+
+    @property
+    def chain(self) -> tuple | None:
+        if self._chain is _UNSET:
+            from ..jit.chain import chainable
+
+            phases = _as_calls(self.phases)
+            self._chain = phases if phases and chainable(phases) else None
+        return self._chain
+
+    def rechain(self) -> list:  # a copy is exact whatever its cut: described again for a chain's finer parts
+        return _as_calls(_copy_calls(self.pairs) or ())
+
+
+def _as_calls(phases) -> tuple:
+    from ..jit.chain import Call
+
+    return tuple(tuple(Call(fn, args, part) for fn, args, part in calls) for calls in phases if calls)
 
 
 def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[slice, ...]]:
@@ -287,7 +320,7 @@ def _upsampled_rows(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.nd
         if d != 1 and stride != expected:
             return None
         expected, rows = expected * d, rows * d
-    src_rows = np.lib.stride_tricks.as_strided(src, (rows, w), (sh, 4), writeable=False)
+    src_rows = alias(src, (rows, w), (sh, 4), writeable=False)
     return src_rows, dst.reshape(2 * rows, 2 * w)
 
 

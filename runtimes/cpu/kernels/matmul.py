@@ -10,6 +10,7 @@ import numpy as np
 from luminal_recipes.graph.view import BoundView
 
 from ...kernels.context import Bind, KernelContext, Step
+from ...views import alias
 from .. import amx, cblas, jit
 from .. import threads as cpu_threads
 from .common import F32, bind_all, is_float, with_refresh
@@ -148,7 +149,7 @@ def _flat(a: np.ndarray, writeable: bool = False) -> tuple[np.ndarray, list[int]
     if a.dtype != F32 or a.size == 0 or any(st < 0 or st % item for st in a.strides):
         return None
     span = 1 + sum((n - 1) * st // item for n, st in zip(a.shape, a.strides))
-    flat = np.lib.stride_tricks.as_strided(a, (span,), (item,), writeable=writeable)
+    flat = alias(a, (span,), (item,), writeable=writeable)
     return flat, [st // item for st in a.strides]
 
 
