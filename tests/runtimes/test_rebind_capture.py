@@ -207,3 +207,29 @@ def test_a_rebinding_within_the_loaded_dims_keeps_the_other_kernels_steps(lm, mo
     assert np.array_equal(_run(lm, exe, 49), _reference(lm, (49,), monkeypatch)[49])
     assert exe.plans == 1 and exe.stats.rebinds_in_place == len(lengths)  # beyond the loaded dims: planned afresh
     exe.close()
+
+
+def test_kept_bindings_hold_no_prepared_kernels_or_view_holders(lm, monkeypatch):
+    """What a kept binding holds lives as long as it is kept, so the garbage collector walks it again and again
+    (a decode loop through a compiled PyTorch model re-binds every token: docs/torch.md, "garbage collector"):
+    no prepared kernel (its context and bind closure: only its scratch size is kept) and no holder object that
+    ``as_strided`` leaves behind every view it makes (``views.alias`` makes views without one), and few tracked
+    objects per kernel bound again."""
+    exe = _prefill(lm, 48, True, monkeypatch, ctx=60)
+    _run(lm, exe, 48)
+    gc.collect()
+    gc.disable()
+    try:
+        before = {id(o) for o in gc.get_objects()}
+        rebound = exe.stats.nodes_rebound
+        for n in (29, 30, 31):
+            _run(lm, exe, n)
+        rebound = exe.stats.nodes_rebound - rebound
+        kept = [o for o in gc.get_objects() if id(o) not in before]
+    finally:
+        gc.enable()
+    kinds = {type(o).__name__ for o in kept}
+    assert rebound > 0 and exe.stats.rebinds_in_place >= 3
+    assert not kinds & {"DummyArray", "KernelContext", "KernelInput", "Scratch"}, kinds
+    assert len(kept) < 60 * rebound, (len(kept), rebound)  # 105 a kernel before: 46 now (the bound steps)
+    exe.close()
