@@ -45,10 +45,12 @@ def alias(a: np.ndarray, shape, byte_strides, writeable: bool = False) -> np.nda
     garbage collector tracks, per view), and a bound step keeps its views as long as its binding is kept (a decode
     loop re-binding every token made ~1800 of them a token: docs/torch.md, "garbage collector"). numpy arrays
     are not tracked. Falls back on as_strided where ``a`` views no contiguous array or the view leaves it."""
-    root = a
-    while not root.flags.c_contiguous and isinstance(root.base, np.ndarray):
-        root = root.base
-    if root.flags.c_contiguous:
+    root, base = None, a
+    while isinstance(base, np.ndarray):  # the outermost contiguous array: a view may reach before ``a`` (reversed)
+        if base.flags.c_contiguous:
+            root = base
+        base = base.base
+    if root is not None:
         if root.dtype.isbuiltin != 1 or root.ndim != 1:  # (ml_dtypes' types export no buffer; bytes do)
             root = root.reshape(-1).view(np.uint8)
         start = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
@@ -57,7 +59,7 @@ def alias(a: np.ndarray, shape, byte_strides, writeable: bool = False) -> np.nda
         except (ValueError, TypeError):
             out = None
         if out is not None:
-            if not writeable and out.flags.writeable:
+            if not (writeable and a.flags.writeable) and out.flags.writeable:  # (as as_strided: ``a``'s own flag)
                 out.flags.writeable = False
             return out
     return np.lib.stride_tricks.as_strided(a, shape, byte_strides, writeable=writeable)
