@@ -23,6 +23,7 @@ scratch arrays come from the memory plan.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -371,71 +372,80 @@ class ElementwiseCode:
     @staticmethod
     def of(text: str, in_dtypes: list[np.dtype], out_dtype: np.dtype) -> ElementwiseCode | None:
         """The code of ``text``, or None unless every input and the output are f32 and the expression uses only
-        float arithmetic (no Cast, LessThan)."""
-        if np.dtype(out_dtype) != F32 or any(np.dtype(d) != F32 for d in in_dtypes):
-            return None
-        tree = parse(text)
-        if any(e.op not in ("in", "const") and e.op not in OPCODE for e in _nodes(tree)):
-            return None
-        if any(not 0 <= leaf.index < len(in_dtypes) for leaf in _leaves(tree)):
-            return None
-        # f32 bits -> its register (filled once): keyed by bits, so a NaN constant (never equal to itself) is one
-        # register too, and -0.0 stays apart from 0.0
-        consts: dict[int, int] = {}
-        for e in _nodes(tree):
-            if e.op == "const" and _bits(e.value) not in consts:
-                consts[_bits(e.value)] = len(consts)
-        rows = [(OPCODE["Const"], reg, reg, 0, 0) for reg in consts.values()]
-        free: list[int] = []
-        count = len(consts)
-        # an input or subexpression read several times is loaded or computed once (SiLU's x * sigmoid(x) loads x
-        # once): its register is kept until its last reader
-        uses = _repeated(tree, leaves=True)
-        memo: dict[Expr, int] = {}
-        pins: dict[int, int] = {}
+        float arithmetic (no Cast, LessThan). Made once per expression and dtypes (shared, never written): a kernel
+        re-bound at every length (a decode loop through a compiled PyTorch model) parsed its expression again each
+        time, and the parser's recursive closures are reference cycles, garbage only the collector frees (~5200
+        objects a 32-token ``generate``: docs/torch.md, "garbage collector")."""
+        return _code_of(text, tuple(np.dtype(d) for d in in_dtypes), np.dtype(out_dtype))
 
-        def take() -> int:
-            nonlocal count
-            if free:
-                return free.pop()
-            count += 1
-            return count - 1
 
-        def emit(e: Expr) -> tuple[int, bool]:  # (register, whether it is a temporary)
-            if e.op == "const":
-                return consts[_bits(e.value)], False
-            if e in memo:
-                return memo[e], True
-            if e.op == "in":
-                reg = take()
-                rows.append((OPCODE["Load"], reg, e.index + 1, 0, 0))
-            else:
-                logistic = _logistic(e)
-                op, operands = ("Logistic", logistic) if logistic is not None else (e.op, e.args)
-                args = [emit(a) for a in operands]
-                reg = take()  # never an operand's register: a loop writing what it reads does not vectorise
-                for r, temporary in args:
-                    if temporary:
-                        release(r)
-                regs = [r for r, _ in args] + [0] * (3 - len(args))
-                rows.append((OPCODE[op], reg, regs[0], regs[1], regs[2]))
-            if uses.get(e, 1) > 1:
-                memo[e] = reg
-                pins[reg] = uses[e]
-            return reg, True
+@functools.lru_cache(maxsize=4096)
+def _code_of(text: str, in_dtypes: tuple[np.dtype, ...], out_dtype: np.dtype) -> ElementwiseCode | None:
+    """``ElementwiseCode.of``, memoized."""
+    if out_dtype != F32 or any(d != F32 for d in in_dtypes):
+        return None
+    tree = parse(text)
+    if any(e.op not in ("in", "const") and e.op not in OPCODE for e in _nodes(tree)):
+        return None
+    if any(not 0 <= leaf.index < len(in_dtypes) for leaf in _leaves(tree)):
+        return None
+    # f32 bits -> its register (filled once): keyed by bits, so a NaN constant (never equal to itself) is one
+    # register too, and -0.0 stays apart from 0.0
+    consts: dict[int, int] = {}
+    for e in _nodes(tree):
+        if e.op == "const" and _bits(e.value) not in consts:
+            consts[_bits(e.value)] = len(consts)
+    rows = [(OPCODE["Const"], reg, reg, 0, 0) for reg in consts.values()]
+    free: list[int] = []
+    count = len(consts)
+    # an input or subexpression read several times is loaded or computed once (SiLU's x * sigmoid(x) loads x
+    # once): its register is kept until its last reader
+    uses = _repeated(tree, leaves=True)
+    memo: dict[Expr, int] = {}
+    pins: dict[int, int] = {}
 
-        def release(reg: int) -> None:
-            left = pins.get(reg, 1) - 1
-            if left > 0:
-                pins[reg] = left
-                return
-            pins.pop(reg, None)
-            free.append(reg)
+    def take() -> int:
+        nonlocal count
+        if free:
+            return free.pop()
+        count += 1
+        return count - 1
 
-        root, _ = emit(tree)
-        rows.append((OPCODE["Store"], 0, root, 0, 0))
-        value = np.array(list(consts), np.uint32).view(np.float32)
-        return ElementwiseCode(np.array(rows, np.int32).reshape(-1, 5), value, max(count, 1))
+    def emit(e: Expr) -> tuple[int, bool]:  # (register, whether it is a temporary)
+        if e.op == "const":
+            return consts[_bits(e.value)], False
+        if e in memo:
+            return memo[e], True
+        if e.op == "in":
+            reg = take()
+            rows.append((OPCODE["Load"], reg, e.index + 1, 0, 0))
+        else:
+            logistic = _logistic(e)
+            op, operands = ("Logistic", logistic) if logistic is not None else (e.op, e.args)
+            args = [emit(a) for a in operands]
+            reg = take()  # never an operand's register: a loop writing what it reads does not vectorise
+            for r, temporary in args:
+                if temporary:
+                    release(r)
+            regs = [r for r, _ in args] + [0] * (3 - len(args))
+            rows.append((OPCODE[op], reg, regs[0], regs[1], regs[2]))
+        if uses.get(e, 1) > 1:
+            memo[e] = reg
+            pins[reg] = uses[e]
+        return reg, True
+
+    def release(reg: int) -> None:
+        left = pins.get(reg, 1) - 1
+        if left > 0:
+            pins[reg] = left
+            return
+        pins.pop(reg, None)
+        free.append(reg)
+
+    root, _ = emit(tree)
+    rows.append((OPCODE["Store"], 0, root, 0, 0))
+    value = np.array(list(consts), np.uint32).view(np.float32)
+    return ElementwiseCode(np.array(rows, np.int32).reshape(-1, 5), value, max(count, 1))
 
 
 def _repeated(tree: Expr, leaves: bool = False) -> dict[Expr, int]:

@@ -90,6 +90,7 @@ def test_logistic_instruction_gives_the_bits_of_its_four_operations(text, monkey
     rng = np.random.default_rng(6)
     inputs = [(rng.standard_normal((5, 300)) * 30).astype(np.float32) for _ in range(2)]
     inputs[0][0, :4] = [np.inf, -np.inf, np.nan, 0.0]
+    monkeypatch.setattr(expr, "_code_of", expr._code_of.__wrapped__)  # not memoized: what it calls is patched below
     fused = expr.ElementwiseCode.of(text, [np.float32] * 2, np.float32)
     monkeypatch.setattr(expr, "_logistic", lambda e: None)
     plain = expr.ElementwiseCode.of(text, [np.float32] * 2, np.float32)
@@ -127,6 +128,7 @@ def test_a_repeated_subexpression_is_computed_once(monkeypatch):
 
     once = plan_output(ElementwisePlan(cos, [np.float32, np.float64], np.float32))
     silu = "(Mul (Mul in0 (Recip (Add (Exp (Mul in0 (Const -1.0))) (Const 1.0)))) in1)"
+    monkeypatch.setattr(expr, "_code_of", expr._code_of.__wrapped__)  # not memoized: what it calls is patched below
     code_once = expr.ElementwiseCode.of(silu, [np.float32] * 2, np.float32)
     monkeypatch.setattr(expr, "_repeated", lambda tree, leaves=False: {})
     twice = plan_output(ElementwisePlan(cos, [np.float32, np.float64], np.float32))
