@@ -122,6 +122,28 @@ def cycles_now():
     return cycles()
 
 
+def rows(traced: dict, steps: int) -> None:
+    """Each chain's rows in program order: the thread, the call's time and each thread's wait at a barrier (us a
+    run): where one thread works while the other waits, and on what."""
+    hz = tsc_hz()
+    for ch in traced.values():
+        if not getattr(ch, "trace_runs", 0):
+            continue
+        T = ch.used
+        program, _ = ch.layouts[T]
+        table = ch.flags[TRACE:TRACE + 2 * program.shape[0] * T].reshape(program.shape[0], T, 2)
+        us = 1e6 / hz / ch.trace_runs
+        print(f"chain of {len(ch.steps)} steps on {T} thread(s), {ch.trace_runs} runs")
+        k = 0
+        for r in range(program.shape[0]):
+            if program[r, 0] == chain.BARRIER:
+                print("    barrier  " + "  ".join(f"wait{t} {table[r, t, 1] * us:7.1f}" for t in range(T)))
+                continue
+            t = program[r, 1]
+            print(f"  t{t} {table[r, t, 0] * us:7.1f} us  {ch.trace_names[k]}")
+            k += 1
+
+
 def report(traced: dict, steps: int, wall_s: float, top: int) -> None:
     hz = tsc_hz()
     per_kernel: dict = collections.defaultdict(lambda: np.zeros(4))  # calls on t0, t1, waits on t0, t1 (cycles)
@@ -184,6 +206,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=10)
     p.add_argument("--context", type=int, default=0, help="the KV cache planned (default: tokens + 64)")
     p.add_argument("--min-split-phases", type=int, default=0, help="chain.MIN_SPLIT_PHASES for this run")
+    p.add_argument("--rows", action="store_true", help="also each chain's rows in order (thread, us a run)")
     args = p.parse_args()
     from luminal_recipes.runtimes.cpu.jit import chain as chain_module
 
@@ -236,6 +259,8 @@ def torch_workload(traced: dict, args) -> None:
             fn()
             wall += time.perf_counter() - t0
     report(traced, args.calls, wall, args.top)
+    if args.rows:
+        rows(traced, args.calls)
 
 
 if __name__ == "__main__":

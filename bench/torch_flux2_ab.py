@@ -7,7 +7,8 @@ compiled (B's kernels are prepared under it):
 - ``cse``: a repeated subexpression of an Elementwise computed once (``expression._repeated``);
 - ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``);
 - ``amxchain``: the AMX products described for the chains (``amx.CHAINED``; else each a Python step between
-  them).
+  them);
+- ``tasks``: a lockstep chain's single-thread calls spread over its threads (``chain.TASKS``; else on thread 0).
 
 ``--min-part N`` prepares side A's kernels with ``threads.MIN_PART = N`` (finer parts for the chains' two threads).
 ``--min-split-phases-a N`` captures side A's chains with ``chain.MIN_SPLIT_PHASES = N``; ``--blocking-b`` hands
@@ -91,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     patches = {"concat": (layout, "_box3", lambda *a, **k: None),
                "cse": (expression, "_repeated", lambda *a, **k: {}),
                "attn16": (attention_small, "applies", lambda *a, **k: False),
-               "amxchain": (amx, "CHAINED", False)}
+               "amxchain": (amx, "CHAINED", False),
+               "tasks": (chain, "TASKS", False)}
     off = [name for name in args.off.split(",") if name]
     if args.attn16_b:
         from attention16_ab import load_module

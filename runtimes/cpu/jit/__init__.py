@@ -287,15 +287,21 @@ def _warm() -> None:
 
 def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[], None]:
     """A step calling ``kernel(*row_parts, *scalars)`` on one part of the rows (axis 0 of every array) per
-    core (each row computed on its own: any cut gives the same bits)."""
+    core (each row computed on its own: any cut gives the same bits). The kernel writes the last array only."""
     n = arrays[0].shape[0]
     width = arrays[0].size // max(n, 1)
 
     def describe():  # the row slices are made once per description, here
-        return [(kernel, (*(a[sl] for a in arrays), *scalars), i) for i, sl in enumerate(split(n, width))]
+        calls = []
+        for i, sl in enumerate(split(n, width)):
+            parts = [a[sl] for a in arrays]
+            # what it touches (``chain.Call.access``): the last array's rows written, everything else read
+            reads = (*parts[:-1], *(a for a in scalars if isinstance(a, np.ndarray)))
+            calls.append((kernel, (*parts, *scalars), i, (reads, (parts[-1],))))
+        return calls
 
     calls = describe()
-    bound = [lambda args=args: kernel(*args) for _, args, _ in calls]
+    bound = [lambda args=args: kernel(*args) for _, args, _, _ in calls]
     return described(parallel(bound), calls, redescribe=describe)
 
 

@@ -583,7 +583,7 @@ class _Chain:
         opcodes: dict[tuple, int] = {}
         ints, floats = [], []
         self.ok = False
-        encoded_phases = []  # per phase: (step index, [(opcode, part, int column, float column, checked, spans)])
+        encoded_phases = []  # per phase: (step index, [(opcode, part, int col, float col, checked, spans, cost)])
         arrays = []  # per array argument: (its address column, step index, first byte, end byte, written)
         held = []  # integers the calls are given that cannot be patched (scalars, other 8-byte ints), with step
         tables = []  # int64 arrays the calls are given (flat), their step and the call's written spans (or None)
@@ -613,7 +613,7 @@ class _Chain:
                     vi += ai
                     vf += af
                 op = opcodes.setdefault((returns, tuple(exprs)), len(opcodes))
-                rows.append((op, call.part, len(ints), len(floats), int(call.checked), spans))
+                rows.append((op, call.part, len(ints), len(floats), int(call.checked), spans, _work(call)))
                 ints += vi
                 floats += vf
             encoded_phases.append((i, rows))
@@ -759,42 +759,128 @@ def _overlap(a: tuple, b: tuple) -> bool:
     return any(lo < e and s < hi for lo, hi in a for s, e in b)
 
 
-def _conflicts(calls: list, since: dict, threads: int) -> bool:
-    """Whether a call of this phase must wait for what other threads did since the last barrier (``since``:
-    thread -> the spans of its calls): unknown accesses on either side, or memory one writes and the other reads
-    or writes."""
-    for call in calls:
-        part, spans = call[1], call[5]
-        t = 0 if part is None else part % threads
+def _conflicts(placed: list, since: dict) -> bool:
+    """Whether a call of this phase (``placed``: its calls with their threads) must wait for what other threads
+    did since the last barrier (``since``: thread -> the spans of its calls): unknown accesses on either side, or
+    memory one writes and the other reads or writes."""
+    for t, call in placed:
+        spans = call[5]
         for u, done in since.items():
             if u == t:
                 continue
             for other in done:
                 if spans is None or other is None:
                     return True
-                if _overlap(spans[1], other[0] + other[1]) or _overlap(spans[0], other[1]):
+                if _touches(spans, other):
                     return True
     return False
 
 
+def _movable(calls: list, threads: int) -> bool:
+    """Whether a phase's calls run on one thread (a single-part kernel, a whole call) and say what they touch
+    (``Call.access``): then any thread may run them (``_assign_run``)."""
+    return (len({0 if c[1] is None else c[1] % threads for c in calls}) == 1
+            and all(c[5] is not None for c in calls))
+
+
+def _cost(call: tuple) -> int:
+    """An encoded call's work, roughly (``_work``)."""
+    return call[6]
+
+
+def _work(call: Call) -> int:
+    """A call's work, roughly: the bytes of the arrays it writes (not their extents: a head of a token-major
+    tensor spans all of it) plus its multiply-adds (``Call.work``)."""
+    return call.work + (0 if call.access is None else sum(a.nbytes for a in call.access[1] if a is not None))
+
+
+def _touches(a: tuple, b: tuple) -> bool:
+    """Whether two calls' spans ``(reads, writes)`` meet where one of them writes."""
+    return _overlap(a[1], b[0] + b[1]) or _overlap(a[0], b[1])
+
+
+def _assign_run(run: list, since: dict, load: list, threads: int) -> list[list[int]]:
+    """Threads for a run of movable phases (``run``: their calls; ``since``, ``load``: each thread's calls' spans
+    and work since the last barrier), per phase each call's thread. The run is cut into groups that share no
+    memory one of them writes (connected components of ``_touches``), and each group goes whole to one thread,
+    largest first (``_cost``) to the thread with the least work, preferring one where it needs no barrier (it
+    touches nothing another thread did since the last one). Independent branches (FLUX.2's q and k norms, RoPE
+    and stacks) then fill the second core instead of waiting at the next barrier; a group's calls stay in program
+    order on its thread, and ``_layout`` still puts a barrier wherever two threads' calls touch the same memory,
+    so the bits are those of the calls one by one."""
+    calls = [(k, j, c) for k, phase in enumerate(run) for j, c in enumerate(phase)]
+    out = [[0] * len(phase) for phase in run]
+    if sum(_cost(c) for _, _, c in calls) < SPREAD_BYTES:  # less than a barrier's worth: all on thread 0
+        return out
+    root = list(range(len(calls)))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    for b in range(len(calls)):
+        for a in range(b):  # (calls of one phase may run at once: the kernel says so)
+            if calls[a][0] != calls[b][0] and find(a) != find(b) and _touches(calls[a][2][5], calls[b][2][5]):
+                root[find(b)] = find(a)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(calls)):
+        groups.setdefault(find(i), []).append(i)
+    if len(groups) == 1:  # one branch: only a phase of several calls (a norm's heads) can be shared out
+        for k, phase in enumerate(run):
+            if len(phase) > 1 and sum(_cost(c) for c in phase) >= SPREAD_BYTES:
+                shares = [0] * threads
+                for j in sorted(range(len(phase)), key=lambda j: -_cost(phase[j])):
+                    t = min(range(threads), key=lambda t: (shares[t], t))
+                    shares[t] += _cost(phase[j])
+                    out[k][j] = t
+        return out
+    load = list(load)
+    for group in sorted(groups.values(), key=lambda g: -sum(_cost(calls[i][2]) for i in g)):
+        def waits(t: int, group=group) -> bool:
+            return any(o is None or _touches(calls[i][2][5], o)
+                       for u, done in since.items() if u != t for o in done for i in group)
+
+        t = min(range(threads), key=lambda t: (waits(t), load[t], t))
+        load[t] += sum(_cost(calls[i][2]) for i in group)
+        for i in group:
+            k, j, _ = calls[i]
+            out[k][j] = t
+    return out
+
+
 def _layout(phases: list, threads: int) -> tuple[np.ndarray, list[int]]:
-    """The program rows of ``phases`` (``_Chain``'s encoded calls) on ``threads`` threads - each call on thread
-    ``part % threads`` - and each row's step. A barrier goes before a phase where one of its calls needs what
-    another thread did since the last barrier (``_conflicts``: without ``Call.access``, wherever the thread
-    changes hands; with it, only on shared memory that one of them writes: q/k/v or gate/up products reading the
-    same x and writing their own outputs share one run between barriers), and one at the end."""
+    """The program rows of ``phases`` (``_Chain``'s encoded calls) on ``threads`` threads, and each row's step.
+    A split kernel's part ``p`` runs on thread ``p % threads``; a run of phases on one thread each is spread over
+    the threads by ``_assign_run`` (``TASKS``; else on thread 0). A barrier goes before a phase where one of its
+    calls needs what another thread did since the last barrier (``_conflicts``: without ``Call.access``, wherever
+    the thread changes hands; with it, only on shared memory that one of them writes: q/k/v or gate/up products
+    reading the same x and writing their own outputs share one run between barriers), and one at the end."""
     rows, row_step = [], []
     since: dict[int, list] = {}  # per thread, the spans of its calls since the last barrier
-    for i, calls in phases:
-        if threads > 1 and since and _conflicts(calls, since, threads):
+    load = [0] * threads  # per thread, the work of its calls since the last barrier
+    assigned: dict[int, list[int]] = {}  # phase index -> its calls' threads (``_assign_run``)
+    for k, (i, calls) in enumerate(phases):
+        if threads > 1 and TASKS and k not in assigned and _movable(calls, threads):
+            end = k
+            while end < len(phases) and _movable(phases[end][1], threads):
+                end += 1
+            if sum(len(c) for _, c in phases[k:end]) > 1:
+                got = _assign_run([c for _, c in phases[k:end]], since, load, threads)
+                assigned.update(zip(range(k, end), got))
+        ts = assigned.get(k) or [0 if c[1] is None else c[1] % threads for c in calls]
+        placed = list(zip(ts, calls))
+        if threads > 1 and since and _conflicts(placed, since):
             rows.append([BARRIER, 0, 0, 0, 0])
             row_step.append(row_step[-1])
             since = {}
-        for op, part, at_int, at_float, checked, spans in calls:
-            t = 0 if part is None else part % threads
+            load = [0] * threads
+        for t, (op, _, at_int, at_float, checked, spans, cost) in placed:
             rows.append([op, t, at_int, at_float, checked])
             row_step.append(i)
             since.setdefault(t, []).append(spans)
+            load[t] += cost
     if threads > 1 and phases:
         rows.append([BARRIER, 0, 0, 0, 0])
         row_step.append(phases[-1][0])
@@ -818,6 +904,10 @@ RUNS = {"lockstep": 0, "crowded": 0, "alone": 0}
 LOCKSTEP_WORKERS = os.environ.get("LUMINAL_RECIPES_LOCKSTEP_WORKERS", "1").strip().lower() not in (
     "0", "false", "no", "off")
 ADAPTIVE = os.environ.get("LUMINAL_RECIPES_CHAIN_LOCKSTEP", "auto").strip().lower() == "auto"
+# independent single-thread calls of a lockstep chain spread over its threads (``_assign_run``);
+# LUMINAL_RECIPES_CHAIN_TASKS=0: every such call on thread 0, as before (read at capture)
+SPREAD_BYTES = 1 << 17  # a phase of several single-thread calls writing this much is shared out (a barrier's worth)
+TASKS = os.environ.get("LUMINAL_RECIPES_CHAIN_TASKS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def crowded(threads: int) -> bool:

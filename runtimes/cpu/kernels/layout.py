@@ -228,7 +228,9 @@ class _Copies:
 def _as_calls(phases) -> tuple:
     from ..jit.chain import Call
 
-    return tuple(tuple(Call(fn, args, part) for fn, args, part in calls) for calls in phases if calls)
+    # (a copy reads its source's flat span and writes its destination's)
+    return tuple(tuple(Call(fn, args, part, access=((args[2],), (args[0],))) for fn, args, part in calls)
+                 for calls in phases if calls)
 
 
 def _complement(box: tuple[slice, ...], shape: tuple[int, ...]) -> list[tuple[slice, ...]]:

@@ -105,7 +105,9 @@ def _prepare_compiled_blocks(ctx: KernelContext, kernel: str, scalars) -> Bind:
             # the whole's size decides, not a block's
             return chunks, cpu_threads.part_count(len(chunks), math.prod(x.shape))
 
-        return _parallel_chunks(fn, chunks_in_parts, lambda i: args)
+        # (xb, ob, ...) or (flat, start, stride, ob, ...): a norm writes its rows' out only
+        return _parallel_chunks(fn, chunks_in_parts, lambda i: args,
+                                lambda a: (a[1],) if flat_kernel is None else (a[3],))
 
     return bind
 
@@ -123,15 +125,24 @@ def _row_chunks(fn, chunks: list[tuple], scalars: tuple) -> Step:
 
 
 def _parallel_chunks(fn, chunks_in_parts: Callable[[], tuple[list[tuple], int]],
-                     scalars: Callable[[int], tuple]) -> Step:
+                     scalars: Callable[[int], tuple], written: Callable[[tuple], tuple] | None = None) -> Step:
     """The chunks in parts (``chunks_in_parts()``: the chunks and how many parts; part i's scalars
-    ``scalars(i)``), described for the chains (and described again for a chain's finer parts)."""
+    ``scalars(i)``), described for the chains (and described again for a chain's finer parts). ``written``: of a
+    call's arguments, the arrays it writes (every other array is read: ``chain.Call.access``); None: not said."""
     def groups():
         chunks, count = chunks_in_parts()
         return [chunks[len(chunks) * i // count : len(chunks) * (i + 1) // count] for i in range(count)]
 
+    def call(i, args):
+        args = (*args, *scalars(i))
+        if written is None:
+            return fn, args, i
+        writes = written(args)
+        reads = tuple(a for a in args if isinstance(a, np.ndarray) and not any(a is w for w in writes))
+        return fn, args, i, (reads, writes)
+
     def describe():
-        return [(fn, (*args, *scalars(i)), i) for i, g in enumerate(groups()) for args in g]
+        return [call(i, args) for i, g in enumerate(groups()) for args in g]
 
     step = cpu_threads.parallel(_row_chunks(fn, g, scalars(i)) for i, g in enumerate(groups()))
     return jit.described(step, describe(), redescribe=describe)
@@ -356,7 +367,9 @@ def _prepare_compiled_rope(ctx: KernelContext, xs, d: int, w_at: int, tables, in
             return chunks, cpu_threads.part_count(len(chunks), math.prod(xs))
 
         fn = jit.kernels().rms_norm_rope_rows
-        return _parallel_chunks(fn, chunks_in_parts, lambda i: (inv_n, eps, scratch[work][i]))
+        # (x, x0, stride, out rows, ..., inv_n, eps, work): the rows and the part's scratch written
+        return _parallel_chunks(fn, chunks_in_parts, lambda i: (inv_n, eps, scratch[work][i]),
+                                lambda a: (a[3], a[-1]))
 
     return bind
 
