@@ -69,8 +69,8 @@ def patch(chain) -> dict:
         assert text.count("cycles()") == 3, text
         return text
 
-    def init(self, steps, threads):
-        original_init(self, steps, threads)
+    def init(self, steps, threads, *rest):
+        original_init(self, steps, threads, *rest)
         if not self.ok:
             return
         rows = max(program.shape[0] for program, _ in self.layouts.values())

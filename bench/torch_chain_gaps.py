@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     count = defaultdict(int)
     original_capture = chain.capture
 
-    def timed_capture(steps, n):
-        replay = original_capture(steps, n)
+    def timed_capture(steps, n, buffers=None):
+        replay = original_capture(steps, n, buffers)
         if replay is None:
             return None
         timed_items = []
@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                 timed_items.append((step, wrapped))
         return replay, dict((id(s), w) for s, w in timed_items)
 
-    chain.capture = lambda steps, n: _install(timed_capture(steps, n), steps, n)
+    chain.capture = lambda steps, n, buffers=None: _install(timed_capture(steps, n, buffers), steps, n, buffers)
 
-    def _install(got, steps, n):
+    def _install(got, steps, n, buffers=None):
         if got is None:
             return None
         _, wrappers = got
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         for w, s in zip(wrapped_steps, steps):
             if w is not s:
                 w.__dict__.update(getattr(s, "__dict__", {}))
-        return original_capture(wrapped_steps, n)
+        return original_capture(wrapped_steps, n, buffers)
 
     run = chain._Chain.run
 

@@ -36,6 +36,7 @@ so one arena is held at a time.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import sys
@@ -667,10 +668,36 @@ class Executable:
         except GraphCaptureError:  # said (once) where the recording itself is tried
             return
 
+    def _buffer_lifetimes(self) -> list[tuple[int, int, int, int]] | None:
+        """The arena's buffers as ``(first byte, end byte, first step, last step)``, steps as indices in
+        ``self._steps`` (-1: live before the first step; past the last: live after it), for a backend whose
+        recording may move temporaries (``cpu/jit/rename.py``); None where the arena is not host memory."""
+        arena = self.arena
+        if not isinstance(arena, np.ndarray) or not self.plan.buffers:
+            return None
+        base = arena.ctypes.data
+        position = {nid: k for k, nid in enumerate(self.plan.order)}
+        at = sorted((position[nid], i) for i, nid in enumerate(self._step_nodes) if nid in position)
+        keys = [k for k, _ in at]
+        after = len(self._steps) + len(self._write_back)
+        out = []
+        for b in self.plan.buffers:
+            if b.nbytes <= 0:
+                continue
+            lo = bisect.bisect_left(keys, b.start)  # the first step at or after its first node
+            hi = bisect.bisect_right(keys, b.end) - 1  # the last step at or before its last node
+            first = -1 if b.start < 0 or lo >= len(at) else at[lo][1]
+            last = after if b.end >= len(self.plan.order) - 1 or hi < 0 else at[hi][1]
+            out.append((base + b.offset, base + b.offset + b.nbytes, first, last))
+        return out
+
     def _capture(self):
         steps = [*self._steps, *(_copy_step(self.backend, buf, value) for buf, value in self._write_back)]
         try:
-            replay = self.backend.capture(steps)
+            if getattr(self.backend, "takes_buffers", False):
+                replay = self.backend.capture(steps, self._buffer_lifetimes())
+            else:
+                replay = self.backend.capture(steps)
             if replay is None:  # nothing worth recording (the CPU backend's chains): steps one by one
                 self._graphs = False
             else:

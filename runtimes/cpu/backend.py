@@ -97,13 +97,16 @@ class NumpyBackend:
     def copy_stream(self) -> None:
         return None  # weights are copied straight into their slots
 
-    def capture(self, steps):
+    takes_buffers = True  # ``capture`` takes the arena's buffers and their lifetimes (``jit/rename.py``)
+
+    def capture(self, steps, buffers=None):
         """One step replaying ``steps``, runs of compiled kernel calls chained (``jit/chain.py``); None where
-        nothing chains (the executable then calls the steps one by one)."""
+        nothing chains (the executable then calls the steps one by one). ``buffers``: the arena's buffers
+        ``(first byte, end byte, first step, last step)``, whose temporaries a lockstep chain may move."""
         from . import threads
         from .jit import chain
 
-        return chain.capture(steps, threads.THREADS)
+        return chain.capture(steps, threads.THREADS, buffers)
 
     def warm(self, steps) -> None:
         """Load now what recording ``steps`` as chains will load (``jit/chain.py``, ``warm``); nothing where

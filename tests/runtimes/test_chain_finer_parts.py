@@ -176,8 +176,8 @@ def test_a_compiled_torch_model_chains_finer_parts_bit_identically(monkeypatch, 
     replays = []
     capture = chain.capture
 
-    def recording(steps, threads):
-        got = capture(steps, threads)
+    def recording(steps, threads, *rest):
+        got = capture(steps, threads, *rest)
         replays.append(got)
         return got
 

@@ -47,8 +47,8 @@ def _recording(monkeypatch) -> list:
     made = []
     init = chain._Chain.__init__
 
-    def recording(self, steps, threads):
-        init(self, steps, threads)
+    def recording(self, steps, threads, *rest):
+        init(self, steps, threads, *rest)
         made.append(self)
 
     monkeypatch.setattr(chain._Chain, "__init__", recording)
@@ -161,3 +161,60 @@ def test_a_refusal_on_the_second_thread_raises_its_steps_error(monkeypatch):
     idx[0] = 99
     with pytest.raises(Located, match="row 99"):
         replay()
+
+
+def test_branches_that_reuse_each_others_bytes_are_pulled_apart(monkeypatch, tmp_path):
+    """End to end through the torch backend: a layer norm split over both threads, then two branches (q and k:
+    an RMS norm, a rotation's stack and its sum each) whose temporaries the memory planner packs into each other's
+    bytes, so as planned the second branch waits for the first. The chain moves such a temporary to private memory
+    (``rename``) and runs the branches one on each thread; every output is bit for bit the steps' one by one, in
+    lockstep and alone on a crowded machine."""
+    torch = pytest.importorskip("torch")
+    from luminal_recipes.runtimes.cpu import threads as cpu_threads
+
+    monkeypatch.setenv("LUMINAL_RECIPES_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_threads, "THREADS", 2)
+    monkeypatch.setattr(chain, "MIN_SPLIT_PHASES", 1)
+
+    class Branches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(128)
+            self.q_norm = torch.nn.RMSNorm(64, eps=1e-6)
+            self.k_norm = torch.nn.RMSNorm(64, eps=1e-6)
+
+        @staticmethod
+        def rotate(x, cos, sin):
+            pairs = x.unflatten(-1, (-1, 2))
+            turned = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)
+            return x * cos + turned * sin
+
+        def forward(self, x, cos, sin):
+            h = self.norm(x) * 1.5
+            q, k = h[..., :64], h[..., 64:]
+            return (self.rotate(self.q_norm(q) * 0.5, cos, sin) + 1.0,
+                    self.rotate(self.k_norm(k) * 2.0, cos, sin) - 1.0)
+
+    torch.manual_seed(0)
+    model = Branches().eval()
+    x, cos, sin = torch.randn(1, 1024, 128), torch.randn(1024, 64), torch.randn(1024, 64)
+    made = _recording(monkeypatch)
+
+    def run(chained: bool, crowded: bool = False):
+        monkeypatch.setenv(chain.ENV, "1" if chained else "0")
+        monkeypatch.setattr(chain, "crowded", lambda threads: crowded)
+        torch._dynamo.reset()
+        fn = torch.compile(lambda *a: model(*a), backend="luminal")
+        with torch.no_grad():
+            return [tuple(t.clone() for t in fn(x, cos, sin)) for _ in range(8)]  # chains recorded on a later run
+
+    lockstep = run(True)
+    moved = [c for c in made if c.threads == 2 and c.private]
+    assert moved, "no temporary moved to private memory"
+    assert any(1 in set(_threads_of_rows(c)[2:]) for c in moved), "the branches did not spread"
+    alone = run(True, crowded=True)
+    plain = run(False)
+    for a, b, c in zip(lockstep, alone, plain):
+        for u, v, w in zip(a, b, c):
+            assert torch.equal(u, w), "lockstep chain != step by step"
+            assert torch.equal(v, w), "chain alone != step by step"

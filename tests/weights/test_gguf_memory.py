@@ -254,9 +254,9 @@ def test_the_decoding_loops_chains_are_loaded_before_the_first_run_reads_the_wei
     events: list[str] = []
     capture, run, interpreter = chain.capture, Executable.run, chain._interpreter
 
-    def capturing(steps, threads):
+    def capturing(steps, threads, *rest):
         events.append("capture")
-        return capture(steps, threads)
+        return capture(steps, threads, *rest)
 
     def running(self, *args, **kwargs):
         events.append("run")

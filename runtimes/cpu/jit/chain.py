@@ -393,9 +393,12 @@ def _entry(fn, templates: tuple[str, ...]) -> tuple[int, str] | None:
 
 
 # ---- capture -----------------------------------------------------------------------------------------------------
-def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | None:
+def capture(steps: Sequence[Callable], threads: int, buffers: Sequence[tuple] | None = None
+            ) -> Callable[[], None] | None:
     """One step replaying ``steps``: maximal runs of described steps as chains, the others called as they are;
-    None when no run of two or more described steps is found (nothing to gain)."""
+    None when no run of two or more described steps is found (nothing to gain). ``buffers``: the arena's buffers
+    ``(first byte, end byte, first step, last step)`` (steps as indices in ``steps``), whose temporaries a
+    lockstep chain may move to private memory to run independent branches at once (``rename``)."""
     items: list = []  # a plain step, or a list of consecutive described steps
     first: dict[int, int] = {}  # id of a list of described steps -> the index of its first step in ``steps``
     for index, step in enumerate(steps):
@@ -413,7 +416,12 @@ def capture(steps: Sequence[Callable], threads: int) -> Callable[[], None] | Non
     made: list[_Chain] = []
     chained: set[int] = set()  # indices in ``steps`` of the steps run inside chains
     for it in items:
-        chain = _Chain(it, threads) if isinstance(it, list) and len(it) > 1 else None
+        local = None
+        if buffers and isinstance(it, list) and len(it) > 1:  # (steps as indices in the chain's own)
+            at = first[id(it)]
+            local = [(lo, hi, a - at, b - at) for lo, hi, a, b in buffers if b >= at and a < at + len(it)]
+        chain = (None if not isinstance(it, list) or len(it) < 2 else _Chain(it, threads, local) if local
+                 else _Chain(it, threads))
         if chain is not None and chain.ok:
             program.append(chain)
             made.append(chain)
@@ -569,7 +577,7 @@ class _Chain:
     argument types it takes -, its thread, where its arguments start in the int and float tables, whether it is
     checked), barriers between phases where threads change hands."""
 
-    def __init__(self, steps: list[Callable], threads: int):
+    def __init__(self, steps: list[Callable], threads: int, buffers: list[tuple] | None = None):
         described = [phases_of(s) for s in steps]
         if threads > 1:  # parts cut finer where the chain runs in lockstep (``finer``): no hand-off per kernel
             fine = [finer(s, _min_part()) for s in steps]
@@ -587,9 +595,12 @@ class _Chain:
         arrays = []  # per array argument: (its address column, step index, first byte, end byte, written)
         held = []  # integers the calls are given that cannot be patched (scalars, other 8-byte ints), with step
         tables = []  # int64 arrays the calls are given (flat), their step and the call's written spans (or None)
+        per_call = []  # per call, for ``rename.Renamer``: [step, spans, arrays, tables, held, checked]
         for i, phase in flat:
             rows = []
             for call in phase:
+                mine = [i, None, [], [], [], call.checked]
+                per_call.append(mine)
                 encoded = [_encode(arg) for arg in call.args]
                 entry = _entry(call.fn, tuple(e[0] for e in encoded))
                 if entry is None:
@@ -602,13 +613,17 @@ class _Chain:
                         lo, hi = _extent(arg)
                         written = spans is not None and _overlap(spans[1], ((lo, max(hi, lo + 1)),))
                         arrays.append((len(ints) + len(vi), i, lo, hi, written))
+                        mine[2].append((len(ints) + len(vi), lo, hi))
                         if (arg.dtype == np.int64 and arg.flags.c_contiguous and arg.flags.writeable
                                 and arg.size <= _SCANNED):  # may hold addresses, patched in place if so
                             tables.append((arg.reshape(-1), i, None if spans is None else spans[1]))
+                            mine[3].append((len(ints) + len(vi), arg.reshape(-1)))
                         elif arg.dtype.kind in "iu" and arg.itemsize == 8 and arg.size <= _SCANNED:
                             held.append((np.unique(arg.astype(np.int64)), i))  # may hold addresses
+                            mine[4].append(held[-1][0])
                     elif isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_)):
                         held.append((np.array([int(arg)], np.int64), i))
+                        mine[4].append(held[-1][0])
                     exprs.append(expr.format(i=f"i + {len(vi)}", f=f"f + {len(vf)}"))
                     vi += ai
                     vf += af
@@ -617,6 +632,9 @@ class _Chain:
                 ints += vi
                 floats += vf
             encoded_phases.append((i, rows))
+        self.private: list[np.ndarray] = []  # temporaries moved out of the arena (``rename``), patched tables
+        if threads > 1 and TASKS and buffers:
+            encoded_phases, tables = self._rename(encoded_phases, per_call, ints, tables, buffers, threads)
         # the program on ``threads`` threads (lockstep), and on the calling thread alone: the same calls in the
         # same order with the same parts (the same bits), for a machine whose other jobs leave too few cores
         self.layouts = {t: _layout(encoded_phases, t) for t in {1, threads}}
@@ -641,6 +659,41 @@ class _Chain:
         self.jobs: dict[int, np.ndarray] | None = None  # per worker thread, its job (``lockstep.job_row``)
         self.hot = LOCKSTEP_WORKERS  # (read at capture: a benchmark's sides may differ)
         self.ok = True
+
+    def _rename(self, phases: list, per_call: list, ints: list, tables: list, buffers: list, threads: int):
+        """Temporaries that make independent branches of a run of single-thread calls touch (``rename``) moved
+        to private memory; the phases with their calls' spans updated, and the tables with the patched copies."""
+        from . import rename
+
+        for g, (_, calls) in enumerate([(i, c) for i, cs in phases for c in cs]):
+            per_call[g][1] = calls[5]
+        renamer = rename.Renamer(per_call, ints, buffers)
+        index = [(k, j) for k, (_, calls) in enumerate(phases) for j in range(len(calls))]
+        start = 0
+        k = 0
+        while k < len(phases):
+            n = len(phases[k][1])
+            if not _movable(phases[k][1], threads):
+                k, start = k + 1, start + n
+                continue
+            end, stop = k, start
+            while end < len(phases) and _movable(phases[end][1], threads):
+                stop += len(phases[end][1])
+                end += 1
+            before = list(range(start - len(phases[k - 1][1]), start)) if k else []  # the split phase before
+            _untangle(renamer, list(range(start, stop)), index, before)
+            k, start = end, stop
+        if not renamer.moved:
+            return phases, tables
+        self.private = renamer.keep
+        out = [(i, list(calls)) for i, calls in phases]
+        for g, (k, j) in enumerate(index):
+            call = out[k][1][j]
+            out[k][1][j] = (*call[:5], per_call[g][1], call[6])
+        # (the int64 tables ``move`` copied: ``Relocation`` patches the ones the chain runs with)
+        now = [t for c in per_call for _, t in c[3]]
+        tables = [(t, i, w) for t, (_, i, w) in zip(now, tables)]
+        return out, tables
 
     def finish(self, run_fn, union: dict[tuple, int]) -> None:
         """Run by ``run_fn``, the interpreter of ``union`` (every opcode of the capture, numbered): the programs'
@@ -848,6 +901,55 @@ def _assign_run(run: list, since: dict, load: list, threads: int) -> list[list[i
             k, j, _ = calls[i]
             out[k][j] = t
     return out
+
+
+def _untangle(renamer, run: list[int], index: list, before: list[int]) -> None:
+    """Within ``run`` (calls' indices, a run of single-thread phases), the branches that touch only through
+    buffers reusing each other's bytes (``rename.false_touch``) pulled apart: one of the two buffers moved to
+    private memory (``renamer.move``) where only one branch reaches it. Likewise a run's buffer reusing bytes
+    that the phase ``before`` it (split over the threads) touches: else the run waits at a barrier for it."""
+    from . import rename
+
+    calls = renamer.calls
+    root = {g: g for g in run}
+
+    def find(g: int) -> int:
+        while root[g] != g:
+            root[g] = root[root[g]]
+            g = root[g]
+        return g
+
+    false = []
+    for b in run:
+        for a in run:
+            if a >= b or index[a][0] == index[b][0] or not _touches(calls[a][1], calls[b][1]):
+                continue
+            got = rename.false_touch(calls[a][1], calls[b][1], calls[a][0], calls[b][0], renamer.buffers)
+            if got is None:
+                root[find(b)] = find(a)
+            else:
+                false.append((a, b, got))
+    members = set(run)
+    for a, b, (ka, kb) in false:
+        if find(a) == find(b) or not _touches(calls[a][1], calls[b][1]):
+            continue  # one branch anyway, or pulled apart by an earlier move
+        group_of = {g: find(g) for g in run}
+        for side in (kb, ka):
+            if all(renamer.movable(k, members, group_of) for k in side):
+                for k in side:
+                    renamer.move(k)
+                break
+        else:
+            root[find(b)] = find(a)
+    group_of = {g: find(g) for g in run}
+    for b in run:
+        for a in before:
+            if calls[a][1] is None or not _touches(calls[a][1], calls[b][1]):
+                continue
+            got = rename.false_touch(calls[a][1], calls[b][1], calls[a][0], calls[b][0], renamer.buffers)
+            if got is not None and all(renamer.movable(k, members, group_of) for k in got[1]):
+                for k in got[1]:
+                    renamer.move(k)
 
 
 def _layout(phases: list, threads: int) -> tuple[np.ndarray, list[int]]:
