@@ -18,9 +18,11 @@ chains.
 On ``THREADS`` = T > 1 every thread runs the chain at once (the caller and T - 1 workers of the kernels' pool, which
 run it as a compiled job without the GIL, ``lockstep.py``: one hand-off per chain rather than one per kernel), each
 calling the parts it owns, with a barrier row after a phase where the next phase's threads differ (two phases on
-thread 0 alone need none). The barrier spins on atomics (``spin.py``) for ``SPINS`` reads, then yields its core
-until the others arrive, so a descheduled thread slows the chain but cannot hang it; a thread whose call raises or
-refuses its input sets an abort flag every waiting thread sees.
+thread 0 alone need none). Single-part calls that say what they touch are spread over the threads by the memory
+they share (``_assign_run``), a temporary that ties two independent branches together only through the arena's
+reused bytes moved to private memory first (``rename.py``). The barrier spins on atomics (``spin.py``) for
+``SPINS`` reads, then yields its core until the others arrive, so a descheduled thread slows the chain but cannot
+hang it; a thread whose call raises or refuses its input sets an abort flag every waiting thread sees.
 
 The same kernels run on the same arguments in the same order with the same parts: results are bit for bit those
 of the steps run one by one. A kernel that checks its input (``Call.checked``: returns nonzero on bad input) or
