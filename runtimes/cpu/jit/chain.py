@@ -506,7 +506,7 @@ class Relocation:
                     if read_only and chain.array_written[meets].any():
                         fits, self.why[k] = False, "a call writes into it"
                         break
-                    mine.append((chain.ints_row, chain.array_columns[meets]))
+                    mine += [(row, chain.array_columns[meets]) for row in chain.int_rows]
                 for table, step, writes in chain.tables:
                     if step not in steps:
                         continue
@@ -635,8 +635,14 @@ class _Chain:
                 floats += vf
             encoded_phases.append((i, rows))
         self.private: list[np.ndarray] = []  # temporaries moved out of the arena (``rename``), patched tables
+        alone = None  # the int table and int64 tables the program on the calling thread alone runs with, where
+        # temporaries moved (there no branch runs beside another: the arena's own bytes, warm in the caches)
         if threads > 1 and TASKS and buffers:
+            before, before_tables = list(ints), tables
             encoded_phases, tables = self._rename(encoded_phases, per_call, ints, tables, buffers, threads)
+            if self.private:
+                alone = np.array(before, np.int64).reshape(1, -1)
+                tables = tables + [t for t in before_tables if not any(t[0] is u[0] for u in tables)]
         # the program on ``threads`` threads (lockstep), and on the calling thread alone: the same calls in the
         # same order with the same parts (the same bits), for a machine whose other jobs leave too few cores
         self.layouts = {t: _layout(encoded_phases, t) for t in {1, threads}}
@@ -652,6 +658,8 @@ class _Chain:
         self.held_values = np.concatenate([v for v, _ in held] or [np.zeros(0, np.int64)])
         self.tables = tables
         self.ints_row = self.ints.reshape(-1)  # (a view: what ``Relocation`` patches)
+        self.ints_alone = self.ints if alone is None else alone
+        self.int_rows = (self.ints_row,) if alone is None else (self.ints_row, alone.reshape(-1))
         self.held_steps = np.concatenate([np.full(len(v), i, np.int64) for v, i in held] or [np.zeros(0, np.int64)])
         self.blas = any(c.blas for _, phase in flat for c in phase)
         self.opcodes = sorted(opcodes, key=opcodes.get)  # this chain's argument layouts, by its programs' opcodes
@@ -707,7 +715,7 @@ class _Chain:
             calls = ops != BARRIER
             ops[calls] = index[ops[calls]]
         self.run_fn = run_fn
-        self.args = {t: (program, self.ints, self.floats, self.flags, t, SPINS)
+        self.args = {t: (program, self.ints if t > 1 else self.ints_alone, self.floats, self.flags, t, SPINS)
                      for t, (program, _) in self.layouts.items()}
         sig = tuple(numba.typeof(a) for a in (0, *self.args[1]))
         if sig not in run_fn.overloads:
