@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from chain_checks import assert_replays_as_steps, run_steps  # tests/runtimes/chain_checks.py
 
 pytest.importorskip("numba")
 
@@ -76,22 +77,13 @@ def test_barriers_follow_what_calls_read_and_write(monkeypatch, declared):
         made.append(self)
 
     monkeypatch.setattr(chain._Chain, "__init__", recording)
-    for step in steps:
-        step()
-    plain = [o.copy() for o in outputs]
-    for o in outputs:
-        o.fill(np.nan)
+    plain = run_steps(steps, outputs)
     replay = chain.capture(steps, 2)
     assert replay is not None and replay.chains == 1 and replay.lockstep == 1
     # declared: the two products of x share a run, the gather waits for both (1), the last copy reads the gather's
     # output, written on thread 0, from thread 1 too (2), the end (3); undeclared: one more, between the products
     assert _barriers(made[0]) == (3 if declared else 4)
-    for _ in range(3):
-        replay()
-        for got, want in zip(outputs, plain):
-            assert np.array_equal(got, want), "chained != step by step"
-        for o in outputs:
-            o.fill(np.nan)
+    assert_replays_as_steps(replay, outputs, plain, 3)
 
 
 def test_a_write_into_what_another_thread_reads_keeps_its_barrier(monkeypatch):

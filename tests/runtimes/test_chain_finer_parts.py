@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from chain_checks import assert_replays_as_steps, run_steps  # tests/runtimes/chain_checks.py
 
 pytest.importorskip("numba")
 
@@ -61,19 +62,10 @@ def test_a_lockstep_chain_resplits_its_kernels_bit_identically(monkeypatch, crow
     assert chain._split_phases(own, 2) < chain.MIN_SPLIT_PHASES  # on their own parts: no lockstep
     fine = [chain.finer(s, 64) for s in steps]
     assert chain._split_phases(fine, 2) >= chain.MIN_SPLIT_PHASES
-    for step in steps:
-        step()
-    plain = [o.copy() for o in outputs]
-    for o in outputs:
-        o.fill(np.nan)
+    plain = run_steps(steps, outputs)
     replay = chain.capture(steps, 2)
     assert replay is not None and replay.chains == 1 and replay.lockstep == 1
-    for _ in range(2):
-        replay()
-        for got, want in zip(outputs, plain):
-            assert np.array_equal(got, want), "chained on finer parts != step by step"
-        for o in outputs:
-            o.fill(np.nan)
+    assert_replays_as_steps(replay, outputs, plain, 2, "chained on finer parts")
     assert [_parts(chain.phases_of(s)) for s in steps] == [_parts(p) for p in own]  # steps keep their parts
     for step in steps:  # and still give those bits from Python
         step()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from chain_checks import assert_replays_as_steps, run_steps  # tests/runtimes/chain_checks.py
 
 pytest.importorskip("numba")
 
@@ -78,11 +79,7 @@ def test_independent_branches_run_one_on_each_thread(monkeypatch, tasks, crowded
     monkeypatch.setattr(chain, "crowded", lambda threads: crowded)
     made = _recording(monkeypatch)
     steps, outputs = _branches()
-    for step in steps:
-        step()
-    plain = [o.copy() for o in outputs]
-    for o in outputs:
-        o.fill(np.nan)
+    plain = run_steps(steps, outputs)
     replay = chain.capture(steps, 2)
     assert replay is not None and replay.chains == 1 and replay.lockstep == 1
     rows = _threads_of_rows(made[0])  # x2 (2 parts), a1, b1, a2, b2, d (2), e (2)
@@ -95,12 +92,7 @@ def test_independent_branches_run_one_on_each_thread(monkeypatch, tasks, crowded
     # split copies (they read what one thread wrote from both), the end
     program, _ = made[0].layouts[2]
     assert int((program[:, 0] == chain.BARRIER).sum()) == 3
-    for _ in range(3):
-        replay()
-        for got, want in zip(outputs, plain):
-            assert np.array_equal(got, want), "chained != step by step"
-        for o in outputs:
-            o.fill(np.nan)
+    assert_replays_as_steps(replay, outputs, plain, 3)
 
 
 def test_a_phase_of_several_calls_is_shared_out(monkeypatch):
