@@ -56,12 +56,20 @@ def _start(arr: np.ndarray) -> int:
     return arr.__array_interface__["data"][0]
 
 
-def fresh_flat(nbytes: int, dtype) -> np.ndarray:
-    """A new flat array of ``nbytes`` on a cache line, as the planner places every slot (uninitialised: the
-    kernel writing the output writes all of it)."""
+def _fresh_bytes(nbytes: int) -> tuple[np.ndarray, int, int]:
+    """A new uninitialised byte buffer holding ``nbytes`` from a cache line on, as the planner places every slot:
+    ``(buffer, offset of that cache line in it, its address)``."""
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
-    return raw[start:start + nbytes].view(dtype)
+    start = raw.__array_interface__["data"][0]
+    skip = -start % ALIGNMENT
+    return raw, skip, start + skip
+
+
+def fresh_flat(nbytes: int, dtype) -> np.ndarray:
+    """A new flat array of ``nbytes`` on a cache line (uninitialised: the kernel writing the output writes all
+    of it)."""
+    raw, skip, _ = _fresh_bytes(nbytes)
+    return raw[skip:skip + nbytes].view(dtype)
 
 
 class DirectIO:
@@ -184,10 +192,8 @@ class DirectIO:
                 for name, bv in views:
                     out[name] = strided(flat, bv, writeable=True)
                 continue
-            raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-            start = raw.__array_interface__["data"][0]
-            skip = -start % ALIGNMENT  # on a cache line, as the planner places every slot
-            deltas[region] = start + skip - slot_start
+            raw, skip, start = _fresh_bytes(nbytes)
+            deltas[region] = start - slot_start
             for name, shape, strides, offset in layouts:
                 out[name] = np.ndarray(shape, dtype, raw, skip + offset, strides)
         return out
@@ -195,7 +201,7 @@ class DirectIO:
 
 def _layouts(nbytes: int, dtype: np.dtype, views) -> list[tuple] | None:
     """``(name, shape, byte strides, byte offset)`` of each view of a flat buffer of ``nbytes`` (``fresh_outputs``);
-    None when one is masked, empty or reads outside the buffer, or the dtype is one ``np.ndarray`` cannot stride."""
+    None when one is masked, empty, reads outside the buffer or runs backwards (``strided`` handles those)."""
     size = nbytes // dtype.itemsize
     out = []
     for name, bv in views:

@@ -26,9 +26,12 @@ def to_numpy(t: torch.Tensor, dtype: DType, what: str) -> np.ndarray:
                          f"upload them): move the model and inputs to the CPU")
     if t.dtype == torch.int64:
         array = t.contiguous().numpy()
-        # a few ids or positions (a decode step's): Python's max and min over them cost less than two torch ops
-        low, high = ((0, 0) if not array.size else (min(array.flat), max(array.flat)) if array.size <= _FEW else
-                     (int(t.min()), int(t.max())))
+        if not array.size:
+            low = high = 0
+        elif array.size <= _FEW:  # a decode step's ids or positions: Python's min and max cost less than torch ops
+            low, high = min(array.flat), max(array.flat)
+        else:
+            low, high = int(t.min()), int(t.max())
         if high > _INT32.max or low < _INT32.min:
             raise InputError(f"{what} holds int64 values beyond the int32 range the graph computes in")
         return array.astype(np.int32)
