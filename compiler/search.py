@@ -138,8 +138,9 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     # (a graph with states - a KV cache - has its whole candidates timed instead: a state carries values from
     # one run to the next, which a segment run on its own does not see)
     stateful = bool(graph.inputs("state"))
+    busy: dict[str, str] = {}  # why timings were left out (``_busy``), where they were
     timing = {} if stateful or time.perf_counter() >= deadline else \
-        _time_segments(runtime, graph, segments, searched, candidates[0], dims, inputs, weights, options, costs)
+        _time_segments(runtime, graph, segments, searched, candidates[0], dims, inputs, weights, options, costs, busy)
     for seg_key, times in timing.items():  # what each segment's candidates measured, in the report
         names = searched[seg_key][1]["candidates"]
         searched[seg_key][1]["timed_ms"] = {names[i]: round(t * 1e3, 4) for i, t in times.items()}
@@ -167,7 +168,7 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
     chosen, how = fitting[0], "cost model"
     timed = [(p, r) for p, r in fitting if "measured_s" in r]
     if stateful and time.perf_counter() < deadline:
-        timed = _time_candidates(runtime, graph, fitting, dims, inputs, weights, options)
+        timed = _time_candidates(runtime, graph, fitting, dims, inputs, weights, options, busy)
     if len(timed) > 1:  # the cost model's choice stays unless a timed candidate is clearly faster
         measured = {id(p): r["measured_s"] for p, r in timed}
         pick = _clear_winner(measured, id(chosen[0]), options.time_margin)
@@ -187,6 +188,8 @@ def compile_graph(graph: Graph, runtime=None, dims: Mapping[str, int] | None = N
         # the search ran past its time budget: the program is the best found by then, and the report says so
         "time_limited": bool(cut),
     }
+    if busy:  # timings on a busy machine measure its other work: the cost model chose
+        report["timing_skipped"] = busy["why"]
     program.meta.update(report["chosen"])
     if cut:
         warnings.warn(
@@ -265,7 +268,8 @@ def _run_bytes(program: Program, dims) -> int:
 
 
 def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dict, first: Program, dims,
-                   inputs, weights, options: SearchOptions, costs: dict) -> dict[str, dict[int, float]]:
+                   inputs, weights, options: SearchOptions, costs: dict,
+                   busy: dict | None = None) -> dict[str, dict[int, float]]:
     """Per distinct segment: seconds per run of its best candidates (index in its program list), each timed on
     its own standalone graph. Only the ``time_top`` cheapest by the cost model within ``time_within`` of the
     cheapest are timed, and only segments with two such candidates; a segment is timed once, however often it
@@ -296,7 +300,7 @@ def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dic
     total = program_cost(first, dims, machine, costs)
     tops = {key: tops[key] for key in sorted(tops, key=lambda k: -weight[k])
             if weight[key] >= options.time_min_share * total}
-    if not tops:
+    if not tops or _busy(runtime, busy):
         return {}
     started = time.perf_counter()
     rng = np.random.default_rng(options.seed)
@@ -331,7 +335,7 @@ def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dic
                     and n.attr("kind") not in ("weight", "state")}
             runs.append((i, program, {k: v for k, v in seg_inputs.items() if k in read}))
         timing[key] = _best_times(runtime, runs, seg_weights, dims, options.timing_repeats)
-    return timing
+    return {} if _busy(runtime, busy) else timing  # (timed while other work ran: the same noise)
 
 
 def _value_of(node, inputs, weights, dims) -> np.ndarray:
@@ -408,6 +412,18 @@ def _best_times(runtime, runs: list[tuple[int, Program, dict]], weights, dims, r
             exe.close()
 
 
+def _busy(runtime, notes: dict | None) -> bool:
+    """Whether the runtime's timings cannot be trusted now (``contended``: other work competing for its cores;
+    the reason in ``notes["why"]``). Checked before and after the candidates are timed; where busy, the cost
+    model chooses: a choice timed on a busy machine is cached like any other, and plans that run on every core
+    lose most beside a neighbour."""
+    check = getattr(runtime, "contended", None)
+    why = check() if callable(check) else None
+    if why and notes is not None:
+        notes["why"] = why
+    return bool(why)
+
+
 def _clear_winner(times: dict, default, margin: float):
     """The key of the fastest of ``times``, unless ``default`` (the cost model's choice) is within ``margin`` of
     it: then ``default``."""
@@ -446,7 +462,8 @@ WHOLE_ROUNDS = 3  # rounds of whole-program candidates timed in turns (when the 
 WARM_RUNS = 8  # warm-up runs of a timed executable at most, until its steps are recorded (``_best_times``)
 
 
-def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, options: SearchOptions):
+def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, options: SearchOptions,
+                     busy: dict | None = None):
     """Whole-program timing (graphs with states): the ``time_top`` cheapest fitting candidates within
     ``time_within`` of the cheapest, one timed run each after a warm-up run, within ``timing_budget_s``."""
     if runtime is None or not hasattr(runtime, "time") or not getattr(runtime, "timed", True) \
@@ -456,7 +473,7 @@ def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, opti
     # a candidate the cost model rates far worse is not worth whole-program runs (they dominate cold compiles)
     top = [(p, r) for p, r in fitting[: options.time_top] if _run_bytes(p, dims) <= options.max_timing_bytes
            and (best is None or r.get("cost_s") is None or r["cost_s"] <= best * options.time_within)]
-    if len(top) < 2:
+    if len(top) < 2 or _busy(runtime, busy):
         return []
     rng = np.random.default_rng(options.seed)
     if inputs is None:
@@ -495,6 +512,10 @@ def _time_candidates(runtime, graph: Graph, fitting, dims, inputs, weights, opti
         # products and 30 softmax passes between the chains) in one compile of two, 10-60% slower a token
         for _, row in timed:
             row["unrecorded_s"] = row.pop("measured_s")
+        return []
+    if _busy(runtime, busy):  # (timed while other work ran: kept in the report, not chosen by)
+        for _, row in timed:
+            row["busy_s"] = row.pop("measured_s")
         return []
     return timed
 

@@ -78,6 +78,11 @@ class BackendRuntime(RuntimeBase):
     def capabilities(self) -> set[str]:
         return {op for op in REGISTRY if op in self.backend.kernels or op in SOURCES}
 
+    def contended(self) -> str | None:
+        """Why timing candidates now would measure other work too (the backend's ``contended``), or None."""
+        check = getattr(self.backend, "contended", None)
+        return check() if check is not None else None
+
     @property
     def target(self) -> str | None:
         """What the backend's kernels are built for, where it has a choice (the CPU's instruction-set path)."""

@@ -10,6 +10,8 @@ calls replay as chains, one compiled call each (``capture``, ``jit/chain.py``).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from luminal_recipes import memory_limits
@@ -35,6 +37,9 @@ def host_memory() -> int:
     return memory_limits.host_memory()
 
 
+BUSY_SAMPLES, BUSY_EVERY_S = 5, 0.002  # ``NumpyBackend.contended``: the machine's ready threads, sampled
+
+
 class NumpyBackend:
     name = "numpy"
     device = "cpu"
@@ -46,6 +51,32 @@ class NumpyBackend:
     # chains are recorded at the fifth run of a binding (a decoding loop), not for the compiler's timing of a
     # candidate (``protocol.time_executable``: four runs), which would compile chains for programs never used
     capture_after = 4
+
+    def contended(self) -> str | None:
+        """Why timings taken now would measure other work too, or None: other processes' threads ready to run
+        leave fewer cores than the runtime's threads in most of a few samples over ~10 ms
+        (``threads.others_running``). A plan timed then is a bet on the neighbours' load (a decode step's fused
+        attention, 10% faster on a quiet machine, measured 50% slower than its unfused chain beside one busy
+        thread), and it is cached: the compiler leaves such a choice to its cost model (``search._busy``)."""
+        import time
+
+        from . import threads as cpu_threads
+
+        room = (os.cpu_count() or 1) - cpu_threads.THREADS
+        busy, seen = 0, []
+        for i in range(BUSY_SAMPLES):
+            if i:
+                time.sleep(BUSY_EVERY_S)
+            running = cpu_threads._running_threads()
+            if running is None:
+                return None
+            others = cpu_threads.others_running(running, 1)
+            seen.append(others)
+            busy += others > room
+        if 2 * busy <= BUSY_SAMPLES:
+            return None
+        return (f"{max(seen)} threads of other processes were ready to run beside this one's "
+                f"{cpu_threads.THREADS} on {os.cpu_count()} cores")
 
     @property
     def target(self) -> str:

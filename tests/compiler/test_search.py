@@ -32,6 +32,18 @@ def attention_block() -> Graph:
     return g
 
 
+def attention_with_state() -> Graph:
+    """``attention_block``'s graph whose output also adds into a state (its whole candidates are timed)."""
+    g = Graph()
+    x = g.input("x", (1, 6, 16))
+    q, k, v = (ops.split_heads(ops.linear(x, g.weight(name, (16, 16))), 2) for name in "qkv")
+    y = ops.rms_norm(x + ops.merge_heads(ops.scaled_dot_product_attention(q, k, v, causal=True)),
+                     g.weight("n", (16,)))
+    g.mark_output("y", y)
+    g.mark_output("acc", g.state("acc", (1, 6, 16)) + y)
+    return g
+
+
 def big_matmul() -> Graph:
     g = Graph()
     g.mark_output("y", ops.matmul(g.input("a", (64, 256)), g.weight("b", (256, 256))))
@@ -128,6 +140,43 @@ def test_candidates_are_timed_and_the_fastest_chosen(runtime, assert_close):
         chosen["cost_s"] == cheapest["cost_s"] and chosen["measured_s"] <= fastest * (1 + options.time_margin)))
     assert plan.program.meta["selected_by"] == "measured"
     check_program(g, plan.program, runtime, assert_close)
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_timings_on_a_busy_machine_leave_the_choice_to_the_cost_model(monkeypatch, when, stateful):
+    """Other processes' threads competing for the cores (``NumpyBackend.contended``) before the candidates are
+    timed: none is timed; only after: the times are dropped (whole candidates' kept as ``busy_s``). Either way
+    the cost model chooses and the report says why."""
+    from luminal_recipes.compiler import search
+
+    rt = NumpyRuntime()
+    why = "3 threads of other processes were ready to run"
+    checks = []
+
+    def contended():
+        checks.append(1)
+        return why if when == "before" or len(checks) > 1 else None
+
+    rt.backend.contended = contended
+    monkeypatch.setattr(search, "_records", lambda runtime_: False)  # (whole candidates: one pass counts)
+    runs = []
+    real = search._best_times
+    monkeypatch.setattr(search, "_best_times", lambda *a: runs.append(1) or real(*a))
+    timed = []
+    real_time = rt.time
+    monkeypatch.setattr(rt, "time", lambda *a, **k: timed.append(1) or real_time(*a, **k))
+    g = attention_with_state() if stateful else attention_block()
+    inputs, weights = graph_values(g)
+    inputs.pop("acc", None)  # (a state: set by the executable, not given)
+    options = SearchOptions(use_cache=False, time_within=1e9)  # (every candidate worth timing)
+    plan = compile_graph(g, rt, inputs=inputs, weights=weights, options=options)
+    report = plan.report
+    assert report["chosen"]["selected_by"] == "cost model" and report["timing_skipped"] == why
+    assert not any("measured_s" in r for r in report["candidates"])
+    assert (runs or timed) if when == "after" else not (runs or timed)
+    if stateful and when == "after":
+        assert sum("busy_s" in r for r in report["candidates"]) >= 2
 
 
 @pytest.mark.parametrize("their_time, switch", [(0.97, False), (0.90, True)])
@@ -311,13 +360,7 @@ def test_unrecorded_single_runs_of_stateful_candidates_leave_the_cost_models_cho
 
     from luminal_recipes.compiler import search
 
-    g = Graph()  # attention_block's, whose output also adds into a state
-    x = g.input("x", (1, 6, 16))
-    q, k, v = (ops.split_heads(ops.linear(x, g.weight(name, (16, 16))), 2) for name in "qkv")
-    y = ops.rms_norm(x + ops.merge_heads(ops.scaled_dot_product_attention(q, k, v, causal=True)),
-                     g.weight("n", (16,)))
-    g.mark_output("y", y)
-    g.mark_output("acc", g.state("acc", (1, 6, 16)) + y)
+    g = attention_with_state()
     monkeypatch.setattr(search, "_records", lambda runtime_: records)
     calls = []
 
