@@ -106,8 +106,14 @@ def qwen3_decode_workload(torch):
     position = torch.tensor([[512]])
     state = {}
 
+    tensors = [t for layer in cache.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+
     def prepare():  # outside the timing: every step sees the same 512 cached entries
-        state["cache"] = copy.deepcopy(cache)
+        # copied by numpy (one thread): torch's own copy of the 12.6 MB runs on its OpenMP threads, whose workers
+        # then spin ~3 ms into the timed call, on a core a runtime with threads of its own needs (ours measured
+        # 21.6 vs 18.5 ms a step behind it); the cache's other fields by deepcopy, as before
+        memo = {id(t): torch.from_numpy(t.numpy().copy()) for t in tensors}
+        state["cache"] = copy.deepcopy(cache, memo)
 
     def call(fn):
         return lambda: fn(input_ids=token, position_ids=position, past_key_values=state["cache"],
