@@ -1,7 +1,6 @@
-"""The tiny FLUX.2 forward (bench/torch_backend.py's ``flux2``; ``--workload qwen3-decode``: its decode step)
-through torch.compile(backend="luminal") with this branch's CPU changes (A) and with them patched out (B), beside
-inductor, in turns in one process (process CPU time and wall time per call, medians and per-round ratios; both
-sides run the plans the first one's search chose). The changes, each switched off by a monkeypatch before B is
+"""The tiny FLUX.2 forward (bench/torch_backend.py's ``flux2``) through torch.compile(backend="luminal") with this
+branch's CPU changes (A) and with them patched out (B), beside inductor, in turns in one process (process CPU time
+and wall time per call, medians and per-round ratios). The changes, each switched off by a monkeypatch before B is
 compiled (B's kernels are prepared under it):
 
 - ``concat``: a stack along a new last axis copied along its strided axis (``layout._box3``, ``copy_box``);
@@ -9,9 +8,7 @@ compiled (B's kernels are prepared under it):
 - ``attn16``: the compiled attention over 16-dim heads (``attention_small.applies``);
 - ``amxchain``: the AMX products described for the chains (``amx.CHAINED``; else each a Python step between
   them);
-- ``tasks``: a lockstep chain's single-thread calls spread over its threads (``chain.TASKS``; else on thread 0);
-- ``claimed``: a decode product's chunks taken by whichever thread is free in lockstep chains (``matmul.CLAIMED``;
-  else its static parts).
+- ``tasks``: a lockstep chain's single-thread calls spread over its threads (``chain.TASKS``; else on thread 0).
 
 ``--min-part N`` prepares side A's kernels with ``threads.MIN_PART = N`` (finer parts for the chains' two threads).
 ``--min-split-phases-a N`` captures side A's chains with ``chain.MIN_SPLIT_PHASES = N``; ``--blocking-b`` hands
@@ -57,7 +54,6 @@ def side_function(model, name: str):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="flux2", choices=("flux2", "qwen3-decode"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--off", default="concat,cse,attn16", help="the changes patched out of side B")
@@ -89,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from luminal_recipes.runtimes.cpu import amx
     from luminal_recipes.runtimes.cpu.jit import chain
-    from luminal_recipes.runtimes.cpu.kernels import attention_small, layout, matmul
+    from luminal_recipes.runtimes.cpu.kernels import attention_small, layout
     from luminal_recipes.runtimes.kernels import expression
 
     torch.set_num_threads(threads)
@@ -97,8 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                "cse": (expression, "_repeated", lambda *a, **k: {}),
                "attn16": (attention_small, "applies", lambda *a, **k: False),
                "amxchain": (amx, "CHAINED", False),
-               "tasks": (chain, "TASKS", False),
-               "claimed": (matmul, "CLAIMED", False)}
+               "tasks": (chain, "TASKS", False)}
     off = [name for name in args.off.split(",") if name]
     if args.attn16_b:
         from attention16_ab import load_module
@@ -106,18 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         base = load_module(args.attn16_b)
         patches["attn16b"] = (attention_small, "_kernels", lambda: base)
         off.append("attn16b")
-    model, call, prepare = tb.WORKLOADS[args.workload](torch)
-    if prepare is not None:  # (the decode step: a fresh copy of the cache before each call, outside the timing)
-        timed_call = call
-
-        def call(fn):
-            inner = timed_call(fn)
-
-            def run():
-                prepare()
-                return inner()
-            run.timed = inner
-            return run
+    model, call, _ = tb.WORKLOADS["flux2"](torch)
     sides, outputs = {}, {}
     from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
@@ -160,15 +144,12 @@ def main(argv: list[str] | None = None) -> int:
             for k, fn in sides.items():
                 for _ in range(args.untimed):  # (torch_backend.UNTIMED_CALLS)
                     fn()
-                if prepare is not None:
-                    prepare()
-                timed = getattr(fn, "timed", fn)
                 c0, t0 = time.process_time(), time.perf_counter()
-                timed()
+                fn()
                 wall[k].append(time.perf_counter() - t0)
                 cpu[k].append(time.process_time() - c0)
 
-    print(f"{args.workload} A/B ({threads} threads, {args.rounds} rounds; B without: {', '.join(off)}; B's chain part "
+    print(f"flux2 A/B ({threads} threads, {args.rounds} rounds; B without: {', '.join(off)}; B's chain part "
           f"{args.chain_min_part or default_chain_part}; load average {os.getloadavg()[0]:.2f}; chain runs "
           f"{chain.RUNS})")
     for k in sides:

@@ -308,8 +308,7 @@ def by_rows(kernel: Callable, arrays: list[np.ndarray], *scalars) -> Callable[[]
 def described(step: Callable[[], None], calls: list[tuple],
               redescribe: Callable[[], list[tuple]] | None = None) -> Callable[[], None]:
     """``step`` described as one phase of ``(kernel, args, part)`` calls - or ``(kernel, args, part, (reads,
-    writes))``: ``chain.Call.access``; or ``chain.Call`` s - for the CPU backend's chains (``chain.tag``), where
-    numba is in use.
+    writes))``: ``chain.Call.access`` - for the CPU backend's chains (``chain.tag``), where numba is in use.
     ``redescribe``: the same calls made again, for a chain's finer parts (``chain.finer``: it calls this inside
     ``threads.finer_parts``)."""
     if not AVAILABLE:
@@ -317,8 +316,7 @@ def described(step: Callable[[], None], calls: list[tuple],
     from .chain import Call, tag
 
     def phase(calls):
-        return [c if isinstance(c, Call) else Call(c[0], c[1], c[2], access=c[3] if len(c) > 3 else None)
-                for c in calls]
+        return [Call(fn, args, part, access=rest[0] if rest else None) for fn, args, part, *rest in calls]
 
     again = None if redescribe is None else lambda: [phase(redescribe())]
     return tag(step, phase(calls), redescribe=again)

@@ -82,9 +82,7 @@ class Call(NamedTuple):
     a barrier before the call only where it touches what another thread touched since the last barrier and one
     of the two writes it (``_layout``). ``None``: unknown - a barrier wherever the thread changes hands.
     ``work``: multiply-adds the call does (0: not said); a phase split over the threads with ``LOCKSTEP_WORK`` of
-    them runs its chain in lockstep, however few split phases it has (``_Chain``). ``claims``: the int64 counters
-    the call's parts take their chunks from (``f32_kernels.claimed_product``: its last part zeroes them), zeroed
-    by the chain after a run that stopped midway, where some parts may not have run."""
+    them runs its chain in lockstep, however few split phases it has (``_Chain``)."""
 
     fn: Any
     args: tuple
@@ -93,7 +91,6 @@ class Call(NamedTuple):
     blas: bool = False
     access: tuple | None = None
     work: int = 0
-    claims: np.ndarray | None = None
 
 
 def tag(step: Callable, *phases: Sequence[Call], redescribe: Callable[[], Sequence] | None = None) -> Callable:
@@ -665,8 +662,6 @@ class _Chain:
         self.int_rows = (self.ints_row,) if alone is None else (self.ints_row, alone.reshape(-1))
         self.held_steps = np.concatenate([np.full(len(v), i, np.int64) for v, i in held] or [np.zeros(0, np.int64)])
         self.blas = any(c.blas for _, phase in flat for c in phase)
-        self.claims = list({id(c.claims): c.claims for _, phase in flat for c in phase
-                            if c.claims is not None}.values())
         self.opcodes = sorted(opcodes, key=opcodes.get)  # this chain's argument layouts, by its programs' opcodes
         self.run_fn = None  # ``finish``: the capture's interpreter
         self.parts = [functools.partial(self._part, t) for t in range(threads)]
@@ -750,29 +745,17 @@ class _Chain:
             RUNS["crowded" if self.threads > 1 else "alone"] += 1
             self.used = 1
             if self.run_fn(0, *self.args[1]):
-                self._stopped()
                 self._failed()
             return
         RUNS["lockstep"] += 1
         self.used = self.threads
         flags[:] = 0
-        try:
-            if self.hot:
-                self._lockstep()
-            else:
-                _lockstep_pool().run(self.parts)
-        except BaseException:
-            self._stopped()
-            raise
-        if flags[ERR] or flags[ABORT]:
-            self._stopped()
+        if self.hot:
+            self._lockstep()
+        else:
+            _lockstep_pool().run(self.parts)
         if flags[ERR]:
             self._failed()
-
-    def _stopped(self) -> None:
-        """A run left before its end: claimed calls' counters that some parts left behind, zeroed."""
-        for counters in self.claims:
-            counters[:] = 0
 
     def _lockstep(self) -> None:
         """This thread runs thread 0's program; the kernels' pool workers the others, by their jobs, without the

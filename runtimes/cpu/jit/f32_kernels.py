@@ -15,9 +15,6 @@
   around it again and writes only its own), so an output does not depend on how the rows ``n`` are split over
   the cores.
 - ``cols_product``: the same for a right operand stored row by row (``[k, N]``, unit stride along N).
-- ``claimed_product``: either of them by several cores at once in a lockstep chain, each core taking chunks of
-  whole groups from atomic counters (its own contiguous run first, then what the others left) instead of a fixed
-  share: a core that runs slower leaves the other fewer microseconds to wait at the next barrier.
 - ``sgemm_tasks``: a larger product cut into chunks (``tasks``: rows or columns of the output), each one
   single-threaded ``cblas_sgemm`` call of numpy's own OpenBLAS at its address (``..cblas``); every core calls it
   with the same arguments and takes the next chunk no core has taken (an atomic counter, reset by ``reset``
@@ -137,42 +134,6 @@ def cols_product(x, x0, xs, b, b0, bs, out, o0, os_, m, k, n0, n1):
             row = b[ba:ba + w]
             for c in range(w):
                 o[c] += xv * row[c]
-
-
-@_plain
-def claimed_product(kernel_id, x, x0, xs, w, w0, ws, out, o0, os_, m, k, n, chunk, counters, part, parts):
-    """``rows_product`` (``kernel_id`` 0) or ``cols_product`` (1) over ``n`` output columns in chunks of ``chunk``
-    (a multiple of ``ROWS``: the same groups, so the same bits as any cut), by ``parts`` calls at once, this one
-    ``part``. Each part owns a contiguous run of the chunks (``parts`` near-equal runs) and takes them in order
-    from that run's atomic counter (``counters[8 * r]``, one cache line each); its own run done, it takes the
-    chunks left in the others' runs from their counters: a core that runs slower (its pages, its neighbour on the
-    host) ends up with fewer chunks instead of the others waiting for it at the next barrier, while each core
-    still streams through memory in order until the end (chunks handed out one by one in turn read slower here).
-    The last part to find nothing left zeroes the counters (``counters[8 * parts]`` counts the parts done) for
-    the next run; a chain that stops midway zeroes them itself (``chain._Chain``)."""
-    at = np.int64(counters.ctypes.data)
-    chunks = (n + chunk - 1) // chunk
-    for q in range(parts):
-        r = (part + q) % parts
-        first, end = chunks * r // parts, chunks * (r + 1) // parts
-        while True:
-            j = first + _fetch_add(at + 64 * r, np.int64(1))
-            if j >= end:
-                break
-            lo = j * chunk
-            hi = min(n, lo + chunk)
-            if kernel_id == 0:
-                rows_product(x, x0, xs, w, w0, ws, out, o0, os_, m, k, lo, hi)
-            else:
-                cols_product(x, x0, xs, w, w0, ws, out, o0, os_, m, k, lo, hi)
-    if _fetch_add(at + 64 * parts, np.int64(1)) == parts - 1:
-        for r in range(parts + 1):
-            counters[8 * r] = 0
-
-
-def claim_counters(parts: int) -> np.ndarray:
-    """Zeroed counters for a ``claimed_product`` of ``parts`` parts (one cache line each, and the parts done)."""
-    return np.zeros(8 * (parts + 1), np.int64)
 
 
 # per task (a chunk of the product): byte offsets of its a, b and c from the operands' addresses, and m, n, k

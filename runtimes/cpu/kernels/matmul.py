@@ -140,10 +140,6 @@ def _blas_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray) -> Step:
 
 
 ROWS_PRODUCT_MAX = 8  # rows of a product at most for the compiled pass over a weight stored as rows (decoding)
-# bytes of the weight a claimed chunk of such a product reads (``f32_kernels.claimed_product``, in lockstep chains):
-# ~7 us of one core's bandwidth, against ~0.1 us for taking it
-CLAIM_BYTES = 96 << 10
-CLAIMED = True  # False: a lockstep chain runs such a product's static parts (read at preparation; bench A/Bs)
 
 
 def _flat(a: np.ndarray, writeable: bool = False) -> tuple[np.ndarray, list[int]] | None:
@@ -186,7 +182,6 @@ def _rows_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray, name: st
     if x is None or w is None or o is None:
         return None
     from ..jit import f32_kernels
-    from ..jit.chain import Call
 
     kernel = getattr(f32_kernels, name)
     m, n = dst.shape
@@ -199,21 +194,9 @@ def _rows_product(left: np.ndarray, right: np.ndarray, dst: np.ndarray, name: st
         return [(kernel, (xf, 0, xs, wf, 0, ws, of, 0, os_, m, k, lo, hi), i)
                 for i, (lo, hi) in enumerate(zip(cuts, cuts[1:]))]
 
-    kernel_id = 0 if name == "rows_product" else 1
-    # chunks of ~CLAIM_BYTES of the right operand, whole groups of rows: dozens a part, a few microseconds each
-    chunk = align * max(1, CLAIM_BYTES // (align * k * 4))
-
-    def claimed():  # a lockstep chain's parts: the same groups, the last ones taken by whichever thread is free
-        parts = len(describe())
-        if parts == 1:
-            return describe()
-        counters = f32_kernels.claim_counters(parts)
-        return [Call(f32_kernels.claimed_product, (kernel_id, xf, 0, xs, wf, 0, ws, of, 0, os_, m, k, n, chunk,
-                                                    counters, i, parts), i, claims=counters) for i in range(parts)]
-
     calls = describe()
     parts = [lambda args=args: kernel(*args) for _, args, _ in calls]
-    return jit.described(cpu_threads.parallel(parts), calls, redescribe=claimed if CLAIMED else describe)
+    return jit.described(cpu_threads.parallel(parts), calls, redescribe=describe)
 
 
 def _compiled_add(target: np.ndarray, bias: np.ndarray) -> Step | None:
