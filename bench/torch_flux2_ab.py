@@ -1,6 +1,7 @@
-"""The tiny FLUX.2 forward (bench/torch_backend.py's ``flux2``) through torch.compile(backend="luminal") with this
-branch's CPU changes (A) and with them patched out (B), beside inductor, in turns in one process (process CPU time
-and wall time per call, medians and per-round ratios). The changes, each switched off by a monkeypatch before B is
+"""The tiny FLUX.2 forward (bench/torch_backend.py's ``flux2``; ``--workload qwen3-decode``: its decode step)
+through torch.compile(backend="luminal") with this branch's CPU changes (A) and with them patched out (B), beside
+inductor, in turns in one process (process CPU time and wall time per call, medians and per-round ratios; both
+sides run the plans the first one's search chose). The changes, each switched off by a monkeypatch before B is
 compiled (B's kernels are prepared under it):
 
 - ``concat``: a stack along a new last axis copied along its strided axis (``layout._box3``, ``copy_box``);
@@ -54,6 +55,7 @@ def side_function(model, name: str):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="flux2", choices=("flux2", "qwen3-decode"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--off", default="concat,cse,attn16", help="the changes patched out of side B")
@@ -101,7 +103,18 @@ def main(argv: list[str] | None = None) -> int:
         base = load_module(args.attn16_b)
         patches["attn16b"] = (attention_small, "_kernels", lambda: base)
         off.append("attn16b")
-    model, call, _ = tb.WORKLOADS["flux2"](torch)
+    model, call, prepare = tb.WORKLOADS[args.workload](torch)
+    if prepare is not None:  # (the decode step: a fresh copy of the cache before each call, outside the timing)
+        timed_call = call
+
+        def call(fn):
+            inner = timed_call(fn)
+
+            def run():
+                prepare()
+                return inner()
+            run.timed = inner
+            return run
     sides, outputs = {}, {}
     from luminal_recipes.runtimes.cpu import threads as cpu_threads
 
@@ -144,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
             for k, fn in sides.items():
                 for _ in range(args.untimed):  # (torch_backend.UNTIMED_CALLS)
                     fn()
+                if prepare is not None:
+                    prepare()
+                timed = getattr(fn, "timed", fn)
                 c0, t0 = time.process_time(), time.perf_counter()
-                fn()
+                timed()
                 wall[k].append(time.perf_counter() - t0)
                 cpu[k].append(time.process_time() - c0)
 
-    print(f"flux2 A/B ({threads} threads, {args.rounds} rounds; B without: {', '.join(off)}; B's chain part "
+    print(f"{args.workload} A/B ({threads} threads, {args.rounds} rounds; B without: {', '.join(off)}; B's chain part "
           f"{args.chain_min_part or default_chain_part}; load average {os.getloadavg()[0]:.2f}; chain runs "
           f"{chain.RUNS})")
     for k in sides:
