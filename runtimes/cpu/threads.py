@@ -16,6 +16,7 @@ at once are serialised.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -365,28 +366,66 @@ def _running_threads() -> int | None:
         return None
 
 
+# this process's threads: ``/proc/self/task`` kept open, and per thread id its ``stat`` kept open (``_TASKS``)
+_TASK_DIR: list[int] = []
+_TASKS: dict[str, int] = {}
+_TASKS_LISTED = [-1]  # the thread count (``/proc/self/task``'s link count) when the threads were last listed
+_TASKS_LOCK = threading.Lock()  # (the chains and the pool may sample from different threads)
+
+
+def _list_tasks() -> None:
+    """Open ``stat`` of each thread not open yet; close those of threads gone."""
+    tids = os.listdir("/proc/self/task")
+    for tid in _TASKS.keys() - set(tids):
+        os.close(_TASKS.pop(tid))
+    for tid in tids:
+        if tid not in _TASKS:
+            try:
+                _TASKS[tid] = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+            except OSError:
+                continue  # (ended since the listing)
+
+
 def _own_running_threads() -> int | None:
-    """This process's threads ready to run now (state R in ``/proc/self/task/*/stat``: ~3 us a thread); None where
-    there is no such folder."""
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    count = 0
-    for tid in tasks:
+    """This process's threads ready to run now (state R in ``/proc/self/task/*/stat``); None where there is no
+    such folder. Sampled each ``CROWD_EVERY_S`` by the chains and the pool, its Python cold (a decode step's
+    kernels streamed the weights through the caches): the files stay open and are read again (``pread``, ~1 us a
+    thread; opening, reading and closing each took ~20 us cold), listed again only when the thread count
+    (``/proc/self/task``'s link count: 2 + threads) changed or a thread's file has gone."""
+    with _TASKS_LOCK:
         try:
-            fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+            if not _TASK_DIR:
+                _TASK_DIR.append(os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY))
+            links = os.fstat(_TASK_DIR[0]).st_nlink
+            if links != _TASKS_LISTED[0]:
+                _list_tasks()
+                _TASKS_LISTED[0] = links
         except OSError:
-            continue  # (ended since the listing)
-        try:
-            stat = os.read(fd, 512)
-        except OSError:
-            continue
-        finally:
+            return None
+        count = 0
+        for fd in _TASKS.values():
+            try:
+                stat = os.pread(fd, 512, 0)
+            except OSError:  # the thread has ended: list again at the next sample
+                stat = b""
+            if not stat:
+                _TASKS_LISTED[0] = -1
+                continue
+            end = stat.rfind(b")")  # (the name in parentheses may hold spaces)
+            count += stat[end + 2:end + 3] == b"R"
+        return count
+
+
+def _forget_tasks() -> None:
+    """Close the threads' files (a forked child's are its parent's threads)."""
+    global _TASKS_LOCK
+    _TASKS_LOCK = threading.Lock()
+    for fd in (*_TASK_DIR, *_TASKS.values()):
+        with contextlib.suppress(OSError):
             os.close(fd)
-        end = stat.rfind(b")")  # (the name in parentheses may hold spaces)
-        count += stat[end + 2:end + 3] == b"R"
-    return count
+    _TASK_DIR.clear()
+    _TASKS.clear()
+    _TASKS_LISTED[0] = -1
 
 
 def others_running(running: int, ours: int) -> int:
@@ -445,6 +484,7 @@ def blocking_pool() -> _Pool:
 def _forget_pool() -> None:
     global _POOL, _POOL_LOCK, _BLOCKING
     _POOL, _POOL_LOCK, _BLOCKING = None, threading.Lock(), None  # a forked child has none of the parent's workers
+    _forget_tasks()
 
 
 if hasattr(os, "register_at_fork"):

@@ -279,6 +279,93 @@ def test_own_running_threads_read_from_proc():
                 thread.join()
 
 
+def test_own_running_threads_keep_their_files_open(monkeypatch):
+    """Sampled every ``CROWD_EVERY_S`` in a decode step's cold Python: while the threads stay the same a sample opens
+    no file and lists nothing (each thread's ``stat`` is read again where it was kept open); a thread started
+    since is listed and counted at once, one that ended is dropped, and the count is a fresh listing's."""
+    import os
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/self/task")
+    cpu_threads._own_running_threads()  # (this process's threads listed)
+    opened, listed = [], []
+    real_open, real_listdir = os.open, os.listdir
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append(path) or real_open(path, *a, **k))
+    monkeypatch.setattr(os, "listdir", lambda path: listed.append(path) or real_listdir(path))
+    for _ in range(5):
+        assert cpu_threads._own_running_threads() >= 1  # (this thread)
+    assert not opened and not listed
+    stop = threading.Event()
+    data = bytes(1 << 24)
+
+    def hashing():  # ready to run all the time (hashlib lets go of the GIL)
+        import hashlib
+
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    busy = threading.Thread(target=hashing)
+    busy.start()
+    try:
+        seen = []
+        for _ in range(40):
+            seen.append(cpu_threads._own_running_threads())
+            time.sleep(0.002)
+        assert max(seen) >= 2  # this thread and the new one
+        assert listed and f"/proc/self/task/{busy.native_id}/stat" in opened
+    finally:
+        stop.set()
+        busy.join()
+    tid = str(busy.native_id)
+    for _ in range(500):  # (the joined thread leaves the listing moments after)
+        if tid not in real_listdir("/proc/self/task"):
+            break
+        time.sleep(0.001)
+    cpu_threads._own_running_threads()
+    assert tid not in cpu_threads._TASKS and sorted(cpu_threads._TASKS) == sorted(real_listdir("/proc/self/task"))
+
+
+def test_own_running_threads_in_a_forked_child():
+    """A forked child has one thread: its samples count its own, not the files of its parent's threads (those it
+    inherited are closed at the fork)."""
+    import os
+
+    if not os.path.isdir("/proc/self/task") or not hasattr(os, "fork"):
+        pytest.skip("no /proc/self/task or fork")
+    stop = threading.Event()
+    data = bytes(1 << 24)
+
+    def hashing():
+        import hashlib
+
+        while not stop.is_set():
+            hashlib.sha256(data).digest()
+
+    busy = [threading.Thread(target=hashing) for _ in range(2)]
+    for thread in busy:
+        thread.start()
+    try:
+        assert max(cpu_threads._own_running_threads() for _ in range(20)) >= 2  # (their files open here)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: one thread
+            try:
+                inherited = len(cpu_threads._TASKS)  # (closed at the fork)
+                counts = [cpu_threads._own_running_threads() for _ in range(20)]
+                os.write(write, bytes([inherited, max(counts), len(cpu_threads._TASKS)]))
+            finally:
+                os._exit(0)
+        os.close(write)
+        got = os.read(read, 3)
+        os.close(read)
+        os.waitpid(pid, 0)
+    finally:
+        stop.set()
+        for thread in busy:
+            thread.join()
+    assert list(got) == [0, 1, 1]
+
+
 def test_others_running_leaves_this_process_out(monkeypatch):
     reads = []
     monkeypatch.setattr(cpu_threads, "_own_running_threads", lambda: reads.append(1) or 3)

@@ -41,6 +41,7 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -52,6 +53,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
+from .. import threads as cpu_threads
 from .spin import atomic_load, atomic_store, compare_exchange, pause
 
 ENV = "LUMINAL_RECIPES_CHAIN"
@@ -1027,10 +1029,6 @@ def crowded(threads: int) -> bool:
     calling thread alone). ``LUMINAL_RECIPES_CHAIN_LOCKSTEP`` other than ``auto``: never."""
     if not ADAPTIVE:
         return False
-    import time
-
-    from .. import threads as cpu_threads
-
     now = time.monotonic()
     state = _CROWD
     if now >= state["next"]:
@@ -1044,7 +1042,8 @@ def crowded(threads: int) -> bool:
                                                                                 cpu_threads.ASLEEP])
             others = cpu_threads.others_running(running, 1 + awake)
             state["others"] = 0.7 * state["others"] + 0.3 * others
-            room = (os.cpu_count() or 1) - threads
+            cpus = state.get("cpus") or state.setdefault("cpus", os.cpu_count() or 1)  # (each call reads /sys)
+            room = cpus - threads
             if not state["crowded"] and state["others"] > room + CROWD_MARGIN:
                 state["crowded"] = True
             elif state["crowded"] and state["others"] <= room + CROWD_MARGIN / 2:
