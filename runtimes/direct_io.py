@@ -166,14 +166,19 @@ class DirectIO:
         self.deltas[:] = 0
 
     def read_in_place(self, k: int, given) -> bool:
-        """Whether input ``k`` (its position in ``_input_specs``) is read from ``given`` this run, not copied."""
+        """Whether input ``k`` (its position in ``_input_specs``) is read from ``given`` this run, not copied: read
+        where the caller holds it, or ``given`` is its slot's own memory (written there by the caller: nothing to
+        move)."""
         spec = self.inputs.get(k)
         if spec is None or type(given) is not np.ndarray:
             return False
         region, slot_start, shape, dtype, nbytes = spec
-        if given.shape != shape or given.dtype != dtype or not given.flags.c_contiguous or not given.flags.aligned:
+        flags = given.flags
+        if given.shape != shape or given.dtype != dtype or not flags.c_contiguous or not flags.aligned:
             return False
         start = _start(given)
+        if start == slot_start:
+            return True  # (its delta stays 0: ``begin``)
         end = start + nbytes
         for lo, hi in self.avoid:
             if start < hi and lo < end:

@@ -569,10 +569,10 @@ class Executable:
             direct.begin()
         for k, (name, node, slot, shape, dtype, address) in enumerate(self._input_specs):
             given = inputs[name]
+            if direct is not None and direct.read_in_place(k, given):
+                continue  # (also where it is its slot's memory: one look at its address, not two)
             if _same_memory(given, slot, address):
                 continue  # written in its slot by the caller (``input(name)``): bound without a copy
-            if direct is not None and direct.read_in_place(k, given):
-                continue
             arr = np.asarray(given)
             if arr.shape != shape or arr.dtype != dtype:
                 check_array("input", node, arr, self.dims)  # raises, naming the input

@@ -29,9 +29,12 @@ from .. import instrument
 from ..errors import InputError
 from ..graph.symbolic import Expr, evaluate, free_symbols, shape_str
 from ..recipe.builder import BuiltModel
+from ..runtimes.profile import active as profile_active
 from ..runtimes.profile import model_section
 from ..runtimes.registry import get_runtime
 from .plan import StagePlan, check_budget, plan_model
+
+_F32 = np.dtype(np.float32)  # (``dtype == np.float32`` converts the type to a dtype first: per output, per call)
 
 
 @dataclass
@@ -138,6 +141,8 @@ class ModelEngine:
         self._read: set[str] | None = None  # the inputs the model's outputs depend on
         self._shapes: tuple | None = None  # the last call's input shapes and the dims inferred from them
         self._dims: dict[str, int] = {}
+        self._np: dict[str, np.dtype] = {}  # each declared input's numpy dtype, as first seen (read per call)
+        self._last: tuple[dict, tuple] | None = None  # the last call's dims and its executable's key
 
     def _weights(self):
         return self.model.load_weight
@@ -166,8 +171,12 @@ class ModelEngine:
                           inputs=timing, weights=self._weights(), host_budget=self.host_budget_bytes)
 
     def executable(self, dims: dict[str, int], inputs: Mapping[str, np.ndarray]):
-        target = self.bucket(dims)
-        key = tuple(sorted(target.items()))
+        last = self._last
+        if last is not None and last[0] == dims and last[1] in self._executables:
+            key = last[1]  # the dims of the call before: the same executable (none was loaded since)
+        else:
+            target = self.bucket(dims)
+            key = tuple(sorted(target.items()))
         if key not in self._executables:
             t0 = time.perf_counter()
             plan = self._plan(target, dims, inputs)
@@ -188,6 +197,7 @@ class ModelEngine:
             self.stats.arena_bytes = mem.arena_bytes
             self.stats.live_peak = mem.live_peak
             self._executables[key] = exe
+        self._last = (dims, key)
         exe = self._executables[key]
         before = exe.stats.rebinds, exe.stats.rebind_seconds
         exe.bind(dims)  # the exact lengths, within the bucket: no reload, no allocation
@@ -202,28 +212,42 @@ class ModelEngine:
             self._read = read_inputs(self.model)
         # an input the graph does not read is no input of its program
         # (np.require, not np.ascontiguousarray: that makes a 0-dim input 1-dim)
-        declared = self.model.inputs
-        inputs = {k: v if type(v) is np.ndarray and k in declared and v.dtype == declared[k].dtype.np
-                  and v.flags.c_contiguous else np.require(self._as_declared(k, v), requirements="C")
-                  for k, v in inputs.items() if k in self._read or k not in declared}
-        shapes = tuple((k, v.shape) for k, v in inputs.items())
+        declared, read, wanted = self.model.inputs, self._read, self._np
+        given, inputs, shapes = inputs, {}, []
+        for k, v in given.items():
+            if k in declared:
+                if k not in read:
+                    continue
+                want = wanted.get(k)
+                if want is None:
+                    want = wanted[k] = declared[k].dtype.np
+                if not (type(v) is np.ndarray and v.dtype == want and v.flags.c_contiguous):
+                    v = np.require(self._as_declared(k, v), requirements="C")
+            else:
+                v = np.require(self._as_declared(k, v), requirements="C")
+            inputs[k] = v
+            shapes.append((k, v.shape))
+        shapes = tuple(shapes)
         if shapes != self._shapes:  # the dims follow from the input shapes alone: inferred once per set of shapes
             self._shapes, self._dims = shapes, infer_dims(self.model, inputs, self._read)
         dims = {**self._dims, **(dims or {})}
         exe = self.executable(dims, inputs)
         first = self.stats.transient_peak is None  # measure allocations outside the arena once
         t0 = time.perf_counter()
-        with model_section(self.model.name):  # ``--profile``: kernel time per model
-            # views of the arena, copied below (a copy by ``run`` as well would be a second one), or fresh arrays
-            # the run wrote its outputs into (``fresh_outputs``, ``runtimes/direct_io.py``): not copied again
+        # views of the arena, copied below (a copy by ``run`` as well would be a second one), or fresh arrays the
+        # run wrote its outputs into (``fresh_outputs``, ``runtimes/direct_io.py``): not copied again
+        if profile_active() is None:
             out = (exe.run(inputs, copy_outputs=False, trace=first, fresh=True) if first else
                    exe.run(inputs, copy_outputs=False, fresh=True))
+        else:
+            with model_section(self.model.name):  # ``--profile``: kernel time per model
+                out = exe.run(inputs, copy_outputs=False, trace=first, fresh=True)
         self.stats.run_s.append(time.perf_counter() - t0)
         if first:
             self.stats.transient_peak = exe.memory.transient_peak
         self._record_stream(exe)
         fresh = getattr(exe, "fresh_outputs", ())
-        return {k: v if k in fresh and (v.dtype == np.float32 or not _narrow_float(v)) else
+        return {k: v if k in fresh and (v.dtype == _F32 or not _narrow_float(v)) else
                 np.array(v, dtype=np.float32 if _narrow_float(v) else None, copy=True) for k, v in out.items()}
 
     def _as_declared(self, name: str, value):

@@ -76,7 +76,7 @@ class CompiledGraph:
         for i, name, torch_dtype, dtype in self._inputs:
             a = args[i]
             if a.dtype is torch_dtype and a.is_cpu and a.is_contiguous():  # a view of the tensor's memory
-                inputs[name] = a.detach().numpy()
+                inputs[name] = (a.detach() if a.requires_grad else a).numpy()  # (detach: one more op, cold)
             else:
                 inputs[name] = to_numpy(a, dtype, f"input {name}")
         dims = {name: int(args[i]) for i, name in self._dims}
@@ -92,8 +92,8 @@ class CompiledGraph:
                 array = out[name]
                 want = self._static_shapes.get(name) or tuple(
                     array.shape[i] if d is None or isinstance(d, torch.SymInt) else int(d) for i, d in enumerate(shape))
-                if (type(array) is np.ndarray and _TORCH.get(array.dtype) is dtype and array.shape == want
-                        and array.flags.c_contiguous and array.flags.writeable):
+                if type(array) is np.ndarray and _TORCH.get(array.dtype) is dtype and array.shape == want and (
+                        flags := array.flags).c_contiguous and flags.writeable:
                     results.append(torch.from_numpy(array))  # what ``to_torch`` gives, without its checks
                 else:
                     results.append(to_torch(array, dtype, want))

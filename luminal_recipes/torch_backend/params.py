@@ -5,6 +5,8 @@ the next call re-binds instead of computing with the old values."""
 
 from __future__ import annotations
 
+import math
+import operator
 import sys
 
 import numpy as np
@@ -14,32 +16,46 @@ from ..errors import InputError
 from ..graph import DType
 
 _INT32 = np.iinfo(np.int32)
+_DATA_PTR = torch.Tensor.data_ptr
 _FEW = 64
 
 
 def to_numpy(t: torch.Tensor, dtype: DType, what: str) -> np.ndarray:
     """``t`` as an array of ``dtype``: a view of the tensor's memory when it is contiguous and already of that
     dtype (f32, i32, u8, bool; bf16 by reinterpreting its bits), else one converted copy."""
-    t = t.detach()
-    if t.device.type != "cpu":
+    if t.requires_grad:  # (``detach`` otherwise: one more torch op in a call's cold Python)
+        t = t.detach()
+    if not t.is_cpu:
         raise InputError(f"{what} is on {t.device}; the luminal torch backend takes CPU tensors (its runtimes "
                          f"upload them): move the model and inputs to the CPU")
     if t.dtype == torch.int64:
-        array = t.contiguous().numpy()
-        if not array.size:
-            low = high = 0
-        elif array.size <= _FEW:  # a decode step's ids or positions: Python's min and max cost less than torch ops
-            low, high = min(array.flat), max(array.flat)
-        else:
-            low, high = int(t.min()), int(t.max())
-        if high > _INT32.max or low < _INT32.min:
+        shape = tuple(t.shape)
+        if math.prod(shape) <= _FEW:
+            # a decode step's ids or positions, as Python ints: checked with Python's min and max (less than torch
+            # ops), converted by numpy from the list (in a call's cold Python, two such inputs cost 37 us a decode
+            # step, 83 through ``numpy()`` and numpy's cast)
+            values = t.tolist()
+            flat = _flat(values)
+            if flat and (max(flat) > _INT32.max or min(flat) < _INT32.min):
+                raise InputError(f"{what} holds int64 values beyond the int32 range the graph computes in")
+            return np.array(values, np.int32) if flat else np.zeros(shape, np.int32)
+        if int(t.max()) > _INT32.max or int(t.min()) < _INT32.min:
             raise InputError(f"{what} holds int64 values beyond the int32 range the graph computes in")
-        return array.astype(np.int32)
+        return t.contiguous().numpy().astype(np.int32)
     if t.dtype == torch.bfloat16:
         array = t.contiguous().view(torch.int16).numpy().view(DType.BF16.np)  # (ml_dtypes imported now)
     else:
         array = t.contiguous().numpy()
     return array if array.dtype == dtype.np else array.astype(dtype.np)
+
+
+def _flat(values) -> list:
+    """``Tensor.tolist()``'s nested lists (or a 0-dim tensor's number) as one flat list."""
+    if not isinstance(values, list):
+        return [values]
+    while values and isinstance(values[0], list):
+        values = [v for row in values for v in row]
+    return values
 
 
 def to_torch(array: np.ndarray, dtype: torch.dtype, shape) -> torch.Tensor:
@@ -60,13 +76,19 @@ class WeightBinding:
         self.dtypes = dtypes
         self.tensors: dict[str, torch.Tensor] = {}
         self._ptrs: tuple = ()
+        # the weights of a call's arguments as one tuple (hundreds, checked every call: one C-level pass)
+        at = tuple(names)
+        self._take = operator.itemgetter(*at) if len(at) > 1 else lambda args: tuple(args[i] for i in at)
+
+    def _data_ptrs(self, args) -> tuple:
+        return tuple(map(_DATA_PTR, self._take(args)))
 
     def stale(self, args) -> bool:
-        return tuple(args[i].data_ptr() for i in self.names) != self._ptrs
+        return self._data_ptrs(args) != self._ptrs
 
     def bind(self, args) -> None:
         self.tensors = {name: args[i] for i, name in self.names.items()}
-        self._ptrs = tuple(args[i].data_ptr() for i in self.names)
+        self._ptrs = self._data_ptrs(args)
 
     def load(self, name: str) -> np.ndarray:
         return to_numpy(self.tensors[name], self.dtypes[name], f"parameter {name}")

@@ -4,8 +4,10 @@ right result), LUMINAL_TORCH_STRICT=1, and a new sequence length served by re-bi
 
 from __future__ import annotations
 
+import math
 import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -170,3 +172,17 @@ def test_int64_inputs_beyond_int32_are_refused_few_or_many():
             with pytest.raises(InputError, match="beyond the int32 range"):
                 to_numpy(t, DType.I32, "input ids")
     assert to_numpy(torch.zeros((0,), dtype=torch.int64), DType.I32, "input ids").shape == (0,)
+
+
+@pytest.mark.parametrize("shape", [(), (1, 1), (2, 3), (0, 3), (2, 0, 4), (3, 5, 4), (9, 9)])
+def test_int64_inputs_as_int32_of_their_shape(shape):
+    """A few int64 values (converted from Python ints) or many (numpy's cast): int32 of the tensor's shape and
+    values, whatever its strides (a transposed view), as numpy converts them."""
+    from luminal_recipes.graph import DType
+    from luminal_recipes.torch_backend.params import to_numpy
+
+    t = torch.arange(-20, -20 + math.prod(shape), dtype=torch.int64).reshape(shape) * 1000
+    for given in (t, t.transpose(0, -1) if t.dim() > 1 else t):
+        got = to_numpy(given, DType.I32, "input ids")
+        assert got.dtype == np.int32 and got.shape == tuple(given.shape)
+        assert np.array_equal(got, given.numpy().astype(np.int32))
