@@ -371,6 +371,9 @@ _TASK_DIR: list[int] = []
 _TASKS: dict[str, int] = {}
 _TASKS_LISTED = [-1]  # the thread count (``/proc/self/task``'s link count) when the threads were last listed
 _TASKS_LOCK = threading.Lock()  # (the chains and the pool may sample from different threads)
+# at most this many threads' files stay open: a process of more threads has them opened and closed at each sample
+# (its file descriptors are its own code's too)
+KEPT_TASKS = 64
 
 
 def _list_tasks() -> None:
@@ -397,6 +400,9 @@ def _own_running_threads() -> int | None:
             if not _TASK_DIR:
                 _TASK_DIR.append(os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY))
             links = os.fstat(_TASK_DIR[0]).st_nlink
+            if links - 2 > KEPT_TASKS:
+                _close_tasks()
+                return _count_afresh()
             if links != _TASKS_LISTED[0]:
                 _list_tasks()
                 _TASKS_LISTED[0] = links
@@ -416,16 +422,42 @@ def _own_running_threads() -> int | None:
         return count
 
 
+def _count_afresh() -> int:
+    """``_own_running_threads`` with each thread's file opened, read and closed."""
+    count = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fd = os.open(f"/proc/self/task/{tid}/stat", os.O_RDONLY)
+        except OSError:
+            continue  # (ended since the listing)
+        try:
+            stat = os.read(fd, 512)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        end = stat.rfind(b")")
+        count += stat[end + 2:end + 3] == b"R"
+    return count
+
+
+def _close_tasks() -> None:
+    for fd in _TASKS.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _TASKS.clear()
+    _TASKS_LISTED[0] = -1
+
+
 def _forget_tasks() -> None:
     """Close the threads' files (a forked child's are its parent's threads)."""
     global _TASKS_LOCK
     _TASKS_LOCK = threading.Lock()
-    for fd in (*_TASK_DIR, *_TASKS.values()):
+    _close_tasks()
+    for fd in _TASK_DIR:
         with contextlib.suppress(OSError):
             os.close(fd)
     _TASK_DIR.clear()
-    _TASKS.clear()
-    _TASKS_LISTED[0] = -1
 
 
 def others_running(running: int, ours: int) -> int:

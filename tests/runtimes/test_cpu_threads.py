@@ -241,14 +241,18 @@ def _run_child(code: str, env: dict) -> str:
     return done.stdout.strip()
 
 
-def test_own_running_threads_read_from_proc():
+@pytest.mark.parametrize("kept", [64, 0])
+def test_own_running_threads_read_from_proc(monkeypatch, kept):
     """``/proc/self/task``: a thread hashing a large buffer (without the GIL) is ready to run, a thread waiting on
-    an event is not; ``others_running`` leaves them out of the machine's count and reads them only when it has to."""
+    an event is not; ``others_running`` leaves them out of the machine's count and reads them only when it has to.
+    The same with the threads' files kept open (``KEPT_TASKS``) or, past that many threads, read afresh (none
+    left open)."""
     import hashlib
     import os
 
     if not os.path.isdir("/proc/self/task"):
         pytest.skip("no /proc/self/task")
+    monkeypatch.setattr(cpu_threads, "KEPT_TASKS", kept)
     stop, idle = threading.Event(), threading.Event()
     data = bytes(1 << 24)
 
@@ -271,6 +275,7 @@ def test_own_running_threads_read_from_proc():
         assert min(samples()) == 1  # this thread; never the three waiting
         busy.start()
         assert max(samples()) >= 2  # and the hashing one
+        assert bool(cpu_threads._TASKS) == (kept > 0)
     finally:
         stop.set()
         idle.set()
