@@ -52,15 +52,41 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _start(arr: np.ndarray) -> int:
+def _start_of(arr: np.ndarray) -> int:
+    """The address of ``arr``'s first element."""
     return arr.__array_interface__["data"][0]
+
+
+def _start_reader():
+    """``_start_of`` read from the array object itself: its ``data`` pointer follows the object header, as NumPy's
+    C API lays an array out (``PyArrayObject_fields``). ~0.1 us against ~0.9 us for ``__array_interface__``,
+    which builds a dict; a decode step asks for ~50 addresses (each input read in place, each fresh output), its
+    Python cold. None where the layout is not that one (checked here on arrays of several kinds: another
+    interpreter, a build with another object header), or without ctypes."""
+    try:
+        import ctypes
+
+        read, header = ctypes.c_size_t.from_address, object.__basicsize__
+        base = np.empty(4096, np.uint8)
+        probes = [np.empty(n, np.uint8) for n in (0, 1, 100, 1 << 20)]
+        probes += [base[64:], base[1:], base.view(np.float32)[4:].reshape(-1, 4)[::2].T, np.zeros(())]
+        if all(read(id(a) + header).value == _start_of(a) for a in probes):
+            return lambda arr: read(id(arr) + header).value
+    except Exception:  # noqa: BLE001 - no ctypes, or an object ctypes cannot read: the plain way
+        pass
+    return None
+
+
+# an array's address (every caller passes a numpy array): read from the array object where ``_start_reader`` checks
+# out, else through ``__array_interface__``
+_start = _start_reader() or _start_of
 
 
 def _fresh_bytes(nbytes: int) -> tuple[np.ndarray, int, int]:
     """A new uninitialised byte buffer holding ``nbytes`` from a cache line on, as the planner places every slot:
     ``(buffer, offset of that cache line in it, its address)``."""
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-    start = raw.__array_interface__["data"][0]
+    start = _start(raw)
     skip = -start % ALIGNMENT
     return raw, skip, start + skip
 
