@@ -72,7 +72,7 @@ def _start_reader():
         probes += [base[64:], base[1:], base.view(np.float32)[4:].reshape(-1, 4)[::2].T, np.zeros(())]
         if all(read(id(a) + header).value == _start_of(a) for a in probes):
             return lambda arr: read(id(arr) + header).value
-    except Exception:  # noqa: BLE001 - no ctypes, or an object ctypes cannot read: the plain way
+    except Exception:  # (no ctypes, or an object ctypes cannot read): the plain way
         pass
     return None
 
