@@ -335,7 +335,7 @@ def _time_segments(runtime, graph: Graph, segments: list[Segment], searched: dic
                     and n.attr("kind") not in ("weight", "state")}
             runs.append((i, program, {k: v for k, v in seg_inputs.items() if k in read}))
         timing[key] = _best_times(runtime, runs, seg_weights, dims, options.timing_repeats)
-    return {} if _busy(runtime, busy) else timing  # (timed while other work ran: the same noise)
+    return {} if timing and _busy(runtime, busy) else timing  # (timed while other work ran: the same noise)
 
 
 def _value_of(node, inputs, weights, dims) -> np.ndarray:

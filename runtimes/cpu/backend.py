@@ -62,7 +62,8 @@ class NumpyBackend:
 
         from . import threads as cpu_threads
 
-        room = (os.cpu_count() or 1) - cpu_threads.THREADS
+        cpus = os.cpu_count() or 1
+        room = cpus - cpu_threads.THREADS
         busy, seen = 0, []
         for i in range(BUSY_SAMPLES):
             if i:
@@ -76,7 +77,7 @@ class NumpyBackend:
         if 2 * busy <= BUSY_SAMPLES:
             return None
         return (f"{max(seen)} threads of other processes were ready to run beside this one's "
-                f"{cpu_threads.THREADS} on {os.cpu_count()} cores")
+                f"{cpu_threads.THREADS} on {cpus} cores")
 
     @property
     def target(self) -> str:

@@ -417,9 +417,15 @@ def _own_running_threads() -> int | None:
             if not stat:
                 _TASKS_LISTED[0] = -1
                 continue
-            end = stat.rfind(b")")  # (the name in parentheses may hold spaces)
-            count += stat[end + 2:end + 3] == b"R"
+            count += _running(stat)
         return count
+
+
+def _running(stat: bytes) -> bool:
+    """Whether a thread's ``stat`` says it is ready to run (state R, after its name in parentheses, which may
+    hold spaces)."""
+    end = stat.rfind(b")")
+    return stat[end + 2:end + 3] == b"R"
 
 
 def _count_afresh() -> int:
@@ -436,8 +442,7 @@ def _count_afresh() -> int:
             continue
         finally:
             os.close(fd)
-        end = stat.rfind(b")")
-        count += stat[end + 2:end + 3] == b"R"
+        count += _running(stat)
     return count
 
 
